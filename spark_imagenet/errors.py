@@ -1,0 +1,45 @@
+"""Exceptions raised by spark-imagenet.
+
+Every error a user can cause (bad input, bad setting, missing tool) is a
+:class:`SparkImagenetError` whose message names the file or setting at fault
+and says what to do. The command line prints the message alone, without a
+traceback; library callers can catch the subclasses.
+"""
+
+from __future__ import annotations
+
+
+class SparkImagenetError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class LayoutError(SparkImagenetError):
+    """A source directory is not in the Kaggle ILSVRC CLS-LOC layout, or its
+    CSV/mapping files disagree with its image folders."""
+
+
+class ImageError(SparkImagenetError):
+    """One or more image files cannot be stored (not a decodable JPEG)."""
+
+
+class ManifestError(SparkImagenetError):
+    """A manifest is missing, unreadable, of an unknown format version, or
+    does not match the shards beside it."""
+
+
+class StorageError(SparkImagenetError):
+    """A bucket URL cannot be opened, read or written."""
+
+
+class ConfigError(SparkImagenetError):
+    """A setting (command-line option, function argument or Spark
+    configuration) has a value that cannot work."""
+
+
+class EnvironmentSetupError(SparkImagenetError):
+    """Something the job needs from the machine is missing (Java, a
+    package, an interpreter)."""
+
+
+class TrainingError(SparkImagenetError):
+    """A barrier task or its TensorFlow child process failed."""
