@@ -1,0 +1,199 @@
+"""The ``spark-imagenet`` command line: a thin layer over the package's functions.
+
+Each sub-command parses its options and calls one importable function, so a
+notebook with an existing SparkSession (Databricks) runs the same job:
+
+=================  ==============================================
+command            function
+=================  ==============================================
+``demo``           :func:`spark_imagenet.demo.run_demo`
+``shard``          :func:`spark_imagenet.shard.shard`
+``inspect``        :func:`spark_imagenet.shard.inspect`
+``train``          :func:`spark_imagenet.train.train`
+=================  ==============================================
+
+Errors the user can fix (:class:`~spark_imagenet.errors.SparkImagenetError`)
+are printed as one message without a traceback, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from . import __version__
+from .errors import ConfigError, SparkImagenetError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be greater than 0")
+    return value
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. spark.executor.memory=4g")
+    return key.strip(), value
+
+
+def _add_train_options(p: argparse.ArgumentParser, *, demo: bool) -> None:
+    g = p.add_argument_group("training")
+    g.add_argument("--workers", type=_positive_int, default=4 if demo else None, required=not demo,
+                   help="barrier tasks = TensorFlow workers (default 4 for the demo)")
+    g.add_argument("--master", help="Spark master URL (default: the one spark-submit gives, else local[WORKERS])")
+    g.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark configuration, repeatable")
+    g.add_argument("--model", default="alexnet", help="model name (default alexnet)")
+    g.add_argument("--epochs", type=_positive_int, help="passes over the train set")
+    g.add_argument("--batch-size", type=_positive_int, help="per-worker batch; global batch = B x workers")
+    g.add_argument("--image-size", type=_positive_int, help="square input size in pixels")
+    g.add_argument("--width", type=_positive_float, help="width multiplier of every layer (1.0 = the paper)")
+    g.add_argument("--learning-rate", type=_positive_float, help="SGD learning rate")
+    g.add_argument("--parallel", type=_positive_int, help="parallel JPEG decode calls per worker (default: its cores)")
+    g.add_argument("--cache", help="local folder for fetched shards (default: under Spark's local dir)")
+    g.add_argument("--results", help="write the results as JSON to this file")
+    g.add_argument("--seed", type=int, help="random seed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``spark-imagenet`` (all sub-commands)."""
+    parser = argparse.ArgumentParser(
+        prog="spark-imagenet",
+        description="ImageNet in the Kaggle layout -> verified TFRecord shards -> AlexNet trained by "
+        "Spark barrier tasks under MultiWorkerMirroredStrategy.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("demo", help="generate a small dataset, shard it and train on local[4] (the built-in default)")
+    p.add_argument("--workdir", help="folder for the generated dataset and shards (default: a temporary one, removed after)")
+    p.add_argument("--classes", type=_positive_int, default=10, help="synthetic classes (default 10)")
+    _add_train_options(p, demo=True)
+
+    p = sub.add_parser("shard", help="write TFRecord shards and manifest.json from a Kaggle-layout folder")
+    p.add_argument("source", help="the unpacked Kaggle imagenet-object-localization-challenge folder")
+    p.add_argument("--out", required=True, help="bucket URL: local path or file:// URL")
+    p.add_argument("--train-shards", type=_positive_int, help="number of train shards (default: ~128 MiB each, >= 16)")
+    p.add_argument("--val-shards", type=_positive_int, help="number of val shards (default: ~128 MiB each, >= 4)")
+    sel = p.add_mutually_exclusive_group()
+    sel.add_argument("--classes", type=_positive_int, help="keep the first K classes of LOC_synset_mapping.txt")
+    sel.add_argument("--class-list", help="file of wnids to keep")
+    p.add_argument("--per-class", type=_positive_int, help="at most M train images per class")
+    p.add_argument("--seed", type=int, default=0, help="seed of the per-class sample and the train shuffle (default 0)")
+    p.add_argument("--processes", type=_positive_int, help="worker processes (default: all cores)")
+    p.add_argument("--verify", choices=("decode", "header"), default="decode",
+                   help="decode: check every JPEG decodes (default); header: header and end marker only (faster)")
+    p.add_argument("--overwrite", action="store_true", help="replace a different dataset already at --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("inspect", help="print the summary of a sharded dataset's manifest")
+    p.add_argument("url", help="bucket URL")
+    p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
+
+    p = sub.add_parser("train", help="train a model on a sharded dataset with Spark barrier tasks")
+    p.add_argument("url", help="bucket URL of a sharded dataset")
+    _add_train_options(p, demo=False)
+    return parser
+
+
+def _train_kwargs(args: argparse.Namespace) -> dict:
+    names = ("model", "epochs", "batch_size", "image_size", "width", "learning_rate", "parallel", "cache", "results", "seed")
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
+def _session(args: argparse.Namespace):
+    from .spark_env import session_for
+
+    return session_for(args.master, args.workers, conf=dict(args.conf), app_name=f"spark-imagenet {args.command}")
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status.
+
+    Raises:
+        SparkImagenetError: passed through to :func:`main`, which prints it.
+    """
+    args = build_parser().parse_args(argv)
+    if args.command == "shard":
+        from .shard import shard
+
+        shard(
+            args.source,
+            args.out,
+            train_shards=args.train_shards,
+            val_shards=args.val_shards,
+            classes=args.classes,
+            class_list=args.class_list,
+            per_class=args.per_class,
+            seed=args.seed,
+            processes=args.processes,
+            verify=args.verify,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
+        return 0
+    if args.command == "inspect":
+        from .shard import format_summary, inspect
+
+        manifest = inspect(args.url)
+        print(manifest.dumps() if args.json else format_summary(manifest, args.url), end="\n" if not args.json else "")
+        return 0
+    if args.command == "train":
+        from .train import train
+
+        spark = _session(args)
+        try:
+            train(spark, args.url, args.workers, **_train_kwargs(args))
+        finally:
+            spark.stop()
+        return 0
+    if args.command == "demo":
+        from .demo import run_demo
+
+        spark = _session(args)
+        try:
+            run_demo(spark, workdir=args.workdir, workers=args.workers, num_classes=args.classes, **_train_kwargs(args))
+        finally:
+            spark.stop()
+        return 0
+    raise ConfigError(f"unknown command {args.command!r}")  # argparse prevents this
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point: run and turn errors into messages.
+
+    Returns:
+        int: 0 on success, 2 for a :class:`SparkImagenetError` (printed as
+        ``spark-imagenet: error: ...``), 130 on Ctrl-C.
+    """
+    try:
+        return run(argv)
+    except SparkImagenetError as e:
+        print(f"spark-imagenet: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("spark-imagenet: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""Test helpers: small Kaggle-layout trees (generated) and the shared real data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spark_imagenet.synthetic import generate_kaggle_layout
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("SPARK_IMAGENET_SHARED_DATA", REPO.parent / "shared" / "data"))
+ILSVRC_MINI = SHARED_DATA / "ilsvrc-mini"
+IMAGENET_SAMPLE = SHARED_DATA / "imagenet-sample"
+
+
+def requires_shared(path: Path):
+    """Skip marker for tests that need ../shared/data (absent on a fresh clone elsewhere)."""
+    return pytest.mark.skipif(not path.is_dir(), reason=f"real ILSVRC data not found at {path} (../shared/data)")
+
+
+def small_layout(dest: Path, **kw) -> Path:
+    """A tiny synthetic Kaggle tree (4 classes x 6 train, 3 val each, 64x48 px) unless overridden."""
+    args = dict(num_classes=4, train_per_class=6, val_per_class=3, test_images=2, size=(64, 48), seed=1)
+    args.update(kw)
+    return generate_kaggle_layout(dest, **args)

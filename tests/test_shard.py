@@ -1,0 +1,220 @@
+"""The shard builder and the manifest: balance, class mixing, bytes as read, atomicity, bad input."""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+
+import pytest
+from PIL import Image
+
+from data_util import ILSVRC_MINI, requires_shared, small_layout
+from spark_imagenet.errors import ConfigError, ImageError, ManifestError
+from spark_imagenet.manifest import MANIFEST_NAME, Manifest
+from spark_imagenet.shard import check_jpeg, format_summary, shard
+from spark_imagenet.storage import LocalStorage, crc32c_file, open_storage
+from spark_imagenet.tfrecord import read_records
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+DATA = ("ILSVRC", "Data", "CLS-LOC")
+
+
+def parse(record: bytes) -> dict:
+    """Decode a record with TensorFlow's own Example parser."""
+    import tensorflow as tf
+
+    ex = tf.train.Example.FromString(record)
+    out = {}
+    for key, feat in ex.features.feature.items():
+        kind = feat.WhichOneof("kind")
+        values = list(getattr(feat, kind).value)
+        out[key] = values[0]
+    return out
+
+
+def records(path) -> list[dict]:
+    with open(path, "rb") as f:
+        return [parse(r) for r in read_records(f)]
+
+
+@pytest.fixture
+def tree(tmp_path):
+    return small_layout(tmp_path / "src", num_classes=5, train_per_class=9, val_per_class=3)
+
+
+def build(tree, out, **kw):
+    kw.setdefault("train_shards", 4)
+    kw.setdefault("val_shards", 2)
+    return shard(tree, out, processes=2, progress=False, log=lambda m: None, **kw)
+
+
+def test_manifest_lists_every_shard_with_counts_sizes_checksums(tree, tmp_path):
+    out = tmp_path / "bucket"
+    m = build(tree, out)
+    data = json.loads((out / MANIFEST_NAME).read_text())
+    assert data["format_version"] == 1 and data["label_base"] == 0
+    assert [c["wnid"] for c in data["classes"]] == [f"n9000000{k}" for k in range(5)]
+    assert data["totals"] == {
+        "examples": 45 + 15,
+        "bytes": sum(s["bytes"] for sp in data["splits"].values() for s in sp["shards"]),
+        "shards": 6,
+    }
+    for split, count in (("train", 4), ("val", 2)):
+        shards = data["splits"][split]["shards"]
+        assert len(shards) == count
+        for s in shards:
+            path = out / s["name"]
+            assert path.stat().st_size == s["bytes"]
+            assert crc32c_file(path) == s["crc32c"]
+            assert len(records(path)) == s["examples"]
+    # Round trip through the parser and the serializer.
+    again = Manifest.load(LocalStorage(out))
+    assert again == m and Manifest.loads(m.dumps()) == m
+    assert "train     4 shards, 45 examples" in format_summary(m)
+    # Nothing else is left in the bucket (no temporary files).
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST_NAME] + [s["name"] for sp in data["splits"].values() for s in sp["shards"]])
+
+
+def test_shards_balanced_mixed_and_bytes_stored_as_read(tree, tmp_path):
+    out = tmp_path / "bucket"
+    m = build(tree, out)
+    wnid_of = {c.id: c.wnid for c in m.classes}
+    sizes = [s.examples for s in m.splits["train"].shards]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 45
+    seen = collections.Counter()
+    for s in m.splits["train"].shards:
+        recs = records(out / s.name)
+        labels = [r["image/class/label"] for r in recs]
+        assert len(set(labels)) >= 3, f"{s.name} does not mix classes: {labels}"
+        for r in recs:
+            src = tree.joinpath(*DATA, "train", wnid_of[r["image/class/label"]], r["image/filename"].decode())
+            raw = src.read_bytes()
+            assert r["image/encoded"] == raw  # byte for byte, no re-encode
+            assert r["image/class/synset"].decode() == wnid_of[r["image/class/label"]]
+            assert r["image/format"] == b"JPEG"
+            with Image.open(io.BytesIO(raw)) as im:
+                assert (r["image/width"], r["image/height"]) == im.size
+            seen[src] += 1
+    assert len(seen) == 45 and set(seen.values()) == {1}  # every image exactly once
+    val = [r for s in m.splits["val"].shards for r in records(out / s.name)]
+    assert sorted(r["image/filename"].decode() for r in val) == sorted(
+        p.name for p in tree.joinpath(*DATA, "val").iterdir()
+    )
+
+
+def test_same_inputs_same_dataset_and_rerun_is_a_no_op(tree, tmp_path):
+    out = tmp_path / "bucket"
+    a = build(tree, out)
+    mtime = (out / MANIFEST_NAME).stat().st_mtime_ns
+    b = build(tree, out)
+    assert a == b and (out / MANIFEST_NAME).stat().st_mtime_ns == mtime
+    other = build(tree, tmp_path / "other")
+    assert other.dataset_id == a.dataset_id
+    assert [s.crc32c for s in other.splits["train"].shards] == [s.crc32c for s in a.splits["train"].shards]
+    shuffled = build(tree, tmp_path / "seed1", seed=1)
+    assert shuffled.dataset_id != a.dataset_id
+
+
+def test_out_holding_a_different_dataset_is_refused(tree, tmp_path):
+    out = tmp_path / "bucket"
+    first = build(tree, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ConfigError, match=r"already holds a different dataset .*--overwrite"):
+        build(tree, out, classes=3)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+    replaced = build(tree, out, classes=3, overwrite=True)
+    assert replaced.num_classes == 3 and replaced.dataset_id != first.dataset_id
+
+
+def test_foreign_folder_refused(tree, tmp_path):
+    out = tmp_path / "bucket"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"not empty and holds no manifest.json \(e.g. notes.txt\)"):
+        build(tree, out)
+
+
+def test_interrupted_build_leaves_no_manifest_and_reruns(tree, tmp_path):
+    out = tmp_path / "bucket"
+    out.mkdir()
+    # What a killed run leaves: a partial temp file and a shard but no manifest.
+    (out / ".train-00000-of-00004.tfrecord.partial-123-abc").write_bytes(b"half")
+    (out / "train-00001-of-00004.tfrecord").write_bytes(b"stale")
+    with pytest.raises(ManifestError, match="does not exist"):
+        Manifest.load(open_storage(out))
+    m = build(tree, out)
+    assert not any(p.name.startswith(".") for p in out.iterdir())
+    assert crc32c_file(out / "train-00001-of-00004.tfrecord") == m.splits["train"].shards[1].crc32c
+
+
+def _corrupt(tree):
+    train = tree.joinpath(*DATA, "train")
+    good = sorted((train / "n90000000").iterdir())[0].read_bytes()
+    (train / "n90000000" / "n90000000_2.JPEG").write_bytes(good[: len(good) // 2])  # truncated
+    png = io.BytesIO()
+    Image.new("RGB", (20, 20), (1, 2, 3)).save(png, "PNG")
+    (train / "n90000001" / "n90000001_3.JPEG").write_bytes(png.getvalue())  # a PNG named .JPEG
+    cmyk = io.BytesIO()
+    Image.new("CMYK", (20, 20), (10, 20, 30, 0)).save(cmyk, "JPEG")
+    (train / "n90000002" / "n90000002_4.JPEG").write_bytes(cmyk.getvalue())
+    (tree.joinpath(*DATA, "val") / "ILSVRC2012_val_00000005.JPEG").write_bytes(b"")
+
+
+def test_bad_images_are_all_listed_and_nothing_is_written(tree, tmp_path):
+    _corrupt(tree)
+    out = tmp_path / "bucket"
+    with pytest.raises(ImageError) as e:
+        build(tree, out)
+    msg = str(e.value)
+    assert "4 image file(s)" in msg
+    assert "n90000000_2.JPEG: JPEG does not decode" in msg
+    assert "n90000001_3.JPEG: not a JPEG file (a PNG image named like one)" in msg
+    assert "n90000002_4.JPEG: CMYK JPEG" in msg
+    assert "ILSVRC2012_val_00000005.JPEG: empty file (0 bytes)" in msg
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_header_mode_catches_truncation_by_end_marker(tree):
+    raw = sorted(tree.joinpath(*DATA, "train", "n90000000").iterdir())[0].read_bytes()
+    assert check_jpeg(raw, "header")[2] is None
+    assert "no end-of-image marker" in check_jpeg(raw[:-100], "header")[2]
+    h, w, problem = check_jpeg(raw, "decode")
+    assert problem is None and h > 0 and w > 0
+
+
+def test_bad_shard_counts(tree, tmp_path):
+    with pytest.raises(ConfigError, match=r"--train-shards 46: must be between 1 and the number of train images \(45\)"):
+        build(tree, tmp_path / "b", train_shards=46)
+    with pytest.raises(ConfigError, match=r"--verify"):
+        build(tree, tmp_path / "b", verify="none")
+
+
+def test_manifest_validation(tree, tmp_path):
+    out = tmp_path / "bucket"
+    m = build(tree, out)
+    data = m.to_json()
+    data["format_version"] = 99
+    with pytest.raises(ManifestError, match="format_version 99 is not supported"):
+        Manifest.from_json(data)
+    data = m.to_json()
+    data["label_base"] = 1
+    with pytest.raises(ManifestError, match="label_base"):
+        Manifest.from_json(data)
+    data = m.to_json()
+    data["splits"]["train"]["examples"] += 1
+    with pytest.raises(ManifestError, match="totals do not match"):
+        Manifest.from_json(data)
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        Manifest.loads("{", "x/manifest.json")
+
+
+@requires_shared(ILSVRC_MINI)
+def test_real_ilsvrc_mini_shards(tmp_path):
+    m = shard(ILSVRC_MINI, tmp_path / "mini", train_shards=8, val_shards=2, progress=False, log=lambda m: None)
+    assert m.num_classes == 100
+    assert [s.examples for s in m.splits["train"].shards] == [150] * 8
+    assert m.splits["val"].examples == 300
