@@ -1,0 +1,247 @@
+"""Tests of the tf.data input pipeline (spark_imagenet.pipeline) on small
+generated JPEGs in TFRecord shards written with the project's own record
+writer (spark_imagenet.tfrecord, the format spark_imagenet.shard writes)."""
+
+from __future__ import annotations
+
+import io
+import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from spark_imagenet import pipeline  # noqa: E402
+from spark_imagenet.errors import ConfigError, ImageError, ManifestError  # noqa: E402
+from spark_imagenet.tfrecord import encode_example, write_record  # noqa: E402
+
+MEAN = np.array(pipeline.MEAN_RGB, np.float32)
+STD = np.array(pipeline.STD_RGB, np.float32)
+
+
+def jpeg_bytes(pixels: np.ndarray, quality: int = 95) -> bytes:
+    """uint8 [h,w,3] or [h,w] -> JPEG bytes (4:4:4, so colours stay sharp)."""
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG", quality=quality, subsampling=0)
+    return buf.getvalue()
+
+
+def random_image(rng: np.random.Generator, gray: bool = False) -> np.ndarray:
+    """Random noise image, 24 to 69 px per side, RGB or grayscale (uint8)."""
+    h, w = int(rng.integers(24, 70)), int(rng.integers(24, 70))
+    return rng.integers(0, 256, (h, w) if gray else (h, w, 3), dtype=np.uint8)
+
+
+def write_shard(path, records: list[tuple[bytes, int, str]]) -> str:
+    """Write (jpeg bytes, label, file name) records as the shard builder does."""
+    with open(path, "wb") as f:
+        for data, label, name in records:
+            write_record(
+                f,
+                encode_example(
+                    {
+                        "image/encoded": data,
+                        "image/format": b"JPEG",
+                        "image/class/label": label,
+                        "image/class/synset": f"n{label:08d}",
+                        "image/height": 0,
+                        "image/width": 0,
+                        "image/filename": name,
+                    }
+                ),
+            )
+    return str(path)
+
+
+def make_shards(tmp_path, shards: int, per_shard: int, seed: int = 0, split: str = "train") -> list[str]:
+    """``shards`` files of ``per_shard`` random JPEGs; record k overall has label k."""
+    rng = np.random.default_rng(seed)
+    files = []
+    for s in range(shards):
+        records = []
+        for j in range(per_shard):
+            k = s * per_shard + j
+            records.append((jpeg_bytes(random_image(rng, gray=(k % 5 == 4))), k, f"img_{k}.JPEG"))
+        files.append(write_shard(tmp_path / f"{split}-{s:05d}-of-{shards:05d}.tfrecord", records))
+    return files
+
+
+def unnormalize(images) -> np.ndarray:
+    """Pipeline output back to 0..255 pixel values (float)."""
+    return np.asarray(images) * STD + MEAN
+
+
+def test_train_batches_shapes_dtypes_labels(tmp_path):
+    files = make_shards(tmp_path, shards=3, per_shard=5)
+    ds = pipeline.train_dataset(files, batch_size=4, image_size=32, parallel=2, seed=1, shuffle_buffer=8)
+    assert ds.element_spec[0].shape.as_list() == [4, 32, 32, 3]
+    assert ds.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
+    seen = []
+    for images, labels in ds.take(12):  # 15 records: more than three epochs, so it repeats
+        assert images.shape == (4, 32, 32, 3) and images.dtype == tf.float32
+        assert labels.shape == (4,) and labels.dtype == tf.int32
+        pixels = unnormalize(images)
+        assert pixels.min() > -0.5 and pixels.max() < 255.5
+        seen += labels.numpy().tolist()
+    assert set(seen) <= set(range(15))
+    assert len(set(seen)) == 15  # every record is read within 48 draws of a 15-record repeat
+
+
+def test_train_normalization_of_a_solid_colour(tmp_path):
+    colour = np.array([200, 100, 50], np.uint8)
+    data = jpeg_bytes(np.tile(colour, (40, 60, 1)))
+    files = [write_shard(tmp_path / "train-00000-of-00001.tfrecord", [(data, 3, "solid.JPEG")] * 4)]
+    images, labels = next(iter(pipeline.train_dataset(files, 8, 16, 2, seed=0)))
+    expected = (colour.astype(np.float32) - MEAN) / STD
+    assert np.abs(images.numpy() - expected).max() <= 2.0 / STD.min()  # JPEG rounding: a level or two
+    assert labels.numpy().tolist() == [3] * 8
+
+
+def test_normalizer_matches_the_formula():
+    x = np.random.default_rng(3).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    got = pipeline.normalizer(8)(tf.constant(x)).numpy()
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, (x.astype(np.float32) - MEAN) / STD, rtol=0, atol=1e-5)
+
+
+def test_train_crops_and_flips_vary(tmp_path):
+    # A horizontal ramp: different crops/flips give different images.
+    ramp = np.tile(np.linspace(0, 255, 64).astype(np.uint8)[None, :, None], (48, 1, 3))
+    files = [write_shard(tmp_path / "train-00000-of-00001.tfrecord", [(jpeg_bytes(ramp), 0, "ramp.JPEG")])]
+    images, _ = next(iter(pipeline.train_dataset(files, 16, 16, 2, seed=5)))
+    flat = images.numpy().reshape(16, -1)
+    assert len({row.round(3).tobytes() for row in flat}) > 8
+    # Both orientations of the ramp occur (left-to-right mean increasing and decreasing).
+    slopes = np.sign(images.numpy()[:, :, -1, 0].mean(1) - images.numpy()[:, :, 0, 0].mean(1))
+    assert set(slopes.tolist()) == {-1.0, 1.0}
+
+
+def test_eval_center_crop(tmp_path):
+    # 80x64 image: a green frame exactly as wide as the crop margins
+    # (side = floor(0.875 * 64) = 56, offsets y = (64-56+1)//2 = 4, x = (80-56+1)//2 = 12),
+    # inside it the left half red, the right half blue.
+    img = np.zeros((64, 80, 3), np.uint8)
+    img[:] = (0, 255, 0)
+    img[4:60, 12:40] = (255, 0, 0)
+    img[4:60, 40:68] = (0, 0, 255)
+    data = jpeg_bytes(img, quality=100)
+    files = [write_shard(tmp_path / "val-00000-of-00001.tfrecord", [(data, 7, "frame.JPEG")])]
+    window = pipeline.center_crop_window(tf.constant([64, 80, 3])).numpy().tolist()
+    assert window == [4, 12, 56, 56]
+    batches = list(pipeline.eval_dataset(files, 1, 56, 1, None, examples=1, steps=1))
+    assert len(batches) == 1
+    images, labels, weights = batches[0]
+    out = unnormalize(images[0])
+    # Same pixels as decoding the whole file and cutting the window (resize 56 -> 56 is the identity).
+    full = tf.io.decode_jpeg(data, channels=3).numpy().astype(np.float32)
+    np.testing.assert_allclose(out, full[4:60, 12:68], atol=1.5)
+    assert (out[:, :26, 0] > 200).all() and (out[:, :26, 1:] < 60).all()  # red half
+    assert (out[:, 30:, 2] > 200).all() and (out[:, 30:, :2] < 60).all()  # blue half
+    assert labels.numpy().tolist() == [7] and weights.numpy().tolist() == [1.0]
+
+
+def test_eval_padding_and_record_shard(tmp_path):
+    files = make_shards(tmp_path, shards=2, per_shard=6, split="val")  # labels 0..11 in file order
+    n, batch, steps = 3, 2, 3
+    seen: list[int] = []
+    for rank in range(n):
+        examples = len(range(rank, 12, n))  # 4 each
+        ds = pipeline.eval_dataset(files, batch, 24, 2, (n, rank), examples=examples, steps=steps)
+        batches = list(ds)
+        assert len(batches) == steps
+        weights = np.concatenate([w.numpy() for _, _, w in batches])
+        labels = np.concatenate([lab.numpy() for _, lab, _ in batches])
+        images = np.concatenate([im.numpy() for im, _, _ in batches])
+        assert weights.dtype == np.float32 and labels.dtype == np.int32 and images.shape == (6, 24, 24, 3)
+        assert weights.sum() == examples
+        assert weights.tolist() == [1.0] * examples + [0.0] * (steps * batch - examples)
+        assert labels[:examples].tolist() == list(range(rank, 12, n))  # files in order, every n-th record
+        np.testing.assert_allclose(unnormalize(images[examples:]), 0.0, atol=1e-3)  # zero padding images
+        seen += labels[weights == 1.0].tolist()
+    assert sorted(seen) == list(range(12))  # disjoint and complete
+
+
+def test_eval_record_count_must_match(tmp_path):
+    files = make_shards(tmp_path, shards=1, per_shard=3, split="val")
+    ds = pipeline.eval_dataset(files, 2, 16, 1, None, examples=4, steps=2)
+    with pytest.raises(ManifestError, match="hold only 3 records for this worker, but exactly 4"):
+        with pipeline.naming_bad_records(files):
+            list(ds)
+    ds = pipeline.eval_dataset(files, 2, 16, 1, None, examples=2, steps=2)
+    with pytest.raises(ManifestError, match="hold at least 3 records for this worker, but exactly 2"):
+        with pipeline.naming_bad_records(files):
+            list(ds)
+    with pytest.raises(ConfigError, match="do not fit"):
+        pipeline.eval_dataset(files, 2, 16, 1, None, examples=5, steps=2)
+
+
+def test_bad_jpeg_names_shard_and_record(tmp_path):
+    good = make_shards(tmp_path, shards=1, per_shard=4)
+    rng = np.random.default_rng(9)
+    real = jpeg_bytes(random_image(rng))
+    records = [(jpeg_bytes(random_image(rng)), k, f"ok_{k}.JPEG") for k in range(5)]
+    records[2] = (real[:20] + b"this is not JPEG data" * 4, 2, "broken.JPEG")
+    bad_file = write_shard(tmp_path / "train-00001-of-00002.tfrecord", records)
+    files = good + [bad_file]
+
+    found = pipeline.find_bad_records(files, limit=None)
+    assert [(b.path, b.index, b.filename) for b in found] == [(bad_file, 2, "broken.JPEG")]
+
+    ds = pipeline.train_dataset(files, 3, 16, 2, seed=0, shuffle_buffer=4)
+    with pytest.raises(ImageError) as info:
+        with pipeline.naming_bad_records(files):
+            for _ in ds.take(20):
+                pass
+    message = str(info.value)
+    assert bad_file in message and "record 2" in message and "broken.JPEG" in message
+    assert isinstance(info.value.__cause__, tf.errors.InvalidArgumentError)
+
+    ds = pipeline.eval_dataset(files, 3, 16, 2, None, examples=9, steps=3)
+    with pytest.raises(ImageError, match=r"train-00001-of-00002\.tfrecord, record 2 \(image broken\.JPEG\)"):
+        with pipeline.naming_bad_records(files):
+            list(ds)
+
+
+def test_find_bad_records_truncated_jpeg_and_corrupt_file(tmp_path):
+    rng = np.random.default_rng(4)
+    data = jpeg_bytes(random_image(rng))
+    truncated = write_shard(tmp_path / "a.tfrecord", [(data, 0, "a.JPEG"), (data[: len(data) // 2], 1, "half.JPEG")])
+    found = pipeline.find_bad_records([truncated])
+    assert [(b.index, b.filename) for b in found] == [(1, "half.JPEG")]
+
+    # Flip one byte inside the second record's payload: TFRecord's CRC catches it.
+    intact = write_shard(tmp_path / "b.tfrecord", [(data, 0, "x.JPEG"), (data, 1, "y.JPEG")])
+    raw = bytearray(open(intact, "rb").read())
+    raw[len(raw) - 40] ^= 0xFF
+    open(intact, "wb").write(bytes(raw))
+    found = pipeline.find_bad_records([truncated, intact], limit=None)
+    assert [(os.path.basename(b.path), b.index) for b in found] == [("a.tfrecord", 1), ("b.tfrecord", 1)]
+    assert "corrupted record" in found[1].reason
+    with pytest.raises(ImageError, match=r"b\.tfrecord, record 1: unreadable TFRecord"):
+        with pipeline.naming_bad_records([intact]):
+            list(tf.data.TFRecordDataset([intact]))
+
+
+def test_other_errors_pass_through(tmp_path):
+    files = make_shards(tmp_path, shards=1, per_shard=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="reshape"):
+        with pipeline.naming_bad_records(files):
+            tf.reshape(tf.zeros([6]), [4])
+    with pytest.raises(ZeroDivisionError):
+        with pipeline.naming_bad_records(files):
+            1 / 0
+
+
+def test_argument_errors(tmp_path):
+    files = make_shards(tmp_path, shards=1, per_shard=2)
+    with pytest.raises(ConfigError, match="no TFRecord files"):
+        pipeline.train_dataset([], 4, 32, 2)
+    with pytest.raises(ConfigError, match="parallel=0"):
+        pipeline.train_dataset(files, 4, 32, 0)
+    with pytest.raises(ConfigError, match="record_shard"):
+        pipeline.eval_dataset(files, 2, 16, 1, (2, 2), examples=1, steps=1)
+    assert pipeline.default_parallel(None) == max(1, os.cpu_count() or 1)
