@@ -1,0 +1,224 @@
+"""The machine-side prerequisites of Spark, and a ready-to-use local session.
+
+PySpark 4 starts a JVM and needs Java 17 or newer (Spark 4.0 dropped Java 8
+and 11). Without it PySpark only says "Java gateway process exited before
+sending its port number", so :func:`check_java` looks first and says what to
+install. :func:`local_session` builds a ``local[N]`` session whose Python
+workers run this very interpreter (``sys.executable``), so a virtualenv's
+packages (TensorFlow, this package) are what the tasks see.
+
+Nothing here imports pyspark at module import time: the CLI can print a
+clear Java error even where importing pyspark would be slow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import EnvironmentSetupError
+
+#: Oldest Java major version PySpark 4.x runs on (Spark 4.0 release notes:
+#: "Java 17 and 21"; Java 8 and 11 support was removed).
+MIN_JAVA_MAJOR = 17
+
+_INSTALL_HINT = (
+    "Install Java 17 or newer (Debian/Ubuntu: `sudo apt-get install openjdk-17-jre-headless`; "
+    "elsewhere any OpenJDK 17/21 build) and put its `java` on PATH or set JAVA_HOME to its folder."
+)
+
+# `java -version` prints e.g. `openjdk version "17.0.15" 2025-04-15`,
+# `java version "1.8.0_292"` or `openjdk version "21" 2023-09-19` on stderr.
+_VERSION_RE = re.compile(r'version\s+"([^"]+)"')
+
+
+def parse_java_version(text: str) -> tuple[int, str]:
+    """Java major version from the output of ``java -version``.
+
+    Args:
+        text: what ``java -version`` printed (stderr and stdout together).
+
+    Returns:
+        ``(major, version_string)``: e.g. ``(17, "17.0.15")``; the old
+        ``1.x`` scheme maps to ``x`` (``"1.8.0_292"`` -> 8).
+
+    Raises:
+        ValueError: no ``version "..."`` in the text.
+    """
+    m = _VERSION_RE.search(text)
+    if not m:
+        raise ValueError(f"no version string in {text.strip()[:200]!r}")
+    version = m.group(1)
+    parts = re.split(r"[._+\-]", version)
+    try:
+        major = int(parts[0])
+        if major == 1 and len(parts) > 1:
+            major = int(parts[1])
+    except ValueError:
+        raise ValueError(f"cannot read the major version of {version!r}") from None
+    return major, version
+
+
+def find_java() -> tuple[str, str]:
+    """Locate the ``java`` executable the way Spark's launcher does.
+
+    Spark's ``bin/spark-class`` runs ``$JAVA_HOME/bin/java`` when JAVA_HOME is
+    set, otherwise the first ``java`` on PATH.
+
+    Returns:
+        ``(path, how)``: the executable and where it came from
+        (``"JAVA_HOME=..."`` or ``"PATH"``).
+
+    Raises:
+        EnvironmentSetupError: JAVA_HOME is set but holds no ``bin/java``, or
+            there is no ``java`` on PATH.
+    """
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        if not (candidate.is_file() and os.access(candidate, os.X_OK)):
+            raise EnvironmentSetupError(
+                f"JAVA_HOME={java_home} has no executable bin/java, and Spark uses JAVA_HOME when it is "
+                f"set. Point JAVA_HOME at a Java 17+ installation or unset it. {_INSTALL_HINT}"
+            )
+        return str(candidate), f"JAVA_HOME={java_home}"
+    found = shutil.which("java")
+    if not found:
+        raise EnvironmentSetupError(f"No Java found: JAVA_HOME is not set and there is no `java` on PATH. "
+                                    f"PySpark 4 needs Java {MIN_JAVA_MAJOR}+. {_INSTALL_HINT}")
+    return found, "PATH"
+
+
+def check_java() -> int:
+    """Check that Spark will find a Java it can run on.
+
+    Returns:
+        int: the Java major version found (>= 17).
+
+    Raises:
+        EnvironmentSetupError: no Java, a JAVA_HOME without ``bin/java``, a
+            ``java`` that does not run or prints no version, or a version older
+            than 17; the message names what was found and what to install.
+    """
+    java, how = find_java()
+    try:
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EnvironmentSetupError(f"Cannot run {java} (found via {how}): {e}. {_INSTALL_HINT}") from e
+    output = (proc.stderr or "") + (proc.stdout or "")
+    try:
+        major, version = parse_java_version(output)
+    except ValueError:
+        raise EnvironmentSetupError(
+            f"`{java} -version` (found via {how}) exited with {proc.returncode} and printed no Java version: "
+            f"{output.strip()[:300]!r}. {_INSTALL_HINT}"
+        ) from None
+    if major < MIN_JAVA_MAJOR:
+        raise EnvironmentSetupError(
+            f"{java} (found via {how}) is Java {version}; PySpark 4 needs Java {MIN_JAVA_MAJOR} or newer. "
+            f"{_INSTALL_HINT}"
+        )
+    return major
+
+
+def is_local_master(master: str) -> bool:
+    """Whether a Spark master URL runs everything in this process's JVM.
+
+    Args:
+        master: e.g. ``"local"``, ``"local[4]"``, ``"local[*]"``, ``"local[2,3]"``,
+            ``"local-cluster[2,1,1024]"``, ``"spark://host:7077"``, ``"yarn"``.
+
+    Returns:
+        bool: True for ``local`` and ``local[...]`` (and ``local-cluster``, whose
+        executors also run on this machine with this Python).
+    """
+    m = master.strip()
+    return m == "local" or m.startswith("local[") or m.startswith("local-cluster[")
+
+
+def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
+                  conf: Mapping[str, Any] | None = None):
+    """Create (or get) a SparkSession, ready for barrier training.
+
+    Checks Java first (:func:`check_java`). For local masters the Python
+    workers run ``sys.executable`` (``PYSPARK_PYTHON``,
+    ``PYSPARK_DRIVER_PYTHON`` and ``spark.pyspark.python``), so the tasks see
+    this interpreter's packages. The log level is set to WARN and Spark's
+    console progress bar is off (``spark.ui.showConsoleProgress``, unless
+    ``conf`` sets it), since the tasks print ``[rank R]`` progress lines.
+    ``spark.python.worker.reuse`` keeps Spark's default: each barrier task runs
+    TensorFlow in a fresh child process (see :mod:`spark_imagenet.barrier_task`).
+
+    Args:
+        master: Spark master URL (default ``local[4]``).
+        app_name: application name shown in the Spark UI.
+        conf: extra Spark configuration (``{"spark.ui.enabled": "false"}``);
+            values are converted with ``str``.
+
+    Returns:
+        pyspark.sql.SparkSession
+
+    Raises:
+        EnvironmentSetupError: Java missing or too old.
+    """
+    check_java()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    conf = dict(conf or {})
+    if is_local_master(master):
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        conf.setdefault("spark.pyspark.python", sys.executable)
+    # the tasks' "[rank R] ..." lines are the progress report; Spark's console
+    # progress bar would be drawn over them
+    conf.setdefault("spark.ui.showConsoleProgress", "false")
+    for key, value in conf.items():
+        builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None = None,
+                app_name: str = "spark-imagenet"):
+    """The SparkSession the command line trains with.
+
+    Args:
+        master: a Spark master URL; None means the master ``spark-submit``
+            passed (when this driver was launched by ``spark-submit``, which
+            sets ``PYSPARK_GATEWAY_PORT``), else ``local[workers]``.
+        workers: barrier tasks the job will run (sizes the default
+            ``local[N]``).
+        conf: extra Spark configuration.
+        app_name: application name.
+
+    Returns:
+        pyspark.sql.SparkSession
+
+    Raises:
+        EnvironmentSetupError: Java missing or too old (only checked when this
+            process starts the JVM itself).
+    """
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master is None and not under_submit:
+        master = f"local[{max(1, int(workers))}]"
+    if master is not None and is_local_master(master):
+        return local_session(master, app_name, conf)
+    if not under_submit:
+        check_java()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    for key, value in dict(conf or {}).items():
+        builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
