@@ -460,7 +460,14 @@ def _first_line(exc: BaseException) -> str:
     text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
     text = re.sub(r"\s*\[\[.*", "", text, flags=re.S)
     text = re.sub(r"\s*\[Op:[^\]]*\].*", "", text, flags=re.S)
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    # Graph-mode errors start with "Graph execution error:" and "Detected at node ..." and a
+    # traceback of the Python frames that built the op; the reason is the last such line.
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    reasons = [ln for ln in lines if not _NOISE_RE.match(ln)]
+    return reasons[-1] if reasons else (lines[0] if lines else type(exc).__name__)
+
+
+_NOISE_RE = re.compile(r"^(Graph execution error:?|Detected at node|File \"|Traceback|\w+Error: Graph execution)")
 
 
 def _check_record(record: tf.Tensor) -> tf.Tensor:
@@ -591,7 +598,7 @@ def data_error(exc: BaseException, files: Sequence[str], parallel: int | None = 
     if not bad:
         return None
     return ImageError(
-        f"bad record in the input data: {bad[0].describe()}. TensorFlow said: {_first_line(exc)}. "
+        f"bad record in the input data: {bad[0].describe()}. "
         "Rebuild the shards (the shard builder checks that every JPEG decodes) or remove that image from the source."
     )
 

@@ -1,0 +1,74 @@
+"""The `spark-imagenet` command line as a user runs it: a subprocess, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from data_util import small_layout
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spark_imagenet", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_clean_error(p: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and "Py4J" not in p.stderr, p.stderr
+    for frag in fragments:
+        assert frag in p.stderr, p.stderr
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    return small_layout(tmp_path_factory.mktemp("cli") / "kaggle")
+
+
+def test_shard_inspect_and_rerun(tree, tmp_path):
+    out = tmp_path / "bucket"
+    p = cli("shard", str(tree), "--out", f"file://{out}", "--train-shards", "3", "--val-shards", "2", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "sharding 24 train + 12 val images of 4 classes into 3 + 2 shards" in p.stderr
+    p = cli("inspect", str(out))
+    assert p.returncode == 0
+    assert "classes   4 (label base 0)" in p.stdout and "train     3 shards, 24 examples" in p.stdout
+    data = json.loads(cli("inspect", str(out), "--json").stdout)
+    assert data["totals"]["examples"] == 36
+    p = cli("shard", str(tree), "--out", str(out), "--train-shards", "3", "--val-shards", "2", "--no-progress")
+    assert p.returncode == 0 and "already holds this dataset" in p.stderr
+    # Same folder, different dataset: refused, nothing changed.
+    before = (out / "manifest.json").read_bytes()
+    assert_clean_error(cli("shard", str(tree), "--out", str(out), "--classes", "2"), "already holds a different dataset", "--overwrite")
+    assert (out / "manifest.json").read_bytes() == before
+
+
+def test_bad_input_messages(tree, tmp_path):
+    assert_clean_error(cli("shard", str(tmp_path), "--out", str(tmp_path / "o")),
+                       "not in the Kaggle ILSVRC CLS-LOC layout", "LOC_synset_mapping.txt")
+    assert_clean_error(cli("inspect", str(tmp_path / "nothing")), "manifest.json does not exist", "spark-imagenet shard")
+    assert_clean_error(cli("shard", str(tree), "--out", "s3://bucket/x"), "unknown URL scheme 's3'")
+    p = cli("shard", str(tree), "--out", str(tmp_path / "o"), "--train-shards", "0")
+    assert p.returncode == 2 and "argument --train-shards: 0 must be at least 1" in p.stderr
+
+
+def test_more_workers_than_slots_via_cli(tree, tmp_path):
+    out = tmp_path / "bucket"
+    assert cli("shard", str(tree), "--out", str(out), "--train-shards", "4", "--no-progress").returncode == 0
+    p = cli("train", str(out), "--workers", "3", "--master", "local[2]", "--image-size", "72", "--width", "0.25")
+    assert_clean_error(p, "--workers 3 needs 3 barrier task slots", "only 2")
+
+
+@pytest.mark.slow
+def test_demo_command(tmp_path):
+    results = tmp_path / "results.json"
+    p = cli("demo", "--workers", "2", "--epochs", "4", "--workdir", str(tmp_path / "demo"), "--results", str(results))
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(results.read_text())
+    assert r["workers"] == 2 and len(r["per_worker"]) == 2
+    assert r["config"]["num_classes"] == 10 and r["val"]["images"] == 120
+    assert r["val"]["top1"] > 0.3, r["val"]  # chance is 0.1
+    assert "[rank 1]" in p.stderr + p.stdout  # the children's output reaches the driver's console

@@ -1,0 +1,99 @@
+"""Training runs that show what the job is for: one global model over all classes even
+when each worker's shards hold different classes, and the real ILSVRC sample on local[4]."""
+
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+
+import pytest
+
+from data_util import ILSVRC_MINI, requires_shared, small_layout
+from spark_imagenet.manifest import Manifest, ShardInfo, SplitInfo
+from spark_imagenet.shard import shard, shard_name
+from spark_imagenet.storage import LocalStorage, crc32c_file
+from spark_imagenet.tfrecord import read_records, write_record
+from spark_imagenet.train import train
+
+pytestmark = pytest.mark.slow
+
+
+def _label(record: bytes) -> int:
+    """The image/class/label of a serialized Example, read with TensorFlow's parser."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+
+    return tf.train.Example.FromString(record).features.feature["image/class/label"].int64_list.value[0]
+
+
+def regroup_train_by_class(bucket: Path, groups: list[set[int]]) -> None:
+    """Rewrite the train shards so shard k holds exactly the classes of ``groups[k]``,
+    and the manifest to match (counts, sizes, CRC32C)."""
+    storage = LocalStorage(bucket)
+    m = Manifest.load(storage)
+    records = []
+    for s in m.splits["train"].shards:
+        with open(bucket / s.name, "rb") as f:
+            records += list(read_records(f))
+        (bucket / s.name).unlink()
+    by_group: list[list[bytes]] = [[] for _ in groups]
+    for r in records:
+        by_group[next(k for k, g in enumerate(groups) if _label(r) in g)].append(r)
+    shards = []
+    for k, recs in enumerate(by_group):
+        name = shard_name("train", k, len(groups))
+        with open(bucket / name, "wb") as f:
+            for r in recs:
+                write_record(f, r)
+        shards.append(ShardInfo(name, len(recs), (bucket / name).stat().st_size, crc32c_file(bucket / name)))
+    splits = dict(m.splits, train=SplitInfo(tuple(shards)))
+    Manifest(m.dataset_id + "-regrouped", m.created, m.classes, splits, m.source, m.selection, m.feature_keys).save(storage)
+
+
+def test_workers_with_disjoint_classes_train_one_global_model(spark, tmp_path):
+    tree = small_layout(tmp_path / "kaggle", num_classes=4, train_per_class=16, val_per_class=6, size=(96, 72))
+    bucket = tmp_path / "bucket"
+    shard(tree, bucket, train_shards=2, val_shards=2, processes=1, progress=False, log=lambda m: None)
+    regroup_train_by_class(bucket, [{0, 1}, {2, 3}])
+
+    result = train(spark, str(bucket), 2, epochs=10, batch_size=8, image_size=72, width=0.25,
+                   learning_rate=0.01, cache=tmp_path / "cache", log=lambda m: None)
+
+    # Rank r trained only on its own classes...
+    seen = collections.defaultdict(set)
+    for plan in result["config"]["assignment"]:
+        for name in plan["train_shards"]:
+            with open(bucket / name, "rb") as f:
+                seen[plan["rank"]] |= {_label(r) for r in read_records(f)}
+    assert dict(seen) == {0: {0, 1}, 1: {2, 3}}
+    # ...yet the one model classifies all four: a model that knew only one worker's
+    # classes (or used per-worker label maps) could not exceed 0.5 top-1 on the balanced val set.
+    assert result["val"]["images"] == 24
+    assert result["val"]["top1"] > 0.6, result["val"]
+
+
+@pytest.fixture(scope="module")
+def spark4():
+    from spark_imagenet.spark_env import local_session
+
+    session = local_session("local[4]", app_name="spark-imagenet-ilsvrc-mini", conf={"spark.ui.enabled": "false"})
+    yield session
+    session.stop()
+
+
+@requires_shared(ILSVRC_MINI)
+def test_ilsvrc_mini_four_workers_well_above_chance(tmp_path, request):
+    # After the local[2] session of this module's first test; the fixture is created here on purpose.
+    request.getfixturevalue("spark").stop()
+    spark4 = request.getfixturevalue("spark4")
+    bucket = tmp_path / "mini"
+    m = shard(ILSVRC_MINI, bucket, train_shards=8, val_shards=2, progress=False, log=lambda m: None)
+    assert m.num_classes == 100 and m.splits["train"].examples == 1200
+    result = train(spark4, str(bucket), 4, epochs=12, batch_size=16, image_size=96, width=0.25,
+                   learning_rate=0.02, cache=tmp_path / "cache", log=lambda m: None)
+    assert [w["rank"] for w in result["per_worker"]] == [0, 1, 2, 3]
+    assert result["val"]["images"] == 300
+    # chance is 0.01 for 100 classes
+    assert result["val"]["top1"] >= 0.05, result["val"]
+    assert result["val"]["top5"] > result["val"]["top1"]
