@@ -61,6 +61,7 @@ class SynsetClass:
     names: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
+        """``{"id", "wnid", "names"}``, as stored in the manifest's class list."""
         return {"id": self.id, "wnid": self.wnid, "names": list(self.names)}
 
 
@@ -81,6 +82,7 @@ class ShardInfo:
     crc32c: str
 
     def to_json(self) -> dict[str, Any]:
+        """``{"name", "examples", "bytes", "crc32c"}``, as stored in the manifest."""
         return dataclasses.asdict(self)
 
 
@@ -105,6 +107,7 @@ class SplitInfo:
         return sum(s.bytes for s in self.shards)
 
     def to_json(self) -> dict[str, Any]:
+        """``{"examples", "bytes", "shards": [...]}`` with the split's totals."""
         return {
             "examples": self.examples,
             "bytes": self.bytes,

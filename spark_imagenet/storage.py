@@ -161,6 +161,10 @@ class Storage(abc.ABC):
 class LocalStorage(Storage):
     """Objects as files in a local (or network-mounted) directory.
 
+    Methods behave as documented on :class:`Storage` (their docstrings are
+    inherited). Writes go to a hidden temporary file in the same folder and
+    are renamed into place with ``os.replace`` (atomic on POSIX).
+
     Args:
         root: the directory; created on first write.
     """
