@@ -301,6 +301,9 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     }
     env = child_env(os.environ, build_tf_config(addresses, rank), gpus, local_workers)
     workdir = tempfile.mkdtemp(prefix=f"spark-imagenet-rank{rank}-")
+    # TensorFlow's own temporary files (autograph's generated modules) go into the
+    # task's folder, which is removed below even when the child could not clean up.
+    env["TMPDIR"] = workdir
     try:
         config_path = os.path.join(workdir, "config.json")
         result_path = os.path.join(workdir, "result.json")

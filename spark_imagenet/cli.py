@@ -123,7 +123,18 @@ def _train_kwargs(args: argparse.Namespace) -> dict:
 def _session(args: argparse.Namespace):
     from .spark_env import session_for
 
-    return session_for(args.master, args.workers, conf=dict(args.conf), app_name=f"spark-imagenet {args.command}")
+    try:
+        return session_for(args.master, args.workers, conf=dict(args.conf), app_name=f"spark-imagenet {args.command}")
+    except SparkImagenetError:
+        raise
+    except Exception as e:  # Py4J / JVM start-up failures
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().startswith("at ")]
+        reason = lines[0] if lines else type(e).__name__
+        raise ConfigError(
+            f"Spark could not start with --master {args.master or '(default)'}"
+            f"{' and --conf ' + ', '.join(k for k, _ in args.conf) if args.conf else ''}: {reason[:300]}. "
+            "Check the master URL (spark://HOST:PORT, yarn, k8s://..., local[N]) and that the cluster is reachable."
+        ) from None
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -183,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         int: 0 on success, 2 for a :class:`SparkImagenetError` (printed as
-        ``spark-imagenet: error: ...``), 130 on Ctrl-C.
+        ``spark-imagenet: error: ...``), 1 for a failure inside Spark itself
+        (Py4J/PySpark error, printed as one message), 130 on Ctrl-C.
     """
     try:
         return run(argv)
@@ -193,6 +205,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("spark-imagenet: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if not type(e).__module__.startswith(("py4j", "pyspark")):
+            raise
+        # Spark itself failed (e.g. its context was stopped because the master is
+        # unreachable): one message instead of a Py4J stack.
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().startswith("at ")]
+        print(
+            f"spark-imagenet: error: Spark failed: {(lines[0] if lines else type(e).__name__)[:400]}\n"
+            "Check --master and that the cluster has free executors (the Spark log above says more).",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from PIL import Image
 from .errors import ConfigError, ImageError, ManifestError
 from .layout import ImageFile, SourceDataset, read_layout
 from .manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo
-from .storage import Storage, crc32c_file, open_storage
+from .storage import LocalStorage, Storage, crc32c_file, open_storage
 from .tfrecord import encode_example, write_record
 
 FEATURE_KEYS = (
@@ -347,6 +347,19 @@ def shard(
         log(f"{storage.url} already holds this dataset (id {dataset_id}); nothing to do")
         return existing
 
+    local_root = Path(storage.url) if isinstance(storage, LocalStorage) else None
+    created_root = local_root is not None and not local_root.exists()
+    try:
+        return _build(storage, src, plan, dataset_id, verify, processes, progress, log)
+    except BaseException:
+        if created_root and local_root.is_dir() and not any(local_root.iterdir()):
+            local_root.rmdir()  # "nothing was written" includes the folder itself
+        raise
+
+
+def _build(storage: Storage, src: SourceDataset, plan: dict, dataset_id: str, verify: str,
+           processes: int | None, progress: bool, log: Callable[[str], None]) -> Manifest:
+    """Write the shards of ``plan`` and then the manifest (see :func:`shard`)."""
     staging = storage.staging_dir()
     tmp_root = None
     if staging is None:
@@ -431,6 +444,10 @@ def shard(
         feature_keys=FEATURE_KEYS,
     )
     manifest.save(storage)
+    current = {s.name for split in splits.values() for s in split.shards}
+    for o in storage.list():  # shards of a dataset this build replaced (--overwrite)
+        if SHARD_NAME_RE.match(o.name) and o.name not in current:
+            storage.delete(o.name)
     log(
         f"wrote {total} images ({sum(s.bytes for s in splits.values()) / 1e6:.1f} MB) in {seconds:.1f} s "
         f"({total / max(seconds, 1e-9):.0f} images/s) to {storage.url}"

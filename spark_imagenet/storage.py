@@ -253,7 +253,16 @@ class LocalStorage(Storage):
             pass
 
     def staging_dir(self) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self._tmp(self.root / ".write-probe")
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise StorageError(
+                f"{self.url}: cannot create or write this folder ({e.strerror or e}); "
+                "choose a writable folder for the shards"
+            ) from None
         return self.root
 
 

@@ -61,8 +61,8 @@ def validate_settings(workers: Any, model: Any, epochs: Any, batch_size: Any, im
 
     Raises:
         ConfigError: naming the option (``--workers``, ``--batch-size``, ...)
-            and the bad value. The model name and the smallest usable image
-            size are checked by the model code in the TensorFlow process.
+            and the bad value; an unknown ``--model`` or an ``--image-size``
+            below the model's minimum (:mod:`spark_imagenet.model_specs`).
     """
     _check_int("--workers", workers, 1)
     if not isinstance(model, str) or not model.strip():
@@ -75,6 +75,9 @@ def validate_settings(workers: Any, model: Any, epochs: Any, batch_size: Any, im
     if parallel is not None:
         _check_int("--parallel", parallel, 1)
     _check_int("--seed", seed, 0)
+    from .model_specs import check_model_settings
+
+    check_model_settings(model, int(image_size))
 
 
 # -------------------------------------------------------------------- spark
@@ -347,9 +350,12 @@ def train(spark, url: str, workers: int, *, model: str = "alexnet", epochs: int 
 
     validate_settings(workers, model, epochs, batch_size, image_size, width, learning_rate, parallel, seed)
     if results is not None:
-        parent = Path(results).expanduser().absolute().parent
+        target = Path(results).expanduser().absolute()
+        parent = target.parent
         if not parent.is_dir() or not os.access(parent, os.W_OK):
             raise ConfigError(f"--results {results}: folder {parent} does not exist or is not writable")
+        if target.is_dir():
+            raise ConfigError(f"--results {results} is a folder; give a file name such as {target / 'results.json'}")
     sc = spark_context(spark)
     storage = open_storage(url)
     manifest = Manifest.load(storage)

@@ -152,3 +152,18 @@ def test_width_quarter_96px_learns_from_scratch_with_sgd_momentum():
     assert scores["top1"] == 1.0
     assert scores["xent"] < 0.5 * math.log(4)
     keras.backend.clear_session()
+
+
+def test_driver_side_table_matches_the_models():
+    from spark_imagenet.errors import ConfigError
+    from spark_imagenet.model_specs import MIN_IMAGE_SIZE, check_model_settings
+    from spark_imagenet.models import MODELS
+    from spark_imagenet.models.alexnet import min_image_size
+
+    assert set(MIN_IMAGE_SIZE) == set(MODELS)
+    assert MIN_IMAGE_SIZE["alexnet"] == min_image_size()
+    check_model_settings("alexnet", min_image_size())
+    with pytest.raises(ConfigError, match=r"--image-size 66 is too small for alexnet: .* at least 67 px"):
+        check_model_settings("alexnet", 66)
+    with pytest.raises(ConfigError, match=r"--model 'resnet' is not a known model; choose one of: alexnet"):
+        check_model_settings("resnet", 224)

@@ -218,3 +218,24 @@ def test_real_ilsvrc_mini_shards(tmp_path):
     assert m.num_classes == 100
     assert [s.examples for s in m.splits["train"].shards] == [150] * 8
     assert m.splits["val"].examples == 300
+
+
+def test_unwritable_out_and_failed_build_leave_nothing(tree, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    from spark_imagenet.errors import StorageError
+
+    with pytest.raises(StorageError, match=r"cannot create or write this folder"):
+        build(tree, blocker / "bucket")
+    _corrupt(tree)
+    with pytest.raises(ImageError):
+        build(tree, tmp_path / "new-bucket")
+    assert not (tmp_path / "new-bucket").exists()
+
+
+def test_overwrite_removes_the_replaced_shards(tree, tmp_path):
+    out = tmp_path / "bucket"
+    build(tree, out, train_shards=5)
+    m = build(tree, out, train_shards=3, overwrite=True)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted([MANIFEST_NAME] + [s.name for sp in m.splits.values() for s in sp.shards])

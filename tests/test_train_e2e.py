@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from data_util import small_layout
-from spark_imagenet.errors import TrainingError
+from spark_imagenet.errors import SparkImagenetError
 from spark_imagenet.shard import shard
 from spark_imagenet.train import train
 
@@ -63,14 +63,51 @@ def test_train_twice_in_one_session(spark, bucket):
     assert _cache_state(cache) == cached
 
 
+def _break_one_jpeg(src: Path, dst: Path) -> str:
+    """Copy a bucket, replacing the JPEG of every record of train shard 0 by garbage after its marker, and
+    updating the manifest (size, CRC32C) so that only decoding can notice."""
+    import shutil
+
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+
+    from spark_imagenet.manifest import Manifest, ShardInfo, SplitInfo
+    from spark_imagenet.storage import LocalStorage, crc32c_file
+    from spark_imagenet.tfrecord import read_records, write_record
+
+    shutil.copytree(src, dst)
+    m = Manifest.load(LocalStorage(dst))
+    first = m.splits["train"].shards[0]
+    with open(dst / first.name, "rb") as f:
+        records = list(read_records(f))
+    names = []
+    for i, record in enumerate(records):  # every record, so that any read of the shard fails
+        ex = tf.train.Example.FromString(record)
+        jpeg = ex.features.feature["image/encoded"].bytes_list.value[0]
+        ex.features.feature["image/encoded"].bytes_list.value[0] = jpeg[:4] + b"not the rest of a JPEG" * 8
+        records[i] = ex.SerializeToString()
+        names.append(ex.features.feature["image/filename"].bytes_list.value[0].decode())
+    with open(dst / first.name, "wb") as f:
+        for r in records:
+            write_record(f, r)
+    fixed = ShardInfo(first.name, first.examples, (dst / first.name).stat().st_size, crc32c_file(dst / first.name))
+    splits = dict(m.splits, train=SplitInfo((fixed, *m.splits["train"].shards[1:])))
+    Manifest(m.dataset_id + "-broken", m.created, m.classes, splits, m.source, m.selection, m.feature_keys).save(
+        LocalStorage(dst))
+    return names[0]
+
+
 def test_worker_failure_is_reported_with_its_output(spark, bucket):
-    # 64 px is below AlexNet's minimum: each TensorFlow child exits 1 with a ConfigError
-    with pytest.raises(TrainingError) as e:
-        train(spark, str(bucket / "bucket"), 2, epochs=1, cache=bucket / "cache", log=lambda m: None,
-              **{**SMALL, "image_size": 64})
+    # A JPEG that passes the shard checksums but does not decode: rank 0's TensorFlow
+    # process fails, names the shard and record, and the job fails with that message.
+    broken = bucket / "broken"
+    image = _break_one_jpeg(bucket / "bucket", broken)
+    with pytest.raises(SparkImagenetError) as e:
+        train(spark, str(broken), 2, epochs=1, cache=bucket / "cache", log=lambda m: None, **SMALL)
     msg = str(e.value)
-    assert msg.startswith("rank ") and "exited with code 1" in msg
-    assert "--image-size 64" in msg and "(end of rank" in msg
+    assert msg.startswith("rank 0 ") and "exited with code 1" in msg, msg
+    assert "train-00000-of-00002.tfrecord, record 0" in msg and image in msg, msg
+    assert "(end of rank 0" in msg
     assert "\tat org.apache" not in msg
     # the session survives a failed barrier job
     assert spark.sparkContext.parallelize(range(3), 3).count() == 3
