@@ -58,20 +58,20 @@ def _conf_pair(text: str) -> tuple[str, str]:
 def _add_train_options(p: argparse.ArgumentParser, *, demo: bool) -> None:
     g = p.add_argument_group("training")
     g.add_argument("--workers", type=_positive_int, default=4 if demo else None, required=not demo,
-                   help="barrier tasks = TensorFlow workers (default 4 for the demo)")
+                   help="barrier tasks = TensorFlow workers" + (" (default 4)" if demo else " (required)"))
     g.add_argument("--master", help="Spark master URL (default: the one spark-submit gives, else local[WORKERS])")
     g.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark configuration, repeatable")
     g.add_argument("--model", default="alexnet", help="model name (default alexnet)")
-    g.add_argument("--epochs", type=_positive_int, help="passes over the train set")
-    g.add_argument("--batch-size", type=_positive_int, help="per-worker batch; global batch = B x workers")
-    g.add_argument("--image-size", type=_positive_int, help="square input size in pixels")
-    g.add_argument("--width", type=_positive_float, help="width multiplier of every layer (1.0 = the paper)")
-    g.add_argument("--learning-rate", type=_positive_float, help="SGD learning rate")
+    g.add_argument("--epochs", type=_positive_int, help="passes over the train set (default: 1; demo 10)")
+    g.add_argument("--batch-size", type=_positive_int, help="per-worker batch; global batch = B x workers (default: 32; demo 16)")
+    g.add_argument("--image-size", type=_positive_int, help="square input size in pixels (default: 224; demo 96; AlexNet needs >= 67)")
+    g.add_argument("--width", type=_positive_float, help="width multiplier of every layer (default: 1.0 = the paper; demo 0.25)")
+    g.add_argument("--learning-rate", type=_positive_float, help="SGD learning rate (default: 0.01)")
     g.add_argument("--parallel", type=_positive_int, help="parallel JPEG decode calls per worker (default: its cores)")
     g.add_argument("--cache", help="local folder for fetched shards (default: under Spark's local dir)")
     g.add_argument("--results", help="write the results as JSON to this file")
-    g.add_argument("--seed", type=int, help="random seed")
+    g.add_argument("--seed", type=int, help="random seed of data order and augmentation (default: 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:

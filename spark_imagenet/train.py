@@ -367,6 +367,10 @@ def train(spark, url: str, workers: int, *, model: str = "alexnet", epochs: int 
     cache_dir = str(Path(cache).expanduser().absolute()) if cache is not None else None
     spec = TaskSpec(url=storage.url, dataset_id=manifest.dataset_id, num_classes=manifest.num_classes,
                     assignment=plan, settings=settings, cache_dir=cache_dir)
+    smallest = min(p.train_examples for p in plan.workers)
+    if batch_size > smallest:
+        log(f"warning: --batch-size {batch_size} is larger than the {smallest} train images of the smallest "
+            "worker; its batches repeat images within one step (use a smaller batch or fewer workers)")
     log(f"training {model} on {storage.url}: {workers} worker(s), {plan.train_examples_total} train / "
         f"{plan.val_examples_total} val images, {epochs} epoch(s) x {plan.steps_per_epoch} steps, "
         f"batch {batch_size} per worker")
