@@ -65,10 +65,10 @@ def test_more_workers_than_slots_via_cli(tree, tmp_path):
 @pytest.mark.slow
 def test_demo_command(tmp_path):
     results = tmp_path / "results.json"
-    p = cli("demo", "--workers", "2", "--epochs", "4", "--workdir", str(tmp_path / "demo"), "--results", str(results))
+    p = cli("demo", "--workers", "2", "--workdir", str(tmp_path / "demo"), "--results", str(results))
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(results.read_text())
     assert r["workers"] == 2 and len(r["per_worker"]) == 2
     assert r["config"]["num_classes"] == 10 and r["val"]["images"] == 120
-    assert r["val"]["top1"] > 0.3, r["val"]  # chance is 0.1
+    assert r["val"]["top1"] > 0.25, r["val"]  # chance is 0.1; 2 workers x 10 epochs gave 0.44-0.77 in 4 runs
     assert "[rank 1]" in p.stderr + p.stdout  # the children's output reaches the driver's console

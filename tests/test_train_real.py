@@ -90,7 +90,7 @@ def test_ilsvrc_mini_four_workers_well_above_chance(tmp_path, request):
     bucket = tmp_path / "mini"
     m = shard(ILSVRC_MINI, bucket, train_shards=8, val_shards=2, progress=False, log=lambda m: None)
     assert m.num_classes == 100 and m.splits["train"].examples == 1200
-    result = train(spark4, str(bucket), 4, epochs=12, batch_size=16, image_size=96, width=0.25,
+    result = train(spark4, str(bucket), 4, epochs=20, batch_size=16, image_size=96, width=0.25,
                    learning_rate=0.02, cache=tmp_path / "cache", log=lambda m: None)
     assert [w["rank"] for w in result["per_worker"]] == [0, 1, 2, 3]
     assert result["val"]["images"] == 300
