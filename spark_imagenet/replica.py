@@ -559,12 +559,13 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _write_json_atomic(path: str, obj: dict) -> None:
-    """Write ``obj`` as JSON to ``path`` via a temporary file and rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write ``obj`` as JSON to ``path`` atomically (``LocalStorage.write_bytes``)."""
+    from .storage import LocalStorage
+
+    target = os.path.abspath(path)
+    LocalStorage(os.path.dirname(target)).write_bytes(
+        os.path.basename(target), (json.dumps(obj, indent=1) + "\n").encode("utf-8")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

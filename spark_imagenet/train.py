@@ -25,7 +25,6 @@ import math
 import os
 import re
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -284,17 +283,18 @@ def format_table(results: dict[str, Any]) -> str:
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write JSON to ``path`` via a temporary file and a rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    """Write JSON to ``path`` atomically (:meth:`spark_imagenet.storage.LocalStorage.write_bytes`).
+
+    Raises:
+        ConfigError: the file cannot be written (names ``--results``).
+    """
+    from .errors import StorageError
+    from .storage import LocalStorage
+
+    path = Path(path).absolute()
     try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        if tmp.exists():
-            tmp.unlink()
+        LocalStorage(path.parent).write_bytes(path.name, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
+    except StorageError as e:
         raise ConfigError(f"cannot write --results {path}: {e}") from e
 
 
