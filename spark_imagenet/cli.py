@@ -120,6 +120,12 @@ def _train_kwargs(args: argparse.Namespace) -> dict:
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
+def _spark_reason(exc: BaseException) -> str:
+    """First line of a Py4J/PySpark error that is not a JVM stack frame."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("at ")]
+    return lines[0] if lines else type(exc).__name__
+
+
 def _session(args: argparse.Namespace):
     from .spark_env import session_for
 
@@ -128,8 +134,7 @@ def _session(args: argparse.Namespace):
     except SparkImagenetError:
         raise
     except Exception as e:  # Py4J / JVM start-up failures
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().startswith("at ")]
-        reason = lines[0] if lines else type(e).__name__
+        reason = _spark_reason(e)
         raise ConfigError(
             f"Spark could not start with --master {args.master or '(default)'}"
             f"{' and --conf ' + ', '.join(k for k, _ in args.conf) if args.conf else ''}: {reason[:300]}. "
@@ -210,9 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         # Spark itself failed (e.g. its context was stopped because the master is
         # unreachable): one message instead of a Py4J stack.
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().startswith("at ")]
         print(
-            f"spark-imagenet: error: Spark failed: {(lines[0] if lines else type(e).__name__)[:400]}\n"
+            f"spark-imagenet: error: Spark failed: {_spark_reason(e)[:400]}\n"
             "Check --master and that the cluster has free executors (the Spark log above says more).",
             file=sys.stderr,
         )

@@ -158,6 +158,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _dies_within(pid: int, seconds: float) -> bool:
+    """Poll every 0.1 s until process ``pid`` is gone; False if it still runs after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_child_dies_when_the_task_process_is_killed(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
@@ -179,11 +189,7 @@ def test_child_dies_when_the_task_process_is_killed(tmp_path):
         assert _alive(grandchild)
         task.send_signal(signal.SIGKILL)
         task.wait(30)
-        for _ in range(100):
-            if not _alive(grandchild):
-                break
-            time.sleep(0.1)
-        assert not _alive(grandchild), "the child outlived its task process"
+        assert _dies_within(grandchild, 10), "the child outlived its task process"
     finally:
         if task.poll() is None:
             task.kill()
@@ -218,11 +224,7 @@ def test_child_of_a_killed_barrier_task_dies(spark, tmp_path):
         spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(task).collect()
     child = int(pid_file.read_text())
     try:
-        for _ in range(600):
-            if not _alive(child):
-                break
-            time.sleep(0.1)
-        assert not _alive(child), "the TensorFlow-side child outlived its killed barrier task"
+        assert _dies_within(child, 60), "the TensorFlow-side child outlived its killed barrier task"
     finally:
         if _alive(child):
             os.kill(child, signal.SIGKILL)
