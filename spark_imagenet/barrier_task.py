@@ -70,6 +70,9 @@ class TaskSpec:
             the task's thread count), seed.
         cache_dir: shard cache folder on the executors, None for the default
             (:func:`spark_imagenet.cache.default_cache_dir`).
+        storage_options: :meth:`Storage.reopen_options` of the driver's
+            storage (e.g. the emulator endpoint), to reopen it in the task.
+        transfers: parallel shard downloads per task.
         child_module: module run with ``python -m`` in the child.
     """
 
@@ -79,6 +82,8 @@ class TaskSpec:
     assignment: Assignment
     settings: Mapping[str, Any]
     cache_dir: str | None = None
+    storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    transfers: int = 8
     child_module: str = REPLICA_MODULE
 
 
@@ -262,10 +267,17 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
     plan = spec.assignment[rank]
     try:
-        storage = open_storage(spec.url)
+        storage = open_storage(spec.url, **spec.storage_options)
         log = lambda msg: _log(rank, msg)  # noqa: E731
-        train_files = fetch(storage, plan.train_shards, spec.cache_dir, dataset_id=spec.dataset_id, log=log)
-        val_files = fetch(storage, plan.val_shards, spec.cache_dir, dataset_id=spec.dataset_id, log=log)
+        train_files = fetch(storage, plan.train_shards, spec.cache_dir, dataset_id=spec.dataset_id,
+                            transfers=spec.transfers, log=log)
+        val_files = fetch(storage, plan.val_shards, spec.cache_dir, dataset_id=spec.dataset_id,
+                          transfers=spec.transfers, log=log)
+        for what, got in (("train", train_files), ("val", val_files)):
+            if got.downloaded:
+                log(f"{what}: downloaded {got.downloaded} shard(s), {got.bytes_downloaded / 1e6:.1f} MB at "
+                    f"{got.mb_per_sec:.1f} MB/s; {got.reused} already cached")
+        train_files, val_files = list(train_files), list(val_files)
     except SparkImagenetError as e:
         raise type(e)(f"rank {rank} on {host}: {e}") from None
 

@@ -15,10 +15,12 @@ Rules:
   marker matches (same crc32c as the manifest, same size, mtime and inode, so
   nothing rewrote the file since it was hashed) or, without a marker, its
   CRC32C is computed once and matches (the marker is then written).
-* Otherwise the shard is downloaded with ``Storage.get_file`` to a temporary
-  name unique to this process and attempt, checked (size, then CRC32C against
-  the manifest), and renamed into place (atomic on one filesystem); a failed
-  or mismatching download is tried once more, then :class:`StorageError`.
+* Otherwise the shard is downloaded (several in parallel, ``Storage.get_files``)
+  to a temporary name unique to this process and attempt, checked (size, then
+  CRC32C against the manifest), and renamed into place (atomic on one
+  filesystem); a failed or mismatching download is tried once more, then
+  :class:`StorageError` naming the shard. A file at the final name is never
+  partial: a download killed midway leaves only its temporary file.
 * All of this happens under an exclusive ``fcntl.flock`` on the shard's
   ``.lock`` file, so two tasks on one host never fetch the same shard at once:
   the second waits and then reuses the first one's file. Temporary files left
@@ -38,14 +40,16 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .errors import StorageError
+from .errors import ConfigError, StorageError
 from .manifest import ShardInfo
-from .storage import Storage, crc32c_file
+from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file
 
 #: Folder name of the cache under the Spark local dir.
 CACHE_FOLDER = "spark-imagenet-cache"
 #: Downloads per shard before giving up (the first try plus one retry).
 ATTEMPTS = 2
+#: Shards whose locks one task holds at a time (bounds open descriptors).
+LOCK_GROUP = 64
 MARKER_SUFFIX = ".verified"
 LOCK_SUFFIX = ".lock"
 
@@ -144,41 +148,90 @@ def _remove_stale(path: Path) -> None:
             p.unlink()
 
 
-def _download(storage: Storage, shard: ShardInfo, path: Path) -> None:
-    """Download ``shard`` to ``path`` verified, or raise StorageError."""
-    problems = []
+class FetchResult(list):
+    """The local paths :func:`fetch` returns (a ``list[str]``, in the order of
+    the shards asked for), with what it took.
+
+    Attributes:
+        downloaded: shards transferred from the bucket in this call.
+        reused: shards found verified in the cache (nothing transferred).
+        bytes_downloaded: bytes transferred (verified shards only).
+        seconds: wall time of the call, in seconds.
+    """
+
+    downloaded: int = 0
+    reused: int = 0
+    bytes_downloaded: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mb_per_sec(self) -> float:
+        """Download rate in MB/s (10**6 bytes per second); 0 when nothing moved."""
+        return self.bytes_downloaded / 1e6 / self.seconds if self.bytes_downloaded and self.seconds > 0 else 0.0
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _download_group(storage: Storage, todo: list[tuple[ShardInfo, Path]], transfers: int,
+                    result: FetchResult, log: Callable[[str], None] | None) -> None:
+    """Download ``todo`` (locks held by the caller) with ``transfers`` in
+    parallel, verify each against the manifest and rename it into place; the
+    failures are tried once more, then StorageError names every one."""
+    problems: dict[str, list[str]] = {}
     for attempt in range(1, ATTEMPTS + 1):
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        try:
-            storage.get_file(shard.name, tmp)
-            size = tmp.stat().st_size
-            if size != shard.bytes:
-                problems.append(f"attempt {attempt}: {size} bytes, the manifest says {shard.bytes}")
-                continue
-            crc = crc32c_file(tmp)
-            if crc != shard.crc32c:
-                problems.append(f"attempt {attempt}: crc32c {crc}, the manifest says {shard.crc32c}")
-                continue
-            os.replace(tmp, path)
-            _write_marker(path, crc)
+        if not todo:
             return
-        except StorageError as e:
-            problems.append(f"attempt {attempt}: {e}")
-        except OSError as e:
-            problems.append(f"attempt {attempt}: cannot write {tmp}: {e}")
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-    raise StorageError(
-        f"shard {shard.name} from {storage.url} could not be fetched intact into {path.parent} "
-        f"({'; '.join(problems)}). If the bucket's file changed, rebuild the shards or restore the file; "
-        f"if the local disk is full, free space or choose another --cache folder."
-    )
+        tmps = [_tmp_name(path) for _shard, path in todo]
+        start = time.monotonic()
+        errors = storage.get_files([(shard.name, tmp) for (shard, _p), tmp in zip(todo, tmps)], transfers)
+        failed = []
+        for (shard, path), tmp, err in zip(todo, tmps, errors):
+            why = None
+            try:
+                if err is not None:
+                    why = str(err)
+                elif (size := tmp.stat().st_size) != shard.bytes:
+                    why = f"{size} bytes, the manifest says {shard.bytes}"
+                elif (crc := crc32c_file(tmp)) != shard.crc32c:
+                    why = f"crc32c {crc}, the manifest says {shard.crc32c}"
+                else:
+                    os.replace(tmp, path)
+                    _write_marker(path, crc)
+                    result.downloaded += 1
+                    result.bytes_downloaded += shard.bytes
+                    if log:
+                        log(f"fetched {shard.name} ({shard.bytes} bytes) in {time.monotonic() - start:.1f} s")
+            except OSError as e:
+                why = f"cannot write {tmp}: {e}"
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+            if why is not None:
+                problems.setdefault(shard.name, []).append(f"attempt {attempt}: {why}")
+                failed.append((shard, path))
+        todo = failed
+    if todo:
+        raise StorageError(
+            f"{len(todo)} shard(s) from {storage.url} could not be fetched intact into {todo[0][1].parent}: "
+            + "; ".join(f"{shard.name} ({', '.join(problems[shard.name])})" for shard, _p in todo)
+            + ". If the bucket's file changed, rebuild the shards or restore the file; "
+            "if the local disk is full, free space or choose another --cache folder."
+        )
 
 
 def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.PathLike | None = None, *,
-          dataset_id: str | None = None, log: Callable[[str], None] | None = None) -> list[str]:
+          dataset_id: str | None = None, transfers: int = DEFAULT_TRANSFERS,
+          log: Callable[[str], None] | None = None) -> FetchResult:
     """Make verified local copies of shards, reusing cached ones.
+
+    Shards are handled in groups of :data:`LOCK_GROUP`: the group's locks are
+    taken in name order (so two tasks with overlapping shard lists cannot
+    deadlock), cached copies are checked, the missing ones are downloaded
+    with ``transfers`` parallel transfers (``Storage.get_files``: GCS's
+    ``transfer_manager``), each is verified (size, then CRC32C against the
+    manifest) and renamed into place; failures get one more try.
 
     Args:
         storage: the dataset's bucket.
@@ -186,19 +239,26 @@ def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.Pat
         cache_dir: the cache root (a local folder); None for
             :func:`default_cache_dir`.
         dataset_id: the manifest's ``dataset_id`` (names the sub-folder).
+        transfers: downloads in parallel (``--transfers``), at least 1.
         log: called with one line per shard downloaded (not for reused ones).
 
     Returns:
-        list[str]: absolute local paths, in the order of ``shards``.
+        FetchResult: absolute local paths, in the order of ``shards``, with
+        counts of downloaded and reused shards, bytes and seconds.
 
     Raises:
         StorageError: a shard name that is not a relative path inside the
             dataset, a shard that is missing or does not match its size and
-            CRC32C after two downloads, or a cache folder that cannot be
-            created.
+            CRC32C after two downloads (every such shard is named), or a
+            cache folder that cannot be created.
+        ConfigError: ``transfers`` < 1.
     """
+    if transfers < 1:
+        raise ConfigError(f"--transfers {transfers}: must be at least 1")
+    start = time.monotonic()
     base = dataset_cache_dir(cache_dir, dataset_id, storage)
-    out = []
+    result = FetchResult()
+    paths: dict[str, tuple[ShardInfo, Path]] = {}
     for shard in shards:
         parts = shard.name.split("/")
         if not shard.name or shard.name.startswith("/") or any(p in ("", ".", "..") for p in parts):
@@ -208,12 +268,62 @@ def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.Pat
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StorageError(f"cannot create the cache folder {path.parent}: {e}; choose another --cache") from e
-        with _locked(path):
-            if not _cached_ok(path, shard):
-                _remove_stale(path)
-                start = time.monotonic()
-                _download(storage, shard, path)
-                if log:
-                    log(f"fetched {shard.name} ({shard.bytes} bytes) in {time.monotonic() - start:.1f} s")
-        out.append(str(path))
-    return out
+        paths[shard.name] = (shard, path)
+        result.append(str(path))
+    ordered = sorted(paths.values(), key=lambda sp: str(sp[1]))
+    for i in range(0, len(ordered), LOCK_GROUP):
+        group = ordered[i:i + LOCK_GROUP]
+        with contextlib.ExitStack() as locks:
+            for _shard, path in group:
+                locks.enter_context(_locked(path))
+            todo = []
+            for shard, path in group:
+                if _cached_ok(path, shard):
+                    result.reused += 1
+                else:
+                    _remove_stale(path)
+                    todo.append((shard, path))
+            _download_group(storage, todo, transfers, result, log)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def fetch_rank(url: str, rank: int, workers: int, cache_dir: str | os.PathLike | None = None, *,
+               transfers: int = DEFAULT_TRANSFERS, storage_options: dict | None = None,
+               log: Callable[[str], None] | None = None) -> tuple[FetchResult, FetchResult]:
+    """Fetch what barrier task ``rank`` of ``workers`` trains and validates on
+    (``spark-imagenet fetch``): its train shards (shard i goes to rank
+    i mod N) and its val shards, as :func:`spark_imagenet.assignment.assign`
+    decides.
+
+    Args:
+        url: the dataset's bucket URL.
+        rank: the task's rank, 0 <= rank < workers.
+        workers: number of barrier tasks N.
+        cache_dir: cache root; None for :func:`default_cache_dir`.
+        transfers: parallel downloads.
+        storage_options: passed to :func:`spark_imagenet.storage.open_storage`.
+        log: one line per shard downloaded.
+
+    Returns:
+        tuple[FetchResult, FetchResult]: the train and the val shards' local
+        paths (with counts, bytes, seconds).
+
+    Raises:
+        ConfigError: ``rank`` outside ``0..workers-1``, or an assignment that
+            cannot work (fewer train shards than workers).
+        ManifestError: no valid manifest at ``url``.
+        StorageError: see :func:`fetch`.
+    """
+    from .assignment import assign
+    from .manifest import Manifest
+    from .storage import open_storage
+
+    if workers < 1 or not 0 <= rank < workers:
+        raise ConfigError(f"--rank {rank} --workers {workers}: the rank must be between 0 and workers - 1")
+    storage = open_storage(url, **(storage_options or {}))
+    manifest = Manifest.load(storage)
+    plan = assign(manifest, workers, 1)[rank]
+    train = fetch(storage, plan.train_shards, cache_dir, dataset_id=manifest.dataset_id, transfers=transfers, log=log)
+    val = fetch(storage, plan.val_shards, cache_dir, dataset_id=manifest.dataset_id, transfers=transfers, log=log)
+    return train, val

@@ -70,6 +70,7 @@ def _add_train_options(p: argparse.ArgumentParser, *, demo: bool) -> None:
     g.add_argument("--learning-rate", type=_positive_float, help="SGD learning rate (default: 0.01)")
     g.add_argument("--parallel", type=_positive_int, help="parallel JPEG decode calls per worker (default: its cores)")
     g.add_argument("--cache", help="local folder for fetched shards (default: under Spark's local dir)")
+    g.add_argument("--transfers", type=_positive_int, help="parallel shard downloads per worker (default 8)")
     g.add_argument("--results", help="write the results as JSON to this file")
     g.add_argument("--seed", type=int, help="random seed of data order and augmentation (default: 0)")
 
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("shard", help="write TFRecord shards and manifest.json from a Kaggle-layout folder")
     p.add_argument("source", help="the unpacked Kaggle imagenet-object-localization-challenge folder")
-    p.add_argument("--out", required=True, help="bucket URL: local path or file:// URL")
+    p.add_argument("--out", required=True, help="bucket URL: local path, file:// URL or gs://bucket/prefix")
     p.add_argument("--train-shards", type=_positive_int, help="number of train shards (default: ~128 MiB each, >= 16)")
     p.add_argument("--val-shards", type=_positive_int, help="number of val shards (default: ~128 MiB each, >= 4)")
     sel = p.add_mutually_exclusive_group()
@@ -103,7 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", choices=("decode", "header"), default="decode",
                    help="decode: check every JPEG decodes (default); header: header and end marker only (faster)")
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset already at --out")
+    p.add_argument("--transfers", type=_positive_int, default=8, help="parallel uploads to a gs:// --out (default 8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("upload", help="publish shards built on local disk to a bucket (verified, resumable)")
+    p.add_argument("source", help="local folder holding manifest.json and the shards (the --out of shard)")
+    p.add_argument("dest", help="bucket URL, e.g. gs://bucket/imagenet")
+    p.add_argument("--transfers", type=_positive_int, default=8, help="parallel uploads (default 8)")
+    p.add_argument("--overwrite", action="store_true", help="replace a different dataset already at DEST")
+
+    p = sub.add_parser("fetch", help="download and verify the shards of one barrier task into a local cache "
+                       "(what each task does before training)")
+    p.add_argument("url", help="bucket URL of a sharded dataset")
+    p.add_argument("--rank", type=int, required=True, help="task rank, 0 .. WORKERS-1")
+    p.add_argument("--workers", type=_positive_int, required=True, help="number of barrier tasks")
+    p.add_argument("--cache", help="cache folder (default: under SPARK_LOCAL_DIRS, else the temp folder)")
+    p.add_argument("--transfers", type=_positive_int, default=8, help="parallel downloads (default 8)")
 
     p = sub.add_parser("inspect", help="print the summary of a sharded dataset's manifest")
     p.add_argument("url", help="bucket URL")
@@ -116,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train_kwargs(args: argparse.Namespace) -> dict:
-    names = ("model", "epochs", "batch_size", "image_size", "width", "learning_rate", "parallel", "cache", "results", "seed")
+    names = ("model", "epochs", "batch_size", "image_size", "width", "learning_rate", "parallel", "cache", "results",
+             "seed", "transfers")
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
@@ -164,8 +181,30 @@ def run(argv: Sequence[str] | None = None) -> int:
             processes=args.processes,
             verify=args.verify,
             overwrite=args.overwrite,
+            transfers=args.transfers,
             progress=not args.no_progress,
         )
+        return 0
+    if args.command == "upload":
+        from .transfer import upload
+
+        upload(args.source, args.dest, transfers=args.transfers, overwrite=args.overwrite)
+        return 0
+    if args.command == "fetch":
+        from .cache import fetch_rank
+
+        def log(msg: str) -> None:
+            print(msg, file=sys.stderr, flush=True)
+
+        train, val = fetch_rank(args.url, args.rank, args.workers, args.cache, transfers=args.transfers, log=log)
+        for path in [*train, *val]:
+            print(path)
+        moved = train.bytes_downloaded + val.bytes_downloaded
+        seconds = train.seconds + val.seconds
+        log(f"rank {args.rank} of {args.workers}: {len(train)} train + {len(val)} val shard(s) in "
+            f"{os.path.dirname(train[0]) if train else args.cache}; downloaded {train.downloaded + val.downloaded} "
+            f"({moved / 1e6:.1f} MB" + (f", {moved / 1e6 / seconds:.1f} MB/s" if moved and seconds > 0 else "")
+            + f"), {train.reused + val.reused} already cached")
         return 0
     if args.command == "inspect":
         from .shard import format_summary, inspect

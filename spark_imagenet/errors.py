@@ -31,6 +31,11 @@ class StorageError(SparkImagenetError):
     """A bucket URL cannot be opened, read or written."""
 
 
+class PreconditionFailed(StorageError):
+    """A create-only or compare-and-swap write lost: the object already
+    exists, or changed since it was read (another writer got there first)."""
+
+
 class ConfigError(SparkImagenetError):
     """A setting (command-line option, function argument or Spark
     configuration) has a value that cannot work."""

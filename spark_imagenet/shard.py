@@ -30,7 +30,6 @@ import math
 import multiprocessing as mp
 import os
 import random
-import re
 import sys
 import time
 import uuid
@@ -40,10 +39,20 @@ from typing import Callable, Sequence
 
 from PIL import Image
 
-from .errors import ConfigError, ImageError, ManifestError
+from .errors import ConfigError, ImageError
 from .layout import ImageFile, SourceDataset, read_layout
-from .manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo
-from .storage import LocalStorage, Storage, crc32c_file, open_storage
+from .manifest import FORMAT_VERSION, Manifest, ShardInfo, SplitInfo
+from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file, open_storage
+from .transfer import (
+    PARTIAL_RE,
+    SHARD_NAME_RE,
+    Destination,
+    check_destination,
+    commit_manifest,
+    publish,
+    remove_replaced,
+    shard_name,
+)
 from .tfrecord import encode_example, write_record
 
 FEATURE_KEYS = (
@@ -62,13 +71,6 @@ TARGET_SHARD_BYTES = 128 * 1024 * 1024
 MIN_AUTO_TRAIN_SHARDS = 16
 MIN_AUTO_VAL_SHARDS = 4
 VERIFY_MODES = ("decode", "header")
-SHARD_NAME_RE = re.compile(r"^(train|val)-\d{5}-of-\d{5}\.tfrecord$")
-_PARTIAL_RE = re.compile(r"^\.(train|val)-\d{5}-of-\d{5}\.tfrecord\.partial-")
-
-
-def shard_name(split: str, index: int, count: int) -> str:
-    """File name of shard ``index`` of ``count``, e.g. ``train-00003-of-01024.tfrecord``."""
-    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
 
 
 def check_jpeg(data: bytes, verify: str = "decode") -> tuple[int, int, str | None]:
@@ -244,48 +246,6 @@ def dataset_fingerprint(plan: dict[str, list[tuple[ImageFile, ...]]], source: So
     return h.hexdigest()[:32]
 
 
-def _check_out(storage: Storage, dataset_id: str, overwrite: bool) -> Manifest | None:
-    """Return the existing manifest when ``storage`` already holds this very
-    dataset; raise when it holds something else (unless ``overwrite``)."""
-    if storage.exists(MANIFEST_NAME):
-        try:
-            existing = Manifest.load(storage)
-        except ManifestError:
-            if not overwrite:
-                raise ConfigError(
-                    f"--out {storage.url} holds an unreadable {MANIFEST_NAME}; choose another --out or pass --overwrite"
-                ) from None
-            existing = None
-        if existing is not None and existing.dataset_id == dataset_id:
-            missing = [
-                s.name
-                for split in existing.splits.values()
-                for s in split.shards
-                if not storage.exists(s.name) or storage.size(s.name) != s.bytes
-            ]
-            if not missing:
-                return existing
-            # Same dataset with shards lost since: rebuild it.
-        elif existing is not None and not overwrite:
-            raise ConfigError(
-                f"--out {storage.url} already holds a different dataset (id {existing.dataset_id}, "
-                f"{existing.num_classes} classes, {existing.splits['train'].examples} train images, built "
-                f"{existing.created}); choose another --out, or pass --overwrite to replace it"
-            )
-        return None
-    foreign = [
-        o.name
-        for o in storage.list()
-        if not SHARD_NAME_RE.match(o.name) and not _PARTIAL_RE.match(o.name)
-    ]
-    if foreign and not overwrite:
-        raise ConfigError(
-            f"--out {storage.url} is not empty and holds no {MANIFEST_NAME} (e.g. {foreign[0]}); "
-            "choose an empty or new folder, or pass --overwrite"
-        )
-    return None
-
-
 def shard(
     source: str | os.PathLike,
     out: str | os.PathLike,
@@ -299,6 +259,7 @@ def shard(
     processes: int | None = None,
     verify: str = "decode",
     overwrite: bool = False,
+    transfers: int = DEFAULT_TRANSFERS,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> Manifest:
@@ -307,7 +268,9 @@ def shard(
     Args:
         source: the unpacked Kaggle ``imagenet-object-localization-challenge``
             folder (see :mod:`spark_imagenet.layout`).
-        out: bucket URL for the shards (local path or ``file://`` URL).
+        out: bucket URL for the shards: a local path, ``file://`` URL or
+            ``gs://bucket/prefix`` (shards are then staged in a temporary
+            folder and uploaded, see :mod:`spark_imagenet.transfer`).
         train_shards: number of train shards (``None``: about 128 MiB each,
             at least 16). Training needs at least as many as workers.
         val_shards: number of val shards (``None``: automatic, at least 4).
@@ -318,6 +281,7 @@ def shard(
         processes: worker processes (``None``: all cores).
         verify: ``"decode"`` (default) or ``"header"``, see :func:`check_jpeg`.
         overwrite: replace a different dataset already at ``out``.
+        transfers: parallel uploads to a remote ``out`` (``--transfers``).
         progress: show a tqdm progress bar on stderr (images/s).
         log: where to print one-line status messages (``None``: stderr).
 
@@ -327,9 +291,12 @@ def shard(
 
     Raises:
         LayoutError: ``source`` is not in the Kaggle layout or inconsistent.
-        ConfigError: bad option values, or ``out`` holds a different dataset.
+        ConfigError: bad option values, ``out`` holds a different dataset,
+            or another run committed a different dataset to ``out`` while
+            this one was building (this run's shards are removed again).
         ImageError: some images are not decodable JPEGs; lists every one.
-        StorageError: ``out`` cannot be written.
+        StorageError: ``out`` cannot be written, or an upload fails
+            verification twice.
     """
     if log is None:
         def log(msg: str) -> None:
@@ -341,25 +308,27 @@ def shard(
     src = read_layout(source, num_classes=classes, class_list=class_list, per_class=per_class, seed=seed)
     plan = plan_shards(src, train_shards, val_shards, seed)
     dataset_id = dataset_fingerprint(plan, src)
+    if transfers < 1:
+        raise ConfigError(f"--transfers {transfers}: must be at least 1")
     storage = open_storage(out)
-    existing = _check_out(storage, dataset_id, overwrite)
-    if existing is not None:
+    dest = check_destination(storage, dataset_id, overwrite)
+    if dest.existing is not None:
         log(f"{storage.url} already holds this dataset (id {dataset_id}); nothing to do")
-        return existing
+        return dest.existing
 
-    local_root = Path(storage.url) if isinstance(storage, LocalStorage) else None
-    created_root = local_root is not None and not local_root.exists()
+    created_root = not storage.root_exists()
     try:
-        return _build(storage, src, plan, dataset_id, verify, processes, progress, log)
+        return _build(storage, dest, src, plan, dataset_id, verify, processes, transfers, progress, log)
     except BaseException:
-        if created_root and local_root.is_dir() and not any(local_root.iterdir()):
-            local_root.rmdir()  # "nothing was written" includes the folder itself
+        if created_root:
+            storage.remove_empty_root()  # "nothing was written" includes the folder itself
         raise
 
 
-def _build(storage: Storage, src: SourceDataset, plan: dict, dataset_id: str, verify: str,
-           processes: int | None, progress: bool, log: Callable[[str], None]) -> Manifest:
-    """Write the shards of ``plan`` and then the manifest (see :func:`shard`)."""
+def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, dataset_id: str, verify: str,
+           processes: int | None, transfers: int, progress: bool, log: Callable[[str], None]) -> Manifest:
+    """Write the shards of ``plan``, publish them, then commit the manifest
+    (see :func:`shard` and :mod:`spark_imagenet.transfer`)."""
     staging = storage.staging_dir()
     tmp_root = None
     if staging is None:
@@ -367,15 +336,15 @@ def _build(storage: Storage, src: SourceDataset, plan: dict, dataset_id: str, ve
 
         tmp_root = tempfile.TemporaryDirectory(prefix="spark-imagenet-shard-")
         staging = Path(tmp_root.name)
-    for o in storage.list():  # leftovers of an interrupted build
-        if _PARTIAL_RE.match(o.name):
-            storage.delete(o.name)
+    for name in dest.objects:  # leftovers of an interrupted build
+        if PARTIAL_RE.match(name):
+            storage.delete(name)
     token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     jobs = [
         _ShardJob(split, k, name, str(staging / f".{name}.partial-{token}"), images, verify)
         for split, shards in plan.items()
         for k, images in enumerate(shards)
-        for name in [shard_name(split, k, len(shards))]
+        for name in [shard_name(split, k, len(shards), dataset_id)]
     ]
     total = sum(len(j.images) for j in jobs)
     n_proc = min(processes or os.cpu_count() or 1, len(jobs))
@@ -421,8 +390,12 @@ def _build(storage: Storage, src: SourceDataset, plan: dict, dataset_id: str, ve
                 + "".join(f"\n  {p}" for p in sorted(problems)[:50])
                 + (f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else "")
             )
-        for j in jobs:
-            storage.put_file(j.tmp_path, j.name)
+        if tmp_root is None:  # staged beside the objects: publish by renaming
+            for j in jobs:
+                storage.put_file(j.tmp_path, j.name, move=True)
+        else:
+            publish(storage, [(j.tmp_path, results[j.name]) for j in jobs], present=dest.objects,
+                    transfers=transfers, log=log)
     finally:
         for j in jobs:
             if os.path.exists(j.tmp_path):
@@ -431,7 +404,7 @@ def _build(storage: Storage, src: SourceDataset, plan: dict, dataset_id: str, ve
             tmp_root.cleanup()
     seconds = time.perf_counter() - start
     splits = {
-        split: SplitInfo(tuple(results[shard_name(split, k, len(shards))] for k in range(len(shards))))
+        split: SplitInfo(tuple(results[shard_name(split, k, len(shards), dataset_id)] for k in range(len(shards))))
         for split, shards in plan.items()
     }
     manifest = Manifest(
@@ -443,11 +416,8 @@ def _build(storage: Storage, src: SourceDataset, plan: dict, dataset_id: str, ve
         selection={**src.selection, "train_shards": len(plan["train"]), "val_shards": len(plan["val"]), "verify": verify},
         feature_keys=FEATURE_KEYS,
     )
-    manifest.save(storage)
-    current = {s.name for split in splits.values() for s in split.shards}
-    for o in storage.list():  # shards of a dataset this build replaced (--overwrite)
-        if SHARD_NAME_RE.match(o.name) and o.name not in current:
-            storage.delete(o.name)
+    manifest = commit_manifest(storage, manifest, dest.generation, log=log)
+    remove_replaced(storage, manifest)  # shards of a dataset this build replaced (--overwrite)
     log(
         f"wrote {total} images ({sum(s.bytes for s in splits.values()) / 1e6:.1f} MB) in {seconds:.1f} s "
         f"({total / max(seconds, 1e-9):.0f} images/s) to {storage.url}"

@@ -302,7 +302,7 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
 def train(spark, url: str, workers: int, *, model: str = "alexnet", epochs: int = 1, batch_size: int = 32,
           image_size: int = 224, width: float = 1.0, learning_rate: float = 0.01, parallel: int | None = None,
           cache: str | os.PathLike | None = None, results: str | os.PathLike | None = None, seed: int = 0,
-          log: Callable[[str], None] = print) -> dict[str, Any]:
+          transfers: int = 8, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train a model on a sharded dataset with N Spark barrier tasks.
 
     Args:
@@ -322,6 +322,7 @@ def train(spark, url: str, workers: int, *, model: str = "alexnet", epochs: int 
             Spark local dir (see :func:`spark_imagenet.cache.default_cache_dir`).
         results: write the results JSON here (atomically) when given.
         seed: random seed.
+        transfers: parallel shard downloads per task (``--transfers``).
         log: called with each line of the summary (default ``print``).
 
     Returns:
@@ -349,6 +350,8 @@ def train(spark, url: str, workers: int, *, model: str = "alexnet", epochs: int 
     from .storage import open_storage
 
     validate_settings(workers, model, epochs, batch_size, image_size, width, learning_rate, parallel, seed)
+    if isinstance(transfers, bool) or not isinstance(transfers, int) or transfers < 1:
+        raise ConfigError(f"--transfers {transfers!r}: must be a positive integer")
     if results is not None:
         target = Path(results).expanduser().absolute()
         parent = target.parent
@@ -366,7 +369,8 @@ def train(spark, url: str, workers: int, *, model: str = "alexnet", epochs: int 
                 "width": float(width), "learning_rate": float(learning_rate), "parallel": parallel, "seed": seed}
     cache_dir = str(Path(cache).expanduser().absolute()) if cache is not None else None
     spec = TaskSpec(url=storage.url, dataset_id=manifest.dataset_id, num_classes=manifest.num_classes,
-                    assignment=plan, settings=settings, cache_dir=cache_dir)
+                    assignment=plan, settings=settings, cache_dir=cache_dir,
+                    storage_options=storage.reopen_options(), transfers=transfers)
     smallest = min(p.train_examples for p in plan.workers)
     if batch_size > smallest:
         log(f"warning: --batch-size {batch_size} is larger than the {smallest} train images of the smallest "

@@ -24,3 +24,26 @@ def spark():
                             conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """fake-gcs-server on 127.0.0.1:<free port> for the whole session (see gcs_emulator.py)."""
+    from gcs_emulator import GCSEmulator
+
+    emulator = GCSEmulator(tmp_path_factory.mktemp("fake-gcs") / "storage")
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator, monkeypatch, request):
+    """A new empty bucket on the emulator, with STORAGE_EMULATOR_HOST set for
+    this test (and the subprocesses it starts). Returns the bucket name."""
+    import re
+    import uuid
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:6]
+    gcs_emulator.create_bucket(name)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
+    return name

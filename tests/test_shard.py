@@ -148,7 +148,12 @@ def test_interrupted_build_leaves_no_manifest_and_reruns(tree, tmp_path):
         Manifest.load(open_storage(out))
     m = build(tree, out)
     assert not any(p.name.startswith(".") for p in out.iterdir())
-    assert crc32c_file(out / "train-00001-of-00004.tfrecord") == m.splits["train"].shards[1].crc32c
+    assert not (out / "train-00001-of-00004.tfrecord").exists()  # a shard no manifest uses is removed
+    second = m.splits["train"].shards[1]
+    assert second.name == f"train-00001-of-00004-{m.dataset_id[:8]}.tfrecord"
+    assert crc32c_file(out / second.name) == second.crc32c
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["manifest.json"] + [s.name for split in m.splits.values() for s in split.shards])
 
 
 def _corrupt(tree):

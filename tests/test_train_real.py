@@ -11,7 +11,8 @@ import pytest
 
 from data_util import ILSVRC_MINI, requires_shared, small_layout
 from spark_imagenet.manifest import Manifest, ShardInfo, SplitInfo
-from spark_imagenet.shard import shard, shard_name
+from spark_imagenet.shard import shard
+from spark_imagenet.transfer import shard_name
 from spark_imagenet.storage import LocalStorage, crc32c_file
 from spark_imagenet.tfrecord import read_records, write_record
 from spark_imagenet.train import train
@@ -42,7 +43,7 @@ def regroup_train_by_class(bucket: Path, groups: list[set[int]]) -> None:
         by_group[next(k for k, g in enumerate(groups) if _label(r) in g)].append(r)
     shards = []
     for k, recs in enumerate(by_group):
-        name = shard_name("train", k, len(groups))
+        name = shard_name("train", k, len(groups), "0123abcd")
         with open(bucket / name, "wb") as f:
             for r in recs:
                 write_record(f, r)

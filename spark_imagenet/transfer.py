@@ -1,0 +1,389 @@
+"""Publishing a dataset to a bucket: verified uploads and a manifest commit
+that two concurrent writers cannot interleave.
+
+A dataset at a bucket URL is its ``manifest.json`` plus the shard objects the
+manifest names. Shard names carry the first 8 hex digits of the dataset id
+(``train-00003-of-01024-3fa2c1d9.tfrecord``), so two different datasets
+never write the same object; the manifest is the single commit point:
+
+1. :func:`check_destination`: what is there now (the same dataset: nothing
+   to do; another one: refused unless ``overwrite``), and the manifest's
+   generation, the token of step 3;
+2. :func:`publish`: upload the shards (``Storage.put_files``: in parallel,
+   ``transfers`` at a time), skip those already present with the same size
+   and CRC32C, and check every uploaded object's CRC32C as the bucket reports
+   it against the manifest (a mismatch is uploaded once more, then fails
+   naming the shard);
+3. :func:`commit_manifest`: write ``manifest.json`` with the precondition
+   ``if_generation_match`` = the generation seen in step 1 (0: create-only),
+   the same compare-and-swap GCS documents for its own concurrency control.
+   The loser of a race deletes the shards it uploaded and reports the
+   winner; then the shards of a replaced dataset are deleted.
+
+:func:`upload` (``spark-imagenet upload``) runs the three steps for shards
+built on local disk; :func:`spark_imagenet.shard.shard` runs them for a
+build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .errors import ConfigError, ManifestError, PreconditionFailed, StorageError
+from .manifest import MANIFEST_NAME, Manifest, ShardInfo
+from .storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage
+
+#: Object names of shards: ``<split>-<index>-of-<count>[-<dataset id[:8]>].tfrecord``
+#: (names without the id part come from builds before the id was added).
+SHARD_NAME_RE = re.compile(r"^(train|val)-\d{5}-of-\d{5}(-[0-9a-f]{8})?\.tfrecord$")
+#: Temporary names of shards being written in a local ``--out`` folder.
+PARTIAL_RE = re.compile(r"^\.(train|val)-\d{5}-of-\d{5}(-[0-9a-f]{8})?\.tfrecord\.partial-")
+#: Uploads per object before giving up (the first try plus one retry).
+ATTEMPTS = 2
+
+
+def shard_name(split: str, index: int, count: int, dataset_id: str = "") -> str:
+    """Object name of shard ``index`` of ``count``.
+
+    Args:
+        split: ``"train"`` or ``"val"``.
+        index: 0-based shard index.
+        count: shards in the split.
+        dataset_id: the dataset id (hex); its first 8 digits make the name
+            unique to the dataset. Empty: no id part.
+
+    Returns:
+        str: e.g. ``train-00003-of-01024-3fa2c1d9.tfrecord``.
+    """
+    tag = f"-{dataset_id[:8]}" if dataset_id else ""
+    return f"{split}-{index:05d}-of-{count:05d}{tag}.tfrecord"
+
+
+@dataclasses.dataclass
+class Destination:
+    """What :func:`check_destination` found at a bucket URL.
+
+    Attributes:
+        existing: the manifest there when it is the same dataset and every
+            shard is present and intact (nothing to do), else None.
+        generation: the manifest's generation (0: no manifest), the
+            precondition for :func:`commit_manifest`.
+        objects: every object under the URL by name (one listing).
+        replaced: the id of a different dataset there that ``overwrite``
+            will replace (None when there is none).
+    """
+
+    existing: Manifest | None
+    generation: int
+    objects: dict[str, ObjectInfo]
+    replaced: str | None = None
+
+
+def _intact(storage: Storage, info: ObjectInfo | None, shard: ShardInfo) -> bool:
+    """Whether an object listed as ``info`` holds ``shard`` (size and CRC32C;
+    the CRC32C from the listing, or computed for stores without one)."""
+    if info is None or info.size != shard.bytes:
+        return False
+    crc = info.crc32c if info.crc32c is not None else storage.crc32c(shard.name)
+    return crc == shard.crc32c
+
+
+def check_destination(storage: Storage, dataset_id: str, overwrite: bool, option: str = "--out") -> Destination:
+    """Look at a bucket URL before writing a dataset there.
+
+    Args:
+        storage: the destination.
+        dataset_id: id of the dataset about to be written.
+        overwrite: whether a different dataset (or other files) there may be
+            replaced.
+        option: the option or argument that named the URL, for messages.
+
+    Returns:
+        Destination: see its attributes.
+
+    Raises:
+        ConfigError: a different dataset, an unreadable manifest, or files
+            that are not shards are there and ``overwrite`` is False.
+        StorageError: the destination cannot be listed or read (a missing
+            bucket included).
+    """
+    objects = {o.name: o for o in storage.list()}
+    man = objects.get(MANIFEST_NAME)
+    generation = man.generation or 0 if man else 0
+    if man is not None:
+        try:
+            existing = Manifest.load(storage)
+        except ManifestError:
+            if not overwrite:
+                raise ConfigError(
+                    f"{option} {storage.url} holds an unreadable {MANIFEST_NAME}; choose another {option} "
+                    "or pass --overwrite"
+                ) from None
+            return Destination(None, generation, objects, replaced="(unreadable manifest)")
+        if existing.dataset_id == dataset_id:
+            shards = [s for split in existing.splits.values() for s in split.shards]
+            if all(_intact(storage, objects.get(s.name), s) for s in shards):
+                return Destination(existing, generation, objects)
+            return Destination(None, generation, objects)  # same dataset, shards lost or damaged: redo those
+        if not overwrite:
+            raise ConfigError(
+                f"{option} {storage.url} already holds a different dataset (id {existing.dataset_id}, "
+                f"{existing.num_classes} classes, {existing.splits['train'].examples} train images, built "
+                f"{existing.created}); choose another {option}, or pass --overwrite to replace it"
+            )
+        return Destination(None, generation, objects, replaced=existing.dataset_id)
+    foreign = [n for n in objects if not SHARD_NAME_RE.match(n) and not PARTIAL_RE.match(n)]
+    if foreign and not overwrite:
+        raise ConfigError(
+            f"{option} {storage.url} is not empty and holds no {MANIFEST_NAME} (e.g. {foreign[0]}); "
+            "choose an empty or new folder, or pass --overwrite"
+        )
+    return Destination(None, 0, objects)
+
+
+@dataclasses.dataclass
+class PublishStats:
+    """What :func:`publish` or :func:`upload` moved.
+
+    Attributes:
+        uploaded: objects uploaded (verified).
+        skipped: objects already present with the same size and CRC32C.
+        bytes_uploaded: bytes of the uploaded objects.
+        seconds: wall time, in seconds.
+        manifest_written: whether ``manifest.json`` was (re)written.
+    """
+
+    uploaded: int = 0
+    skipped: int = 0
+    bytes_uploaded: int = 0
+    seconds: float = 0.0
+    manifest_written: bool = False
+
+    @property
+    def mb_per_sec(self) -> float:
+        """Upload rate in MB/s (10**6 bytes per second); 0 when nothing moved."""
+        return self.bytes_uploaded / 1e6 / self.seconds if self.bytes_uploaded and self.seconds > 0 else 0.0
+
+
+def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo]], *,
+            present: dict[str, ObjectInfo] | None = None, transfers: int = DEFAULT_TRANSFERS,
+            stats: PublishStats | None = None, log: Callable[[str], None] | None = None) -> PublishStats:
+    """Upload local shard files as objects, verified against their manifest entries.
+
+    Args:
+        storage: the destination bucket.
+        files: ``(local path, ShardInfo)``: the file to upload and the name,
+            size and CRC32C it must have. The local files are not changed.
+        present: objects already at the destination (from
+            :func:`check_destination`); those with the same size and CRC32C
+            are skipped. None: list the destination first.
+        transfers: uploads in parallel (at least 1).
+        stats: counters to add to (a new one when None).
+        log: one line per round of uploads.
+
+    Returns:
+        PublishStats: uploaded and skipped counts, bytes, seconds.
+
+    Raises:
+        StorageError: an object that fails to upload, or whose CRC32C as the
+            bucket reports it differs from the manifest, twice (every such
+            shard is named; the bad objects are deleted).
+        ConfigError: ``transfers`` < 1.
+    """
+    if transfers < 1:
+        raise ConfigError(f"--transfers {transfers}: must be at least 1")
+    stats = stats or PublishStats()
+    start = time.monotonic()
+    if present is None:
+        present = {o.name: o for o in storage.list()}
+    todo = []
+    for path, shard in files:
+        if _intact(storage, present.get(shard.name), shard):
+            stats.skipped += 1
+        else:
+            todo.append((path, shard))
+    problems: dict[str, list[str]] = {}
+    for attempt in range(1, ATTEMPTS + 1):
+        if not todo:
+            break
+        if log:
+            log(f"uploading {len(todo)} shard(s), {sum(s.bytes for _p, s in todo) / 1e6:.1f} MB, to {storage.url} "
+                f"with {transfers} parallel transfer(s)" + (" (retry)" if attempt > 1 else ""))
+        errors = storage.put_files([(p, s.name) for p, s in todo], transfers)
+        listed = {o.name: o for o in storage.list()}
+        failed = []
+        for (path, shard), err in zip(todo, errors):
+            info = listed.get(shard.name)
+            if err is not None:
+                why = str(err)
+            elif info is None:
+                why = "the object is not there after the upload"
+            elif info.size != shard.bytes:
+                why = f"the bucket holds {info.size} bytes, the manifest says {shard.bytes}"
+            elif (crc := info.crc32c if info.crc32c is not None else storage.crc32c(shard.name)) != shard.crc32c:
+                why = f"the bucket reports crc32c {crc}, the manifest says {shard.crc32c}"
+            else:
+                stats.uploaded += 1
+                stats.bytes_uploaded += shard.bytes
+                continue
+            problems.setdefault(shard.name, []).append(f"attempt {attempt}: {why}")
+            failed.append((path, shard))
+        todo = failed
+    stats.seconds += time.monotonic() - start
+    if todo:
+        for _path, shard in todo:
+            storage.delete(shard.name)
+        raise StorageError(
+            f"{len(todo)} shard(s) could not be uploaded intact to {storage.url}: "
+            + "; ".join(f"{s.name} ({', '.join(problems[s.name])})" for _p, s in todo)
+            + ". Nothing was committed (no manifest written); check the local files and the network, then run again."
+        )
+    return stats
+
+
+def commit_manifest(storage: Storage, manifest: Manifest, generation: int, *,
+                    log: Callable[[str], None] | None = None) -> Manifest:
+    """Write ``manifest.json`` if nobody else did since :func:`check_destination`.
+
+    Args:
+        storage: the destination.
+        manifest: the dataset to commit (its shards already published).
+        generation: the generation of the manifest seen before publishing
+            (0: there was none: create-only).
+        log: where to say what happened.
+
+    Returns:
+        Manifest: ``manifest``, or the one another writer committed first
+        when it is the same dataset (same id).
+
+    Raises:
+        ConfigError: another writer committed a different dataset first; the
+            shards this call's caller uploaded and the other dataset does not
+            use are deleted first, so exactly one consistent dataset remains.
+        StorageError: the manifest cannot be written.
+    """
+    try:
+        storage.write_bytes(MANIFEST_NAME, manifest.dumps().encode("utf-8"), if_generation_match=generation)
+        return manifest
+    except PreconditionFailed:
+        pass
+    try:
+        winner = Manifest.load(storage)
+    except (ManifestError, StorageError) as e:
+        raise StorageError(
+            f"{storage.where(MANIFEST_NAME)} was changed by another writer while this one was building, and it "
+            f"cannot be read now ({e}); run again"
+        ) from None
+    if winner.dataset_id == manifest.dataset_id:
+        if log:
+            log(f"another run committed this same dataset (id {winner.dataset_id}) to {storage.url} first; using it")
+        return winner
+    theirs = {s.name for split in winner.splits.values() for s in split.shards}
+    for split in manifest.splits.values():
+        for s in split.shards:
+            if s.name not in theirs:
+                storage.delete(s.name)
+    raise ConfigError(
+        f"another run committed a different dataset (id {winner.dataset_id}, built {winner.created}) to "
+        f"{storage.url} while this one (id {manifest.dataset_id}) was being written; its shards were removed "
+        "again and the other dataset is intact. Choose another destination, or pass --overwrite to replace it"
+    )
+
+
+def remove_replaced(storage: Storage, manifest: Manifest) -> int:
+    """Delete shard objects the committed ``manifest`` does not use (those of
+    a dataset it replaced, or left by an interrupted build).
+
+    Returns:
+        int: objects deleted.
+    """
+    current = {s.name for split in manifest.splits.values() for s in split.shards}
+    gone = 0
+    for o in storage.list():
+        if (SHARD_NAME_RE.match(o.name) and o.name not in current) or PARTIAL_RE.match(o.name):
+            storage.delete(o.name)
+            gone += 1
+    return gone
+
+
+def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int = DEFAULT_TRANSFERS,
+           overwrite: bool = False, log: Callable[[str], None] | None = None) -> PublishStats:
+    """Publish a dataset built on local disk to a bucket (``spark-imagenet upload``).
+
+    Every local shard is checked against its manifest entry (size, CRC32C)
+    before anything is uploaded; shards already at ``dest`` with the same size
+    and CRC32C are skipped (so a rerun transfers nothing); the rest go up in
+    parallel and are verified; the manifest goes last (see the module doc).
+
+    Args:
+        source: local folder (path or ``file://`` URL) holding
+            ``manifest.json`` and the shards.
+        dest: destination bucket URL (``gs://bucket/prefix``, or a local one).
+        transfers: uploads in parallel (``--transfers``).
+        overwrite: replace a different dataset at ``dest``.
+        log: where to print status lines (None: stderr).
+
+    Returns:
+        PublishStats: uploaded/skipped counts, bytes, seconds, and whether the
+        manifest was written.
+
+    Raises:
+        ConfigError: ``source`` is not local, ``source`` and ``dest`` are the
+            same, ``dest`` holds a different dataset (without ``overwrite``),
+            or ``transfers`` < 1.
+        ManifestError: ``source`` holds no valid manifest, or a local shard
+            does not match it (named, with what to do).
+        StorageError: ``dest`` cannot be listed or written, or an upload
+            fails verification twice.
+    """
+    if log is None:
+        def log(msg: str) -> None:
+            print(msg, file=sys.stderr, flush=True)
+    if transfers < 1:
+        raise ConfigError(f"--transfers {transfers}: must be at least 1")
+    src = open_storage(source)
+    if not isinstance(src, LocalStorage):
+        raise ConfigError(f"upload SOURCE {src.url}: must be a local folder (the --out of `spark-imagenet shard`)")
+    dst = open_storage(dest)
+    if isinstance(dst, LocalStorage) and dst.root == src.root:
+        raise ConfigError(f"upload: SOURCE and DEST are the same folder ({src.url})")
+    manifest = Manifest.load(src)
+    shards = [s for split in manifest.splits.values() for s in split.shards]
+    bad = []
+    for s in shards:
+        info = src.stat(s.name)
+        if info is None:
+            bad.append(f"{src.where(s.name)}: missing")
+        elif info.size != s.bytes:
+            bad.append(f"{src.where(s.name)}: {info.size} bytes, the manifest says {s.bytes}")
+        elif (crc := src.crc32c(s.name)) != s.crc32c:
+            bad.append(f"{src.where(s.name)}: crc32c {crc}, the manifest says {s.crc32c}")
+    if bad:
+        raise ManifestError(
+            f"{len(bad)} local shard(s) in {src.url} do not match its {MANIFEST_NAME}; nothing was uploaded. "
+            "Rebuild them with `spark-imagenet shard SOURCE --out " + src.url + "`:"
+            + "".join(f"\n  {b}" for b in bad[:50]) + (f"\n  ... and {len(bad) - 50} more" if len(bad) > 50 else "")
+        )
+    dest_state = check_destination(dst, manifest.dataset_id, overwrite, option="upload DEST")
+    stats = PublishStats()
+    if dest_state.existing is not None:
+        stats.skipped = len(shards)
+        log(f"{dst.url} already holds this dataset (id {manifest.dataset_id}), every shard intact; nothing to do")
+        return stats
+    publish(dst, [(Path(src.root, s.name), s) for s in shards], present=dest_state.objects,
+            transfers=transfers, stats=stats, log=log)
+    start = time.monotonic()
+    committed = commit_manifest(dst, manifest, dest_state.generation, log=log)
+    stats.manifest_written = committed is manifest
+    removed = remove_replaced(dst, committed)
+    stats.seconds += time.monotonic() - start
+    log(f"uploaded {stats.uploaded} shard(s) ({stats.bytes_uploaded / 1e6:.1f} MB, {stats.mb_per_sec:.1f} MB/s), "
+        f"skipped {stats.skipped} already there" + (f", removed {removed} replaced" if removed else "")
+        + f"; {dst.where(MANIFEST_NAME)} " + ("written" if stats.manifest_written else "already committed"))
+    return stats
