@@ -22,6 +22,7 @@ see :data:`FEATURE_KEYS`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -35,11 +36,11 @@ import time
 import uuid
 import warnings
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from PIL import Image
 
-from .errors import ConfigError, ImageError
+from .errors import ConfigError, ImageError, StorageError
 from .layout import ImageFile, SourceDataset, read_layout
 from .manifest import FORMAT_VERSION, Manifest, ShardInfo, SplitInfo
 from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file, open_storage
@@ -357,6 +358,22 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
     problems: list[str] = []
     ctx = mp.get_context("spawn")
     counter = ctx.Value("q", 0)
+    # A remote --out gets each shard uploaded (verified) as soon as it is written, so the local staging
+    # folder holds only shards in flight; nothing is visible to readers before the manifest commit.
+    uploader = None
+    uploads: dict[str, Any] = {}
+    if tmp_root is not None:
+        import concurrent.futures
+
+        uploader = concurrent.futures.ThreadPoolExecutor(transfers, thread_name_prefix="upload")
+
+    def upload_one(path: str, info: ShardInfo) -> None:
+        try:
+            publish(storage, [(path, info)], present=dest.objects, transfers=1)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
     try:
         with ctx.Pool(n_proc, initializer=_init_worker, initargs=(counter,)) as pool:
             pending = [pool.apply_async(_write_shard, (j,)) for j in jobs]
@@ -375,6 +392,9 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
                             problems += bad
                             if info is not None:
                                 results[info.name] = info
+                                if uploader is not None and not problems:
+                                    job = next(j for j in jobs if j.name == info.name)
+                                    uploads[info.name] = uploader.submit(upload_one, job.tmp_path, info)
                         else:
                             still.append(r)
                     pending = still
@@ -383,6 +403,12 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
             finally:
                 if bar is not None:
                     bar.close()
+        if uploader is not None:
+            uploader.shutdown(wait=True)
+            failed = [str(f.exception()) for f in uploads.values() if f.exception() is not None]
+            if failed and not problems:
+                raise StorageError(f"{len(failed)} shard(s) could not be uploaded to {storage.url}; nothing was "
+                                   "committed:" + "".join(f"\n  {m}" for m in failed[:20]))
         if problems:
             raise ImageError(
                 f"{len(problems)} image file(s) cannot be stored as decodable RGB JPEGs; nothing was written "
@@ -390,12 +416,21 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
                 + "".join(f"\n  {p}" for p in sorted(problems)[:50])
                 + (f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else "")
             )
-        if tmp_root is None:  # staged beside the objects: publish by renaming
+        if uploader is None:  # staged beside the objects: publish by renaming
             for j in jobs:
                 storage.put_file(j.tmp_path, j.name, move=True)
         else:
-            publish(storage, [(j.tmp_path, results[j.name]) for j in jobs], present=dest.objects,
-                    transfers=transfers, log=log)
+            log(f"uploaded {len(uploads)} shard(s) to {storage.url}, each verified against its CRC32C "
+                f"({transfers} parallel transfer(s))")
+    except BaseException:
+        if uploader is not None:
+            uploader.shutdown(wait=True, cancel_futures=True)
+            keep = {s.name for split in dest.committed.splits.values() for s in split.shards} if dest.committed else set()
+            for name in uploads:  # uploaded but never committed: remove again
+                if name not in keep:
+                    with contextlib.suppress(StorageError):
+                        storage.delete(name)
+        raise
     finally:
         for j in jobs:
             if os.path.exists(j.tmp_path):
@@ -416,7 +451,10 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         selection={**src.selection, "train_shards": len(plan["train"]), "val_shards": len(plan["val"]), "verify": verify},
         feature_keys=FEATURE_KEYS,
     )
-    manifest = commit_manifest(storage, manifest, dest.generation, log=log)
+    if dest.committed is not None and dest.committed.splits == manifest.splits:
+        manifest = dest.committed  # this dataset was committed before; its lost shards are back now
+    else:
+        manifest = commit_manifest(storage, manifest, dest.generation, log=log)
     remove_replaced(storage, manifest)  # shards of a dataset this build replaced (--overwrite)
     log(
         f"wrote {total} images ({sum(s.bytes for s in splits.values()) / 1e6:.1f} MB) in {seconds:.1f} s "

@@ -598,6 +598,17 @@ class GCSStorage(Storage):
                 f"gs://{self.bucket_name}; check the IAM roles, or the account "
                 "(GOOGLE_APPLICATION_CREDENTIALS / gcloud auth application-default login)"
             )
+        if isinstance(e, auth_exceptions.InvalidOperation):
+            # google-auth answers a 401 by refreshing the credentials and resending; anonymous
+            # credentials (an endpoint / STORAGE_EMULATOR_HOST) cannot be refreshed, so a 401 surfaces
+            # as this "Anonymous credentials cannot be refreshed" error instead of Unauthorized.
+            return StorageError(
+                f"{what}: the credentials were rejected (401: {self.endpoint or 'the endpoint'} requires "
+                f"credentials, and requests to it are sent anonymously). Check the endpoint given by "
+                "STORAGE_EMULATOR_HOST or endpoint=: an emulator must accept anonymous requests; for Google Cloud "
+                "Storage itself, unset it so Application Default Credentials are used (`gcloud auth "
+                "application-default login` or GOOGLE_APPLICATION_CREDENTIALS)"
+            )
         if isinstance(e, (auth_exceptions.RefreshError, auth_exceptions.TransportError)):
             return StorageError(f"{what}: cannot obtain Google credentials ({detail}); check the machine's "
                                 "service account or GOOGLE_APPLICATION_CREDENTIALS")

@@ -77,12 +77,16 @@ class Destination:
         objects: every object under the URL by name (one listing).
         replaced: the id of a different dataset there that ``overwrite``
             will replace (None when there is none).
+        committed: the manifest there when it is this same dataset, intact
+            or not (then only the missing or damaged shards need publishing
+            and the manifest need not be rewritten).
     """
 
     existing: Manifest | None
     generation: int
     objects: dict[str, ObjectInfo]
     replaced: str | None = None
+    committed: Manifest | None = None
 
 
 def _intact(storage: Storage, info: ObjectInfo | None, shard: ShardInfo) -> bool:
@@ -129,8 +133,9 @@ def check_destination(storage: Storage, dataset_id: str, overwrite: bool, option
         if existing.dataset_id == dataset_id:
             shards = [s for split in existing.splits.values() for s in split.shards]
             if all(_intact(storage, objects.get(s.name), s) for s in shards):
-                return Destination(existing, generation, objects)
-            return Destination(None, generation, objects)  # same dataset, shards lost or damaged: redo those
+                return Destination(existing, generation, objects, committed=existing)
+            # same dataset, shards lost or damaged: publish those again
+            return Destination(None, generation, objects, committed=existing)
         if not overwrite:
             raise ConfigError(
                 f"{option} {storage.url} already holds a different dataset (id {existing.dataset_id}, "
@@ -216,10 +221,12 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
             log(f"uploading {len(todo)} shard(s), {sum(s.bytes for _p, s in todo) / 1e6:.1f} MB, to {storage.url} "
                 f"with {transfers} parallel transfer(s)" + (" (retry)" if attempt > 1 else ""))
         errors = storage.put_files([(p, s.name) for p, s in todo], transfers)
-        listed = {o.name: o for o in storage.list()}
         failed = []
         for (path, shard), err in zip(todo, errors):
-            info = listed.get(shard.name)
+            try:
+                info = storage.stat(shard.name) if err is None else None
+            except StorageError as e:
+                err = e
             if err is not None:
                 why = str(err)
             elif info is None:
@@ -379,8 +386,11 @@ def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int
     publish(dst, [(Path(src.root, s.name), s) for s in shards], present=dest_state.objects,
             transfers=transfers, stats=stats, log=log)
     start = time.monotonic()
-    committed = commit_manifest(dst, manifest, dest_state.generation, log=log)
-    stats.manifest_written = committed is manifest
+    if dest_state.committed is not None:  # the same dataset was there, some shards lost: they are back now
+        committed = dest_state.committed
+    else:
+        committed = commit_manifest(dst, manifest, dest_state.generation, log=log)
+        stats.manifest_written = committed is manifest
     removed = remove_replaced(dst, committed)
     stats.seconds += time.monotonic() - start
     log(f"uploaded {stats.uploaded} shard(s) ({stats.bytes_uploaded / 1e6:.1f} MB, {stats.mb_per_sec:.1f} MB/s), "

@@ -58,7 +58,8 @@ def test_workers_with_disjoint_classes_train_one_global_model(spark, tmp_path):
     shard(tree, bucket, train_shards=2, val_shards=2, processes=1, progress=False, log=lambda m: None)
     regroup_train_by_class(bucket, [{0, 1}, {2, 3}])
 
-    result = train(spark, str(bucket), 2, epochs=10, batch_size=8, image_size=72, width=0.25,
+    # 15 epochs: at 10, 1 run in 3 ended near 0.4-0.5 (measured); at 15, 0.92-1.00 over 3 runs.
+    result = train(spark, str(bucket), 2, epochs=15, batch_size=8, image_size=72, width=0.25,
                    learning_rate=0.01, cache=tmp_path / "cache", log=lambda m: None)
 
     # Rank r trained only on its own classes...

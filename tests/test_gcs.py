@@ -1,0 +1,380 @@
+"""gs:// buckets end to end against a real GCS emulator (fake-gcs-server over
+HTTP, the real google-cloud-storage client): upload, fetch, idempotent
+reruns, corruption, half-written cache files, paging, missing bucket or
+manifest, concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from data_util import small_layout
+from spark_imagenet.cache import fetch, fetch_rank
+from spark_imagenet.errors import ConfigError, ManifestError, StorageError
+from spark_imagenet.manifest import MANIFEST_NAME, Manifest
+from spark_imagenet.shard import shard
+from spark_imagenet.storage import GCSStorage, crc32c_file, open_storage
+from spark_imagenet.transfer import check_destination, commit_manifest, publish, upload
+
+
+def _shards(m: Manifest):
+    return [s for split in m.splits.values() for s in split.shards]
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    return small_layout(tmp_path_factory.mktemp("kaggle") / "src", num_classes=4, train_per_class=8, val_per_class=3)
+
+
+@pytest.fixture(scope="module")
+def local_ds(tree, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local") / "shards"
+    manifest = shard(tree, out, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
+    return out, manifest
+
+
+def _generations(bucket: str, prefix: str) -> dict[str, int]:
+    return {o.name: o.generation for o in GCSStorage(f"gs://{bucket}/{prefix}").list()}
+
+
+def test_upload_then_fetch_round_trip_is_verified(local_ds, gcs_bucket, tmp_path):
+    """Local shards uploaded to the emulator come back byte-identical into the cache, CRC32C-checked."""
+    local, manifest = local_ds
+    url = f"gs://{gcs_bucket}/imagenet"
+    stats = upload(local, url, transfers=4, log=lambda m: None)
+    assert (stats.uploaded, stats.skipped, stats.manifest_written) == (6, 0, True)
+    assert stats.bytes_uploaded == sum(s.bytes for s in _shards(manifest))
+    remote = open_storage(url)
+    assert Manifest.load(remote) == manifest
+    for s in _shards(manifest):  # the bucket's own checksum agrees with the manifest
+        assert remote.stat(s.name).crc32c == s.crc32c
+
+    train, val = fetch_rank(url, 0, 2, tmp_path / "cache", transfers=4)
+    assert train.downloaded == 2 and val.downloaded == 1 and train.reused == 0
+    for path in [*train, *val]:
+        name = Path(path).name
+        assert Path(path).read_bytes() == (local / name).read_bytes()
+        assert crc32c_file(path) == next(s.crc32c for s in _shards(manifest) if s.name == name)
+
+
+def test_rerun_of_upload_and_fetch_transfers_nothing(local_ds, gcs_bucket, tmp_path):
+    """A second upload and a second fetch move no bytes and rewrite no object (same generations)."""
+    local, _ = local_ds
+    url = f"gs://{gcs_bucket}/ds"
+    upload(local, url, log=lambda m: None)
+    before = _generations(gcs_bucket, "ds")
+    again = upload(local, url, log=lambda m: None)
+    assert (again.uploaded, again.bytes_uploaded, again.manifest_written) == (0, 0, False)
+    assert again.skipped == 6
+    assert _generations(gcs_bucket, "ds") == before
+
+    first = fetch_rank(url, 1, 2, tmp_path / "cache")
+    second = fetch_rank(url, 1, 2, tmp_path / "cache")
+    assert sum(r.downloaded for r in first) == 3
+    assert sum(r.downloaded for r in second) == 0 and sum(r.bytes_downloaded for r in second) == 0
+    assert [list(r) for r in first] == [list(r) for r in second]
+
+
+def test_upload_reuploads_only_missing_or_damaged_objects(local_ds, gcs_bucket):
+    """After an interrupted upload (one object missing, one replaced), a rerun uploads exactly those two."""
+    local, manifest = local_ds
+    url = f"gs://{gcs_bucket}/ds"
+    upload(local, url, log=lambda m: None)
+    remote = open_storage(url)
+    names = [s.name for s in _shards(manifest)]
+    remote.delete(names[0])
+    remote.write_bytes(names[1], b"not the shard")
+    before = _generations(gcs_bucket, "ds")
+    stats = upload(local, url, log=lambda m: None)
+    assert (stats.uploaded, stats.skipped) == (2, 4)
+    after = _generations(gcs_bucket, "ds")
+    changed = sorted(n for n in after if after[n] != before.get(n))
+    assert changed == sorted(names[:2])
+    assert remote.stat(names[1]).crc32c == _shards(manifest)[1].crc32c
+
+
+def test_shard_writes_straight_to_gs_and_reruns_as_no_op(tree, gcs_bucket):
+    """`shard --out gs://...` stages, uploads and commits; the same build again writes nothing."""
+    url = f"gs://{gcs_bucket}/built"
+    m = shard(tree, url, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
+    remote = open_storage(url)
+    assert sorted(o.name for o in remote.list()) == sorted([MANIFEST_NAME] + [s.name for s in _shards(m)])
+    before = _generations(gcs_bucket, "built")
+    again = shard(tree, url, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
+    assert again == m
+    assert _generations(gcs_bucket, "built") == before
+
+
+def test_corrupt_object_in_emulator_storage_is_detected_and_never_used(local_ds, gcs_bucket, gcs_emulator, tmp_path):
+    """Flipping bytes of an object on the emulator's disk makes fetch fail naming the shard; nothing lands in the cache."""
+    local, manifest = local_ds
+    url = f"gs://{gcs_bucket}/ds"
+    upload(local, url, log=lambda m: None)
+    victim = manifest.splits["train"].shards[0]  # rank 0's first train shard
+    path = gcs_emulator.object_path(gcs_bucket, f"ds/{victim.name}")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+    cache = tmp_path / "cache"
+    with pytest.raises(StorageError) as err:
+        fetch_rank(url, 0, 2, cache)
+    msg = str(err.value)
+    assert victim.name in msg and "attempt 2" in msg  # named, and retried once
+    ds_dir = cache / manifest.dataset_id
+    assert not (ds_dir / victim.name).exists()
+    assert not [p for p in ds_dir.iterdir() if ".tmp-" in p.name]
+
+
+def test_object_rewritten_with_other_bytes_fails_against_the_manifest(local_ds, gcs_bucket, tmp_path):
+    """An object replaced through the API (its own checksum fine) still fails: the manifest's CRC32C decides."""
+    local, manifest = local_ds
+    url = f"gs://{gcs_bucket}/ds"
+    upload(local, url, log=lambda m: None)
+    victim = manifest.splits["val"].shards[0]
+    good = (local / victim.name).read_bytes()
+    open_storage(url).write_bytes(victim.name, good[:-1] + bytes([good[-1] ^ 1]))  # same size
+    with pytest.raises(StorageError, match=rf"{victim.name} \(attempt 1: crc32c .* the manifest says {victim.crc32c}"):
+        fetch(open_storage(url), [victim], tmp_path / "cache", dataset_id=manifest.dataset_id)
+    assert not (tmp_path / "cache" / manifest.dataset_id / victim.name).exists()
+
+
+def test_half_written_cache_file_is_redone_never_used(local_ds, gcs_bucket, tmp_path):
+    """What a killed download can leave (a temp file; a truncated file under the final name, even with an old
+    marker) is replaced by a verified download."""
+    local, manifest = local_ds
+    url = f"gs://{gcs_bucket}/ds"
+    upload(local, url, log=lambda m: None)
+    storage = open_storage(url)
+    shards = manifest.splits["train"].shards[:2]
+    cache = tmp_path / "cache"
+    first = fetch(storage, shards, cache, dataset_id=manifest.dataset_id)
+    a, b = (Path(p) for p in first)
+    # a: cut in half under its final name, its .verified marker left from before
+    a.write_bytes(a.read_bytes()[: a.stat().st_size // 2])
+    # b: same size but garbage (a marker no longer matches: mtime/inode changed)
+    b.write_bytes(b"\0" * b.stat().st_size)
+    leftover = a.with_name(f".{a.name}.tmp-99999-deadbeef")
+    leftover.write_bytes(b"partial")
+    again = fetch(storage, shards, cache, dataset_id=manifest.dataset_id)
+    assert again.downloaded == 2 and again.reused == 0
+    for p, s in zip(again, shards):
+        assert crc32c_file(p) == s.crc32c
+    assert not leftover.exists()
+
+
+def _kill_midway(url: str, cache: Path, endpoint: str) -> None:
+    """Run `spark-imagenet fetch` and SIGKILL it as soon as a download's temp file appears."""
+    env = dict(os.environ, STORAGE_EMULATOR_HOST=endpoint)
+    proc = subprocess.Popen([sys.executable, "-m", "spark_imagenet", "fetch", url, "--rank", "0", "--workers", "1",
+                             "--cache", str(cache), "--transfers", "1"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(".tmp-" in p.name for p in cache.rglob("*")):
+                break
+            time.sleep(0.002)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_download_killed_midway_is_redone(tmp_path, gcs_bucket, gcs_emulator):
+    """A real `spark-imagenet fetch` process killed during a download leaves nothing usable; the next one
+    downloads again and verifies."""
+    import random
+
+    from spark_imagenet.manifest import ShardInfo, SplitInfo
+    from spark_imagenet.storage import crc32c_bytes
+    from spark_imagenet.synset import SynsetClass
+
+    # One big train shard (random bytes: the cache never parses shards) so that the kill lands mid-download.
+    rng = random.Random(3)
+    big = rng.randbytes(48 * 1024 * 1024)
+    small = b"val-bytes"
+    url = f"gs://{gcs_bucket}/big"
+    storage = open_storage(url)
+    storage.write_bytes("train-00000-of-00001-00000000.tfrecord", big)
+    storage.write_bytes("val-00000-of-00001-00000000.tfrecord", small)
+    m = Manifest("big0", "2026-11-30T00:00:00+00:00", (SynsetClass(0, "n00000001", "x"),), {
+        "train": SplitInfo((ShardInfo("train-00000-of-00001-00000000.tfrecord", 1, len(big), crc32c_bytes(big)),)),
+        "val": SplitInfo((ShardInfo("val-00000-of-00001-00000000.tfrecord", 1, len(small), crc32c_bytes(small)),)),
+    })
+    m.save(storage)
+    cache = tmp_path / "cache"
+    _kill_midway(url, cache, gcs_emulator.endpoint)
+    final = cache / "big0" / "train-00000-of-00001-00000000.tfrecord"
+    assert not final.exists(), "the kill came too late to test anything"  # only a temp file may exist
+    train, _val = fetch_rank(url, 0, 1, cache)
+    assert train.downloaded == 1
+    assert crc32c_file(final) == crc32c_bytes(big)
+    assert not [p for p in final.parent.iterdir() if ".tmp-" in p.name]
+
+
+def test_listing_longer_than_one_page(gcs_bucket, gcs_emulator):
+    """With 5 objects per page, 23 objects still list completely (and the emulator really pages)."""
+    storage = GCSStorage(f"gs://{gcs_bucket}/many", page_size=5)
+    names = [f"obj-{i:03d}" for i in range(23)]
+    for n in names:
+        storage.write_bytes(n, n.encode())
+    storage.write_bytes("../outside".replace("../", "x"), b"")  # a sibling under the prefix, listed too
+    listed = storage.list()
+    assert [o.name for o in listed] == sorted(names + ["xoutside"])
+    assert all(o.crc32c for o in listed)
+    raw = json.load(urllib.request.urlopen(
+        f"{gcs_emulator.endpoint}/storage/v1/b/{gcs_bucket}/o?prefix=many/&maxResults=5"))
+    assert len(raw["items"]) == 5 and raw.get("nextPageToken")
+
+
+def test_missing_bucket_is_a_clear_error(gcs_emulator, monkeypatch, local_ds, tmp_path):
+    """A bucket that does not exist is named, with how to create it, for inspect, fetch, upload and shard."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
+    local, _ = local_ds
+    url = "gs://no-such-bucket-here/imagenet"
+    for call in (lambda: Manifest.load(open_storage(url)),
+                 lambda: fetch_rank(url, 0, 1, tmp_path / "cache"),
+                 lambda: upload(local, url, log=lambda m: None)):
+        with pytest.raises(StorageError, match=r"bucket gs://no-such-bucket-here does not exist.*gcloud storage buckets create"):
+            call()
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.tfrecord"))
+
+
+def test_missing_manifest_is_a_clear_error(gcs_bucket, tmp_path):
+    """An existing bucket without a dataset says which manifest is missing and how to build one."""
+    url = f"gs://{gcs_bucket}/empty"
+    with pytest.raises(ManifestError, match=rf"gs://{gcs_bucket}/empty/manifest.json does not exist.*spark-imagenet shard"):
+        fetch_rank(url, 0, 1, tmp_path / "cache")
+
+
+def test_upload_refuses_corrupt_local_shards_and_uploads_nothing(local_ds, gcs_bucket, tmp_path):
+    """A local shard that no longer matches its manifest is named; the bucket stays empty."""
+    import shutil
+
+    local, manifest = local_ds
+    copy = tmp_path / "copy"
+    shutil.copytree(local, copy)
+    victim = manifest.splits["train"].shards[2]
+    data = bytearray((copy / victim.name).read_bytes())
+    data[100] ^= 0x55
+    (copy / victim.name).write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match=rf"{victim.name}: crc32c .* the manifest says {victim.crc32c}"):
+        upload(copy, f"gs://{gcs_bucket}/ds", log=lambda m: None)
+    assert open_storage(f"gs://{gcs_bucket}/ds").list() == []
+
+
+def test_concurrent_commits_leave_exactly_one_dataset(tree, gcs_bucket, tmp_path):
+    """Two builds of different datasets racing to one prefix (interleaved step by step): the first commit
+    wins, the second is refused and removes its own shards; the survivor is complete and intact."""
+    url = f"gs://{gcs_bucket}/race"
+    storage = open_storage(url)
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    ma = shard(tree, a_dir, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
+    mb = shard(tree, b_dir, train_shards=4, val_shards=2, per_class=5, progress=False, log=lambda m: None)
+    assert ma.dataset_id != mb.dataset_id
+    # both look before either writes
+    da = check_destination(storage, ma.dataset_id, overwrite=False)
+    db = check_destination(storage, mb.dataset_id, overwrite=False)
+    publish(storage, [(a_dir / s.name, s) for s in _shards(ma)], present=da.objects)
+    publish(storage, [(b_dir / s.name, s) for s in _shards(mb)], present=db.objects)
+    assert commit_manifest(storage, mb, db.generation) == mb  # b commits first
+    with pytest.raises(ConfigError, match=rf"another run committed a different dataset \(id {mb.dataset_id}"):
+        commit_manifest(storage, ma, da.generation)
+    assert Manifest.load(storage) == mb
+    assert sorted(o.name for o in storage.list()) == sorted([MANIFEST_NAME] + [s.name for s in _shards(mb)])
+    got = fetch(storage, _shards(mb), tmp_path / "cache", dataset_id=mb.dataset_id)
+    assert got.downloaded == len(_shards(mb))
+
+
+def _shard_proc(tree: str, url: str, per_class: int, endpoint: str, q) -> None:
+    os.environ["STORAGE_EMULATOR_HOST"] = endpoint
+    try:
+        m = shard(tree, url, train_shards=4, val_shards=2, per_class=per_class, progress=False, log=lambda m: None)
+        q.put(("ok", m.dataset_id))
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        q.put((type(e).__name__, str(e)))
+
+
+@pytest.mark.parametrize("same", [False, True], ids=["different-datasets", "same-dataset"])
+def test_two_concurrent_shard_runs_to_one_prefix(tree, gcs_bucket, gcs_emulator, tmp_path, same):
+    """Two real `shard` processes started together on one gs:// prefix leave exactly one consistent dataset."""
+    url = f"gs://{gcs_bucket}/race"
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_shard_proc, args=(str(tree), url, 8 if same else pc, gcs_emulator.endpoint, q))
+             for pc in (8, 7)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    outcomes = [q.get(timeout=5) for _ in procs]
+    storage = open_storage(url)
+    final = Manifest.load(storage)
+    winners = [o for o in outcomes if o[0] == "ok"]
+    if same:
+        assert len(winners) == 2 and {o[1] for o in winners} == {final.dataset_id}
+    else:
+        assert len(winners) == 1 and winners[0][1] == final.dataset_id, outcomes
+        loser = next(o for o in outcomes if o[0] != "ok")
+        assert loser[0] == "ConfigError" and ("another run committed" in loser[1] or "already holds" in loser[1])
+    assert sorted(o.name for o in storage.list()) == sorted([MANIFEST_NAME] + [s.name for s in _shards(final)])
+    got = fetch(storage, _shards(final), tmp_path / "cache", dataset_id=final.dataset_id)
+    assert got.downloaded == len(_shards(final))  # every shard present and matching the manifest
+
+
+def test_overwrite_replaces_a_dataset_and_removes_its_shards(tree, gcs_bucket):
+    """--overwrite swaps the dataset (compare-and-swap on the manifest) and deletes the replaced shards."""
+    url = f"gs://{gcs_bucket}/ow"
+    first = shard(tree, url, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
+    with pytest.raises(ConfigError, match="already holds a different dataset"):
+        shard(tree, url, train_shards=2, val_shards=2, progress=False, log=lambda m: None)
+    second = shard(tree, url, train_shards=2, val_shards=2, overwrite=True, progress=False, log=lambda m: None)
+    assert second.dataset_id != first.dataset_id
+    names = sorted(o.name for o in open_storage(url).list())
+    assert names == sorted([MANIFEST_NAME] + [s.name for s in _shards(second)])
+
+
+def test_cli_upload_and_fetch(local_ds, gcs_bucket, tmp_path):
+    """`spark-imagenet upload` then `fetch --rank --workers --cache` print what they did; paths on stdout."""
+    local, manifest = local_ds
+    url = f"gs://{gcs_bucket}/cli"
+    up = subprocess.run([sys.executable, "-m", "spark_imagenet", "upload", str(local), url, "--transfers", "3"],
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    assert "uploaded 6 shard(s)" in up.stderr and f"{url}/manifest.json written" in up.stderr
+    fe = subprocess.run([sys.executable, "-m", "spark_imagenet", "fetch", url, "--rank", "1", "--workers", "2",
+                         "--cache", str(tmp_path / "c")], capture_output=True, text=True, timeout=120)
+    assert fe.returncode == 0, fe.stderr
+    paths = fe.stdout.split()
+    assert [Path(p).name for p in paths] == [s.name for s in manifest.splits["train"].shards[1::2]] + [
+        manifest.splits["val"].shards[1].name]
+    assert "downloaded 3" in fe.stderr
+    bad = subprocess.run([sys.executable, "-m", "spark_imagenet", "fetch", url, "--rank", "2", "--workers", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--rank 2 --workers 2" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_failed_build_to_gs_leaves_the_prefix_empty(tree, gcs_bucket, tmp_path):
+    """A build that finds a bad image after some shards were already uploaded removes them: no manifest,
+    no shard objects."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tree, src)
+    victim = sorted(src.rglob("*.JPEG"))[-1]
+    victim.write_bytes(victim.read_bytes()[:200])  # truncated
+    url = f"gs://{gcs_bucket}/bad"
+    from spark_imagenet.errors import ImageError
+
+    with pytest.raises(ImageError, match=victim.name):
+        shard(src, url, train_shards=8, val_shards=2, processes=1, progress=False, log=lambda m: None)
+    assert open_storage(url).list() == []
