@@ -40,7 +40,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .errors import ConfigError, StorageError
+from .errors import AccessError, ConfigError, StorageError
 from .manifest import ShardInfo
 from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file
 
@@ -186,6 +186,12 @@ def _download_group(storage: Storage, todo: list[tuple[ShardInfo, Path]], transf
         tmps = [_tmp_name(path) for _shard, path in todo]
         start = time.monotonic()
         errors = storage.get_files([(shard.name, tmp) for (shard, _p), tmp in zip(todo, tmps)], transfers)
+        denied = next((e for e in errors if isinstance(e, AccessError)), None)
+        if denied is not None:  # a missing bucket, 401 or 403: retrying cannot help
+            for tmp in tmps:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+            raise denied
         failed = []
         for (shard, path), tmp, err in zip(todo, tmps, errors):
             why = None

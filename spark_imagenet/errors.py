@@ -31,6 +31,11 @@ class StorageError(SparkImagenetError):
     """A bucket URL cannot be opened, read or written."""
 
 
+class AccessError(StorageError):
+    """Retrying cannot help: the bucket does not exist, or the credentials
+    are missing, rejected (401) or lack a permission (403)."""
+
+
 class PreconditionFailed(StorageError):
     """A create-only or compare-and-swap write lost: the object already
     exists, or changed since it was read (another writer got there first)."""

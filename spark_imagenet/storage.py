@@ -42,7 +42,7 @@ from urllib.parse import unquote, urlparse
 
 import google_crc32c
 
-from .errors import PreconditionFailed, StorageError
+from .errors import AccessError, PreconditionFailed, StorageError
 
 #: Read size for checksumming and copying files, in bytes (8 MiB).
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -526,7 +526,7 @@ class GCSStorage(Storage):
                 else:
                     self._client = gcs.Client(project=self.project)
             except auth_exceptions.DefaultCredentialsError as e:
-                raise StorageError(
+                raise AccessError(
                     f"{self.url}: no Google Cloud credentials found ({e}). Run `gcloud auth application-default "
                     "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file; on GCE, "
                     "Dataproc or GKE the machine's service account is used"
@@ -557,7 +557,7 @@ class GCSStorage(Storage):
         try:
             self.bucket.reload(timeout=60)
         except gexc.NotFound:
-            raise StorageError(
+            raise AccessError(
                 f"bucket gs://{self.bucket_name} does not exist (or the project is wrong). Check the name in "
                 f"{self.url}, or create it in the region of your Spark workers: "
                 f"`gcloud storage buckets create gs://{self.bucket_name} --location=REGION`"
@@ -586,14 +586,14 @@ class GCSStorage(Storage):
                 return missing
             return StorageError(f"{what} does not exist")
         if isinstance(e, gexc.Unauthorized):
-            return StorageError(
+            return AccessError(
                 f"{what}: the credentials were rejected (401: {detail}). Refresh them with `gcloud auth "
                 "application-default login` or check the key file in GOOGLE_APPLICATION_CREDENTIALS"
             )
         if isinstance(e, gexc.Forbidden):
             need = "storage.objects.create/delete (roles/storage.objectAdmin)" if action == "write" else \
                 "storage.objects.get/list (roles/storage.objectViewer)"
-            return StorageError(
+            return AccessError(
                 f"{what}: access denied (403: {detail}). The account in use needs {need} on bucket "
                 f"gs://{self.bucket_name}; check the IAM roles, or the account "
                 "(GOOGLE_APPLICATION_CREDENTIALS / gcloud auth application-default login)"
@@ -602,7 +602,7 @@ class GCSStorage(Storage):
             # google-auth answers a 401 by refreshing the credentials and resending; anonymous
             # credentials (an endpoint / STORAGE_EMULATOR_HOST) cannot be refreshed, so a 401 surfaces
             # as this "Anonymous credentials cannot be refreshed" error instead of Unauthorized.
-            return StorageError(
+            return AccessError(
                 f"{what}: the credentials were rejected (401: {self.endpoint or 'the endpoint'} requires "
                 f"credentials, and requests to it are sent anonymously). Check the endpoint given by "
                 "STORAGE_EMULATOR_HOST or endpoint=: an emulator must accept anonymous requests; for Google Cloud "
@@ -610,13 +610,11 @@ class GCSStorage(Storage):
                 "application-default login` or GOOGLE_APPLICATION_CREDENTIALS)"
             )
         if isinstance(e, (auth_exceptions.RefreshError, auth_exceptions.TransportError)):
-            return StorageError(f"{what}: cannot obtain Google credentials ({detail}); check the machine's "
+            return AccessError(f"{what}: cannot obtain Google credentials ({detail}); check the machine's "
                                 "service account or GOOGLE_APPLICATION_CREDENTIALS")
-        try:
-            from google.resumable_media import DataCorruption
-        except ImportError:  # pragma: no cover - moved in some versions
-            DataCorruption = ()
-        if DataCorruption and isinstance(e, DataCorruption):
+        from google.cloud.storage.exceptions import DataCorruption
+
+        if isinstance(e, DataCorruption):
             return StorageError(f"{what}: the downloaded bytes do not match the object's checksum "
                                 "(corrupt object or transfer)")
         if isinstance(e, gexc.GoogleAPICallError):

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import ConfigError, ManifestError, PreconditionFailed, StorageError
+from .errors import AccessError, ConfigError, ManifestError, PreconditionFailed, StorageError
 from .manifest import MANIFEST_NAME, Manifest, ShardInfo
 from .storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage
 
@@ -199,6 +199,7 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
         StorageError: an object that fails to upload, or whose CRC32C as the
             bucket reports it differs from the manifest, twice (every such
             shard is named; the bad objects are deleted).
+        AccessError: a missing bucket, 401 or 403 (at once, no retry).
         ConfigError: ``transfers`` < 1.
     """
     if transfers < 1:
@@ -221,6 +222,9 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
             log(f"uploading {len(todo)} shard(s), {sum(s.bytes for _p, s in todo) / 1e6:.1f} MB, to {storage.url} "
                 f"with {transfers} parallel transfer(s)" + (" (retry)" if attempt > 1 else ""))
         errors = storage.put_files([(p, s.name) for p, s in todo], transfers)
+        denied = next((e for e in errors if isinstance(e, AccessError)), None)
+        if denied is not None:  # a missing bucket, 401 or 403: retrying cannot help
+            raise denied
         failed = []
         for (path, shard), err in zip(todo, errors):
             try:
@@ -245,7 +249,10 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
     stats.seconds += time.monotonic() - start
     if todo:
         for _path, shard in todo:
-            storage.delete(shard.name)
+            try:
+                storage.delete(shard.name)
+            except StorageError:
+                pass  # the upload failure below is the message that matters
         raise StorageError(
             f"{len(todo)} shard(s) could not be uploaded intact to {storage.url}: "
             + "; ".join(f"{s.name} ({', '.join(problems[s.name])})" for _p, s in todo)
@@ -287,6 +294,8 @@ def commit_manifest(storage: Storage, manifest: Manifest, generation: int, *,
             f"{storage.where(MANIFEST_NAME)} was changed by another writer while this one was building, and it "
             f"cannot be read now ({e}); run again"
         ) from None
+    if winner == manifest:
+        return manifest  # our own write, whose reply was lost and whose retry met the precondition
     if winner.dataset_id == manifest.dataset_id:
         if log:
             log(f"another run committed this same dataset (id {winner.dataset_id}) to {storage.url} first; using it")
