@@ -10,6 +10,7 @@ command            function
 ``shard``          :func:`spark_imagenet.shard.shard`
 ``inspect``        :func:`spark_imagenet.shard.inspect`
 ``train``          :func:`spark_imagenet.train.train`
+``download``       :func:`spark_imagenet.download.download`
 =================  ==============================================
 
 Errors the user can fix (:class:`~spark_imagenet.errors.SparkImagenetError`)
@@ -128,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model on a sharded dataset with Spark barrier tasks")
     p.add_argument("url", help="bucket URL of a sharded dataset")
     _add_train_options(p, demo=False)
+
+    p = sub.add_parser("download", help="download the ImageNet archive from Kaggle with the official kaggle client "
+                       "(resumable; needs Kaggle credentials and the competition's rules accepted)")
+    p.add_argument("--competition", default="imagenet-object-localization-challenge",
+                   help="Kaggle competition name (default imagenet-object-localization-challenge, a ~155 GiB zip)")
+    p.add_argument("--dest", required=True, help="folder for the archive (created if absent)")
+    p.add_argument("--file", dest="file_name", help="download this one file of the competition instead of the archive")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -220,6 +229,12 @@ def run(argv: Sequence[str] | None = None) -> int:
             train(spark, args.url, args.workers, **_train_kwargs(args))
         finally:
             spark.stop()
+        return 0
+    if args.command == "download":
+        from .download import download
+
+        path = download(args.competition, args.dest, file_name=args.file_name, progress=not args.no_progress)
+        print(path)
         return 0
     if args.command == "demo":
         from .demo import run_demo

@@ -18,6 +18,12 @@ class LayoutError(SparkImagenetError):
     CSV/mapping files disagree with its image folders."""
 
 
+class ArchiveError(LayoutError):
+    """A zip archive (the Kaggle download) cannot be used: truncated or
+    corrupt, not one of the two Kaggle forms, or holding a member whose name
+    or link would land outside the folder it is extracted to."""
+
+
 class ImageError(SparkImagenetError):
     """One or more image files cannot be stored (not a decodable JPEG)."""
 
@@ -53,3 +59,10 @@ class EnvironmentSetupError(SparkImagenetError):
 
 class TrainingError(SparkImagenetError):
     """A barrier task or its TensorFlow child process failed."""
+
+
+class DownloadError(SparkImagenetError):
+    """A download from Kaggle cannot start or did not finish: credentials
+    missing or rejected, competition rules not accepted, unknown competition,
+    not enough disk space, or a transfer the client could not complete (run
+    the same command again to resume)."""

@@ -1,0 +1,653 @@
+"""Download a Kaggle competition's archive (ImageNet) with the official ``kaggle`` client.
+
+:func:`download` fetches the ``imagenet-object-localization-challenge``
+archive (one zip of about 155 GiB) or any other competition's, through
+``kaggle.api.kaggle_api_extended.KaggleApi`` (PyPI ``kaggle`` 2.x):
+
+* Credentials are found where Kaggle documents them, in the client's own
+  order: an access token (``KAGGLE_API_TOKEN``, its value or the path of a
+  file holding it; else ``~/.kaggle/access_token``), then the legacy API key
+  (``KAGGLE_USERNAME``/``KAGGLE_KEY``, else ``kaggle.json`` in
+  ``KAGGLE_CONFIG_DIR``, else ``~/.kaggle``, else ``~/.config/kaggle``), then
+  the OAuth login of ``kaggle auth login``. :func:`find_credentials` names the
+  one that will be used, so a rejection can say which; a ``kaggle.json``
+  readable by group or others is warned about.
+* Before anything is transferred, the archive size is taken from the
+  competition's file list (the sum of its files' sizes; for a list longer
+  than ``LIST_PAGES`` x ``LIST_PAGE_SIZE`` entries, such as ImageNet's 1.4
+  million, from the ``Content-Length`` of the download itself, whose body is
+  not read) and compared with the free space at ``dest``.
+* A complete file at ``dest`` (present, without the client's
+  ``<file>.kaggle-partial`` marker, which the client removes only once the
+  size is verified) is not downloaded again, and nothing is requested. A
+  partial one (with its marker) is resumed by the client with an HTTP Range
+  request; within one call the client itself retries a dropped connection 5
+  times, resuming each time.
+
+Pitfalls of the client handled here (see FIELD-NOTES): importing ``kaggle``
+authenticates at import time (its output is swallowed, and it is imported only
+when :func:`download` runs); failed authentication calls ``exit(1)``
+(``SystemExit`` is caught and explained); ``kaggle`` 2.2.5 imports ``six``
+without declaring it (a missing package is reported as such); the client reads
+``KAGGLE_CONFIG_DIR`` and ``KAGGLE_API_ENVIRONMENT`` once, at import, so they
+are re-read at each call. Every failure is a :class:`DownloadError` (or
+:class:`EnvironmentSetupError`) whose message says what to do; none leaves as a
+traceback or an exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import io
+import json
+import os
+import shutil
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import ConfigError, DownloadError, EnvironmentSetupError
+
+#: The competition whose archive holds ImageNet (ILSVRC CLS-LOC) in the Kaggle layout.
+DEFAULT_COMPETITION = "imagenet-object-localization-challenge"
+#: Where a Kaggle user creates an API token.
+TOKEN_PAGE = "https://www.kaggle.com/settings/api"
+#: Entries asked for per ListDataFiles page.
+LIST_PAGE_SIZE = 200
+#: Pages of the file list read at most; a longer list gives the size from the download's Content-Length.
+LIST_PAGES = 5
+#: Suffix of the client's resume marker beside a partial download.
+PARTIAL_SUFFIX = ".kaggle-partial"
+#: Package versions to install when the client is missing (kept in step with pyproject.toml).
+CLIENT_REQUIREMENT = "'kaggle>=2.2.5,<3' 'six>=1.16'"
+
+GB = 1e9
+
+
+def _human(n: int) -> str:
+    """A byte count for log lines: GB (10^9) from 1 GB up, else MB (10^6)."""
+    return f"{n / GB:.2f} GB" if n >= GB else f"{n / 1e6:.2f} MB"
+
+
+def rules_url(competition: str) -> str:
+    """The page where a signed-in user reads and accepts a competition's rules.
+
+    Args:
+        competition: the competition's name (the last part of its URL).
+
+    Returns:
+        str: ``https://www.kaggle.com/competitions/<competition>/rules``.
+    """
+    return f"https://www.kaggle.com/competitions/{competition}/rules"
+
+
+def kaggle_config_dir() -> Path:
+    """The folder where the ``kaggle`` client looks for ``kaggle.json``, as it decides it.
+
+    Returns:
+        Path: ``$KAGGLE_CONFIG_DIR`` when set; else ``~/.kaggle`` when it exists
+        (or on a system other than Linux); else ``$XDG_CONFIG_HOME/kaggle``
+        (default ``~/.config/kaggle``).
+    """
+    configured = os.environ.get("KAGGLE_CONFIG_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    home = Path(os.path.expanduser("~")) / ".kaggle"
+    if sys.platform.startswith("linux") and not home.exists():
+        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+        return Path(xdg) / "kaggle"
+    return home
+
+
+@dataclasses.dataclass(frozen=True)
+class Credentials:
+    """The Kaggle credentials the client will send, as found by :func:`find_credentials`.
+
+    Attributes:
+        kind: ``"token"`` (access token, sent as ``Bearer``), ``"api_key"``
+            (legacy username and key, sent as HTTP Basic) or ``"oauth"``
+            (the login saved by ``kaggle auth login``).
+        source: where they come from, for messages (e.g. ``"the
+            KAGGLE_API_TOKEN environment variable"``, ``"/home/me/.kaggle/kaggle.json"``).
+        kaggle_json: the ``kaggle.json`` file the client reads, when one exists
+            (whatever the kind: the client reads it anyway).
+    """
+
+    kind: str
+    source: str
+    kaggle_json: Path | None = None
+
+
+def _token_source() -> str | None:
+    """Where the client's access token comes from (its own order), or None."""
+    value = os.environ.get("KAGGLE_API_TOKEN")
+    if value:
+        if Path(value).exists():
+            return f"the file {value} named by KAGGLE_API_TOKEN"
+        return "the KAGGLE_API_TOKEN environment variable"
+    for name in ("access_token", "access_token.txt"):
+        path = Path(os.path.expanduser("~")) / ".kaggle" / name
+        try:
+            if path.is_file() and path.read_text().strip():
+                return str(path)
+        except OSError:
+            continue
+    return None
+
+
+def _read_kaggle_json(path: Path, log: Callable[[str], None] | None) -> dict:
+    """A JSON credentials file as a dict (``{}`` when unreadable, as the client treats it)."""
+    try:
+        data = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError) as e:
+        if log:
+            log(f"warning: {path} is not readable JSON ({e}); the kaggle client ignores it")
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def find_credentials(log: Callable[[str], None] | None = None) -> Credentials:
+    """Which Kaggle credentials the client will use, without contacting Kaggle.
+
+    Looks where the ``kaggle`` client looks, in its order: an access token
+    (``KAGGLE_API_TOKEN``, else ``~/.kaggle/access_token``), the legacy API key
+    (``KAGGLE_USERNAME``/``KAGGLE_KEY``, each else from ``kaggle.json`` in
+    :func:`kaggle_config_dir`), then ``~/.kaggle/credentials.json`` (OAuth).
+    Warns (through ``log``) when that ``kaggle.json`` is readable by group or
+    others.
+
+    Args:
+        log: called with warnings (``None``: no warnings).
+
+    Returns:
+        Credentials: the kind and source found first.
+
+    Raises:
+        DownloadError: no credentials anywhere; the message lists every place
+            they can go.
+    """
+    config = kaggle_config_dir() / "kaggle.json"
+    kaggle_json = config if config.is_file() else None
+    file_values: dict = {}
+    if kaggle_json is not None:
+        mode = stat.S_IMODE(kaggle_json.stat().st_mode)
+        if mode & 0o044 and log:
+            log(f"warning: {kaggle_json} (your Kaggle API key) is readable by other users of this machine "
+                f"(mode {mode:o}); run: chmod 600 {kaggle_json}")
+        file_values = _read_kaggle_json(kaggle_json, log)
+
+    token = _token_source()
+    if token:
+        return Credentials("token", token, kaggle_json)
+
+    def origin(field: str) -> str | None:
+        if os.environ.get(f"KAGGLE_{field.upper()}"):
+            return f"KAGGLE_{field.upper()}"
+        if file_values.get(field):
+            return str(kaggle_json)
+        return None
+
+    user, key = origin("username"), origin("key")
+    if user and key:
+        if user == key:
+            source = user
+        elif user.startswith("KAGGLE_") and key.startswith("KAGGLE_"):
+            source = "the KAGGLE_USERNAME and KAGGLE_KEY environment variables"
+        else:
+            source = f"username from {user}, key from {key}"
+        return Credentials("api_key", source, kaggle_json)
+
+    oauth = Path(os.path.expanduser("~")) / ".kaggle" / "credentials.json"
+    if oauth.is_file() and _read_kaggle_json(oauth, None).get("refresh_token"):
+        return Credentials("oauth", f"the OAuth login in {oauth} (kaggle auth login)", kaggle_json)
+
+    partial = ""
+    if user or key:
+        partial = (f" ({'a username' if user else 'a key'} was found in {user or key}, "
+                   f"but no {'key' if user else 'username'})")
+    raise DownloadError(
+        f"No Kaggle credentials found{partial}. Create an API token at {TOKEN_PAGE} "
+        "(Account -> API -> Create New Token) and give it in one of these ways: "
+        "export KAGGLE_API_TOKEN=<token> (the token, or the path of a file holding it); "
+        "or save the token alone in ~/.kaggle/access_token; "
+        "or, with a legacy API key, export KAGGLE_USERNAME=<user> KAGGLE_KEY=<key>, "
+        f"or save it as {config} ({{\"username\": ..., \"key\": ...}}; the folder is KAGGLE_CONFIG_DIR "
+        "when set, else ~/.kaggle if it exists, else ~/.config/kaggle) and run chmod 600 on it; "
+        "or sign in once with `kaggle auth login`. Then run the same command again."
+    )
+
+
+# -- the client ------------------------------------------------------------------------------------
+
+class _LineLog(io.TextIOBase):
+    """A text stream that hands each complete, non-empty line to ``log``."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self._log = log
+        self._buf = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self._buf += s
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            if line.strip():
+                self._log(line.rstrip())
+        return len(s)
+
+    def flush(self) -> None:
+        if self._buf.strip():
+            self._log(self._buf.rstrip())
+        self._buf = ""
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[io.StringIO]:
+    """Swallow what the client prints (its auth help, its own warnings)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        yield out
+
+
+def _client_class():
+    """Import ``KaggleApi`` (only now: the import authenticates and prints)."""
+    try:
+        with _quiet():
+            from kaggle.api.kaggle_api_extended import KaggleApi
+    except ModuleNotFoundError as e:
+        missing = e.name or "?"
+        why = ("kaggle 2.2.5 imports it without declaring it as a dependency"
+               if missing == "six" else "the download needs the official Kaggle client")
+        raise EnvironmentSetupError(
+            f"The Python package {missing!r} is missing ({why}). Install the client with: "
+            f"pip install {CLIENT_REQUIREMENT} (or reinstall spark-imagenet, which declares both)."
+        ) from None
+    except (Exception, SystemExit) as e:
+        raise EnvironmentSetupError(
+            f"The kaggle package failed to load ({type(e).__name__}: {e}). Check KAGGLE_CONFIG_DIR "
+            f"(the client creates that folder) and reinstall the client: pip install {CLIENT_REQUIREMENT}."
+        ) from None
+    return KaggleApi
+
+
+def _api_args() -> list[str]:
+    """The client's environment switches as they are now (it reads them once, at import)."""
+    args = []
+    if os.environ.get("KAGGLE_API_ENVIRONMENT") == "LOCALHOST":
+        args.append("--local")
+    if (os.environ.get("VERBOSE") or os.environ.get("VERBOSE_OUTPUT") or "").lower() in ("1", "true", "yes"):
+        args.append("--verbose")
+    return args
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of a ``requests`` error, or None when there was no response."""
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None) if response is not None else None
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's text on one line, at most about 300 characters."""
+    text = " ".join(str(exc).split())
+    return (text[:300] + "...") if len(text) > 300 else (text or type(exc).__name__)
+
+
+def _fix_credentials(creds: Credentials) -> str:
+    """The sentence that tells how to repair rejected credentials."""
+    if creds.kind == "oauth":
+        return "Sign in again with `kaggle auth login`, then run the same command again."
+    return (f"Check those credentials, or create a new API token at {TOKEN_PAGE} and export "
+            "KAGGLE_API_TOKEN=<token> (or save it in ~/.kaggle/access_token; a token takes precedence over "
+            "a username/key), then run the same command again.")
+
+
+def _api_error(exc: Exception, competition: str, creds: Credentials, what: str,
+               file_name: str | None = None) -> DownloadError:
+    """Turn an error of a Kaggle API call into a message that says what to do."""
+    import requests
+
+    status = _status(exc)
+    if status == 401:
+        return DownloadError(
+            f"Kaggle rejected the credentials from {creds.source} (HTTP 401 while {what}: {_reason(exc)}). "
+            + _fix_credentials(creds))
+    if status == 403:
+        rules = "rules" in str(exc).lower()
+        return DownloadError(
+            f"Kaggle refused access to competition {competition!r} (HTTP 403 while {what}: {_reason(exc)}). "
+            + ("The competition's rules have not been accepted yet with this account"
+               if rules else "Usually the competition's rules have not been accepted yet with this account")
+            + f": open {rules_url(competition)}, sign in with the account of your credentials ({creds.source}), "
+            "read and accept the rules (this cannot be done through the API), then run the same command again.")
+    if status == 404:
+        if file_name:
+            return DownloadError(
+                f"Competition {competition!r} has no file {file_name!r}, or no such competition exists "
+                f"(HTTP 404 while {what}: {_reason(exc)}). Check the names; the competition's files are "
+                f"listed on https://www.kaggle.com/competitions/{competition}/data.")
+        return DownloadError(
+            f"Kaggle has no competition named {competition!r} (HTTP 404 while {what}: {_reason(exc)}). "
+            "The name is the last part of the competition's URL, https://www.kaggle.com/competitions/<name> "
+            f"(ImageNet: {DEFAULT_COMPETITION}); check --competition.")
+    if status == 429:
+        return DownloadError(f"Kaggle is rate-limiting these requests (HTTP 429 while {what}). "
+                             "Wait a few minutes, then run the same command again.")
+    if status is not None:
+        side = "a problem on Kaggle's side; " if status >= 500 else ""
+        return DownloadError(f"Kaggle answered HTTP {status} while {what}: {_reason(exc)} ({side}"
+                             "run the same command again later).")
+    if isinstance(exc, requests.RequestException):
+        return DownloadError(
+            f"Could not reach Kaggle while {what} ({type(exc).__name__}: {_reason(exc)}). Check the network "
+            "connection and any HTTPS_PROXY/HTTP_PROXY setting, then run the same command again.")
+    return DownloadError(f"The kaggle client failed while {what} ({type(exc).__name__}: {_reason(exc)}). "
+                         "Run the same command again; if it keeps failing, upgrade the client: "
+                         f"pip install -U {CLIENT_REQUIREMENT}.")
+
+
+def _authenticated_api(creds: Credentials, competition: str):
+    """A ``KaggleApi`` that has authenticated with the current environment's settings."""
+    KaggleApi = _client_class()
+    api = KaggleApi()
+    config_dir = kaggle_config_dir()
+    api.config_dir = str(config_dir)          # the class read KAGGLE_CONFIG_DIR at import
+    api.config = str(config_dir / "kaggle.json")
+    api.args = _api_args()                    # and KAGGLE_API_ENVIRONMENT
+    try:
+        with _quiet():
+            api.authenticate()
+    except SystemExit:
+        if creds.kind == "token":
+            raise DownloadError(
+                f"Kaggle did not accept the access token from {creds.source} (invalid or expired), and no "
+                "other credentials were accepted. " + _fix_credentials(creds)) from None
+        if creds.kind == "oauth":
+            raise DownloadError(f"The Kaggle login in {creds.source} has expired or was revoked. "
+                                + _fix_credentials(creds)) from None
+        raise DownloadError(f"The kaggle client did not accept the credentials from {creds.source}. "
+                            + _fix_credentials(creds)) from None
+    except Exception as e:
+        raise _api_error(e, competition, creds, "signing in") from None
+    return api
+
+
+# -- sizes and files -------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Listing:
+    """The file list as read: name -> bytes; ``complete`` when its last page was reached."""
+
+    sizes: dict[str, int]
+    complete: bool
+
+
+def _list_files(api, competition: str, creds: Credentials) -> _Listing:
+    """Read up to LIST_PAGES pages of the competition's file list."""
+    sizes: dict[str, int] = {}
+    token = None
+    for _ in range(LIST_PAGES):
+        try:
+            with _quiet():
+                page = api.competition_list_files(competition, page_token=token, page_size=LIST_PAGE_SIZE)
+        except (Exception, SystemExit) as e:
+            raise _api_error(e, competition, creds, "listing the competition's files") from None
+        files = list(page.files or [])
+        for f in files:
+            sizes[f.name] = int(f.total_bytes or 0)
+        token = page.next_page_token or None
+        if not token:
+            return _Listing(sizes, True)
+        if not files:  # a known Kaggle paging bug: an empty page that claims more
+            break
+    return _Listing(sizes, False)
+
+
+def _probe(api, competition: str, file_name: str | None, creds: Credentials) -> tuple[int | None, str]:
+    """Start the download the client would start, read its headers only, close it.
+
+    Returns:
+        (Content-Length or None, the local file name the client will use).
+    """
+    from kagglesdk.competitions.types.competition_api_service import (
+        ApiDownloadDataFileRequest,
+        ApiDownloadDataFilesRequest,
+    )
+
+    try:
+        with _quiet(), api.build_kaggle_client() as client:
+            service = client.competitions.competition_api_client
+            if file_name is None:
+                request = ApiDownloadDataFilesRequest()
+                request.competition_name = competition
+                response = service.download_data_files(request)
+            else:
+                request = ApiDownloadDataFileRequest()
+                request.competition_name = competition
+                request.file_name = file_name
+                response = service.download_data_file(request)
+            try:
+                length = response.headers.get("Content-Length")
+                url_name = response.url.split("?")[0].rsplit("/", 1)[-1]
+            finally:
+                response.close()
+    except (Exception, SystemExit) as e:
+        raise _api_error(e, competition, creds, "starting the download", file_name) from None
+    return (int(length) if length and length.isdigit() else None), url_name
+
+
+def _marker(path: Path) -> Path:
+    """The client's resume marker beside ``path``."""
+    return path.with_name(path.name + PARTIAL_SUFFIX)
+
+
+def _complete(path: Path, size: int | None = None) -> bool:
+    """Whether ``path`` is a finished download: present, non-empty, no resume marker (and ``size`` bytes)."""
+    if not path.is_file() or _marker(path).exists():
+        return False
+    actual = path.stat().st_size
+    return actual > 0 and (size is None or actual == size)
+
+
+def _candidates(dest: Path, competition: str, file_name: str | None, url_name: str | None = None) -> list[Path]:
+    """Where the client puts the file: the URL's last segment names it (large single files come zipped)."""
+    if file_name is None:
+        names = [f"{competition}{Path(url_name).suffix}"] if url_name else [f"{competition}.zip"]
+        return [dest / n for n in names]
+    sub = Path(*[p for p in file_name.replace("\\", "/").split("/")[:-1] if p not in ("", ".")])
+    base = file_name.replace("\\", "/").rsplit("/", 1)[-1]
+    names = [url_name] if url_name else [base, base + ".zip"]
+    return [dest / sub / n for n in names]
+
+
+def _check_dest(dest: Path) -> None:
+    """Create ``dest`` if needed; ConfigError when it is a file or not writable."""
+    if dest.exists() and not dest.is_dir():
+        raise ConfigError(f"--dest {dest} is a file, not a folder; give a folder for the archive.")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"Cannot create the download folder {dest} ({e.strerror or e}); "
+                          "choose a --dest you can write to.") from None
+    if not os.access(dest, os.W_OK | os.X_OK):
+        raise ConfigError(f"The download folder {dest} is not writable by this user; choose another --dest "
+                          "or fix its permissions.")
+
+
+def _check_space(dest: Path, size: int, present: int, name: str) -> None:
+    """DownloadError when ``size - present`` bytes do not fit in the free space at ``dest``."""
+    need = max(size - present, 0)
+    free = shutil.disk_usage(dest).free
+    if need > free:
+        have = f" ({present / GB:.2f} GB of it already downloaded)" if present else ""
+        raise DownloadError(
+            f"Not enough free disk space in {dest} for {name}: it needs {need / GB:.1f} GB more{have}, "
+            f"but only {free / GB:.1f} GB are free there. Free some space or choose another --dest "
+            "on a larger disk, then run the same command again.")
+
+
+def _interrupted(exc: BaseException, path: Path | None, size: int | None, name: str) -> DownloadError:
+    """The error for a transfer the client gave up on: what is kept, and that a rerun resumes."""
+    got = path.stat().st_size if path is not None and path.is_file() else 0
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return DownloadError(
+            f"The disk at {path.parent if path else '--dest'} filled up while downloading {name} "
+            f"({_human(got)} written). Free some space, then run the same command again: "
+            "it resumes where it stopped.")
+    where = (f"the {_human(got)} already downloaded" + (f" of {_human(size)}" if size else "")
+             + f" are kept in {path}") if got else "nothing was kept"
+    return DownloadError(
+        f"The download of {name} was interrupted and the kaggle client could not recover after its retries "
+        f"({type(exc).__name__}: {_reason(exc)}); {where}. Run the same command again to resume "
+        "(check the network connection first if this repeats).")
+
+
+# -- the command -------------------------------------------------------------------------------------
+
+def download(
+    competition: str = DEFAULT_COMPETITION,
+    dest: str | os.PathLike = ".",
+    *,
+    file_name: str | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> Path:
+    """Download a Kaggle competition's archive (default: ImageNet) into ``dest``, resumably.
+
+    Uses the official client (``KaggleApi.competition_download_files``, or
+    ``competition_download_file`` for ``file_name``): a progress bar, HTTP
+    Range resume of a partial file (its ``.kaggle-partial`` marker proves it
+    belongs to the same remote object), 5 retries of a dropped connection.
+    Before that: credentials are located (:func:`find_credentials`), the file
+    list read, the archive size checked against the free space at ``dest``.
+    A complete file already there is not downloaded again (delete it to
+    download anew). While the client runs, ``sys.stdout`` is redirected to
+    ``log`` (the client prints its status lines), so call this from one
+    thread at a time.
+
+    Args:
+        competition: the competition's name, the last part of its URL
+            (default ``imagenet-object-localization-challenge``, one zip of
+            about 155 GiB).
+        dest: the folder for the archive (created if absent; default: the
+            current folder).
+        file_name: one file of the competition instead of the whole archive
+            (a name from its file list, e.g. ``LOC_synset_mapping.txt``).
+        progress: show the client's progress bar (tqdm, on stderr) and its
+            status lines.
+        log: called with one-line status messages and warnings, including the
+            client's own lines (``None``: print them to stderr).
+
+    Returns:
+        Path: the downloaded (or already present) file, absolute:
+        ``<dest>/<competition>.zip`` for the whole archive.
+
+    Raises:
+        DownloadError: no credentials (says where to put them), credentials
+            rejected (HTTP 401; says which source was used), competition rules
+            not accepted (HTTP 403; gives the rules page), unknown competition
+            or file (HTTP 404), not enough disk space (both sizes in GB), or a
+            transfer the client could not finish after its retries (run again
+            to resume).
+        ConfigError: ``dest`` cannot be created or written.
+        EnvironmentSetupError: the ``kaggle`` package (or ``six``) is missing
+            or fails to load.
+        KeyboardInterrupt: passed on after a hint that a rerun resumes.
+    """
+    if log is None:
+        def log(msg: str) -> None:
+            print(msg, file=sys.stderr, flush=True)
+
+    if not competition or "/" in competition:
+        raise ConfigError(f"--competition {competition!r} is not a competition name; give the last part of the "
+                          f"competition's URL, e.g. {DEFAULT_COMPETITION}.")
+    dest = Path(dest).expanduser().absolute()
+    what = repr(file_name) + f" of {competition!r}" if file_name else f"the {competition!r} archive"
+    _check_dest(dest)
+
+    if file_name is None:  # a single file is checked against its listed size, below
+        for path in _candidates(dest, competition, None):
+            if _complete(path):
+                log(f"{path} is already complete ({_human(path.stat().st_size)}); nothing to download "
+                    "(delete it to download it again)")
+                return path
+
+    creds = find_credentials(log)
+    log(f"Kaggle credentials: {creds.source}")
+    api = _authenticated_api(creds, competition)
+
+    listing = _list_files(api, competition, creds)
+    size: int | None = None
+    url_name: str | None = None
+    if file_name is not None and file_name in listing.sizes:
+        size = listing.sizes[file_name]
+    elif file_name is None and listing.complete:
+        size = sum(listing.sizes.values())
+    elif file_name is not None and listing.complete:
+        names = sorted(listing.sizes, key=lambda n: (n.count("/"), n))  # top-level files first
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        raise DownloadError(f"Competition {competition!r} has no file {file_name!r}; its files are: {shown}. "
+                            "Give one of those names with --file.")
+    if size is None:
+        size, url_name = _probe(api, competition, file_name, creds)
+        source = "the download's Content-Length"
+    else:
+        source = "the sizes in the competition's file list"
+    if size is not None:
+        log(f"{what}: {_human(size)} (from {source})")
+
+    targets = _candidates(dest, competition, file_name, url_name)
+    for path in targets:
+        if file_name is not None and _complete(path, size if path.name == Path(file_name).name else None):
+            log(f"{path} is already complete; nothing to download")
+            return path
+    partial = next((p for p in targets if p.is_file() and _marker(p).exists()), None)
+    present = partial.stat().st_size if partial is not None else 0
+    if size is not None:
+        _check_space(dest, size, present, what)
+    else:
+        log(f"warning: Kaggle did not say how large {what} is; free disk space not checked")
+    if partial is not None:
+        log(f"resuming {partial}: {_human(present)} already there")
+
+    started = time.monotonic()
+    try:
+        with contextlib.redirect_stdout(_LineLog(log)) as out:
+            try:
+                if file_name is None:
+                    api.competition_download_files(competition, path=str(dest), force=False, quiet=not progress)
+                else:
+                    api.competition_download_file(competition, file_name, path=str(dest), force=False,
+                                                  quiet=not progress)
+            finally:
+                out.flush()
+    except KeyboardInterrupt:
+        log("interrupted: run the same command again to resume the download")
+        raise
+    except (Exception, SystemExit) as e:
+        target = next((p for p in targets if p.is_file()), None)
+        if _status(e) is not None and "/api/v1/" in str(getattr(e.response, "url", "")):
+            raise _api_error(e, competition, creds, "starting the download", file_name) from None
+        kept = target is not None and target.stat().st_size > 0
+        if isinstance(e, (OSError, ValueError)) or type(e).__module__.split(".")[0] in ("requests", "urllib3"):
+            if not kept and _status(e) is None and type(e).__name__ in ("ConnectionError", "ProxyError", "SSLError"):
+                raise _api_error(e, competition, creds, "downloading") from None
+            raise _interrupted(e, target, size, what) from None
+        raise _api_error(e, competition, creds, "downloading") from None
+
+    done = next((p for p in targets if p.is_file() and not _marker(p).exists()), None)
+    if done is None:
+        done = next((p for p in sorted(dest.glob(f"{Path(targets[0]).stem}*")) if p.is_file()
+                     and not p.name.endswith(PARTIAL_SUFFIX)), None)
+    if done is None:
+        raise DownloadError(f"The kaggle client finished without error but {targets[0]} is not there; "
+                            "run the same command again, and upgrade the client if it repeats: "
+                            f"pip install -U {CLIENT_REQUIREMENT}.")
+    seconds = time.monotonic() - started
+    log(f"{done}: {_human(done.stat().st_size)}, ready ({seconds:.0f} s)")
+    return done

@@ -1,0 +1,306 @@
+"""`spark-imagenet download`: the real ``kaggle`` client against a local server that plays Kaggle.
+
+The served archive is a zip built here from generated images in the Kaggle
+layout (``ILSVRC/`` and the ``LOC_*`` files at its root), about 2.4 MB so that
+a connection cut after 1.5 MB leaves the client's first 1 MiB chunk on disk.
+Credentials come from environment variables or files under a temporary HOME /
+KAGGLE_CONFIG_DIR, never the real home folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from data_util import REPO, small_layout
+from fake_kaggle import RULES_MESSAGE, FakeKaggle, listing_for_tree
+from spark_imagenet import download as dl
+from spark_imagenet.download import DEFAULT_COMPETITION, download, rules_url
+from spark_imagenet.errors import DownloadError
+
+ARCHIVE = f"{DEFAULT_COMPETITION}.zip"
+CHUNK = 1 << 20  # the client writes in chunks of 1 MiB
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(zip bytes, file listing, LOC_synset_mapping.txt bytes) of a small Kaggle-layout tree."""
+    tmp = tmp_path_factory.mktemp("kaggle-archive")
+    root = small_layout(tmp / "tree", size=(320, 240), quality=95)
+    path = tmp / ARCHIVE
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for p in sorted(root.rglob("*")):
+            z.write(p, p.relative_to(root).as_posix())  # ILSVRC/... and LOC_* at the zip's root
+    data = path.read_bytes()
+    assert len(data) > 2 * CHUNK
+    return data, listing_for_tree(root), (root / "LOC_synset_mapping.txt").read_bytes()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """An empty HOME, and no Kaggle settings from the machine's environment."""
+    for name in list(os.environ):
+        if name.startswith("KAGGLE_") or name in ("XDG_CONFIG_HOME", "VERBOSE", "VERBOSE_OUTPUT"):
+            monkeypatch.delenv(name)
+    h = tmp_path / "home"
+    h.mkdir()
+    monkeypatch.setenv("HOME", str(h))
+    return h
+
+
+@pytest.fixture
+def fake(served, home, monkeypatch):
+    """Fake Kaggle serving the archive (and LOC_synset_mapping.txt), with the client pointed at it."""
+    data, listing, mapping = served
+    server = FakeKaggle({ARCHIVE: data, "LOC_synset_mapping.txt": mapping}, listing)
+    for k, v in server.env().items():
+        monkeypatch.setenv(k, v)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def api_key(fake, monkeypatch):
+    """The accepted legacy API key in KAGGLE_USERNAME/KAGGLE_KEY."""
+    monkeypatch.setenv("KAGGLE_USERNAME", fake.username)
+    monkeypatch.setenv("KAGGLE_KEY", fake.key)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def run(dest: Path, **kw) -> tuple[Path, list[str]]:
+    lines: list[str] = []
+    kw.setdefault("progress", False)
+    path = download(dest=dest, log=lines.append, **kw)
+    return path, lines
+
+
+def test_full_download(fake, api_key, served, tmp_path):
+    path, lines = run(tmp_path / "dl")
+    assert path == tmp_path / "dl" / ARCHIVE
+    assert sha256(path.read_bytes()) == sha256(served[0])
+    assert not Path(str(path) + ".kaggle-partial").exists()
+    assert [s.status for s in fake.api_calls("ListDataFiles")] == [200]
+    assert [s.status for s in fake.api_calls("DownloadDataFiles")] == [302]
+    [get] = fake.file_requests()
+    assert get.status == 200 and "Range" not in get.headers and get.headers["Authorization"].startswith("Basic ")
+    assert any("KAGGLE_USERNAME and KAGGLE_KEY" in ln for ln in lines)
+    assert any("from the sizes in the competition's file list" in ln for ln in lines)
+
+
+def test_access_token_file(fake, served, home, tmp_path):
+    (home / ".kaggle").mkdir()
+    (home / ".kaggle" / "access_token").write_text(fake.token + "\n")
+    path, lines = run(tmp_path / "dl")
+    assert sha256(path.read_bytes()) == sha256(served[0])
+    assert fake.api_calls("IntrospectToken"), "the client checks a token before using it"
+    assert fake.api_calls("ListDataFiles")[0].headers["Authorization"] == f"Bearer {fake.token}"
+    assert any(str(home / ".kaggle" / "access_token") in ln for ln in lines)
+
+
+def test_second_run_downloads_nothing(fake, api_key, served, tmp_path):
+    path, _ = run(tmp_path / "dl")
+    before = len(fake.seen)
+    again, lines = run(tmp_path / "dl")
+    assert again == path and sha256(path.read_bytes()) == sha256(served[0])
+    assert len(fake.seen) == before, "a complete archive must not be requested again"
+    assert any("already complete" in ln and "nothing to download" in ln for ln in lines)
+
+
+def test_single_file_and_rerun(fake, api_key, served, tmp_path):
+    path, _ = run(tmp_path / "dl", file_name="LOC_synset_mapping.txt")
+    assert path == tmp_path / "dl" / "LOC_synset_mapping.txt" and path.read_bytes() == served[2]
+    files = len(fake.file_requests())
+    run(tmp_path / "dl", file_name="LOC_synset_mapping.txt")
+    assert len(fake.file_requests()) == files
+
+
+def test_dropped_connection_resumes_within_the_call(fake, api_key, served, tmp_path):
+    fake.cut_file_responses(1_500_000)  # 1 MiB reaches the disk, then the connection drops
+    path, lines = run(tmp_path / "dl", progress=True)  # the client waits 2-3 s, then resumes by itself
+    assert sha256(path.read_bytes()) == sha256(served[0])
+    first, second = fake.file_requests()
+    assert first.sent == 1_500_000 and "Range" not in first.headers
+    assert second.headers["Range"] == f"bytes={CHUNK}-" and second.status == 206
+    assert second.headers["If-Range"] == fake.etags[ARCHIVE]
+    assert any("Resuming from" in ln for ln in lines), lines
+
+
+def test_interrupted_download_resumes_on_the_next_run(fake, api_key, served, tmp_path, monkeypatch):
+    # First run: every attempt (the first and the client's 5 retries) is cut; skip the client's
+    # backoff waits (2 + 4 + 8 + 16 + 32 s) so that the test stays short.
+    fake.cut_file_responses(1_500_000, 0, 0, 0, 0, 0)
+    with monkeypatch.context() as m, pytest.raises(DownloadError) as err:
+        m.setattr(time, "sleep", lambda seconds: None)
+        run(tmp_path / "dl")
+    msg = str(err.value)
+    assert "interrupted" in msg and "run the same command again to resume" in msg.lower(), msg
+    partial = tmp_path / "dl" / ARCHIVE
+    assert str(partial) in msg and partial.stat().st_size == CHUNK
+    assert Path(str(partial) + ".kaggle-partial").exists()
+    assert len(fake.file_requests()) == 6
+
+    path, lines = run(tmp_path / "dl")
+    assert sha256(path.read_bytes()) == sha256(served[0])
+    assert not Path(str(path) + ".kaggle-partial").exists()
+    last = fake.file_requests()[-1]
+    assert last.headers["Range"] == f"bytes={CHUNK}-" and last.status == 206
+    assert last.sent == len(served[0]) - CHUNK
+    assert any(ln.startswith("resuming ") for ln in lines)
+
+
+def test_rules_not_accepted(fake, api_key, tmp_path):
+    fake.fail = 403
+    with pytest.raises(DownloadError) as err:
+        run(tmp_path / "dl")
+    msg = str(err.value)
+    assert "403" in msg and "accept" in msg and rules_url(DEFAULT_COMPETITION) in msg
+    assert RULES_MESSAGE in msg
+    assert rules_url(DEFAULT_COMPETITION) == f"https://www.kaggle.com/competitions/{DEFAULT_COMPETITION}/rules"
+    assert not fake.file_requests()
+
+
+@pytest.mark.parametrize("where", ["env", "kaggle.json"])
+def test_bad_api_key(fake, tmp_path, monkeypatch, where):
+    if where == "env":
+        monkeypatch.setenv("KAGGLE_USERNAME", fake.username)
+        monkeypatch.setenv("KAGGLE_KEY", "wrong-key")
+        source = "KAGGLE_USERNAME and KAGGLE_KEY environment variables"
+    else:
+        config = tmp_path / "cfg"
+        config.mkdir()
+        (config / "kaggle.json").write_text('{"username": "alice", "key": "wrong-key"}')
+        (config / "kaggle.json").chmod(0o600)
+        monkeypatch.setenv("KAGGLE_CONFIG_DIR", str(config))
+        source = str(config / "kaggle.json")
+    with pytest.raises(DownloadError) as err:
+        run(tmp_path / "dl")
+    msg = str(err.value)
+    assert "401" in msg and "rejected" in msg and source in msg, msg
+    assert "https://www.kaggle.com/settings/api" in msg
+
+
+def test_server_says_401(fake, api_key, tmp_path):
+    fake.fail = 401
+    with pytest.raises(DownloadError, match="rejected the credentials from the KAGGLE_USERNAME and KAGGLE_KEY "
+                       "environment variables \\(HTTP 401"):
+        run(tmp_path / "dl")
+
+
+def test_bad_access_token(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("KAGGLE_API_TOKEN", "KGAT_expired")
+    with pytest.raises(DownloadError) as err:
+        run(tmp_path / "dl")
+    msg = str(err.value)
+    assert "did not accept the access token from the KAGGLE_API_TOKEN environment variable" in msg, msg
+    assert "SystemExit" not in msg
+
+
+def test_unknown_competition(fake, api_key, tmp_path):
+    with pytest.raises(DownloadError) as err:
+        run(tmp_path / "dl", competition="no-such-competition")
+    msg = str(err.value)
+    assert "404" in msg and "no competition named 'no-such-competition'" in msg, msg
+
+
+def test_no_credentials(fake, tmp_path):
+    with pytest.raises(DownloadError) as err:
+        run(tmp_path / "dl")
+    msg = str(err.value)
+    for where in ("KAGGLE_API_TOKEN", "~/.kaggle/access_token", "KAGGLE_USERNAME", "KAGGLE_KEY", "kaggle.json",
+                  "KAGGLE_CONFIG_DIR", "https://www.kaggle.com/settings/api", "chmod 600"):
+        assert where in msg, (where, msg)
+    assert not fake.seen, "nothing is sent without credentials"
+
+
+def test_not_enough_disk(fake, api_key, served, tmp_path):
+    fake.claimed_sizes[served[1][0]["name"]] = 10**15  # the list claims a 1 PB file
+    dest = tmp_path / "dl"
+    with pytest.raises(DownloadError) as err:
+        run(dest)
+    msg = str(err.value)
+    assert "Not enough free disk space" in msg and str(dest) in msg
+    need = (10**15 + sum(f["totalBytes"] for f in served[1][1:])) / 1e9
+    assert f"needs {need:.1f} GB more" in msg, msg
+    free = float(re.search(r"only ([0-9.]+) GB are free", msg).group(1))
+    assert abs(free - shutil.disk_usage(dest).free / 1e9) < 1, msg
+    assert not fake.file_requests() and not list(dest.iterdir())
+
+
+def test_kaggle_json_permission_warning(fake, served, tmp_path, monkeypatch):
+    config = tmp_path / "cfg"
+    config.mkdir()
+    key_file = config / "kaggle.json"
+    key_file.write_text(f'{{"username": "{fake.username}", "key": "{fake.key}"}}')
+    key_file.chmod(0o644)
+    monkeypatch.setenv("KAGGLE_CONFIG_DIR", str(config))
+    path, lines = run(tmp_path / "dl")
+    assert sha256(path.read_bytes()) == sha256(served[0])
+    assert any("readable by other users" in ln and f"chmod 600 {key_file}" in ln for ln in lines), lines
+    assert any(f"Kaggle credentials: {key_file}" == ln for ln in lines), lines
+
+    key_file.chmod(0o600)
+    path.unlink()
+    _, lines = run(tmp_path / "dl")
+    assert not any("readable by other users" in ln for ln in lines)
+
+
+def test_long_file_list_takes_size_from_the_download(fake, api_key, served, tmp_path, monkeypatch):
+    # ImageNet's list has 1.4 million entries: past LIST_PAGES pages the size comes from Content-Length.
+    monkeypatch.setattr(dl, "LIST_PAGE_SIZE", 10)
+    monkeypatch.setattr(dl, "LIST_PAGES", 2)
+    path, lines = run(tmp_path / "dl")
+    assert sha256(path.read_bytes()) == sha256(served[0])
+    assert len(fake.api_calls("ListDataFiles")) == 2
+    assert any(f"{len(served[0]) / 1e6:.2f} MB (from the download's Content-Length)" in ln for ln in lines), lines
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+def cli(args: list[str], env: dict, pre: str = "") -> subprocess.CompletedProcess:
+    code = f"import sys; {pre}from spark_imagenet.cli import main; sys.exit(main(sys.argv[1:]))" if pre else None
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "spark_imagenet", *args]
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def cli_env(fake, home):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KAGGLE_")}
+    env.update(fake.env(), HOME=str(home), KAGGLE_USERNAME=fake.username, KAGGLE_KEY=fake.key)
+    return env
+
+
+def test_cli_download(fake, served, cli_env, tmp_path):
+    dest = tmp_path / "dl"
+    proc = cli(["download", "--dest", str(dest), "--no-progress"], cli_env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == str(dest / ARCHIVE)
+    assert sha256((dest / ARCHIVE).read_bytes()) == sha256(served[0])
+
+
+def test_cli_rules_not_accepted(fake, cli_env, tmp_path):
+    fake.fail = 403
+    proc = cli(["download", "--dest", str(tmp_path / "dl")], cli_env)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("spark-imagenet: error:")]
+    assert len(errors) == 1 and proc.stderr.rstrip().endswith(errors[0]), proc.stderr  # one paragraph, last
+    assert rules_url(DEFAULT_COMPETITION) in errors[0] and "accept" in errors[0]
+
+
+def test_cli_missing_six(fake, cli_env, tmp_path):
+    # kaggle 2.2.5 imports six without declaring it: a missing six must be named, not a traceback.
+    proc = cli(["download", "--dest", str(tmp_path / "dl")], cli_env, pre="sys.modules['six'] = None; ")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "'six' is missing" in proc.stderr and "pip install" in proc.stderr
