@@ -11,6 +11,7 @@ command            function
 ``inspect``        :func:`spark_imagenet.shard.inspect`
 ``train``          :func:`spark_imagenet.train.train`
 ``download``       :func:`spark_imagenet.download.download`
+``extract``        :func:`spark_imagenet.archive.extract`
 =================  ==============================================
 
 Errors the user can fix (:class:`~spark_imagenet.errors.SparkImagenetError`)
@@ -91,8 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", type=_positive_int, default=10, help="synthetic classes (default 10)")
     _add_train_options(p, demo=True)
 
-    p = sub.add_parser("shard", help="write TFRecord shards and manifest.json from a Kaggle-layout folder")
-    p.add_argument("source", help="the unpacked Kaggle imagenet-object-localization-challenge folder")
+    p = sub.add_parser("shard", help="write TFRecord shards and manifest.json from a Kaggle-layout folder or the "
+                       "downloaded zip")
+    p.add_argument("source", help="the unpacked Kaggle imagenet-object-localization-challenge folder, or its .zip "
+                   "(either form, read without unpacking)")
     p.add_argument("--out", required=True, help="bucket URL: local path, file:// URL or gs://bucket/prefix")
     p.add_argument("--train-shards", type=_positive_int, help="number of train shards (default: ~128 MiB each, >= 16)")
     p.add_argument("--val-shards", type=_positive_int, help="number of val shards (default: ~128 MiB each, >= 4)")
@@ -136,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Kaggle competition name (default imagenet-object-localization-challenge, a ~155 GiB zip)")
     p.add_argument("--dest", required=True, help="folder for the archive (created if absent)")
     p.add_argument("--file", dest="file_name", help="download this one file of the competition instead of the archive")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("extract", help="unpack the downloaded Kaggle zip (either form, the nested tar.gz too) into a "
+                       "folder, refusing unsafe member names and checking free space first")
+    p.add_argument("zip", help="the downloaded imagenet-object-localization-challenge.zip")
+    p.add_argument("dest", help="folder to unpack into (created if absent)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -235,6 +244,11 @@ def run(argv: Sequence[str] | None = None) -> int:
 
         path = download(args.competition, args.dest, file_name=args.file_name, progress=not args.no_progress)
         print(path)
+        return 0
+    if args.command == "extract":
+        from .archive import extract
+
+        print(extract(args.zip, args.dest, progress=not args.no_progress))
         return 0
     if args.command == "demo":
         from .demo import run_demo

@@ -23,7 +23,7 @@ import dataclasses
 import os
 import random
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 from .errors import ConfigError, LayoutError
 from .manifest import SynsetClass
@@ -32,6 +32,8 @@ from .synset import WNID_RE, read_class_list, read_synset_mapping, select_classe
 MAPPING = "LOC_synset_mapping.txt"
 VAL_CSV = "LOC_val_solution.csv"
 DATA_DIR = Path("ILSVRC", "Data", "CLS-LOC")
+#: ``DATA_DIR`` as the ``/``-separated relative name archives use.
+DATA_REL = DATA_DIR.as_posix()
 #: How many offending files an error message lists before "... and N more".
 MAX_LISTED = 20
 
@@ -41,7 +43,8 @@ class ImageFile:
     """One labelled image of the source.
 
     Attributes:
-        path: absolute path of the file.
+        path: absolute path of the file; for a source read from a zip, the
+            member's name inside its archive (see :mod:`spark_imagenet.archive`).
         label: 0-based class id in the chosen class list.
         wnid: the class's WordNet id.
         size: file size in bytes.
@@ -63,11 +66,13 @@ class SourceDataset:
     """The labelled images chosen from a Kaggle-layout source.
 
     Attributes:
-        root: the source directory.
+        root: the source directory (for a zip source: the zip file).
         classes: the chosen classes, ids 0..K-1.
         train: train images (grouped by class, sorted by file name).
         val: validation images of the chosen classes (sorted by file name).
         selection: the selection that was applied, for the manifest.
+        archive: ``None`` for a directory; for a zip, the
+            :class:`spark_imagenet.archive.ZipSource` the images are read from.
     """
 
     root: str
@@ -75,6 +80,18 @@ class SourceDataset:
     train: tuple[ImageFile, ...]
     val: tuple[ImageFile, ...]
     selection: dict
+    archive: Any = None
+
+    def relpath(self, image: ImageFile) -> str:
+        """The image's path relative to the Kaggle root, ``/``-separated
+        (``ILSVRC/Data/CLS-LOC/train/<wnid>/<file>``), whichever the source."""
+        if self.archive is None:
+            return os.path.relpath(image.path, self.root)
+        return self.archive.relpath(image.path)
+
+    def where(self, image: ImageFile) -> str:
+        """How messages name the image's file: its path, or the zip and member."""
+        return image.path if self.archive is None else self.archive.where_member(image.path)
 
 
 def _listing(problems: Sequence[str]) -> str:
@@ -128,42 +145,112 @@ def read_val_solution(path: str | os.PathLike, known_wnids: set[str]) -> dict[st
             ImageId, or wnids not in the mapping; each problem names its line.
     """
     path = Path(path)
+    with open(path, newline="", encoding="utf-8") as f:
+        return parse_val_solution(f, str(path), known_wnids)
+
+
+def parse_val_solution(lines: Iterable[str], where: str, known_wnids: set[str]) -> dict[str, str]:
+    """Parse ``LOC_val_solution.csv`` (see :func:`read_val_solution`).
+
+    Args:
+        lines: the file's lines, e.g. a text file opened with ``newline=""``.
+        where: how messages name the file (a path, or a zip and its member).
+        known_wnids: wnids of ``LOC_synset_mapping.txt``.
+
+    Returns:
+        dict[str, str]: ImageId to the wnid of the row's first box.
+
+    Raises:
+        LayoutError: as :func:`read_val_solution`, naming ``where`` and the line.
+    """
+    path = where
     labels: dict[str, str] = {}
     problems: list[str] = []
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
-            raise LayoutError(f"{path}:1: expected the header 'ImageId,PredictionString', got {header!r}")
-        for row in reader:
-            line = reader.line_num
-            if not row or not any(cell.strip() for cell in row):
-                continue
-            if len(row) < 2:
-                problems.append(f"{path}:{line}: expected 'ImageId,PredictionString', got {','.join(row)!r}")
-                continue
-            image_id, tokens = row[0].strip(), row[1].split()
-            if not tokens or not WNID_RE.match(tokens[0]):
-                problems.append(f"{path}:{line}: {image_id}: PredictionString does not start with a wnid")
-                continue
-            wnid = tokens[0]
-            if wnid not in known_wnids:
-                problems.append(f"{path}:{line}: {image_id}: wnid {wnid} is not in {MAPPING}")
-                continue
-            if image_id in labels:
-                problems.append(f"{path}:{line}: ImageId {image_id} appears twice")
-                continue
-            labels[image_id] = wnid
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
+        raise LayoutError(f"{path}:1: expected the header 'ImageId,PredictionString', got {header!r}")
+    for row in reader:
+        line = reader.line_num
+        if not row or not any(cell.strip() for cell in row):
+            continue
+        if len(row) < 2:
+            problems.append(f"{path}:{line}: expected 'ImageId,PredictionString', got {','.join(row)!r}")
+            continue
+        image_id, tokens = row[0].strip(), row[1].split()
+        if not tokens or not WNID_RE.match(tokens[0]):
+            problems.append(f"{path}:{line}: {image_id}: PredictionString does not start with a wnid")
+            continue
+        wnid = tokens[0]
+        if wnid not in known_wnids:
+            problems.append(f"{path}:{line}: {image_id}: wnid {wnid} is not in {MAPPING}")
+            continue
+        if image_id in labels:
+            problems.append(f"{path}:{line}: ImageId {image_id} appears twice")
+            continue
+        labels[image_id] = wnid
     if problems:
         raise LayoutError(f"{len(problems)} problem(s) in {path}:{_listing(problems)}")
     return labels
 
 
-def _image_files(folder: Path) -> list[os.DirEntry]:
-    """Regular, non-hidden files of ``folder``, sorted by name."""
-    with os.scandir(folder) as it:
-        entries = [e for e in it if not e.name.startswith(".") and e.is_file()]
-    return sorted(entries, key=lambda e: e.name)
+class SourceTree(Protocol):
+    """What :func:`select_images` needs from a Kaggle-layout source: a
+    directory (:class:`_DirTree`) or a zip (:mod:`spark_imagenet.archive`).
+
+    Relative names (``rel``) are ``/``-separated and relative to the Kaggle
+    root, e.g. ``ILSVRC/Data/CLS-LOC/train/n01440764``; ``""`` is the root.
+    """
+
+    root: str
+
+    def where(self, rel: str) -> str:
+        """How messages name ``rel`` (a path, or a zip and its member)."""
+
+    def read_mapping(self) -> tuple[SynsetClass, ...]:
+        """All classes of ``LOC_synset_mapping.txt``."""
+
+    def read_val_labels(self, known_wnids: set[str]) -> dict[str, str]:
+        """``LOC_val_solution.csv`` parsed (see :func:`parse_val_solution`)."""
+
+    def folders(self, rel: str) -> set[str]:
+        """Names of the non-hidden sub-folders of folder ``rel``."""
+
+    def files(self, rel: str) -> list[Any]:
+        """The non-hidden files of folder ``rel`` sorted by name; each entry
+        has a ``name`` attribute and is passed back to :meth:`image`."""
+
+    def image(self, entry: Any, label: int, wnid: str) -> ImageFile:
+        """The :class:`ImageFile` of an entry of :meth:`files`."""
+
+
+class _DirTree:
+    """A Kaggle tree on disk (the layout :func:`check_layout` checked)."""
+
+    def __init__(self, root: Path):
+        self.root = str(root)
+        self._root = root
+
+    def where(self, rel: str) -> str:
+        return str(self._root / rel)
+
+    def read_mapping(self) -> tuple[SynsetClass, ...]:
+        return read_synset_mapping(self._root / MAPPING)
+
+    def read_val_labels(self, known_wnids: set[str]) -> dict[str, str]:
+        return read_val_solution(self._root / VAL_CSV, known_wnids)
+
+    def folders(self, rel: str) -> set[str]:
+        with os.scandir(self._root / rel) as it:
+            return {e.name for e in it if e.is_dir() and not e.name.startswith(".")}
+
+    def files(self, rel: str) -> list[os.DirEntry]:
+        with os.scandir(self._root / rel) as it:
+            entries = [e for e in it if not e.name.startswith(".") and e.is_file()]
+        return sorted(entries, key=lambda e: e.name)
+
+    def image(self, entry: os.DirEntry, label: int, wnid: str) -> ImageFile:
+        return ImageFile(os.path.abspath(entry.path), label, wnid, entry.stat().st_size)
 
 
 def read_layout(
@@ -197,60 +284,91 @@ def read_layout(
         ConfigError: a bad ``--classes``/``--class-list``/``--per-class``.
     """
     root = check_layout(root)
+    return select_images(_DirTree(root), num_classes=num_classes, class_list=class_list, per_class=per_class,
+                         seed=seed)
+
+
+def select_images(
+    tree: SourceTree,
+    *,
+    num_classes: int | None = None,
+    class_list: str | os.PathLike | None = None,
+    per_class: int | None = None,
+    seed: int = 0,
+    archive: Any = None,
+) -> SourceDataset:
+    """Check a Kaggle-layout source and choose its images (the part of
+    :func:`read_layout` that is the same for a directory and a zip).
+
+    Args:
+        tree: the source, whose pieces :func:`check_layout` (or its zip
+            counterpart) already found.
+        num_classes: keep the first K classes (``--classes``).
+        class_list: file of wnids to keep (``--class-list``).
+        per_class: at most M train images per class (``--per-class``).
+        seed: seed of the per-class sample.
+        archive: stored as :attr:`SourceDataset.archive`.
+
+    Returns:
+        SourceDataset: as :func:`read_layout`.
+
+    Raises:
+        LayoutError: as :func:`read_layout`, naming files with ``tree.where``.
+        ConfigError: a bad ``--classes``/``--class-list``/``--per-class``.
+    """
     if per_class is not None and per_class < 1:
         raise ConfigError(f"--per-class {per_class}: must be at least 1")
-    all_classes = read_synset_mapping(root / MAPPING)
+    all_classes = tree.read_mapping()
     wnids = read_class_list(class_list) if class_list is not None else None
     classes = select_classes(all_classes, num_classes, wnids)
     known = {c.wnid for c in all_classes}
 
-    train_dir = root / DATA_DIR / "train"
+    train_rel = f"{DATA_REL}/train"
     problems: list[str] = []
-    with os.scandir(train_dir) as it:
-        folders = {e.name for e in it if e.is_dir() and not e.name.startswith(".")}
-    problems += [f"{train_dir / f}/: folder is not a class of {MAPPING}" for f in sorted(folders - known)]
+    folders = tree.folders(train_rel)
+    problems += [f"{tree.where(f'{train_rel}/{f}')}/: folder is not a class of {MAPPING}" for f in sorted(folders - known)]
     train: list[ImageFile] = []
     for c in classes:
-        folder = train_dir / c.wnid
+        folder = tree.where(f"{train_rel}/{c.wnid}")
         if c.wnid not in folders:
             problems.append(f"{folder}/: missing (class {c.id} {c.wnid} of {MAPPING})")
             continue
-        entries = _image_files(folder)
+        entries = tree.files(f"{train_rel}/{c.wnid}")
         if not entries:
             problems.append(f"{folder}/: empty class folder (class {c.wnid}); add its images or leave the class out with --class-list")
             continue
         if per_class is not None and len(entries) > per_class:
             entries = sorted(random.Random(f"{seed}/{c.wnid}").sample(entries, per_class), key=lambda e: e.name)
-        train += [ImageFile(os.path.abspath(e.path), c.id, c.wnid, e.stat().st_size) for e in entries]
+        train += [tree.image(e, c.id, c.wnid) for e in entries]
     if problems:
-        raise LayoutError(f"{len(problems)} problem(s) with the train folders of {root}:{_listing(problems)}")
+        raise LayoutError(f"{len(problems)} problem(s) with the train folders of {tree.where('')}:{_listing(problems)}")
 
-    val_labels = read_val_solution(root / VAL_CSV, known)
-    val_dir = root / DATA_DIR / "val"
+    val_labels = tree.read_val_labels(known)
+    val_rel = f"{DATA_REL}/val"
     by_wnid = {c.wnid: c for c in classes}
     val: list[ImageFile] = []
     seen: set[str] = set()
-    for e in _image_files(val_dir):
+    for e in tree.files(val_rel):
         image_id = os.path.splitext(e.name)[0]
         wnid = val_labels.get(image_id)
         if wnid is None:
-            problems.append(f"{val_dir / e.name}: no row for {image_id} in {root / VAL_CSV}")
+            problems.append(f"{tree.where(f'{val_rel}/{e.name}')}: no row for {image_id} in {tree.where(VAL_CSV)}")
             continue
         seen.add(image_id)
         if wnid in by_wnid:
-            val.append(ImageFile(os.path.abspath(e.path), by_wnid[wnid].id, wnid, e.stat().st_size))
+            val.append(tree.image(e, by_wnid[wnid].id, wnid))
     problems += [
-        f"{root / VAL_CSV}: row {image_id} has no image {val_dir / (image_id + '.JPEG')}"
+        f"{tree.where(VAL_CSV)}: row {image_id} has no image {tree.where(f'{val_rel}/{image_id}.JPEG')}"
         for image_id in sorted(set(val_labels) - seen)
     ]
     if problems:
-        raise LayoutError(f"{len(problems)} problem(s) with the validation set of {root}:{_listing(problems)}")
+        raise LayoutError(f"{len(problems)} problem(s) with the validation set of {tree.where('')}:{_listing(problems)}")
     if not val:
-        raise LayoutError(f"{val_dir}: no validation image belongs to the {len(classes)} chosen classes")
+        raise LayoutError(f"{tree.where(val_rel)}: no validation image belongs to the {len(classes)} chosen classes")
     selection = {
         "classes": num_classes,
         "class_list": str(class_list) if class_list is not None else None,
         "per_class": per_class,
         "seed": seed,
     }
-    return SourceDataset(str(root), classes, tuple(train), tuple(val), selection)
+    return SourceDataset(tree.root, classes, tuple(train), tuple(val), selection, archive)

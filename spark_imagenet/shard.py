@@ -2,13 +2,21 @@
 
 What a build does (:func:`shard`):
 
-1. list the chosen labelled images (:func:`spark_imagenet.layout.read_layout`);
+1. list the chosen labelled images (:func:`spark_imagenet.layout.read_layout`
+   for a folder, :func:`spark_imagenet.archive.read_zip_layout` for the
+   downloaded zip, read in place);
 2. shuffle the train images across classes with the seed and deal them
    round-robin to the shards (so shard sizes differ by at most one example and
    every shard mixes classes); val images are dealt in file-name order;
 3. write the shards in parallel worker processes (one shard per job), each
    image's bytes stored as read (no decode/re-encode), after checking that the
-   file is a JPEG that decodes (Pillow, see :func:`check_jpeg`);
+   file is a JPEG that decodes (Pillow, see :func:`check_jpeg`). A folder or a
+   zip in the current form: each worker reads its shard's images itself. The
+   older zip form (a nested tar.gz, one stream): the main process reads the
+   stream, a process pool checks the images, each record is appended to a
+   spill file of its shard, and the workers then copy every shard's records
+   into plan order (see :func:`_stream_images`). Either way the shards are
+   byte for byte the same as from the unpacked folder;
 4. only when every image passed: publish the shards under their final names,
    then write ``manifest.json`` last and atomically.
 
@@ -22,6 +30,7 @@ see :data:`FEATURE_KEYS`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime as _dt
@@ -40,7 +49,7 @@ from typing import Any, Callable, Sequence
 
 from PIL import Image
 
-from .errors import ConfigError, ImageError, StorageError
+from .errors import ConfigError, ImageError, SparkImagenetError, StorageError
 from .layout import ImageFile, SourceDataset, read_layout
 from .manifest import FORMAT_VERSION, Manifest, ShardInfo, SplitInfo
 from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file, open_storage
@@ -128,6 +137,11 @@ class _ShardJob:
     tmp_path: str
     images: tuple[ImageFile, ...]
     verify: str
+    reader: Any = None  # None: files on disk; else reads the images from a zip (archive.ZipMemberReader)
+
+    def where(self, img: ImageFile) -> str:
+        """How messages name an image's file."""
+        return img.path if self.reader is None else self.reader.where(img.path)
 
 
 def _init_worker(counter) -> None:
@@ -138,6 +152,21 @@ def _init_worker(counter) -> None:
 _COUNTER = None
 
 
+def _example(img: ImageFile, data: bytes, height: int, width: int) -> bytes:
+    """The serialized ``tf.train.Example`` of one checked image."""
+    return encode_example(
+        {
+            "image/encoded": data,
+            "image/format": b"JPEG",
+            "image/class/label": img.label,
+            "image/class/synset": img.wnid,
+            "image/height": height,
+            "image/width": width,
+            "image/filename": img.filename,
+        }
+    )
+
+
 def _write_shard(job: _ShardJob) -> tuple[ShardInfo | None, list[str]]:
     """Write one shard (in a worker process). Returns the shard's info, or
     ``None`` and the list of bad files when any image failed."""
@@ -146,29 +175,19 @@ def _write_shard(job: _ShardJob) -> tuple[ShardInfo | None, list[str]]:
     with open(job.tmp_path, "wb") as f:
         for img in job.images:
             try:
-                with open(img.path, "rb") as src:
-                    data = src.read()
-            except OSError as e:
-                problems.append(f"{img.path}: cannot read ({e.strerror or e})")
+                if job.reader is None:
+                    with open(img.path, "rb") as src:
+                        data = src.read()
+                else:
+                    data = job.reader.read(img.path)
+            except (OSError, SparkImagenetError) as e:
+                problems.append(f"{job.where(img)}: cannot read ({getattr(e, 'strerror', None) or e})")
                 continue
             height, width, problem = check_jpeg(data, job.verify)
             if problem:
-                problems.append(f"{img.path}: {problem}")
+                problems.append(f"{job.where(img)}: {problem}")
             elif not problems:
-                write_record(
-                    f,
-                    encode_example(
-                        {
-                            "image/encoded": data,
-                            "image/format": b"JPEG",
-                            "image/class/label": img.label,
-                            "image/class/synset": img.wnid,
-                            "image/height": height,
-                            "image/width": width,
-                            "image/filename": img.filename,
-                        }
-                    ),
-                )
+                write_record(f, _example(img, data, height, width))
             pending += 1
             if _COUNTER is not None and pending >= 16:
                 with _COUNTER.get_lock():
@@ -182,6 +201,193 @@ def _write_shard(job: _ShardJob) -> tuple[ShardInfo | None, list[str]]:
         return None, problems
     size = os.path.getsize(job.tmp_path)
     return ShardInfo(job.name, len(job.images), size, crc32c_file(job.tmp_path)), []
+
+
+def _spill_path(job: _ShardJob) -> str:
+    """Where the stream form collects a shard's records in arrival order
+    (a name the leftover clean-up of an interrupted build removes)."""
+    return job.tmp_path + ".spill"
+
+
+def _assemble_shard(job: _ShardJob, index: list[tuple[int, int]]) -> tuple[ShardInfo, list[str]]:
+    """Copy a shard's records from its spill file into plan order (in a worker
+    process), then delete the spill file. ``index[i]`` is the (offset, length)
+    of the shard's i-th planned record in the spill file."""
+    spill = _spill_path(job)
+    with open(spill, "rb") as src, open(job.tmp_path, "wb") as f:
+        fd = src.fileno()
+        for offset, length in index:
+            f.write(os.pread(fd, length, offset))
+    os.unlink(spill)
+    size = os.path.getsize(job.tmp_path)
+    return ShardInfo(job.name, len(job.images), size, crc32c_file(job.tmp_path)), []
+
+
+#: The stream form hands images to the pool in batches of this many images or bytes, whichever
+#: comes first (one task per image spends more time in the pool's queues than in the check).
+STREAM_BATCH_IMAGES = 32
+STREAM_BATCH_BYTES = 4 * 1024 * 1024
+
+
+def _check_and_frame(batch: list[tuple[ImageFile, bytes]], verify: str) -> list[tuple[bytes | None, str | None]]:
+    """Check a batch of images and return, per image, its whole TFRecord
+    (framing included) or ``None`` and the problem (in a worker process, for
+    the stream form)."""
+    out: list[tuple[bytes | None, str | None]] = []
+    for img, data in batch:
+        height, width, problem = check_jpeg(data, verify)
+        if problem:
+            out.append((None, problem))
+            continue
+        buf = io.BytesIO()
+        write_record(buf, _example(img, data, height, width))
+        out.append((buf.getvalue(), None))
+    if _COUNTER is not None:
+        with _COUNTER.get_lock():
+            _COUNTER.value += len(batch)
+    return out
+
+
+class _SpillWriter:
+    """Appends records to the spill files of the stream form in a thread of
+    its own (file writes release the GIL, so the stream keeps being read).
+
+    At most ``capacity`` spill files are open at a time (least recently used
+    closed first; full ImageNet has over 1,000 shards). Offsets are assigned
+    when a record is queued: one writer appends in queue order.
+    """
+
+    def __init__(self, jobs: list[_ShardJob], capacity: int, queued: int = 64):
+        import queue
+        import threading
+
+        self._jobs = jobs
+        self._open: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._capacity = max(1, capacity)
+        self._queue: queue.Queue = queue.Queue(queued)
+        self.sizes = [0] * len(jobs)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="spill-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self.error is not None:
+                continue  # drain
+            j, record = item
+            try:
+                f = self._open.pop(j, None)
+                if f is None:
+                    if len(self._open) >= self._capacity:
+                        self._open.popitem(last=False)[1].close()
+                    f = open(_spill_path(self._jobs[j]), "ab")
+                self._open[j] = f
+                f.write(record)
+            except BaseException as e:  # reported by append() / close()
+                self.error = e
+        while self._open:
+            try:
+                self._open.popitem()[1].close()
+            except OSError as e:
+                self.error = self.error or e
+
+    def append(self, j: int, record: bytes) -> int:
+        """Queue a record for job ``j``'s spill file; returns its offset there.
+
+        Raises:
+            OSError: an earlier write failed (e.g. the disk is full).
+        """
+        if self.error is not None:
+            raise self.error
+        offset = self.sizes[j]
+        self.sizes[j] += len(record)
+        self._queue.put((j, record))
+        return offset
+
+    def close(self, check: bool = True) -> None:
+        """Write what is queued and close the files.
+
+        Args:
+            check: raise the first write error, if any (False while another
+                error is already on its way up).
+        """
+        self._queue.put(None)
+        self._thread.join()
+        if check and self.error is not None:
+            raise self.error
+
+
+def _stream_images(pool, src: SourceDataset, jobs: list[_ShardJob], verify: str, in_flight: int,
+                   counter, bar) -> tuple[list[list[tuple[int, int]]], list[str]]:
+    """Pass 2 of the nested-tar form: read the planned images from the stream
+    (main process), have ``pool`` check and encode them (:func:`_check_and_frame`),
+    append each record to its shard's spill file in arrival order.
+
+    Args:
+        pool: the worker pool.
+        src: the source (``src.archive.streamed``).
+        jobs: the shards and their planned images.
+        verify: ``"decode"`` or ``"header"``.
+        in_flight: batches handed to the pool and not yet written, at most.
+        counter: shared count of images checked (for the progress bar).
+        bar: tqdm bar or ``None``.
+
+    Returns:
+        tuple: per job the (offset, length) of each planned record in its
+        spill file, and the list of bad files (once there is one, nothing
+        more is spilled).
+    """
+    place = {img.path: (j, k) for j, job in enumerate(jobs) for k, img in enumerate(job.images)}
+    index: list[list[tuple[int, int]]] = [[(0, 0)] * len(job.images) for job in jobs]
+    problems: list[str] = []
+    waiting: collections.deque = collections.deque()
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        soft = 256
+    spills = _SpillWriter(jobs, min(len(jobs), (soft if soft > 0 else 256) // 2))
+
+    def settle() -> None:
+        result, places = waiting.popleft()
+        for (j, k), (record, problem) in zip(places, result.get()):
+            if problem:
+                problems.append(f"{src.where(jobs[j].images[k])}: {problem}")
+            elif not problems:
+                index[j][k] = (spills.append(j, record), len(record))
+        if bar is not None:
+            bar.update(counter.value - bar.n)
+
+    batch: list[tuple[ImageFile, bytes]] = []
+    places: list[tuple[int, int]] = []
+
+    def submit() -> None:
+        waiting.append((pool.apply_async(_check_and_frame, (list(batch), verify)), list(places)))
+        batch.clear()
+        places.clear()
+        while len(waiting) >= in_flight:
+            settle()
+
+    try:
+        batch_bytes = 0
+        for name, data in src.archive.stream(set(place)):
+            j, k = place[name]
+            batch.append((jobs[j].images[k], data))
+            places.append((j, k))
+            batch_bytes += len(data)
+            if len(batch) >= STREAM_BATCH_IMAGES or batch_bytes >= STREAM_BATCH_BYTES:
+                submit()
+                batch_bytes = 0
+        if batch:
+            submit()
+        while waiting:
+            settle()
+    except BaseException:
+        spills.close(check=False)
+        raise
+    spills.close()
+    return index, problems
 
 
 def _auto_shards(images: Sequence[ImageFile], minimum: int) -> int:
@@ -233,17 +439,17 @@ def plan_shards(
 
 def dataset_fingerprint(plan: dict[str, list[tuple[ImageFile, ...]]], source: SourceDataset) -> str:
     """SHA-256 (hex, first 16 bytes) of what a build would write: the format
-    version, the classes, and per shard the file names, sizes and labels in
-    record order. Equal fingerprints mean equal datasets."""
+    version, the classes, and per shard the file names (relative to the
+    Kaggle root, so a directory and the zip it came from give the same id),
+    sizes and labels in record order. Equal fingerprints mean equal datasets."""
     h = hashlib.sha256(f"spark-imagenet/{FORMAT_VERSION}\n".encode())
     for c in source.classes:
         h.update(f"class {c.id} {c.wnid}\n".encode())
-    root = source.root
     for split, shards in plan.items():
         for k, images in enumerate(shards):
             h.update(f"shard {split} {k} {len(shards)}\n".encode())
             for img in images:
-                h.update(f"{os.path.relpath(img.path, root)} {img.size} {img.label}\n".encode())
+                h.update(f"{source.relpath(img)} {img.size} {img.label}\n".encode())
     return h.hexdigest()[:32]
 
 
@@ -268,7 +474,10 @@ def shard(
 
     Args:
         source: the unpacked Kaggle ``imagenet-object-localization-challenge``
-            folder (see :mod:`spark_imagenet.layout`).
+            folder (see :mod:`spark_imagenet.layout`), or the downloaded zip
+            in either of its forms, read without unpacking (see
+            :mod:`spark_imagenet.archive`; the older form with a nested
+            tar.gz is read as a stream, twice).
         out: bucket URL for the shards: a local path, ``file://`` URL or
             ``gs://bucket/prefix`` (shards are then staged in a temporary
             folder and uploaded, see :mod:`spark_imagenet.transfer`).
@@ -291,7 +500,9 @@ def shard(
         already holds exactly this dataset: then nothing is rewritten).
 
     Raises:
-        LayoutError: ``source`` is not in the Kaggle layout or inconsistent.
+        LayoutError: ``source`` is not in the Kaggle layout or inconsistent;
+            for a zip also :class:`~spark_imagenet.errors.ArchiveError`
+            (truncated, damaged, or not a Kaggle archive).
         ConfigError: bad option values, ``out`` holds a different dataset,
             or another run committed a different dataset to ``out`` while
             this one was building (this run's shards are removed again).
@@ -306,7 +517,13 @@ def shard(
         raise ConfigError(f"--verify {verify!r}: choose one of {', '.join(VERIFY_MODES)}")
     if processes is not None and processes < 1:
         raise ConfigError(f"processes={processes}: must be at least 1")
-    src = read_layout(source, num_classes=classes, class_list=class_list, per_class=per_class, seed=seed)
+    from .archive import is_zip_source, read_zip_layout
+
+    if is_zip_source(source):
+        src = read_zip_layout(source, num_classes=classes, class_list=class_list, per_class=per_class, seed=seed,
+                              progress=progress, log=log)
+    else:
+        src = read_layout(source, num_classes=classes, class_list=class_list, per_class=per_class, seed=seed)
     plan = plan_shards(src, train_shards, val_shards, seed)
     dataset_id = dataset_fingerprint(plan, src)
     if transfers < 1:
@@ -341,8 +558,10 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         if PARTIAL_RE.match(name):
             storage.delete(name)
     token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    streamed = src.archive is not None and src.archive.streamed
     jobs = [
-        _ShardJob(split, k, name, str(staging / f".{name}.partial-{token}"), images, verify)
+        _ShardJob(split, k, name, str(staging / f".{name}.partial-{token}"), images, verify,
+                  src.archive.reader(images) if src.archive is not None and not streamed else None)
         for split, shards in plan.items()
         for k, images in enumerate(shards)
         for name in [shard_name(split, k, len(shards), dataset_id)]
@@ -376,13 +595,21 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
 
     try:
         with ctx.Pool(n_proc, initializer=_init_worker, initargs=(counter,)) as pool:
-            pending = [pool.apply_async(_write_shard, (j,)) for j in jobs]
+            if not streamed:
+                pending = [pool.apply_async(_write_shard, (j,)) for j in jobs]
+            else:
+                log(f"reading the images from {src.archive.path} member {src.archive.tar_member} "
+                    "(pass 2 of 2 over the compressed stream)")
             bar = None
             if progress:
                 from tqdm import tqdm
 
                 bar = tqdm(total=total, unit="img", desc="shard", file=sys.stderr, dynamic_ncols=True)
             try:
+                if streamed:
+                    index, problems = _stream_images(pool, src, jobs, verify, 2 * n_proc, counter, bar)
+                    pending = [] if problems else [pool.apply_async(_assemble_shard, (j, index[i]))
+                                                   for i, j in enumerate(jobs)]
                 while pending:
                     pending[0].wait(0.2)
                     still = []
@@ -433,8 +660,9 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         raise
     finally:
         for j in jobs:
-            if os.path.exists(j.tmp_path):
-                os.unlink(j.tmp_path)
+            for path in (j.tmp_path, _spill_path(j)):
+                if os.path.exists(path):
+                    os.unlink(path)
         if tmp_root is not None:
             tmp_root.cleanup()
     seconds = time.perf_counter() - start
@@ -447,7 +675,7 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         classes=src.classes,
         splits=splits,
-        source={"kind": "kaggle-cls-loc-dir", "path": src.root},
+        source={"kind": "kaggle-cls-loc-dir", "path": src.root} if src.archive is None else src.archive.describe(),
         selection={**src.selection, "train_shards": len(plan["train"]), "val_shards": len(plan["val"]), "verify": verify},
         feature_keys=FEATURE_KEYS,
     )

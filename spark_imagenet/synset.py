@@ -38,6 +38,24 @@ def read_synset_mapping(path: str | os.PathLike) -> tuple[SynsetClass, ...]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise LayoutError(f"{path} is missing (the class list of the Kaggle layout)") from None
+    return parse_synset_mapping(text, str(path))
+
+
+def parse_synset_mapping(text: str, where: str) -> tuple[SynsetClass, ...]:
+    """Parse the text of ``LOC_synset_mapping.txt`` (see :func:`read_synset_mapping`).
+
+    Args:
+        text: the file's text.
+        where: how messages name the file (a path, or a zip and its member).
+
+    Returns:
+        tuple[SynsetClass, ...]: classes in file order, ``id`` = line index.
+
+    Raises:
+        LayoutError: a line is not ``<wnid> <names>``, a wnid repeats, or no
+            class is listed; the message names ``where`` and the line.
+    """
+    path = where
     classes: list[SynsetClass] = []
     seen: dict[str, int] = {}
     lines = text.splitlines()
