@@ -132,6 +132,8 @@ import time
 import uuid
 from pathlib import Path
 
+from pipeline import machine_busy_seconds  # beside this script (benchmarks/)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
@@ -207,18 +209,6 @@ def process_cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU seconds all processes of the machine have spent so far (Linux
-    ``/proc/stat``: every state but idle and iowait), or None elsewhere."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 class Fetched:

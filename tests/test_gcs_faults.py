@@ -132,28 +132,37 @@ def test_lost_response_of_the_manifest_commit_is_not_a_conflict(dataset, gcs_buc
     assert Manifest.load(open_storage(url, endpoint=proxy.url)).dataset_id == manifest.dataset_id
 
 
-def test_401_fails_at_once_naming_the_object_and_the_credentials(dataset, gcs_bucket, proxy, tmp_path, monkeypatch):
-    """401 everywhere: load, fetch_rank and upload raise StorageError: 401, the URL, what to check; no retry."""
-    out, _manifest = dataset
-    url = f"gs://{gcs_bucket}/ds"
-    proxy.add_rule(401, times=None)
-    calls = {
-        f"{url}/{MANIFEST_NAME}": lambda: Manifest.load(open_storage(url, endpoint=proxy.url)),
-        f"{url}/{MANIFEST_NAME} ": lambda: fetch_rank(url, 0, 1, tmp_path / "cache",
-                                                      storage_options={"endpoint": proxy.url}),
-        url: lambda: upload(out, url, log=lambda m: None),
-    }
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+def each_fails_at_once(proxy, calls):
+    """Run each call (keyed by the URL its message must name; a trailing space keeps keys distinct);
+    check it raised StorageError without retrying; yield (URL, message)."""
     for where, call in calls.items():
         proxy.seen.clear()
         started = time.monotonic()
         with pytest.raises(StorageError) as err:
             call()
-        message = str(err.value)
-        assert message.startswith(where.strip() + ":"), message
+        assert_failed_at_once(proxy, started)
+        yield where.strip(), str(err.value)
+
+
+def _denied_calls(url, out, proxy, tmp_path):
+    """load, fetch_rank and upload through the proxy, keyed by the URL their messages must start with."""
+    return {
+        f"{url}/{MANIFEST_NAME}": lambda: Manifest.load(open_storage(url, endpoint=proxy.url)),
+        f"{url}/{MANIFEST_NAME} ": lambda: fetch_rank(url, 0, 1, tmp_path / "cache",
+                                                      storage_options={"endpoint": proxy.url}),
+        url: lambda: upload(out, url, log=lambda m: None),
+    }
+
+
+def test_401_fails_at_once_naming_the_object_and_the_credentials(dataset, gcs_bucket, proxy, tmp_path, monkeypatch):
+    """401 everywhere: load, fetch_rank and upload raise StorageError: 401, the URL, what to check; no retry."""
+    url = f"gs://{gcs_bucket}/ds"
+    proxy.add_rule(401, times=None)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    for where, message in each_fails_at_once(proxy, _denied_calls(url, dataset[0], proxy, tmp_path)):
+        assert message.startswith(where + ":"), message
         assert "401" in message and "credentials" in message
         assert "STORAGE_EMULATOR_HOST" in message  # anonymous credentials: what to check
-        assert_failed_at_once(proxy, started)
 
 
 def test_401_with_refreshable_credentials_refreshes_the_token_then_fails(gcs_bucket, proxy):
@@ -182,26 +191,13 @@ def test_401_with_refreshable_credentials_refreshes_the_token_then_fails(gcs_buc
 
 def test_403_fails_at_once_naming_the_object_and_the_role(dataset, gcs_bucket, proxy, tmp_path, monkeypatch):
     """403 everywhere: load, fetch_rank and upload raise StorageError: 403, the URL, the role; no retry."""
-    out, _manifest = dataset
     url = f"gs://{gcs_bucket}/ds"
     proxy.add_rule(403, times=None)
-    calls = {
-        f"{url}/{MANIFEST_NAME}": lambda: Manifest.load(open_storage(url, endpoint=proxy.url)),
-        f"{url}/{MANIFEST_NAME} ": lambda: fetch_rank(url, 0, 1, tmp_path / "cache",
-                                                      storage_options={"endpoint": proxy.url}),
-        url: lambda: upload(out, url, log=lambda m: None),
-    }
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-    for where, call in calls.items():
-        proxy.seen.clear()
-        started = time.monotonic()
-        with pytest.raises(StorageError) as err:
-            call()
-        message = str(err.value)
-        assert message.startswith(where.strip() + ": access denied (403"), message
+    for where, message in each_fails_at_once(proxy, _denied_calls(url, dataset[0], proxy, tmp_path)):
+        assert message.startswith(where + ": access denied (403"), message
         assert f"on bucket gs://{gcs_bucket};" in message
         assert "roles/storage.objectViewer" in message  # every one of these fails on its first read
-        assert_failed_at_once(proxy, started)
 
 
 def test_403_on_writes_names_the_write_role(dataset, gcs_bucket, proxy, monkeypatch):
