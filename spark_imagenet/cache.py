@@ -40,7 +40,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .errors import AccessError, ConfigError, StorageError
+from .errors import AccessError, ConfigError, IntegrityError, StorageError
 from .manifest import ShardInfo
 from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file
 
@@ -55,17 +55,36 @@ LOCK_SUFFIX = ".lock"
 
 
 def default_cache_dir() -> Path:
-    """Where shards are cached when no folder is given.
+    """Where shards are cached when no folder is given: a folder that
+    outlives the Spark application, so the next job on the host reuses it.
+
+    Inside a Spark task, ``SPARK_LOCAL_DIRS`` names the application's own
+    scratch folders (``<spark.local.dir>/blockmgr-<uuid>`` standalone and
+    local; ``.../usercache/<user>/appcache/<application>/...`` on YARN),
+    which Spark or YARN deletes when the application ends. The cache goes
+    beside them instead: in the folder holding ``blockmgr-*``/``spark-*``
+    (the node's configured local dir), or on YARN in the user's
+    ``usercache/<user>`` folder above ``appcache``. Kubernetes executors
+    usually get an ``emptyDir`` that dies with the pod: give ``--cache`` a
+    hostPath or persistent volume there.
 
     Returns:
-        Path: ``<first entry of SPARK_LOCAL_DIRS>/spark-imagenet-cache`` when
-        ``SPARK_LOCAL_DIRS`` is set (Spark sets it in executors of standalone,
-        YARN and Kubernetes clusters to the node's scratch disks), else
-        ``<tempfile.gettempdir()>/spark-imagenet-cache``.
+        Path: ``<that folder>/spark-imagenet-cache``; outside Spark
+        (``SPARK_LOCAL_DIRS`` unset): ``<tempfile.gettempdir()>/spark-imagenet-cache``
+        (what ``spark-imagenet fetch`` uses by default, the same folder as
+        tasks of a ``local[N]`` job with the default ``spark.local.dir``).
     """
     local_dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
     first = next((d.strip() for d in local_dirs.split(",") if d.strip()), None)
-    return Path(first or tempfile.gettempdir()) / CACHE_FOLDER
+    if not first:
+        return Path(tempfile.gettempdir()) / CACHE_FOLDER
+    path = Path(first)
+    parts = path.parts
+    if "appcache" in parts:  # YARN: <nm-local-dir>/usercache/<user>/appcache/<app>/...
+        return Path(*parts[:parts.index("appcache")]) / CACHE_FOLDER
+    while path.name.startswith(("blockmgr-", "spark-")) and path.parent != path:
+        path = path.parent
+    return path / CACHE_FOLDER
 
 
 def dataset_cache_dir(cache_dir: str | os.PathLike | None, dataset_id: str | None, storage: Storage) -> Path:
@@ -192,6 +211,16 @@ def _download_group(storage: Storage, todo: list[tuple[ShardInfo, Path]], transf
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
             raise denied
+        fatal = [(shard, e) for (shard, _p), e in zip(todo, errors)
+                 if e is not None and not isinstance(e, IntegrityError)]
+        if fatal:  # the client already retried these with backoff: another round would only repeat that
+            for tmp in tmps:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+            raise StorageError(
+                f"{len(fatal)} shard(s) could not be fetched from {storage.url}: "
+                + "; ".join(str(e) for _s, e in fatal[:5]) + (f"; ... and {len(fatal) - 5} more" if len(fatal) > 5 else "")
+            )
         failed = []
         for (shard, path), tmp, err in zip(todo, tmps, errors):
             why = None
@@ -279,17 +308,24 @@ def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.Pat
     ordered = sorted(paths.values(), key=lambda sp: str(sp[1]))
     for i in range(0, len(ordered), LOCK_GROUP):
         group = ordered[i:i + LOCK_GROUP]
-        with contextlib.ExitStack() as locks:
-            for _shard, path in group:
-                locks.enter_context(_locked(path))
-            todo = []
-            for shard, path in group:
-                if _cached_ok(path, shard):
-                    result.reused += 1
-                else:
-                    _remove_stale(path)
-                    todo.append((shard, path))
-            _download_group(storage, todo, transfers, result, log)
+        try:
+            with contextlib.ExitStack() as locks:
+                for _shard, path in group:
+                    locks.enter_context(_locked(path))
+                todo = []
+                for shard, path in group:
+                    if _cached_ok(path, shard):
+                        result.reused += 1
+                    else:
+                        _remove_stale(path)
+                        todo.append((shard, path))
+                _download_group(storage, todo, transfers, result, log)
+        except OSError as e:  # lock files, markers, stale copies: the cache folder itself
+            raise StorageError(
+                f"cannot use the cache folder {base} ({e.strerror or e}"
+                f"{': ' + str(e.filename) if e.filename else ''}); make it writable by this user, "
+                "or choose another --cache"
+            ) from None
     result.seconds = time.monotonic() - start
     return result
 

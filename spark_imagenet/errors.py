@@ -42,6 +42,11 @@ class AccessError(StorageError):
     are missing, rejected (401) or lack a permission (403)."""
 
 
+class IntegrityError(StorageError):
+    """Bytes transferred do not match a checksum (the store's own or the
+    manifest's): the one storage failure worth one more transfer."""
+
+
 class PreconditionFailed(StorageError):
     """A create-only or compare-and-swap write lost: the object already
     exists, or changed since it was read (another writer got there first)."""

@@ -250,14 +250,16 @@ class Manifest:
         """
         where = f"{storage.url.rstrip('/')}/{MANIFEST_NAME}"
         if not storage.exists(MANIFEST_NAME):
+            hint = (f" Give the dataset's folder ({storage.url.rstrip('/')[:-len(MANIFEST_NAME) - 1]}), not its "
+                    f"{MANIFEST_NAME}." if storage.url.rstrip("/").endswith("/" + MANIFEST_NAME) else "")
             raise ManifestError(
                 f"{where} does not exist: this is not a sharded dataset (or its build was interrupted). "
-                "Build it with `spark-imagenet shard SOURCE --out URL`."
+                f"Build it with `spark-imagenet shard SOURCE --out URL`.{hint}"
             )
         try:
             text = storage.read_bytes(MANIFEST_NAME)
         except SparkImagenetError as e:
-            raise ManifestError(f"{where}: {e}") from e
+            raise ManifestError(str(e) if str(e).startswith(where) else f"{where}: {e}") from e
         return cls.loads(text, where)
 
     def save(self, storage: Storage) -> None:

@@ -615,7 +615,15 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
                     still = []
                     for r in pending:
                         if r.ready():
-                            info, bad = r.get()
+                            try:
+                                info, bad = r.get()
+                            except OSError as e:  # raised in a worker: the staging disk, mostly
+                                raise StorageError(
+                                    f"cannot write shards to {staging} ({e.strerror or e}"
+                                    f"{': ' + e.filename if getattr(e, 'filename', None) else ''}). Free space "
+                                    "there" + (", or point TMPDIR at a larger disk" if tmp_root is not None else
+                                               ", or choose another --out") + ", and run again"
+                                ) from None
                             problems += bad
                             if info is not None:
                                 results[info.name] = info
@@ -625,6 +633,9 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
                         else:
                             still.append(r)
                     pending = still
+                    broken = next((f.exception() for f in uploads.values() if f.done() and f.exception()), None)
+                    if broken is not None:  # stop at the first failed upload (the client already retried)
+                        raise broken
                     if bar is not None:
                         bar.update(counter.value - bar.n)
             finally:
@@ -656,7 +667,7 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
             for name in uploads:  # uploaded but never committed: remove again
                 if name not in keep:
                     with contextlib.suppress(StorageError):
-                        storage.delete(name)
+                        storage.delete(name, best_effort=True)
         raise
     finally:
         for j in jobs:
@@ -682,8 +693,10 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
     if dest.committed is not None and dest.committed.splits == manifest.splits:
         manifest = dest.committed  # this dataset was committed before; its lost shards are back now
     else:
+        ours = manifest
         manifest = commit_manifest(storage, manifest, dest.generation, log=log)
-    remove_replaced(storage, manifest)  # shards of a dataset this build replaced (--overwrite)
+        if manifest is ours:  # this run committed: the shards of what it replaced (--overwrite) go
+            remove_replaced(storage, manifest, dest.objects)
     log(
         f"wrote {total} images ({sum(s.bytes for s in splits.values()) / 1e6:.1f} MB) in {seconds:.1f} s "
         f"({total / max(seconds, 1e-9):.0f} images/s) to {storage.url}"

@@ -33,8 +33,11 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
+import logging
 import os
 import shutil
+import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,7 +45,7 @@ from urllib.parse import unquote, urlparse
 
 import google_crc32c
 
-from .errors import AccessError, PreconditionFailed, StorageError
+from .errors import AccessError, IntegrityError, PreconditionFailed, StorageError
 
 #: Read size for checksumming and copying files, in bytes (8 MiB).
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -268,8 +271,17 @@ class Storage(abc.ABC):
         """
 
     @abc.abstractmethod
-    def delete(self, name: str) -> None:
-        """Delete object ``name``; no error when it does not exist."""
+    def delete(self, name: str, *, best_effort: bool = False) -> None:
+        """Delete object ``name``; no error when it does not exist.
+
+        Args:
+            name: the object.
+            best_effort: one short try, no retries (clean-up after another
+                failure, which is the message that matters).
+
+        Raises:
+            StorageError: the object exists and cannot be deleted.
+        """
 
     def staging_dir(self) -> Path | None:
         """A local folder on the same filesystem as the objects, where files
@@ -431,7 +443,7 @@ class LocalStorage(Storage):
                     out.append(ObjectInfo(p.relative_to(self.root).as_posix(), st.st_size, None, st.st_mtime_ns))
         return sorted(out, key=lambda o: o.name)
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, *, best_effort: bool = False) -> None:
         try:
             self._path(name).unlink()
         except FileNotFoundError:
@@ -483,6 +495,8 @@ class GCSStorage(Storage):
             Application Default Credentials.
         project: the billing/quota project (None: the credentials' own).
         page_size: objects per listing request (GCS's maximum is 1000).
+        retry_seconds: how long one call keeps retrying transient errors,
+            in seconds (default 120, the library's own default).
         client: an existing ``google.cloud.storage.Client`` to use instead.
 
     Raises:
@@ -491,7 +505,7 @@ class GCSStorage(Storage):
     """
 
     def __init__(self, url: str, *, endpoint: str | None = None, project: str | None = None,
-                 page_size: int = 1000, client: Any = None):
+                 page_size: int = 1000, retry_seconds: float = 120.0, client: Any = None):
         parsed = urlparse(url)
         self.bucket_name = parsed.netloc
         if not self.bucket_name:
@@ -503,6 +517,7 @@ class GCSStorage(Storage):
             self.endpoint = "http://" + self.endpoint
         self.project = project
         self.page_size = page_size
+        self._retry_seconds = float(retry_seconds)
         self._client = client
         self._bucket = None
         self._bucket_ok = False
@@ -557,10 +572,11 @@ class GCSStorage(Storage):
         try:
             self.bucket.reload(timeout=60)
         except gexc.NotFound:
+            at = f" at the endpoint {self.endpoint} (from STORAGE_EMULATOR_HOST or endpoint=)" if self.endpoint else ""
             raise AccessError(
-                f"bucket gs://{self.bucket_name} does not exist (or the project is wrong). Check the name in "
-                f"{self.url}, or create it in the region of your Spark workers: "
-                f"`gcloud storage buckets create gs://{self.bucket_name} --location=REGION`"
+                f"bucket gs://{self.bucket_name} does not exist{at} (or the project is wrong). Check the name in "
+                f"{self.url}" + (", and the endpoint" if self.endpoint else "") + ", or create it in the region of "
+                f"your Spark workers: `gcloud storage buckets create gs://{self.bucket_name} --location=REGION`"
             ) from None
         except gexc.Forbidden:
             pass  # object-level access without storage.buckets.get: cannot tell, assume it exists
@@ -615,15 +631,24 @@ class GCSStorage(Storage):
         from google.cloud.storage.exceptions import DataCorruption
 
         if isinstance(e, DataCorruption):
-            return StorageError(f"{what}: the downloaded bytes do not match the object's checksum "
-                                "(corrupt object or transfer)")
+            return IntegrityError(f"{what}: the downloaded bytes do not match the object's checksum "
+                                  "(corrupt object or transfer)")
+        if isinstance(e, gexc.RetryError):  # the retry deadline passed: say what kept failing
+            cause = e.cause if e.cause is not None else e
+            if cause is not e:
+                inner = self._error(cause, what, action)
+                return type(inner)(f"{inner} (still failing after retrying with backoff for "
+                                   f"{self._retry_seconds:.0f} s)")
         if isinstance(e, gexc.GoogleAPICallError):
             return StorageError(f"{what}: {action} failed after retries ({type(e).__name__}: {detail})")
         import requests
 
         if isinstance(e, requests.exceptions.RequestException):
-            return StorageError(f"{what}: cannot reach {self.endpoint or 'storage.googleapis.com'} after retries "
-                                f"({type(e).__name__}: {detail}); check the network or STORAGE_EMULATOR_HOST")
+            where = (f"the endpoint {self.endpoint} (from STORAGE_EMULATOR_HOST or endpoint=); check that it "
+                     "is running and its scheme (http/https) and port" if self.endpoint else
+                     "storage.googleapis.com; check the network, proxy settings and DNS")
+            kind = "connection refused" if "refused" in detail.lower() else type(e).__name__
+            return StorageError(f"{what}: cannot reach {where} ({kind}: {detail[:200]})")
         if isinstance(e, OSError):
             return StorageError(f"{what}: local file error during {action}: {e}")
         return StorageError(f"{what}: {action} failed ({type(e).__name__}: {detail})")
@@ -632,7 +657,7 @@ class GCSStorage(Storage):
     def _retry(self):
         from google.cloud.storage.retry import DEFAULT_RETRY
 
-        return DEFAULT_RETRY
+        return DEFAULT_RETRY if self._retry_seconds == 120.0 else DEFAULT_RETRY.with_timeout(self._retry_seconds)
 
     # -- Storage interface ----------------------------------------------------
 
@@ -709,11 +734,14 @@ class GCSStorage(Storage):
             raise self._error(e, self.url, "list") from None
         return sorted(out, key=lambda o: o.name)
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, *, best_effort: bool = False) -> None:
         from google.api_core import exceptions as gexc
 
         try:
-            self.bucket.blob(self._key(name)).delete(retry=self._retry, timeout=60)
+            if best_effort:
+                self.bucket.blob(self._key(name)).delete(retry=None, timeout=10)
+            else:
+                self.bucket.blob(self._key(name)).delete(retry=self._retry, timeout=60)
         except gexc.NotFound:
             pass
         except Exception as e:  # noqa: BLE001
@@ -721,6 +749,45 @@ class GCSStorage(Storage):
 
     def reopen_options(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "project": self.project}
+
+
+class _RetryReporter(logging.Handler):
+    """Prints google-api-core's "Retrying due to ..." debug records as one
+    short line, at most once per ``every`` seconds."""
+
+    def __init__(self, stream, every: float):
+        super().__init__(logging.DEBUG)
+        self.stream, self.every, self.last = stream, every, float("-inf")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        text = record.getMessage().replace("Retrying due to ", "")
+        why = text.split(", sleeping")[0][:200]
+        print(f"storage: transient error ({why}); retrying with backoff, for up to 120 s per call",
+              file=self.stream, flush=True)
+
+
+def report_retries(stream=None, every: float = 10.0) -> None:
+    """Make the storage client's retries visible: while google-cloud-storage
+    retries a transient error (429, 5xx, a refused or reset connection) with
+    backoff, print one line about it to ``stream`` every ``every`` seconds at
+    most, instead of waiting silently for up to 120 s. The command line calls
+    this; library users may, or configure the ``google.api_core.retry``
+    logger themselves. Calling it twice installs one reporter.
+
+    Args:
+        stream: where to print (default ``sys.stderr``).
+        every: least interval between two lines, in seconds.
+    """
+    logger = logging.getLogger("google.api_core.retry")
+    if any(isinstance(h, _RetryReporter) for h in logger.handlers):
+        return
+    logger.addHandler(_RetryReporter(stream or sys.stderr, every))
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
 
 
 def open_storage(url: str | os.PathLike, **options: Any) -> Storage:
@@ -751,5 +818,7 @@ def open_storage(url: str | os.PathLike, **options: Any) -> Storage:
             raise StorageError(f"file:// URL with a host is not supported: {text!r}; use file:///absolute/path")
         return LocalStorage(unquote(parsed.path))
     if scheme == "gs":
+        if parsed.query or parsed.fragment or "?" in text or "#" in text:
+            raise StorageError(f"{text}: '?' and '#' are not allowed in a gs:// URL; write gs://BUCKET/PREFIX")
         return GCSStorage(text, **{k: v for k, v in options.items() if v is not None})
     raise StorageError(f"{text}: unknown URL scheme {scheme!r}; use a local path, file:// URL or gs://bucket/prefix")

@@ -27,6 +27,7 @@ build.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -35,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import AccessError, ConfigError, ManifestError, PreconditionFailed, StorageError
+from .errors import AccessError, ConfigError, IntegrityError, ManifestError, PreconditionFailed, StorageError
 from .manifest import MANIFEST_NAME, Manifest, ShardInfo
 from .storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage
 
@@ -225,6 +226,15 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
         denied = next((e for e in errors if isinstance(e, AccessError)), None)
         if denied is not None:  # a missing bucket, 401 or 403: retrying cannot help
             raise denied
+        fatal = [(s, e) for (_p, s), e in zip(todo, errors) if e is not None and not isinstance(e, IntegrityError)]
+        if fatal:  # the client already retried these with backoff: another round would only repeat that
+            for s, _e in fatal:
+                with contextlib.suppress(StorageError):
+                    storage.delete(s.name, best_effort=True)
+            raise StorageError(
+                f"{len(fatal)} shard(s) could not be uploaded to {storage.url}; nothing was committed: "
+                + "; ".join(str(e) for _s, e in fatal[:5]) + (f"; ... and {len(fatal) - 5} more" if len(fatal) > 5 else "")
+            )
         failed = []
         for (path, shard), err in zip(todo, errors):
             try:
@@ -249,10 +259,8 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
     stats.seconds += time.monotonic() - start
     if todo:
         for _path, shard in todo:
-            try:
-                storage.delete(shard.name)
-            except StorageError:
-                pass  # the upload failure below is the message that matters
+            with contextlib.suppress(StorageError):  # the upload failure below is the message that matters
+                storage.delete(shard.name, best_effort=True)
         raise StorageError(
             f"{len(todo)} shard(s) could not be uploaded intact to {storage.url}: "
             + "; ".join(f"{s.name} ({', '.join(problems[s.name])})" for _p, s in todo)
@@ -312,18 +320,26 @@ def commit_manifest(storage: Storage, manifest: Manifest, generation: int, *,
     )
 
 
-def remove_replaced(storage: Storage, manifest: Manifest) -> int:
-    """Delete shard objects the committed ``manifest`` does not use (those of
-    a dataset it replaced, or left by an interrupted build).
+def remove_replaced(storage: Storage, manifest: Manifest, before: dict[str, ObjectInfo]) -> int:
+    """After this run committed ``manifest``: delete the shard objects that
+    were already there when it started (``before``, from
+    :func:`check_destination`) and that ``manifest`` does not use: those of
+    the dataset it replaced, or left by an interrupted build.
+
+    Objects that appeared while this run was working are left alone: they
+    belong to a concurrent writer, whose own commit will now fail its
+    precondition and remove them. Call this only after a commit of this run
+    (never when the dataset was already committed), so a repair never
+    deletes another run's work.
 
     Returns:
         int: objects deleted.
     """
     current = {s.name for split in manifest.splits.values() for s in split.shards}
     gone = 0
-    for o in storage.list():
-        if (SHARD_NAME_RE.match(o.name) and o.name not in current) or PARTIAL_RE.match(o.name):
-            storage.delete(o.name)
+    for name in before:
+        if (SHARD_NAME_RE.match(name) and name not in current) or PARTIAL_RE.match(name):
+            storage.delete(name)
             gone += 1
     return gone
 
@@ -395,12 +411,13 @@ def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int
     publish(dst, [(Path(src.root, s.name), s) for s in shards], present=dest_state.objects,
             transfers=transfers, stats=stats, log=log)
     start = time.monotonic()
-    if dest_state.committed is not None:  # the same dataset was there, some shards lost: they are back now
-        committed = dest_state.committed
-    else:
+    removed = 0
+    if dest_state.committed is None:
         committed = commit_manifest(dst, manifest, dest_state.generation, log=log)
         stats.manifest_written = committed is manifest
-    removed = remove_replaced(dst, committed)
+        if stats.manifest_written:
+            removed = remove_replaced(dst, committed, dest_state.objects)
+    # else: the same dataset was committed, some shards lost: they are back now; delete nothing
     stats.seconds += time.monotonic() - start
     log(f"uploaded {stats.uploaded} shard(s) ({stats.bytes_uploaded / 1e6:.1f} MB, {stats.mb_per_sec:.1f} MB/s), "
         f"skipped {stats.skipped} already there" + (f", removed {removed} replaced" if removed else "")

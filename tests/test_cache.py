@@ -195,3 +195,28 @@ def test_default_cache_dir_follows_spark_local_dirs(monkeypatch, tmp_path):
     assert default_cache_dir() == tmp_path / "a" / "spark-imagenet-cache"
     monkeypatch.delenv("SPARK_LOCAL_DIRS")
     assert default_cache_dir() == Path(tempfile.gettempdir()) / "spark-imagenet-cache"
+
+
+def test_default_cache_dir_outlives_the_spark_application(monkeypatch, tmp_path):
+    """Spark's per-application folders (blockmgr-*, YARN appcache) are deleted with the application: the
+    cache goes beside them."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path}/local/blockmgr-1234,{tmp_path}/other")
+    assert default_cache_dir() == tmp_path / "local" / "spark-imagenet-cache"
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path}/nm/usercache/ann/appcache/application_1_2/blockmgr-9")
+    assert default_cache_dir() == tmp_path / "nm" / "usercache" / "ann" / "spark-imagenet-cache"
+
+
+def test_default_cache_dir_in_a_real_spark_task_is_not_the_application_folder(spark):
+    """In a task of a real local Spark, SPARK_LOCAL_DIRS is the application's blockmgr folder; the default
+    cache is beside it, not inside it."""
+    import os
+
+    def probe(_):
+        from spark_imagenet.cache import default_cache_dir
+
+        return os.environ.get("SPARK_LOCAL_DIRS", ""), str(default_cache_dir())
+
+    local_dirs, cache = spark.sparkContext.parallelize([0], 1).map(probe).collect()[0]
+    app_dir = Path(local_dirs.split(",")[0])
+    assert app_dir.name.startswith("blockmgr-"), local_dirs
+    assert Path(cache) == app_dir.parent / "spark-imagenet-cache"

@@ -378,3 +378,54 @@ def test_failed_build_to_gs_leaves_the_prefix_empty(tree, gcs_bucket, tmp_path):
     with pytest.raises(ImageError, match=victim.name):
         shard(src, url, train_shards=8, val_shards=2, processes=1, progress=False, log=lambda m: None)
     assert open_storage(url).list() == []
+
+
+def test_repair_never_deletes_a_concurrent_overwrite(tree, local_ds, gcs_bucket, tmp_path):
+    """A repair upload of dataset X (one shard lost) while an --overwrite build of Y is uploading: the repair
+    deletes nothing of Y; Y then commits and removes X's shards; Y is complete."""
+    local, mx = local_ds
+    url = f"gs://{gcs_bucket}/race"
+    storage = open_storage(url)
+    upload(local, url, log=lambda m: None)
+    storage.delete(mx.splits["train"].shards[3].name)
+    my = shard(tree, tmp_path / "y", train_shards=2, val_shards=2, progress=False, log=lambda m: None)
+    dy = check_destination(storage, my.dataset_id, overwrite=True)
+    publish(storage, [(tmp_path / "y" / s.name, s) for s in _shards(my)], present=dy.objects)
+    repair = upload(local, url, log=lambda m: None)  # the repair runs while Y is not committed yet
+    assert (repair.uploaded, repair.manifest_written) == (1, False)
+    names = {o.name for o in storage.list()}
+    assert {s.name for s in _shards(my)} <= names  # Y's shards untouched
+    assert commit_manifest(storage, my, dy.generation) is my
+    from spark_imagenet.transfer import remove_replaced
+
+    assert remove_replaced(storage, my, dy.objects) == len(_shards(mx)) - 1  # X's shards seen before Y began
+    # The shard the repair re-uploaded after Y began is left (unreferenced, never read); a later --overwrite
+    # of this prefix removes it.
+    assert sorted(o.name for o in storage.list()) == sorted(
+        [MANIFEST_NAME, mx.splits["train"].shards[3].name] + [s.name for s in _shards(my)])
+    assert Manifest.load(storage) == my
+
+
+def test_url_mistakes_are_named(local_ds, gcs_bucket):
+    """'?'/'#' in a gs:// URL are refused (not silently dropped); a URL naming the manifest itself gets a hint."""
+    for bad in (f"gs://{gcs_bucket}/a?v=2", f"gs://{gcs_bucket}/a#b"):
+        with pytest.raises(StorageError, match=r"'\?' and '#' are not allowed"):
+            open_storage(bad)
+    url = f"gs://{gcs_bucket}/ds"
+    upload(local_ds[0], url, log=lambda m: None)
+    with pytest.raises(ManifestError, match=rf"Give the dataset's folder \({url}\), not its manifest.json"):
+        Manifest.load(open_storage(f"{url}/manifest.json"))
+
+
+def test_dead_endpoint_is_named_after_the_client_gives_up():
+    """A refused connection is retried by the client, then reported naming the endpoint and where it came from
+    (deadline shortened for the test: the library default is 120 s)."""
+    from gcs_emulator import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    storage = GCSStorage("gs://bkt/ds", endpoint=endpoint, retry_seconds=2)
+    with pytest.raises(StorageError) as err:
+        Manifest.load(storage)
+    msg = str(err.value)
+    assert f"cannot reach the endpoint {endpoint} (from STORAGE_EMULATOR_HOST or endpoint=)" in msg, msg
+    assert "connection refused" in msg and "still failing after retrying with backoff for 2 s" in msg, msg
