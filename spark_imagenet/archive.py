@@ -41,17 +41,25 @@ then reads them (:mod:`spark_imagenet.shard`):
   images/s of the folder or the current form, listing pass included.
 
 :func:`extract` unpacks either form into a folder (the nested tar.gz too,
-streaming), refusing unsafe member names and checking free space first.
+streaming). Before it writes anything it refuses unsafe member names, every
+link (the Kaggle archive has none), special files and duplicate names, files
+already there that differ from their member and that it did not write, and a
+lack of free space or inodes; while it writes, a marker in the folder makes
+``shard`` refuse it as an interrupted extract. ``shard`` refuses link members
+of a zip too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gzip
 import io
+import json
 import os
 import posixpath
 import re
-import shutil
+import shlex
 import stat
 import struct
 import sys
@@ -61,9 +69,11 @@ import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, NamedTuple
 
+from .download import PARTIAL_SUFFIX, human_size
 from .errors import ArchiveError, ConfigError
 from .layout import (
     DATA_REL,
+    EXTRACT_MARKER,
     MAPPING,
     VAL_CSV,
     ImageFile,
@@ -100,10 +110,13 @@ def is_zip_source(path: str | os.PathLike) -> bool:
 
     Returns:
         bool: True for a file named ``*.zip`` (even a truncated one, so that it
-        gets the zip's error message) or any file that is a zip archive.
+        gets the zip's error message), any file that is a zip archive, and a
+        ``*.zip`` path that does not exist (so that the message says so).
     """
     p = Path(path).expanduser()
-    return p.is_file() and (p.suffix.lower() == ".zip" or zipfile.is_zipfile(p))
+    if p.is_file():
+        return p.suffix.lower() == ".zip" or zipfile.is_zipfile(p)
+    return p.suffix.lower() == ".zip" and not p.exists()
 
 
 def open_zip(path: str | os.PathLike) -> zipfile.ZipFile:
@@ -122,12 +135,22 @@ def open_zip(path: str | os.PathLike) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(path)
     except FileNotFoundError:
-        raise ArchiveError(f"{path} does not exist") from None
+        raise ArchiveError(
+            f"{path} does not exist: give the downloaded Kaggle zip (spark-imagenet download --dest DIR fetches "
+            "it) or the folder it was extracted to"
+        ) from None
     except zipfile.BadZipFile as e:
         size = os.path.getsize(path)
+        marker = f"{path}{PARTIAL_SUFFIX}"
+        if os.path.exists(marker):
+            fix = (f"Its download is not finished ({marker} is there): run spark-imagenet download again with the "
+                   f"same --dest ({os.path.dirname(os.path.abspath(path))}); it resumes where it stopped.")
+        else:
+            fix = ("Delete it and run spark-imagenet download again (a rerun of download also finds a truncated "
+                   "zip by itself and downloads it again from the start).")
         raise ArchiveError(
-            f"{path} is not a complete zip archive ({e}; {size} bytes): the download is truncated or damaged. "
-            "Download it again (spark-imagenet download resumes an interrupted download)."
+            f"{path} is not a complete zip archive ({e}; {human_size(size)}, {size} bytes): the file is "
+            f"truncated or damaged. {fix}"
         ) from None
     except OSError as e:
         raise ArchiveError(f"{path} cannot be read ({e.strerror or e})") from None
@@ -612,7 +635,8 @@ def read_zip_layout(
 
     Raises:
         ArchiveError: the zip is truncated, damaged, not a Kaggle archive
-            (what is missing is listed), or holds a member twice.
+            (what is missing is listed), holds an image member twice, or holds
+            any symbolic or hard link (the Kaggle archive has none; all listed).
         LayoutError: the tree inside is inconsistent (as for a folder; each
             problem names the zip and the member).
         ConfigError: a bad ``--classes``/``--class-list``/``--per-class``.
@@ -623,6 +647,10 @@ def read_zip_layout(
         kz = inspect_zip(zf, path)
         source = ZipSource(path, kz.form, kz.prefix, kz.tar_member)
         index = _Index()
+        links = [f"{info.orig_filename}: {_link_text('symbolic', _zip_link_target(zf, info))}"
+                 for info in zf.infolist() if _is_zip_symlink(info)]
+        if links:
+            raise _links_refused(path, links)
         if kz.form == FORM_ROOT:
             base = kz.prefix
             for info in zf.infolist():
@@ -646,6 +674,9 @@ def read_zip_layout(
                     "are read in pass 2)")
             tar_prefix = None
             for ti, _tf in source.members(progress=progress, desc="list"):
+                if ti.issym() or ti.islnk():
+                    links.append(f"{ti.name}: {_link_text('symbolic' if ti.issym() else 'hard', ti.linkname)}")
+                    continue
                 m = _TREE_RE.match(ti.name)
                 if m is None or not (ti.isfile() or ti.isdir()):
                     continue
@@ -661,6 +692,8 @@ def read_zip_layout(
                     index.add_dir(rel)
                 else:
                     index.add_file(rel, ti.name, ti.size)
+            if links:
+                raise _links_refused(f"{path} member {kz.tar_member}", links)
             source.tar_prefix = tar_prefix or ""
             missing = [f"{DATA_REL}/{k}/" for k in ("train", "val") if k not in index.subfolders.get(DATA_REL, ())]
             if missing:
@@ -679,13 +712,60 @@ def read_zip_layout(
         zf.close()
 
 
+def _is_zip_symlink(info: zipfile.ZipInfo) -> bool:
+    """Whether a zip member is a symbolic link (Unix mode in the high 16 bits of its external attributes)."""
+    return stat.S_ISLNK(info.external_attr >> 16)
+
+
+def _zip_link_target(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> str:
+    """A zip symlink's target (the member's data), for messages."""
+    if info.file_size > 4096:
+        return f"<{info.file_size} bytes>"
+    try:
+        return zf.read(info).decode("utf-8", "replace")
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError) as e:
+        return f"<unreadable: {e}>"
+
+
+def _link_text(kind: str, target: str) -> str:
+    """How a refusal names a link member: its kind, its target and what is wrong with the target."""
+    t = target.replace("\\", "/")
+    if t.startswith("/") or re.match(r"^[A-Za-z]:", t):
+        return f"a {kind} link to {target}: the link target is an absolute path"
+    if ".." in t.split("/"):
+        return f"a {kind} link to {target}: the link target has a '..' component"
+    return f"a {kind} link to {target}"
+
+
+def _links_refused(where: str, links: list[str]) -> ArchiveError:
+    return ArchiveError(
+        f"{where} holds {len(links)} link member(s) (symbolic or hard links); the Kaggle archive has none, so "
+        f"this is not a genuine Kaggle download and is refused:{_listing(links)}\n"
+        "Download the archive again from Kaggle (spark-imagenet download)."
+    )
+
+
 # --------------------------------------------------------------------------------------------- extract
 
 
+#: The list of the files :func:`extract` wrote, kept in its folder (also once it completed): gzip members
+#: of ``<relative name>\n`` lines, appended as it goes (about 5 MB for ImageNet). A rerun rewrites a file
+#: that differs from its member only when it is listed here; any other differing file is someone
+#: else's, refused unless ``overwrite``.
+WRITTEN_LIST = ".spark-imagenet-extract-written.gz"
+#: Free space :func:`extract` keeps in reserve beyond the files' bytes and one block per file and folder.
+SPACE_MARGIN = 64 * 2**20
+#: Names :func:`extract` keeps for itself, refused as member names.
+_OWN_NAMES = frozenset({EXTRACT_MARKER, WRITTEN_LIST})
+_CHUNK = 1 << 20
+
+
 def _unsafe(name: str) -> str | None:
-    """Why a member name could land outside the destination, or None if it cannot."""
+    """Why a member name could land outside the destination (or cannot be listed), or None."""
     if "\x00" in name:
         return "a NUL byte in the name"
+    if "\n" in name or "\r" in name:
+        return "a line break in the name"
     n = name.replace("\\", "/")
     if n.startswith("/") or re.match(r"^[A-Za-z]:", n):
         return "an absolute path"
@@ -698,29 +778,130 @@ def _clean(name: str) -> str:
     return "/".join(p for p in name.replace("\\", "/").split("/") if p not in ("", "."))
 
 
-def _link_problem(link_rel: str, target: str, *, hard: bool) -> str | None:
-    """Why a link at ``link_rel`` (relative to the destination) pointing at
-    ``target`` would escape the destination, or None."""
-    if not target:
-        return "a link with an empty target"
-    t = target.replace("\\", "/")
-    if t.startswith("/") or re.match(r"^[A-Za-z]:", t):
-        return f"a {'hard' if hard else 'symbolic'} link to the absolute path {target}"
-    joined = posixpath.normpath(t if hard else posixpath.join(posixpath.dirname(link_rel), t))
-    if joined == ".." or joined.startswith("../"):
-        return f"a {'hard' if hard else 'symbolic'} link to {target}, outside the destination"
-    return None
-
-
 @dataclasses.dataclass
 class _Item:
-    """One thing :func:`extract` writes: a folder, a file, or a link."""
+    """One thing :func:`extract` writes: a folder or a file."""
 
     rel: str  # relative to the destination
-    kind: str  # "dir", "file", "symlink", "hardlink"
+    kind: str  # "dir" or "file"
     size: int = 0
-    target: str = ""  # link target (hard links: relative to the destination)
-    member: str = ""  # the zip member's name (zip-level files)
+    crc: int = 0  # CRC-32 of the member's bytes (the zip's, or computed in pass 1 for the nested tar)
+    info: zipfile.ZipInfo | None = None  # the zip member (zip-level files); None for the nested tar's
+    action: str = "write"  # files: "write" (absent), "rewrite" (differs), "keep" (same bytes already there)
+
+
+class _Members:
+    """The members :func:`extract` writes, and those it refuses (links, unsafe names, special files,
+    duplicates), listed together before anything is written."""
+
+    def __init__(self) -> None:
+        self.items: list[_Item] = []
+        self.refused: list[str] = []
+        self.kinds: set[str] = set()
+        self._seen: dict[str, str] = {}
+
+    def refuse(self, kind: str, name: str, why: str) -> None:
+        self.refused.append(f"{name}: {why}")
+        self.kinds.add(kind)
+
+    def add(self, name: str, kind: str, *, base: str = "", size: int = 0, crc: int = 0,
+            info: zipfile.ZipInfo | None = None) -> None:
+        """Accept the member ``name`` (of a tar whose folder in the zip is ``base``), or refuse it."""
+        why = _unsafe(name)
+        if why is not None:
+            self.refuse("path", name, why)
+            return
+        rel = _clean(posixpath.join(base, name) if base else name)
+        if not rel:
+            return
+        if rel.rpartition("/")[2] in _OWN_NAMES:
+            self.refuse("own", name, "a name spark-imagenet extract keeps for its own bookkeeping")
+            return
+        seen = self._seen.get(rel)
+        if seen is not None:
+            if seen == kind == "dir":
+                return  # a folder entry given twice changes nothing
+            self.refuse("duplicate", name, f"given twice (as a {'folder' if seen == 'dir' else 'file'}, then as a "
+                        f"{'folder' if kind == 'dir' else 'file'}): which copy is meant?")
+            return
+        self._seen[rel] = kind
+        self.items.append(_Item(rel, kind, size, crc, info))
+
+    def check_folders(self) -> None:
+        """Refuse a file whose name is also the folder of other members."""
+        folders: set[str] = set()
+        for item in self.items:
+            parent = item.rel.rpartition("/")[0]
+            while parent and parent not in folders:
+                folders.add(parent)
+                parent = parent.rpartition("/")[0]
+        for item in self.items:
+            if item.kind == "file" and item.rel in folders:
+                self.refuse("duplicate", item.rel, "a file, and also the folder of other members")
+
+    def error(self, where: str, dest: Path, slip: str) -> ArchiveError:
+        notes = []
+        if "link" in self.kinds:
+            notes.append("The Kaggle archive holds no symbolic or hard links: every link member is refused, "
+                         "wherever it points.")
+        if "path" in self.kinds:
+            notes.append(f"A name that is absolute or has a '..' component would be written outside {dest} "
+                         f"({slip}).")
+        if "special" in self.kinds:
+            notes.append("The Kaggle archive holds only folders and regular files.")
+        if "duplicate" in self.kinds:
+            notes.append("A name given twice is ambiguous (spark-imagenet shard refuses it too).")
+        return ArchiveError(
+            f"{where}: refused to extract {len(self.refused)} member(s); nothing was written:"
+            f"{_listing(self.refused)}\n" + " ".join(notes)
+            + "\nThis is not a genuine Kaggle download: download it again (spark-imagenet download)."
+        )
+
+
+class _WrittenList:
+    """:data:`WRITTEN_LIST` of a folder: read it, and append the files this run writes."""
+
+    FLUSH_EVERY = 1000
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._pending: list[str] = []
+
+    @staticmethod
+    def read(path: Path) -> set[str]:
+        """The names listed (what a run killed while appending left readable, too)."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return set()
+        except OSError as e:
+            raise ConfigError(f"cannot read {path} ({e.strerror or e}), extract's list of the files it wrote; "
+                              "fix its permissions, or delete it and pass overwrite") from None
+        text = bytearray()
+        while data:
+            d = zlib.decompressobj(wbits=31)
+            try:
+                text += d.decompress(data)
+            except zlib.error:
+                break
+            if not d.eof:
+                break  # a member cut short: its lines up to the last complete one are kept below
+            data = d.unused_data
+        lines = bytes(text).decode("utf-8", "replace").split("\n")
+        return set(filter(None, lines[:-1]))  # the last piece is "" or a line cut short
+
+    def add(self, rel: str) -> None:
+        self._pending.append(rel)
+        if len(self._pending) >= self.FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        data = gzip.compress(("\n".join(self._pending) + "\n").encode("utf-8"), mtime=0)
+        with open(self.path, "ab") as f:
+            f.write(data)
+        self._pending.clear()
 
 
 def _free_space_folder(dest: Path) -> Path:
@@ -730,14 +911,94 @@ def _free_space_folder(dest: Path) -> Path:
     return p
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
+def _file_crc(path: Path, bar) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            if bar is not None:
+                bar.update(len(chunk))
+    return crc
+
+
+def _plan(items: list[_Item], dest: Path, overwrite: bool, progress: bool, log: Callable[[str], None]) -> list[str]:
+    """Decide each file's action (keep, write, rewrite); return the conflicts that stop the extract."""
+    conflicts: list[str] = []
+    ours = _Ours(dest / WRITTEN_LIST)
+    same_size: list[_Item] = []
+    for item in items:
+        path = dest / item.rel
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            item.action = "write"
+            continue
+        except NotADirectoryError:
+            conflicts.append(f"{path}: a file is in the way of its folder")
+            continue
+        if item.kind == "dir":
+            if not path.is_dir():
+                conflicts.append(f"{path}: a file is in the way of the archive's folder ({item.rel}/)")
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            conflicts.append(f"{path}: a folder is in the way of the archive's file (overwrite replaces files only)")
+        elif stat.S_ISREG(st.st_mode) and st.st_size == item.size:
+            same_size.append(item)
+        else:
+            what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else
+                    f"{st.st_size} bytes where the archive's member has {item.size}"
+                    if stat.S_ISREG(st.st_mode) else "not a regular file")
+            _differs(item, path, what, ours, overwrite, conflicts)
+    if same_size:
+        log(f"comparing the {len(same_size)} file(s) already in {dest} that have their member's size with the archive "
+            f"(CRC-32, {human_size(sum(i.size for i in same_size))} to read)")
+    bar = _bar(progress and bool(same_size), sum(i.size for i in same_size), "verify")
+    try:
+        for item in same_size:
+            path = dest / item.rel
+            try:
+                crc = _file_crc(path, bar)
+            except OSError as e:
+                _differs(item, path, f"it cannot be read ({e.strerror or e})", ours, overwrite, conflicts)
+                continue
+            if crc == item.crc:
+                item.action = "keep"
+            else:
+                _differs(item, path, f"same size, other bytes (CRC-32 {crc:08x}, the member's {item.crc:08x})",
+                         ours, overwrite, conflicts)
+    finally:
+        if bar is not None:
+            bar.close()
+    return conflicts
+
+
+class _Ours:
+    """Membership in :data:`WRITTEN_LIST`, read on first use (only a differing file needs it)."""
+
+    def __init__(self, path: Path):
+        self._path = path
+        self._names: set[str] | None = None
+
+    def __contains__(self, rel: str) -> bool:
+        if self._names is None:
+            self._names = _WrittenList.read(self._path)
+        return rel in self._names
+
+
+def _differs(item: _Item, path: Path, what: str, ours: _Ours, overwrite: bool, conflicts: list[str]) -> None:
+    """A file already there that is not the member's bytes: rewritten if extract wrote it (or with
+    overwrite), else a conflict."""
+    if overwrite or item.rel in ours:
+        item.action = "rewrite"
+    else:
+        conflicts.append(f"{path}: {what}")
 
 
 def extract(
     zip_path: str | os.PathLike,
     dest: str | os.PathLike,
     *,
+    overwrite: bool = False,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> Path:
@@ -745,18 +1006,34 @@ def extract(
 
     The nested form's tar.gz is unpacked too (streaming), so ``dest`` ends up
     with the unpacked Kaggle layout that ``spark-imagenet shard`` reads.
-    Before anything is written, every member name is checked (no absolute
-    path, no ``..`` component, no link pointing outside ``dest``, no device
-    or FIFO) and the free space of ``dest``'s file system is compared with
-    the bytes to write. The nested form costs two passes over its gzip
-    stream: one to check names and sum sizes, one to unpack. Files are
-    written under a temporary name and renamed when complete; a file already
-    there with the member's size is kept, so a rerun after an interruption
-    writes only what is missing.
+    Before anything is written:
+
+    * every member is checked, and all those refused are listed in one error:
+      a name that is absolute or has a ``..`` component (zip-slip and
+      tar-slip), any symbolic or hard link (the Kaggle archive has none, so
+      none is made, wherever it points), a device or FIFO, a name given twice.
+      The nested form costs two passes over its gzip stream: one to check the
+      names, sum the sizes and compute each file's CRC-32, one to unpack.
+    * each file already in ``dest`` is compared with its member (size, then
+      CRC-32): the same bytes are kept, others are rewritten if a previous
+      run of this function wrote them (:data:`WRITTEN_LIST`); a differing
+      file it did not write is listed and refused unless ``overwrite``.
+    * the free space of ``dest``'s file system is compared with the bytes to
+      write plus one block per file and folder plus :data:`SPACE_MARGIN`, and
+      its free inodes with the files and folders to create.
+
+    Then :data:`~spark_imagenet.layout.EXTRACT_MARKER` is written in
+    ``dest`` (and in the Kaggle root under it), which ``shard`` refuses, and
+    removed only once every member is written; files are written under a
+    temporary name and renamed when complete. So after an interruption
+    (Ctrl-C, a full disk, a damaged member) a rerun keeps the complete files
+    and writes the rest.
 
     Args:
         zip_path: the downloaded ``imagenet-object-localization-challenge.zip``.
         dest: the folder to unpack into (created if needed).
+        overwrite: replace files in ``dest`` that differ from their member
+            although this function did not write them (``--overwrite``).
         progress: show tqdm bars (bytes) on stderr.
         log: where to print one-line status messages (``None``: stderr).
 
@@ -766,182 +1043,261 @@ def extract(
 
     Raises:
         ArchiveError: the zip is truncated or damaged, is not a Kaggle
-            archive, or holds unsafe members (all listed, nothing written).
-        ConfigError: not enough free space (both numbers and the folder are
-            in the message), or ``dest`` is a file.
+            archive, or holds members that are refused (all listed, nothing
+            written).
+        ConfigError: not enough free space or inodes (the numbers needed and
+            free, and the folder, are in the message); ``dest`` is a file;
+            files in ``dest`` differ from their members and were not written
+            by extract (all listed; pass ``overwrite`` to replace them).
         LayoutError: the unpacked tree is not in the Kaggle layout.
+        KeyboardInterrupt: passed on after a line saying that a rerun finishes
+            the extract.
     """
     if log is None:
         def log(msg: str) -> None:
             print(msg, file=sys.stderr, flush=True)
     zip_path = os.path.abspath(Path(zip_path).expanduser())
     dest = Path(dest).expanduser().absolute()
+    try:
+        return _extract(zip_path, dest, overwrite, progress, log)
+    except KeyboardInterrupt:
+        if (dest / EXTRACT_MARKER).exists():
+            log(f"interrupted: {dest} is incomplete (spark-imagenet shard refuses it); rerun `spark-imagenet "
+                f"extract {shlex.quote(zip_path)} {shlex.quote(str(dest))}` to finish it: the files already written "
+                "are kept and only the rest is written")
+        else:
+            log("interrupted before anything was written")
+        raise
+
+
+def _extract(zip_path: str, dest: Path, overwrite: bool, progress: bool, log: Callable[[str], None]) -> Path:
+    """:func:`extract` without its Ctrl-C message."""
     if dest.exists() and not dest.is_dir():
         raise ConfigError(f"{dest} is a file; give a folder to unpack {zip_path} into")
     zf = open_zip(zip_path)
     with zf:
         kz = inspect_zip(zf, zip_path)
-        items: list[_Item] = []
-        unsafe: list[str] = []
+        members = _Members()
         for info in zf.infolist():
-            if info.filename == kz.tar_member:
-                continue
-            why = _unsafe(info.orig_filename)
-            if why is not None:
-                unsafe.append(f"{info.orig_filename}: {why}")
-                continue
-            rel = _clean(info.filename)
-            if not rel:
-                continue
             mode = info.external_attr >> 16
-            if info.is_dir():
-                items.append(_Item(rel, "dir"))
-            elif stat.S_ISLNK(mode):
-                target = zf.read(info).decode("utf-8", "replace")
-                why = _link_problem(rel, target, hard=False)
+            if info.filename == kz.tar_member:
+                why = _unsafe(info.orig_filename)
                 if why is not None:
-                    unsafe.append(f"{info.orig_filename}: {why}")
-                else:
-                    items.append(_Item(rel, "symlink", target=target))
+                    members.refuse("path", info.orig_filename, why)
+            elif stat.S_ISLNK(mode):
+                members.refuse("link", info.orig_filename, _link_text("symbolic", _zip_link_target(zf, info)))
+            elif info.is_dir():
+                members.add(info.orig_filename, "dir")
             elif stat.S_IFMT(mode) not in (0, stat.S_IFREG, stat.S_IFDIR):  # 0: no file type recorded (a file)
-                unsafe.append(f"{info.orig_filename}: not a regular file, folder or link (mode {oct(mode)})")
+                members.refuse("special", info.orig_filename, f"not a regular file or folder (mode {oct(mode)})")
             else:
-                items.append(_Item(rel, "file", info.file_size, member=info.filename))
-        if unsafe:
-            raise ArchiveError(
-                f"{zip_path}: refused to extract {len(unsafe)} unsafe member(s) (a path or link leading outside "
-                f"{dest}, or a special file: zip-slip); nothing was written:{_listing(unsafe)}\n"
-                "This is not a genuine Kaggle download."
-            )
+                members.add(info.orig_filename, "file", size=info.file_size, crc=info.CRC, info=info)
+        zip_count = len(members.items)
+        if members.refused:
+            members.check_folders()
+            raise members.error(zip_path, dest, "zip-slip")
         source = ZipSource(zip_path, kz.form, kz.prefix, kz.tar_member)
         tar_base = posixpath.dirname(kz.tar_member) if kz.tar_member else ""
-        tar_items: list[_Item] = []
         if kz.form == FORM_NESTED:
             log(f"checking {zip_path} member {kz.tar_member} (pass 1 of 2 over the compressed stream)")
-            for ti, _tf in source.members(progress=progress, desc="check"):
-                why = _unsafe(ti.name)
-                rel = _clean(posixpath.join(tar_base, ti.name)) if why is None else ""
-                if why is None and ti.issym():
-                    why = _link_problem(rel, ti.linkname, hard=False)
-                elif why is None and ti.islnk():
-                    why = _unsafe(ti.linkname) or _link_problem(rel, ti.linkname, hard=True)
-                elif why is None and not (ti.isfile() or ti.isdir()):
-                    why = "a device, FIFO or other special file"
-                if why is not None:
-                    unsafe.append(f"{ti.name}: {why}")
-                elif rel:
-                    kind = "dir" if ti.isdir() else "symlink" if ti.issym() else "hardlink" if ti.islnk() else "file"
-                    target = _clean(posixpath.join(tar_base, ti.linkname)) if kind == "hardlink" else ti.linkname
-                    tar_items.append(_Item(rel, kind, ti.size if kind == "file" else 0, target))
-            if unsafe:
-                raise ArchiveError(
-                    f"{zip_path} member {kz.tar_member}: refused to extract {len(unsafe)} unsafe member(s) (a path "
-                    f"or link leading outside {dest}, or a special file: tar-slip); nothing was written:"
-                    f"{_listing(unsafe)}\nThis is not a genuine Kaggle download."
-                )
+            for ti, tf in source.members(progress=progress, desc="check"):
+                if ti.issym() or ti.islnk():
+                    members.refuse("link", ti.name, _link_text("symbolic" if ti.issym() else "hard", ti.linkname))
+                elif ti.isdir():
+                    members.add(ti.name, "dir", base=tar_base)
+                elif not ti.isfile():
+                    members.refuse("special", ti.name, "a device, FIFO or other special file")
+                elif _unsafe(ti.name) is not None:
+                    members.add(ti.name, "file", base=tar_base)  # refused for its name
+                else:
+                    crc = 0
+                    try:
+                        member = tf.extractfile(ti)
+                        while chunk := member.read(_CHUNK):
+                            crc = zlib.crc32(chunk, crc)
+                    except (tarfile.TarError, zlib.error, EOFError, OSError) as e:
+                        raise source._stream_error(e) from None
+                    members.add(ti.name, "file", base=tar_base, size=ti.size, crc=crc)
+        members.check_folders()
+        if members.refused:
+            where = zip_path if kz.form == FORM_ROOT else f"{zip_path} member {kz.tar_member}"
+            raise members.error(where, dest, "zip-slip" if kz.form == FORM_ROOT else "tar-slip")
+        items, tar_items = members.items[:zip_count], members.items[zip_count:]
 
-        def needed(item: _Item) -> int:
-            if item.kind != "file":
-                return 0
-            try:
-                return 0 if (dest / item.rel).stat().st_size == item.size else item.size
-            except OSError:
-                return item.size
-
-        need = sum(map(needed, items)) + sum(map(needed, tar_items))
-        folder = _free_space_folder(dest)
-        free = shutil.disk_usage(folder).free
-        if need > free:
+        conflicts = _plan(members.items, dest, overwrite, progress, log)
+        if conflicts:
             raise ConfigError(
-                f"not enough free space to extract {zip_path}: it needs {need} bytes ({_gib(need)}), "
-                f"{folder} has {free} bytes ({_gib(free)}) free. Free some space or choose another folder "
-                "(or skip extracting: spark-imagenet shard reads the zip directly)."
+                f"{dest} already holds {len(conflicts)} file(s) or folder(s) that differ from {zip_path}'s members "
+                f"and that spark-imagenet extract did not write; nothing was written:{_listing(conflicts)}\n"
+                "Move them away, or pass --overwrite to replace the differing files with the archive's "
+                "(folders in the way of a file are never removed)."
             )
+        to_write = [i for i in members.items if i.kind == "file" and i.action != "keep"]
+        _check_free_space(zip_path, dest, members.items, to_write)
+
         try:
             dest.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"cannot create {dest} ({e.strerror or e}); choose a folder you can write") from None
         real_dest = os.path.realpath(dest)
-        bar = _bar(progress, need, "extract")
+        need = sum(i.size for i in to_write)
         written = [0]
 
         def inside(folder: Path, rel: str) -> None:
             real = os.path.realpath(folder)
             if real != real_dest and not real.startswith(real_dest + os.sep):
                 raise ArchiveError(f"{zip_path}: {rel} would be written to {real}, outside {dest} (through a "
-                                   "link the archive made); stopped")
+                                   f"link already in {dest}); stopped")
+
+        def folder(path: Path, rel: str) -> None:
+            """Create the folder ``path`` (for ``rel``), checking that it is inside ``dest`` (links followed)."""
+            inside(_free_space_folder(path), rel)  # the nearest existing folder, before creating any
+            path.mkdir(parents=True, exist_ok=True)
+            inside(path, rel)
 
         def target_of(rel: str) -> Path:
-            """``dest/rel`` once its folder exists and is inside ``dest`` (links followed)."""
+            """``dest/rel`` once its folder exists and is inside ``dest``."""
             path = dest / rel
-            inside(_free_space_folder(path.parent), rel)  # the nearest existing folder, before creating any
-            path.parent.mkdir(parents=True, exist_ok=True)
-            inside(path.parent, rel)
+            folder(path.parent, rel)
             return path
 
-        def write(item: _Item, opener: Callable[[], BinaryIO]) -> None:
-            try:
-                _write(item, opener)
-            except OSError as e:
-                raise ConfigError(
-                    f"cannot write {dest / item.rel} ({e.strerror or e}) while extracting {zip_path}; check the "
-                    "folder's permissions and free space, then run again (complete files are kept)"
-                ) from None
+        def cannot_write(path: Path, e: OSError) -> ConfigError:
+            return ConfigError(
+                f"cannot write {path} ({e.strerror or e}) while extracting {zip_path}; check the folder's "
+                f"permissions and free space, then rerun `spark-imagenet extract {shlex.quote(zip_path)} "
+                f"{shlex.quote(str(dest))}` (it keeps the files already written)"
+            )
 
-        def _write(item: _Item, opener: Callable[[], BinaryIO]) -> None:
-            path = target_of(item.rel)
-            if item.kind == "dir":
-                path.mkdir(parents=True, exist_ok=True)
-                return
-            if item.kind in ("symlink", "hardlink"):
-                if path.is_symlink() or path.exists():
-                    path.unlink()
-                if item.kind == "symlink":
-                    os.symlink(item.target, path)
-                else:
-                    os.link(target_of(item.target), path)
-                return
-            if needed(item) == 0:
-                return
-            tmp = path.with_name(f".{path.name}.spark-imagenet-partial")
+        markers = [EXTRACT_MARKER] + ([f"{kz.prefix}{EXTRACT_MARKER}"] if kz.prefix else [])
+        note = json.dumps({"zip": zip_path, "dest": str(dest)})
+        try:
+            for rel in markers:
+                target_of(rel).write_text(note + "\n", encoding="utf-8")
+            for item in members.items:
+                if item.kind == "dir":
+                    folder(dest / item.rel, item.rel)
+        except OSError as e:
+            raise cannot_write(dest / markers[0], e) from None
+        written_list = _WrittenList(dest / WRITTEN_LIST)
+        bar = _bar(progress, need, "extract")
+
+        def write(item: _Item, opener: Callable[[], BinaryIO], where: str) -> None:
+            path = dest / item.rel
             try:
-                with opener() as src, open(tmp, "wb") as out:
-                    while chunk := src.read(1 << 20):
-                        out.write(chunk)
-                        if bar is not None:
-                            bar.update(len(chunk))
-                os.replace(tmp, path)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+                path = target_of(item.rel)
+                tmp = path.with_name(f".{path.name}.spark-imagenet-partial")
+                crc = got = 0
+                try:
+                    with opener() as src, open(tmp, "wb") as out:
+                        while chunk := src.read(_CHUNK):
+                            out.write(chunk)
+                            crc = zlib.crc32(chunk, crc)
+                            got += len(chunk)
+                            if bar is not None:
+                                bar.update(len(chunk))
+                    if got != item.size:
+                        raise ArchiveError(f"{where}: {got} bytes read where the archive declares {item.size}; the "
+                                           "archive is damaged: download it again")
+                    if crc != item.crc:
+                        raise ArchiveError(f"{where}: its bytes changed since they were checked (CRC-32 {crc:08x}, "
+                                           f"then {item.crc:08x}); the archive changed while it was read. Run again.")
+                    os.replace(tmp, path)
+                except BaseException:
+                    tmp.unlink(missing_ok=True)
+                    raise
+            except OSError as e:
+                raise cannot_write(path, e) from None
             written[0] += item.size
+            try:
+                written_list.add(item.rel)
+            except OSError as e:
+                raise cannot_write(written_list.path, e) from None
 
         try:
             for item in items:
+                if item.kind != "file" or item.action == "keep":
+                    continue
                 try:
-                    write(item, lambda: zf.open(item.member))
-                except (zipfile.BadZipFile, zlib.error, EOFError) as e:
-                    raise ArchiveError(f"{zip_path} member {item.rel} cannot be read ({e}); the zip is damaged: "
-                                       "download it again") from None
-            if kz.form == FORM_NESTED:
+                    write(item, lambda: zf.open(item.info), f"{zip_path} member {item.info.orig_filename}")
+                except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, NotImplementedError) as e:
+                    raise ArchiveError(f"{zip_path} member {item.info.orig_filename} cannot be read ({e}); the zip "
+                                       "is damaged: download it again") from None
+            left = {i.rel: i for i in tar_items if i.kind == "file" and i.action != "keep"}
+            if left:
                 log(f"unpacking {zip_path} member {kz.tar_member} (pass 2 of 2)")
-                by_rel = {i.rel: i for i in tar_items}
+                known = {i.rel for i in tar_items}
                 for ti, tf in source.members():
-                    item = by_rel.get(_clean(posixpath.join(tar_base, ti.name))) if _unsafe(ti.name) is None else None
+                    rel = _clean(posixpath.join(tar_base, ti.name)) if _unsafe(ti.name) is None else None
+                    if rel not in known:
+                        if ti.isfile() or ti.issym() or ti.islnk() or rel is None:
+                            raise ArchiveError(f"{zip_path} member {kz.tar_member}: {ti.name} was not there in pass "
+                                               "1; the archive changed while it was read. Run again.")
+                        continue
+                    item = left.pop(rel, None)
                     if item is None:
-                        if ti.isfile() or ti.issym() or ti.islnk():
-                            raise ArchiveError(f"{zip_path} member {kz.tar_member}: {ti.name} was not there in pass 1; "
-                                               "the archive changed while it was read. Run again.")
                         continue
                     try:
-                        write(item, lambda: tf.extractfile(ti))
+                        write(item, lambda: tf.extractfile(ti), source.where_member(ti.name))
                     except (tarfile.TarError, zlib.error, EOFError) as e:
                         raise source._stream_error(e) from None
+                    if not left:
+                        break
+                if left:
+                    raise ArchiveError(f"{zip_path} member {kz.tar_member}: {len(left)} file(s) of pass 1 were not "
+                                       f"found in pass 2 (e.g. {sorted(left)[0]}); the archive changed while it was "
+                                       "read. Run again.")
         finally:
             if bar is not None:
                 bar.close()
+            with contextlib.suppress(OSError):  # a full disk: the error that stopped the extract says more
+                written_list.flush()
+        try:
+            written_list.flush()
+        except OSError as e:
+            raise cannot_write(written_list.path, e) from None
+        for rel in reversed(markers):
+            (dest / rel).unlink(missing_ok=True)
     root = dest / kz.prefix if kz.prefix else dest
     check_layout(root)
-    log(f"extracted {zip_path} ({kz.form} form, {written[0]} bytes written) to {root}; "
-        f"next: spark-imagenet shard {root} --out URL")
+    kept = sum(1 for i in members.items if i.kind == "file" and i.action == "keep")
+    log(f"extracted {zip_path} ({kz.form} form, {human_size(written[0])} written in {len(to_write)} file(s), "
+        f"{kept} file(s) already there kept) to {root}; next: spark-imagenet shard {root} --out URL")
     return root
+
+
+def _check_free_space(zip_path: str, dest: Path, items: list[_Item], to_write: list[_Item]) -> None:
+    """ConfigError when the files to write, with one block each, do not fit in the free space and
+    inodes of ``dest``'s file system."""
+    folders: set[str] = set()
+    for item in items:
+        if item.kind == "dir":
+            folders.add(item.rel)
+    for item in to_write:
+        parent = item.rel.rpartition("/")[0]
+        while parent and parent not in folders:
+            folders.add(parent)
+            parent = parent.rpartition("/")[0]
+    new_folders = sum(1 for f in folders if not (dest / f).is_dir())
+    if not to_write and not new_folders:
+        return
+    folder = _free_space_folder(dest)
+    st = os.statvfs(folder)
+    data = sum(i.size for i in to_write)
+    entries = len(to_write) + new_folders
+    need = data + entries * st.f_frsize + SPACE_MARGIN
+    free = st.f_bavail * st.f_frsize
+    inodes = st.f_favail
+    inodes_short = st.f_files > 0 and entries > inodes  # f_files 0: a file system without an inode limit
+    if need <= free and not inodes_short:
+        return
+    inode_text = (f"it creates {entries} files and folders, and the file system has {inodes} free inodes"
+                  if st.f_files > 0 else f"it creates {entries} files and folders (this file system has no "
+                  "inode limit)")
+    short = ("free space" if need > free else "") + (" and " if need > free and inodes_short else "") + (
+        "free inodes" if inodes_short else "")
+    raise ConfigError(
+        f"not enough {short} to extract {zip_path}: it needs {human_size(need)} ({need} bytes: {human_size(data)} in "
+        f"{len(to_write)} file(s), one {st.f_frsize}-byte block for each of the {entries} files and folders, and "
+        f"{human_size(SPACE_MARGIN)} to spare), {folder} has {human_size(free)} ({free} bytes) free; {inode_text}. "
+        "Free some space or choose another folder (or skip extracting: spark-imagenet shard reads the zip directly)."
+    )

@@ -19,10 +19,19 @@ archive (one zip of about 155 GiB) or any other competition's, through
   not read) and compared with the free space at ``dest``.
 * A complete file at ``dest`` (present, without the client's
   ``<file>.kaggle-partial`` marker, which the client removes only once the
-  size is verified) is not downloaded again, and nothing is requested. A
-  partial one (with its marker) is resumed by the client with an HTTP Range
-  request; within one call the client itself retries a dropped connection 5
-  times, resuming each time.
+  size is verified, and for a zip with its end-of-central-directory record
+  intact: :func:`zip_end_problem`) is not downloaded again, and for the whole
+  archive nothing is requested. A partial one (with its marker) is resumed by
+  the client with an HTTP Range request; within one call the client itself
+  retries a dropped connection 5 times, resuming each time. A file without
+  the marker that is not complete (a zip cut short, or a size other than the
+  one Kaggle gives for it) cannot be resumed safely: it is downloaded again
+  from the start, with a log line saying why.
+* ``dest`` is created only once Kaggle accepted the credentials, and a
+  download holds an exclusive ``flock`` on ``dest/.<competition>.download-lock``
+  (:func:`lock_path`) while it runs: a second download into the same folder
+  fails at once, naming the first one's process, instead of corrupting its
+  resume.
 
 Pitfalls of the client handled here (see FIELD-NOTES): importing ``kaggle``
 authenticates at import time (its output is swallowed, and it is imported only
@@ -40,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import io
 import json
 import os
@@ -65,12 +75,90 @@ PARTIAL_SUFFIX = ".kaggle-partial"
 #: Package versions to install when the client is missing (kept in step with pyproject.toml).
 CLIENT_REQUIREMENT = "'kaggle>=2.2.5,<3' 'six>=1.16'"
 
-GB = 1e9
+#: Size of the end-of-central-directory record of a zip (APPNOTE 4.3.16), without its comment.
+_EOCD_SIZE = 22
+#: The longest zip comment, so the farthest an end record can be from the end of the file.
+_MAX_COMMENT = 0xFFFF
 
 
-def _human(n: int) -> str:
-    """A byte count for log lines: GB (10^9) from 1 GB up, else MB (10^6)."""
-    return f"{n / GB:.2f} GB" if n >= GB else f"{n / 1e6:.2f} MB"
+def human_size(n: int | float) -> str:
+    """A byte count for messages, in a unit that keeps it readable.
+
+    Args:
+        n: a number of bytes.
+
+    Returns:
+        str: ``"0 bytes"``, ``"999 bytes"``, ``"1.50 KB"``, ``"2.40 MB"``,
+        ``"155 GB"``, ``"35.2 TB"``: bytes below 1000, else KB, MB, GB, TB or
+        PB (powers of 1000, like Kaggle's and ``df -H``'s), three significant
+        digits, so that a small number never shows as ``0.0 GB``.
+    """
+    n = int(n)
+    if abs(n) < 1000:
+        return f"{n} byte" + ("" if abs(n) == 1 else "s")
+    value, unit = float(n), "bytes"
+    for unit in ("KB", "MB", "GB", "TB", "PB"):
+        value /= 1000
+        if abs(value) < 999.5:
+            break
+    digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0
+    return f"{value:.{digits}f} {unit}"
+
+
+def zip_end_problem(path: str | os.PathLike) -> str | None:
+    """Why a file is not a complete zip, judged from its end alone (cheap at any size), or None.
+
+    A download cut short loses the end of the file, where a zip keeps its
+    end-of-central-directory record (and, for a zip of more than 4 GiB or
+    65,535 members such as Kaggle's, the Zip64 end record and locator before
+    it): this finds that record in the last 64 KiB and checks that the
+    central directory it points to lies inside the file, before the record.
+    The central directory itself is not read (for ImageNet it lists 1.4
+    million members).
+
+    Args:
+        path: the file.
+
+    Returns:
+        str | None: e.g. ``"no end-of-zip record in its last 65557 bytes"``;
+        None for a zip whose end is intact.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            tail_len = min(size, _EOCD_SIZE + _MAX_COMMENT)
+            f.seek(size - tail_len)
+            tail = f.read(tail_len)
+            at = tail.rfind(b"PK\x05\x06")
+            while at >= 0 and at + _EOCD_SIZE + int.from_bytes(tail[at + 20:at + 22], "little") != tail_len:
+                at = tail.rfind(b"PK\x05\x06", 0, at)  # a signature inside the comment, or a cut-off record
+            if at < 0:
+                return f"no end-of-zip record in its last {tail_len} bytes"
+            eocd = size - tail_len + at
+            cd_size = int.from_bytes(tail[at + 12:at + 16], "little")
+            cd_offset = int.from_bytes(tail[at + 16:at + 20], "little")
+            cd_end = eocd
+            if 0xFFFFFFFF in (cd_size, cd_offset) and eocd >= 20:
+                f.seek(eocd - 20)
+                locator = f.read(20)
+                if locator[:4] != b"PK\x06\x07":
+                    return "its end record needs a Zip64 locator, which is missing"
+                z64 = int.from_bytes(locator[8:16], "little")
+                if z64 + 56 > eocd - 20:
+                    return f"its Zip64 end record would be at byte {z64}, past the end of the data"
+                f.seek(z64)
+                record = f.read(56)
+                if record[:4] != b"PK\x06\x06":
+                    return f"no Zip64 end record at byte {z64}"
+                cd_size = int.from_bytes(record[40:48], "little")
+                cd_offset = int.from_bytes(record[48:56], "little")
+                cd_end = z64
+            if cd_offset + cd_size > cd_end:
+                return (f"its central directory would end at byte {cd_offset + cd_size}, past the "
+                        f"{cd_end} bytes before the end record")
+    except OSError as e:
+        return f"it cannot be read ({e.strerror or e})"
+    return None
 
 
 def rules_url(competition: str) -> str:
@@ -139,15 +227,22 @@ def _token_source() -> str | None:
     return None
 
 
-def _read_kaggle_json(path: Path, log: Callable[[str], None] | None) -> dict:
-    """A JSON credentials file as a dict (``{}`` when unreadable, as the client treats it)."""
+def _read_kaggle_json(path: Path, log: Callable[[str], None] | None) -> tuple[dict, str | None]:
+    """A JSON credentials file as a dict (``{}`` when unreadable, as the client treats it), and
+    what is wrong with it (None when it is a JSON object)."""
     try:
         data = json.loads(path.read_text() or "{}")
     except (OSError, ValueError) as e:
+        problem = f"it is not valid JSON ({e})" if isinstance(e, ValueError) else f"it cannot be read ({e})"
         if log:
-            log(f"warning: {path} is not readable JSON ({e}); the kaggle client ignores it")
-        return {}
-    return data if isinstance(data, dict) else {}
+            log(f"warning: {path} is malformed: {problem}; the kaggle client ignores it")
+        return {}, problem
+    if not isinstance(data, dict):
+        problem = f"it holds a JSON {type(data).__name__}, not an object"
+        if log:
+            log(f"warning: {path} is malformed: {problem}; the kaggle client ignores it")
+        return {}, problem
+    return data, None
 
 
 def find_credentials(log: Callable[[str], None] | None = None) -> Credentials:
@@ -168,17 +263,18 @@ def find_credentials(log: Callable[[str], None] | None = None) -> Credentials:
 
     Raises:
         DownloadError: no credentials anywhere; the message lists every place
-            they can go.
+            they can go, and names a malformed ``kaggle.json`` as such.
     """
     config = kaggle_config_dir() / "kaggle.json"
     kaggle_json = config if config.is_file() else None
     file_values: dict = {}
+    malformed: str | None = None
     if kaggle_json is not None:
         mode = stat.S_IMODE(kaggle_json.stat().st_mode)
         if mode & 0o044 and log:
             log(f"warning: {kaggle_json} (your Kaggle API key) is readable by other users of this machine "
                 f"(mode {mode:o}); run: chmod 600 {kaggle_json}")
-        file_values = _read_kaggle_json(kaggle_json, log)
+        file_values, malformed = _read_kaggle_json(kaggle_json, log)
 
     token = _token_source()
     if token:
@@ -202,16 +298,23 @@ def find_credentials(log: Callable[[str], None] | None = None) -> Credentials:
         return Credentials("api_key", source, kaggle_json)
 
     oauth = Path(os.path.expanduser("~")) / ".kaggle" / "credentials.json"
-    if oauth.is_file() and _read_kaggle_json(oauth, None).get("refresh_token"):
+    if oauth.is_file() and _read_kaggle_json(oauth, None)[0].get("refresh_token"):
         return Credentials("oauth", f"the OAuth login in {oauth} (kaggle auth login)", kaggle_json)
 
     partial = ""
     if user or key:
         partial = (f" ({'a username' if user else 'a key'} was found in {user or key}, "
                    f"but no {'key' if user else 'username'})")
+    if malformed is not None:
+        head = (f"The Kaggle credentials file {kaggle_json} is malformed: {malformed}. It must be a JSON "
+                "object, {\"username\": \"<user>\", \"key\": \"<key>\"}: fix it or replace it. No other "
+                f"Kaggle credentials were found{partial}; instead of that file you can also create an API token "
+                f"at {TOKEN_PAGE} (Account -> API -> Create New Token) and give it in one of these ways: ")
+    else:
+        head = (f"No Kaggle credentials found{partial}. Create an API token at {TOKEN_PAGE} "
+                "(Account -> API -> Create New Token) and give it in one of these ways: ")
     raise DownloadError(
-        f"No Kaggle credentials found{partial}. Create an API token at {TOKEN_PAGE} "
-        "(Account -> API -> Create New Token) and give it in one of these ways: "
+        head +
         "export KAGGLE_API_TOKEN=<token> (the token, or the path of a file holding it); "
         "or save the token alone in ~/.kaggle/access_token; "
         "or, with a legacy API key, export KAGGLE_USERNAME=<user> KAGGLE_KEY=<key>, "
@@ -446,12 +549,58 @@ def _marker(path: Path) -> Path:
     return path.with_name(path.name + PARTIAL_SUFFIX)
 
 
-def _complete(path: Path, size: int | None = None) -> bool:
-    """Whether ``path`` is a finished download: present, non-empty, no resume marker (and ``size`` bytes)."""
-    if not path.is_file() or _marker(path).exists():
-        return False
+def _incomplete(path: Path, size: int | None) -> str | None:
+    """Why ``path`` (present, without the client's resume marker) is not a finished download, or None.
+
+    Args:
+        path: the downloaded file.
+        size: its exact size when Kaggle gives it (the file list's size of a
+            single file, or the download's ``Content-Length``), else None.
+
+    Returns:
+        str | None: e.g. ``"it is not a complete zip: no end-of-zip record
+        ..."``; None when nothing is wrong with it (non-empty, the size Kaggle
+        gives, and for a zip an intact end record: :func:`zip_end_problem`).
+    """
     actual = path.stat().st_size
-    return actual > 0 and (size is None or actual == size)
+    if actual == 0:
+        return "it is empty"
+    if size is not None and actual != size:
+        return (f"it has {human_size(actual)} ({actual} bytes) where Kaggle gives {human_size(size)} "
+                f"({size} bytes)")
+    if path.suffix.lower() == ".zip":
+        problem = zip_end_problem(path)
+        if problem is not None:
+            return f"it is not a complete zip ({human_size(actual)}): {problem}; it was cut short"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _State:
+    """What is at the download's target now: at most one of a finished file, a partial one with the
+    client's resume marker (resumed), or a stale one (present, no marker, not finished: downloaded
+    again from the start, with ``why``)."""
+
+    complete: Path | None = None
+    partial: Path | None = None
+    stale: Path | None = None
+    why: str = ""
+
+
+def _state(targets: list[Path], exact: Callable[[Path], int | None]) -> _State:
+    """Look at the candidate files (finished ones first, then partial, then stale)."""
+    present = [p for p in targets if p.is_file()]
+    unmarked = [p for p in present if not _marker(p).exists()]
+    faults = {p: _incomplete(p, exact(p)) for p in unmarked}
+    for p in unmarked:
+        if faults[p] is None:
+            return _State(complete=p)
+    for p in present:
+        if p not in faults:
+            return _State(partial=p)
+    for p in unmarked:
+        return _State(stale=p, why=faults[p])
+    return _State()
 
 
 def _candidates(dest: Path, competition: str, file_name: str | None, url_name: str | None = None) -> list[Path]:
@@ -465,30 +614,103 @@ def _candidates(dest: Path, competition: str, file_name: str | None, url_name: s
     return [dest / sub / n for n in names]
 
 
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def _check_dest(dest: Path) -> None:
-    """Create ``dest`` if needed; ConfigError when it is a file or not writable."""
+    """ConfigError when ``dest`` is a file, or cannot be created or written (nothing is created)."""
     if dest.exists() and not dest.is_dir():
         raise ConfigError(f"--dest {dest} is a file, not a folder; give a folder for the archive.")
+    folder = _nearest_existing(dest)
+    if not folder.is_dir():
+        raise ConfigError(f"Cannot create the download folder {dest}: {folder} is a file; choose another --dest.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        verb = "is not writable" if folder == dest else f"cannot be created ({folder} is not writable)"
+        raise ConfigError(f"The download folder {dest} {verb} by this user; choose another --dest "
+                          "or fix its permissions.")
+
+
+def _make_dest(dest: Path) -> None:
+    """Create ``dest`` (once the credentials were accepted); ConfigError when that fails."""
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"Cannot create the download folder {dest} ({e.strerror or e}); "
                           "choose a --dest you can write to.") from None
-    if not os.access(dest, os.W_OK | os.X_OK):
-        raise ConfigError(f"The download folder {dest} is not writable by this user; choose another --dest "
-                          "or fix its permissions.")
 
 
-def _check_space(dest: Path, size: int, present: int, name: str) -> None:
-    """DownloadError when ``size - present`` bytes do not fit in the free space at ``dest``."""
+def lock_path(dest: str | os.PathLike, competition: str = DEFAULT_COMPETITION, file_name: str | None = None) -> Path:
+    """The lock file a download into ``dest`` holds while it runs (see :func:`_download_lock`).
+
+    Args:
+        dest: the download folder.
+        competition: the competition.
+        file_name: the single file downloaded, or None for the whole archive.
+
+    Returns:
+        Path: ``<dest>/.<competition>.download-lock``, or
+        ``<dest>/.<file name, "/" as "_">.download-lock`` for a single file.
+    """
+    name = competition if file_name is None else file_name.replace("\\", "/").strip("/").replace("/", "_")
+    return Path(dest) / f".{name}.download-lock"
+
+
+@contextlib.contextmanager
+def _download_lock(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created) while the block runs; fail at once if another
+    process holds it. The file holds the holder's process id and is removed on release."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"Cannot create the lock file {path} ({e.strerror or e}); "
+                              "choose a --dest you can write to.") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ConfigError(f"Cannot lock {path} ({e.strerror or e}); the file system of --dest does not "
+                                  "support file locks: choose another --dest.") from None
+            who = f"process {holder}" if holder.isdigit() else "another process"
+            raise DownloadError(
+                f"Another download of {what} into {path.parent} is running ({who} holds the lock {path}). Two "
+                "downloads into one folder would corrupt each other's resume: wait for that one to finish (or "
+                "stop it), then run the same command again.") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # else its previous holder removed it between our open and our lock: take the new one
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still locked: a waiting process then sees another inode and retries
+        os.close(fd)
+
+
+def _check_space(dest: Path, size: int, present: int, name: str, replaced: int = 0) -> None:
+    """DownloadError when ``size - present`` bytes do not fit in the free space at ``dest``
+    (plus ``replaced`` bytes of a stale file that the download overwrites)."""
     need = max(size - present, 0)
     free = shutil.disk_usage(dest).free
-    if need > free:
-        have = f" ({present / GB:.2f} GB of it already downloaded)" if present else ""
+    if need > free + replaced:
+        have = f" ({human_size(present)} of it already downloaded)" if present else ""
+        freed = (f" (plus the {human_size(replaced)} of the incomplete file it replaces)" if replaced else "")
         raise DownloadError(
-            f"Not enough free disk space in {dest} for {name}: it needs {need / GB:.1f} GB more{have}, "
-            f"but only {free / GB:.1f} GB are free there. Free some space or choose another --dest "
-            "on a larger disk, then run the same command again.")
+            f"Not enough free disk space in {dest} for {name}: it needs {human_size(need)} more{have} "
+            f"({need} bytes), but only {human_size(free)} ({free} bytes) are free there{freed}. Free some space "
+            "or choose another --dest on a larger disk, then run the same command again.")
 
 
 def _interrupted(exc: BaseException, path: Path | None, size: int | None, name: str) -> DownloadError:
@@ -497,9 +719,9 @@ def _interrupted(exc: BaseException, path: Path | None, size: int | None, name: 
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return DownloadError(
             f"The disk at {path.parent if path else '--dest'} filled up while downloading {name} "
-            f"({_human(got)} written). Free some space, then run the same command again: "
+            f"({human_size(got)} written). Free some space, then run the same command again: "
             "it resumes where it stopped.")
-    where = (f"the {_human(got)} already downloaded" + (f" of {_human(size)}" if size else "")
+    where = (f"the {human_size(got)} already downloaded" + (f" of {human_size(size)}" if size else "")
              + f" are kept in {path}") if got else "nothing was kept"
     return DownloadError(
         f"The download of {name} was interrupted and the kaggle client could not recover after its retries "
@@ -523,10 +745,16 @@ def download(
     ``competition_download_file`` for ``file_name``): a progress bar, HTTP
     Range resume of a partial file (its ``.kaggle-partial`` marker proves it
     belongs to the same remote object), 5 retries of a dropped connection.
-    Before that: credentials are located (:func:`find_credentials`), the file
-    list read, the archive size checked against the free space at ``dest``.
-    A complete file already there is not downloaded again (delete it to
-    download anew). While the client runs, ``sys.stdout`` is redirected to
+    Before that: credentials are located (:func:`find_credentials`) and
+    accepted by Kaggle, the file list read, and only then is ``dest``
+    created and locked (:func:`lock_path`: a second download into the same
+    folder fails at once), and the archive size checked against its free
+    space. A finished file already there is not downloaded again (delete it
+    to download anew); for the whole archive that is decided without
+    contacting Kaggle. A file there without the client's marker that is not
+    finished (a zip whose end record is missing, or a size other than the
+    one Kaggle gives) is downloaded again from the start, with a log line
+    saying why. While the client runs, ``sys.stdout`` is redirected to
     ``log`` (the client prints its status lines), so call this from one
     thread at a time.
 
@@ -534,8 +762,8 @@ def download(
         competition: the competition's name, the last part of its URL
             (default ``imagenet-object-localization-challenge``, one zip of
             about 155 GiB).
-        dest: the folder for the archive (created if absent; default: the
-            current folder).
+        dest: the folder for the archive (created if absent, once the
+            credentials were accepted; default: the current folder).
         file_name: one file of the competition instead of the whole archive
             (a name from its file list, e.g. ``LOC_synset_mapping.txt``).
         progress: show the client's progress bar (tqdm, on stderr) and its
@@ -548,12 +776,13 @@ def download(
         ``<dest>/<competition>.zip`` for the whole archive.
 
     Raises:
-        DownloadError: no credentials (says where to put them), credentials
-            rejected (HTTP 401; says which source was used), competition rules
-            not accepted (HTTP 403; gives the rules page), unknown competition
-            or file (HTTP 404), not enough disk space (both sizes in GB), or a
-            transfer the client could not finish after its retries (run again
-            to resume).
+        DownloadError: no credentials (says where to put them) or a malformed
+            ``kaggle.json``, credentials rejected (HTTP 401; says which source
+            was used), competition rules not accepted (HTTP 403; gives the
+            rules page), unknown competition or file (HTTP 404), not enough
+            disk space (both sizes), another download into ``dest`` running
+            (names its lock and process), or a transfer the client could not
+            finish after its retries (run again to resume).
         ConfigError: ``dest`` cannot be created or written.
         EnvironmentSetupError: the ``kaggle`` package (or ``six``) is missing
             or fails to load.
@@ -568,14 +797,14 @@ def download(
                           f"competition's URL, e.g. {DEFAULT_COMPETITION}.")
     dest = Path(dest).expanduser().absolute()
     what = repr(file_name) + f" of {competition!r}" if file_name else f"the {competition!r} archive"
-    _check_dest(dest)
+    _check_dest(dest)  # creates nothing: dest is made once Kaggle accepted the credentials
 
     if file_name is None:  # a single file is checked against its listed size, below
-        for path in _candidates(dest, competition, None):
-            if _complete(path):
-                log(f"{path} is already complete ({_human(path.stat().st_size)}); nothing to download "
-                    "(delete it to download it again)")
-                return path
+        state = _state(_candidates(dest, competition, None), lambda p: None)
+        if state.complete is not None:
+            log(f"{state.complete} is already complete ({human_size(state.complete.stat().st_size)}); nothing to "
+                "download (delete it to download it again)")
+            return state.complete
 
     creds = find_credentials(log)
     log(f"Kaggle credentials: {creds.source}")
@@ -584,10 +813,11 @@ def download(
     listing = _list_files(api, competition, creds)
     size: int | None = None
     url_name: str | None = None
+    probed = False
     if file_name is not None and file_name in listing.sizes:
         size = listing.sizes[file_name]
     elif file_name is None and listing.complete:
-        size = sum(listing.sizes.values())
+        size = sum(listing.sizes.values())  # the unpacked files: an estimate of the zip's size, not its size
     elif file_name is not None and listing.complete:
         names = sorted(listing.sizes, key=lambda n: (n.count("/"), n))  # top-level files first
         shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
@@ -595,34 +825,63 @@ def download(
                             "Give one of those names with --file.")
     if size is None:
         size, url_name = _probe(api, competition, file_name, creds)
+        probed = size is not None
         source = "the download's Content-Length"
     else:
         source = "the sizes in the competition's file list"
     if size is not None:
-        log(f"{what}: {_human(size)} (from {source})")
+        log(f"{what}: {human_size(size)} (from {source})")
+
+    def exact(path: Path) -> int | None:
+        """The size Kaggle gives for the file at ``path``, when it gives the exact one."""
+        if probed:
+            return size
+        if file_name is not None and path.name == Path(file_name).name:
+            return size
+        return None
 
     targets = _candidates(dest, competition, file_name, url_name)
-    for path in targets:
-        if file_name is not None and _complete(path, size if path.name == Path(file_name).name else None):
-            log(f"{path} is already complete; nothing to download")
-            return path
-    partial = next((p for p in targets if p.is_file() and _marker(p).exists()), None)
-    present = partial.stat().st_size if partial is not None else 0
-    if size is not None:
-        _check_space(dest, size, present, what)
-    else:
-        log(f"warning: Kaggle did not say how large {what} is; free disk space not checked")
-    if partial is not None:
-        log(f"resuming {partial}: {_human(present)} already there")
+    created = not dest.exists()
+    _make_dest(dest)
+    try:
+        with _download_lock(lock_path(dest, competition, file_name), what):
+            state = _state(targets, exact)  # again, under the lock: another run may have finished it
+            if state.complete is not None:
+                log(f"{state.complete} is already complete ({human_size(state.complete.stat().st_size)}); "
+                    "nothing to download (delete it to download it again)")
+                return state.complete
+            present = state.partial.stat().st_size if state.partial is not None else 0
+            if size is not None:
+                _check_space(dest, size, present, what,
+                             replaced=state.stale.stat().st_size if state.stale is not None else 0)
+            else:
+                log(f"warning: Kaggle did not say how large {what} is; free disk space not checked")
+            if state.partial is not None:
+                log(f"resuming {state.partial}: {human_size(present)} already there")
+            if state.stale is not None:
+                log(f"{state.stale} is not a complete download ({state.why}) and has no {PARTIAL_SUFFIX} marker to "
+                    "resume from: downloading it again from the start")
+            return _run_client(api, competition, file_name, dest, targets, exact, size, what, creds, progress,
+                               force=state.stale is not None, log=log)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                dest.rmdir()  # only when empty: nothing downloaded, so leave no folder behind
+        raise
 
+
+def _run_client(api, competition: str, file_name: str | None, dest: Path, targets: list[Path],
+                exact: Callable[[Path], int | None], size: int | None, what: str, creds: Credentials,
+                progress: bool, *, force: bool, log: Callable[[str], None]) -> Path:
+    """Let the client download (``force``: from the start), then find and check the file it wrote."""
     started = time.monotonic()
     try:
         with contextlib.redirect_stdout(_LineLog(log)) as out:
             try:
                 if file_name is None:
-                    api.competition_download_files(competition, path=str(dest), force=False, quiet=not progress)
+                    api.competition_download_files(competition, path=str(dest), force=force, quiet=not progress)
                 else:
-                    api.competition_download_file(competition, file_name, path=str(dest), force=False,
+                    api.competition_download_file(competition, file_name, path=str(dest), force=force,
                                                   quiet=not progress)
             finally:
                 out.flush()
@@ -643,11 +902,15 @@ def download(
     done = next((p for p in targets if p.is_file() and not _marker(p).exists()), None)
     if done is None:
         done = next((p for p in sorted(dest.glob(f"{Path(targets[0]).stem}*")) if p.is_file()
-                     and not p.name.endswith(PARTIAL_SUFFIX)), None)
+                     and not p.name.endswith(PARTIAL_SUFFIX) and not p.name.endswith(".download-lock")), None)
     if done is None:
         raise DownloadError(f"The kaggle client finished without error but {targets[0]} is not there; "
                             "run the same command again, and upgrade the client if it repeats: "
                             f"pip install -U {CLIENT_REQUIREMENT}.")
+    why = _incomplete(done, exact(done))
+    if why is not None:
+        raise DownloadError(f"The kaggle client finished without error but {done} is not a complete download ({why}); "
+                            "run the same command again (it downloads it again from the start).")
     seconds = time.monotonic() - started
-    log(f"{done}: {_human(done.stat().st_size)}, ready ({seconds:.0f} s)")
+    log(f"{done}: {human_size(done.stat().st_size)}, ready ({seconds:.0f} s)")
     return done

@@ -33,7 +33,8 @@ Fault switches: :attr:`FakeKaggle.fail` (401/403/404 on every API call of
 the competition; 403 only on the download calls, with Kaggle's rules
 message, since listing works without accepting the rules),
 :meth:`FakeKaggle.cut_file_responses` (close the connection of the next
-file responses after N body bytes), :attr:`FakeKaggle.claimed_sizes` (lie about sizes in the file list).
+file responses after N body bytes), :attr:`FakeKaggle.claimed_sizes` (lie about sizes in the file list),
+:meth:`FakeKaggle.hold_files` (file responses wait until :meth:`FakeKaggle.release_files`).
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ class FakeKaggle:
         self.seen: list[Seen] = []
         self._cuts: list[int] = []
         self._lock = threading.Lock()
+        self._released = threading.Event()
+        self._released.set()
         self.modified = email.utils.formatdate(time.time() - 86400, usegmt=True)
         self.etags = {name: '"' + hashlib.md5(data).hexdigest() + '"' for name, data in self.files.items()}
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -148,6 +151,15 @@ class FakeKaggle:
         with self._lock:
             self._cuts.extend(after_bytes)
 
+    def hold_files(self) -> None:
+        """Make file responses wait (after their request is recorded) until :meth:`release_files`:
+        a download stays in progress as long as the test needs."""
+        self._released.clear()
+
+    def release_files(self) -> None:
+        """Let held file responses (and later ones) go on."""
+        self._released.set()
+
     def file_requests(self) -> list[Seen]:
         """The ``GET /storage/...`` requests seen so far."""
         return [s for s in self.seen if s.path.startswith("/storage/")]
@@ -158,6 +170,7 @@ class FakeKaggle:
 
     def stop(self) -> None:
         """Shut the server down and close its socket."""
+        self.release_files()
         self.server.shutdown()
         self.server.server_close()
 
@@ -289,6 +302,7 @@ def _handler(fake: FakeKaggle):
             drop = fake._take_cut()
             cut = drop is not None and drop < len(body)
             self._seen(status, drop if cut else len(body))
+            fake._released.wait(timeout=120)
             self.send_response(status)
             self.send_header("Content-Type", "application/zip")
             self.send_header("Content-Length", str(len(body)))

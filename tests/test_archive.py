@@ -5,7 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import signal
 import stat
+import time
 import subprocess
 import sys
 import tarfile
@@ -17,8 +20,10 @@ from PIL import Image
 
 from archive_util import parse_example, tar_gz_of, tree_files, zip_nested_form, zip_root_form
 from data_util import small_layout
-from spark_imagenet.archive import TAR_MEMBER, extract
+from spark_imagenet.archive import SPACE_MARGIN, TAR_MEMBER, WRITTEN_LIST, extract
+from spark_imagenet.download import human_size
 from spark_imagenet.errors import ArchiveError, ConfigError, ImageError, LayoutError
+from spark_imagenet.layout import EXTRACT_MARKER
 from spark_imagenet.shard import shard
 from spark_imagenet.tfrecord import read_records
 
@@ -181,9 +186,15 @@ def test_truncated_archives_give_a_clear_error(kaggle, tmp_path):
     data = kaggle["root"].read_bytes()
     z.write_bytes(data[: len(data) // 2])
     for call in (lambda: build(z, tmp_path / "out"), lambda: extract(z, tmp_path / "dest", progress=False)):
-        with pytest.raises(ArchiveError, match=rf"{z} is not a complete zip archive .*truncated.*Download it again"):
+        with pytest.raises(ArchiveError, match=rf"{z} is not a complete zip archive .*truncated or damaged\. "
+                           r"Delete it and run spark-imagenet download again"):
             call()
     assert not (tmp_path / "out").exists() and not (tmp_path / "dest").exists()
+    # With the client's resume marker beside it, the download is unfinished: download resumes it.
+    Path(f"{z}.kaggle-partial").write_text("{}")
+    with pytest.raises(ArchiveError, match=rf"{z} is not a complete zip archive .*Its download is not finished "
+                       rf"\({z}.kaggle-partial is there\): run spark-imagenet download again .*it resumes"):
+        build(z, tmp_path / "out")
     # An intact zip whose nested tar.gz is cut short: the stream error names the zip and the member.
     tar = tar_gz_of(kaggle["tree"])
     z = zip_nested_form(kaggle["tree"], tmp_path / "short-tar.zip", tar_bytes=tar[: len(tar) * 2 // 3])
@@ -193,7 +204,7 @@ def test_truncated_archives_give_a_clear_error(kaggle, tmp_path):
 
 
 def _same_tree(a: Path, b: Path) -> None:
-    files_a, files_b = tree_files(a), tree_files(b)
+    files_a, files_b = tree_files(a), [p for p in tree_files(b) if p.name != WRITTEN_LIST]
     assert [p.relative_to(a) for p in files_a] == [p.relative_to(b) for p in files_b]
     for x, y in zip(files_a, files_b):
         assert x.read_bytes() == y.read_bytes(), x
@@ -252,17 +263,68 @@ def test_extract_refuses_zip_slip(tmp_path, member, reason):
     assert not (tmp_path / "evil.txt").exists() and not Path("/tmp/spark-imagenet-zip-slip-test.txt").exists()
 
 
-def test_extract_refuses_a_zip_symlink_out_of_dest(tmp_path):
-    z = _valid_zip_with(tmp_path, "link", {"ILSVRC/escape": b"../../../etc"},
-                        external_attr=(stat.S_IFLNK | 0o777) << 16)
-    with pytest.raises(ArchiveError, match=r"ILSVRC/escape: a symbolic link to \.\./\.\./\.\./etc, outside"):
-        extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
-    assert not (tmp_path / "dest").exists()
-    # A link that stays inside is made as a link.
-    z = _valid_zip_with(tmp_path, "inner-link", {"ILSVRC/cls-loc": b"Data/CLS-LOC"},
-                        external_attr=(stat.S_IFLNK | 0o777) << 16)
-    root = extract(z, tmp_path / "ok", progress=False, log=lambda m: None)
-    assert os.readlink(root / "ILSVRC" / "cls-loc") == "Data/CLS-LOC" and (root / "ILSVRC" / "cls-loc" / "val").is_dir()
+LINK = (stat.S_IFLNK | 0o777) << 16  # a zip member's external_attr for a symbolic link
+
+
+def _zip_with_links(tmp_path: Path, name: str, links: dict[str, str]) -> Path:
+    z = _valid_zip_with(tmp_path, name, {})
+    with zipfile.ZipFile(z, "a") as zf:
+        for member, target in links.items():
+            zi = zipfile.ZipInfo(member)
+            zi.external_attr = LINK
+            zf.writestr(zi, target)
+    return z
+
+
+def test_extract_refuses_every_zip_link(tmp_path):
+    # Each link alone stays inside DEST, but a/b/c is written through a/b (-> DEST) as DEST/c -> .., outside.
+    z = _zip_with_links(tmp_path, "chain", {"a/b": "..", "a/b/c": ".."})
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveError, match=r"refused to extract 2 member\(s\); nothing was written:\n  a/b: a "
+                       r"symbolic link to \.\.: the link target has a '\.\.' component\n  a/b/c: a symbolic link"):
+        extract(z, dest, progress=False, log=lambda m: None)
+    assert not dest.exists() and not os.path.lexists(tmp_path / "c")
+    z = _zip_with_links(tmp_path, "links", {"a/b": "..", "a/b/c": "..", "ILSVRC/escape": "../../../etc",
+                                            "ILSVRC/cls-loc": "Data/CLS-LOC", "ILSVRC/abs": "/etc/passwd"})
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveError) as e:
+        extract(z, dest, progress=False, log=lambda m: None)
+    msg = str(e.value)
+    assert f"{z}: refused to extract 5 member(s); nothing was written:" in msg
+    for line in ("a/b: a symbolic link to ..: the link target has a '..' component",
+                 "a/b/c: a symbolic link to ..: the link target has a '..' component",
+                 "ILSVRC/escape: a symbolic link to ../../../etc: the link target has a '..' component",
+                 "ILSVRC/cls-loc: a symbolic link to Data/CLS-LOC",  # inside, refused all the same
+                 "ILSVRC/abs: a symbolic link to /etc/passwd: the link target is an absolute path"):
+        assert f"\n  {line}" in msg, line
+    assert "The Kaggle archive holds no symbolic or hard links" in msg
+    assert not dest.exists() and not (tmp_path / "c").exists()
+    # shard refuses the same zip: it holds links, which the Kaggle archive never does.
+    with pytest.raises(ArchiveError, match=r"holds 5 link member\(s\) .*the Kaggle archive has none"):
+        build(z, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_shard_refuses_link_members_it_would_read(tmp_path):
+    tree = small_layout(tmp_path / "kaggle", num_classes=2, train_per_class=2, val_per_class=1)
+    image = "ILSVRC/Data/CLS-LOC/train/n90000000/n90000000_9.JPEG"
+    z = _zip_with_links(tmp_path, "root", {image: "n90000000_1.JPEG"})
+    with pytest.raises(ArchiveError) as e:
+        build(z, tmp_path / "out")
+    assert f"{z} holds 1 link member(s)" in str(e.value)
+    assert f"\n  {image}: a symbolic link to n90000000_1.JPEG" in str(e.value)
+    # The nested form: a symbolic link and a hard link in the tar's train folder.
+    sym = tarfile.TarInfo(image)
+    sym.type, sym.linkname = tarfile.SYMTYPE, "n90000000_1.JPEG"
+    hard = tarfile.TarInfo("ILSVRC/Data/CLS-LOC/train/n90000001/n90000001_9.JPEG")
+    hard.type, hard.linkname = tarfile.LNKTYPE, "ILSVRC/Data/CLS-LOC/train/n90000001/n90000001_1.JPEG"
+    z = zip_nested_form(tree, tmp_path / "nested.zip", tar_bytes=tar_gz_of(tree, extra=[(sym, b""), (hard, b"")]))
+    with pytest.raises(ArchiveError) as e:
+        build(z, tmp_path / "out")
+    msg = str(e.value)
+    assert f"{z} member {TAR_MEMBER} holds 2 link member(s)" in msg and "the Kaggle archive has none" in msg
+    assert f"\n  {hard.name}: a hard link to {hard.linkname}" in msg
+    assert not (tmp_path / "out").exists()
 
 
 def test_extract_refuses_tar_slip_in_the_nested_form(tmp_path):
@@ -274,42 +336,247 @@ def test_extract_refuses_tar_slip_in_the_nested_form(tmp_path):
     sym = tarfile.TarInfo("ILSVRC/etc")
     sym.type, sym.linkname = tarfile.SYMTYPE, "/etc"
     hard = tarfile.TarInfo("ILSVRC/passwd")
-    hard.type, hard.linkname = tarfile.LNKTYPE, "../../etc/passwd"
+    hard.type, hard.linkname = tarfile.LNKTYPE, "/etc/passwd"
     fifo = tarfile.TarInfo("ILSVRC/pipe")
     fifo.type = tarfile.FIFOTYPE
-    tar = tar_gz_of(tree, extra=[(evil, b"gotcha"), (up, b"gotcha"), (sym, b""), (hard, b""), (fifo, b"")])
-    z = zip_nested_form(tree, tmp_path / "slip.zip", tar_bytes=tar)
+    # A chain: each link looks safe alone, and the hard link's target is reached through them.
+    chain = [tarfile.TarInfo(n) for n in ("ILSVRC/a/b", "ILSVRC/a/b/c", "ILSVRC/h")]
+    chain[0].type, chain[0].linkname = tarfile.SYMTYPE, ".."
+    chain[1].type, chain[1].linkname = tarfile.SYMTYPE, "../.."
+    chain[2].type, chain[2].linkname = tarfile.LNKTYPE, "ILSVRC/a/b/c/x"
+    # The chain alone (which looks safe member by member) is refused too.
+    z = zip_nested_form(tree, tmp_path / "chain.zip", tar_bytes=tar_gz_of(tree, extra=[(c, b"") for c in chain]))
+    with pytest.raises(ArchiveError, match=r"refused to extract 3 member\(s\); nothing was written"):
+        extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
+    assert not (tmp_path / "dest").exists()
+    extra = [(evil, b"gotcha"), (up, b"gotcha"), (sym, b""), (hard, b""), (fifo, b"")] + [(c, b"") for c in chain]
+    z = zip_nested_form(tree, tmp_path / "slip.zip", tar_bytes=tar_gz_of(tree, extra=extra))
     with pytest.raises(ArchiveError) as e:
         extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
     msg = str(e.value)
-    assert f"member {TAR_MEMBER}: refused to extract 5 unsafe member(s)" in msg and "tar-slip" in msg
+    assert f"member {TAR_MEMBER}: refused to extract 8 member(s); nothing was written" in msg and "tar-slip" in msg
     assert "ILSVRC/../../evil.txt: a '..' component" in msg and "../up.txt: a '..' component" in msg
-    assert "ILSVRC/etc: a symbolic link to the absolute path /etc" in msg
-    assert "ILSVRC/passwd: a '..' component" in msg  # the hard link's target
+    assert "ILSVRC/etc: a symbolic link to /etc: the link target is an absolute path" in msg
+    assert "ILSVRC/passwd: a hard link to /etc/passwd: the link target is an absolute path" in msg
     assert "ILSVRC/pipe: a device, FIFO or other special file" in msg
+    assert "ILSVRC/a/b: a symbolic link to .." in msg and "ILSVRC/a/b/c: a symbolic link to ../.." in msg
+    assert "ILSVRC/h: a hard link to ILSVRC/a/b/c/x" in msg
+    assert "The Kaggle archive holds no symbolic or hard links" in msg
     assert not (tmp_path / "dest").exists() and not (tmp_path / "evil.txt").exists()
     assert not (tmp_path / "up.txt").exists()
 
 
-def test_extract_checks_free_space_first(tmp_path):
-    # A real zip whose central directory declares a 32 TiB member (the data written is 1 byte).
+def _zip_declaring(tmp_path: Path, size: int) -> tuple[Path, Path]:
+    """A real zip whose central directory declares a member of ``size`` bytes (the data written is 1 byte)."""
     tree = small_layout(tmp_path / "kaggle", num_classes=2, train_per_class=1, val_per_class=1)
     z = zip_root_form(tree, tmp_path / "huge.zip")
     with zipfile.ZipFile(z, "a") as zf:
         zf.writestr("ILSVRC/Data/CLS-LOC/test/huge.JPEG", b"x")
-        zf.filelist[-1].file_size = 2**45
+        zf.filelist[-1].file_size = size
     assert z.stat().st_size < 1_000_000
+    return z, tree
+
+
+def _numbers(msg: str) -> dict[str, int]:
+    m = re.search(r"it needs \S+ \S+ \((\d+) bytes: \S+ \S+ in (\d+) file\(s\), one (\d+)-byte block for each of "
+                  r"the (\d+) files and folders, and \S+ \S+ to spare\), (.+) has \S+ \S+ \((\d+) bytes\) free; it "
+                  r"creates (\d+) files and folders, and the file system has (\d+) free inodes", msg)
+    assert m, msg
+    keys = ("need", "files", "block", "entries", "folder", "free", "creates", "inodes")
+    return {k: (v if k == "folder" else int(v)) for k, v in zip(keys, m.groups())}
+
+
+def test_extract_checks_free_space_first(tmp_path):
+    z, tree = _zip_declaring(tmp_path, 2**45)  # 32 TiB
     dest = tmp_path / "new" / "dest"
     with pytest.raises(ConfigError) as e:
         extract(z, dest, progress=False, log=lambda m: None)
     msg = str(e.value)
-    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
-    need = 2**45 + sum(p.stat().st_size for p in tree_files(tree))
-    assert f"not enough free space to extract {z}: it needs {need} bytes" in msg
-    assert f"{tmp_path} has " in msg and "32768.0 GiB" in msg
-    free_in_msg = int(msg.split(f"{tmp_path} has ")[1].split(" bytes")[0])
-    assert abs(free_in_msg - free) < 64 * 2**20  # the folder's real free space
+    st = os.statvfs(tmp_path)
+    data = 2**45 + sum(p.stat().st_size for p in tree_files(tree))
+    files = len(tree_files(tree)) + 1
+    with zipfile.ZipFile(z) as zf:
+        folders = {n.rsplit("/", i)[0] for n in zf.namelist() for i in range(1, n.count("/") + 1)}
+    need = data + (files + len(folders)) * st.f_frsize + SPACE_MARGIN  # a block per file and folder, a margin
+    assert f"not enough free space to extract {z}: it needs {human_size(need)} ({need} bytes: " in msg
+    n = _numbers(msg)
+    assert n["files"] == files and n["entries"] == n["creates"] == files + len(folders)
+    assert n["block"] == st.f_frsize and n["need"] == data + n["entries"] * st.f_frsize + SPACE_MARGIN
+    assert n["folder"] == str(tmp_path) and abs(n["free"] - st.f_bavail * st.f_frsize) < 64 * 2**20
+    assert abs(n["inodes"] - st.f_favail) < 10_000  # the file system's free inodes, reported beside the bytes
+    assert "35.2 TB" in msg
     assert not (tmp_path / "new").exists()
+
+
+def test_extract_counts_a_block_per_file_and_a_margin(tmp_path):
+    # The files' bytes alone fit (by about 32 MiB), but not with a block per file and the margin.
+    tree = small_layout(tmp_path / "probe", num_classes=2, train_per_class=1, val_per_class=1)
+    others = sum(p.stat().st_size for p in tree_files(tree))
+    st = os.statvfs(tmp_path)
+    z, _ = _zip_declaring(tmp_path, st.f_bavail * st.f_frsize - others - SPACE_MARGIN // 2)
+    with pytest.raises(ConfigError, match=r"not enough free space to extract .*one \d+-byte block for each"):
+        extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
+    assert not (tmp_path / "dest").exists()
+
+
+def test_extract_refuses_a_member_shorter_than_its_declared_size(tmp_path):
+    z, _ = _zip_declaring(tmp_path, 5000)
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveError, match=r"huge.JPEG: 1 bytes read where the archive declares 5000"):
+        extract(z, dest, progress=False, log=lambda m: None)
+    assert not (dest / "ILSVRC/Data/CLS-LOC/test/huge.JPEG").exists()
+    assert (dest / EXTRACT_MARKER).exists()  # the extract stopped midway: shard refuses the folder
+    with pytest.raises(LayoutError, match=rf"{dest} is an incomplete extract.* Rerun `spark-imagenet extract {z} "
+                       rf"{dest}` to finish it"):
+        build(dest, tmp_path / "out")
+
+
+def test_extract_refuses_duplicate_members(tmp_path):
+    tree = small_layout(tmp_path / "kaggle", num_classes=2, train_per_class=1, val_per_class=1)
+    z = zip_root_form(tree, tmp_path / "dup.zip")
+    with zipfile.ZipFile(z, "a") as zf, pytest.warns(UserWarning, match="Duplicate name"):
+        zf.writestr("LOC_synset_mapping.txt", b"n90000000 other\n")  # a second copy, written last
+        zf.writestr("ILSVRC/Data/CLS-LOC/val", b"a file named like a folder")
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveError) as e:
+        extract(z, dest, progress=False, log=lambda m: None)
+    msg = str(e.value)
+    assert f"{z}: refused to extract 2 member(s); nothing was written" in msg
+    assert "\n  LOC_synset_mapping.txt: given twice (as a file, then as a file): which copy is meant?" in msg
+    assert "\n  ILSVRC/Data/CLS-LOC/val: a file, and also the folder of other members" in msg
+    assert not dest.exists()
+
+
+def _extracted(kaggle, dest: Path) -> Path:
+    return extract(kaggle["root"], dest, progress=False, log=lambda m: None)
+
+
+def test_rerun_compares_crc_and_rewrites_only_its_own_files(kaggle, tmp_path):
+    root = _extracted(kaggle, tmp_path / "x")
+    csv = root / "LOC_val_solution.csv"
+    image = root.joinpath(*DATA, "train", "n90000001", "n90000001_2.JPEG")
+    good_csv, good_image = csv.read_bytes(), image.read_bytes()
+    image.write_bytes(bytes(len(good_image)))  # same size, other bytes: corrupt
+    csv.write_bytes(good_csv + b"edited\n")  # another size
+    others = [p for p in tree_files(root) if p not in (csv, image) and p.name != WRITTEN_LIST]
+    before = {p: p.stat().st_mtime_ns for p in others}
+    msgs: list[str] = []
+    extract(kaggle["root"], root, progress=False, log=msgs.append)
+    assert image.read_bytes() == good_image and csv.read_bytes() == good_csv  # extract wrote them: rewritten
+    assert {p: p.stat().st_mtime_ns for p in others} == before  # the rest is kept, not rewritten
+    assert f"{human_size(len(good_csv) + len(good_image))} written in 2 file(s)" in msgs[-1]
+
+
+def test_rerun_of_the_nested_form_writes_only_what_is_missing_or_wrong(kaggle, tmp_path):
+    root = extract(kaggle["nested"], tmp_path / "n", progress=False, log=lambda m: None)
+    gone = root.joinpath(*DATA, "val", "ILSVRC2012_val_00000002.JPEG")
+    bad = root.joinpath(*DATA, "train", "n90000003", "n90000003_1.JPEG")
+    gone.unlink()
+    bad.write_bytes(b"\xff" * bad.stat().st_size)
+    msgs: list[str] = []
+    extract(kaggle["nested"], root, progress=False, log=msgs.append)
+    _same_tree(kaggle["tree"], root)
+    assert "in 2 file(s)" in msgs[-1] and "pass 2 of 2" in " ".join(msgs)
+
+
+def test_extract_does_not_overwrite_files_it_did_not_write(kaggle, tmp_path):
+    dest = tmp_path / "mine"
+    mine = dest / "LOC_val_solution.csv"
+    mine.parent.mkdir()
+    mine.write_text("my own notes\n")
+    same = dest / "LOC_synset_mapping.txt"
+    same.write_bytes((kaggle["tree"] / "LOC_synset_mapping.txt").read_bytes())  # identical: kept as it is
+    image = dest.joinpath(*DATA, "val", "ILSVRC2012_val_00000001.JPEG")
+    image.parent.mkdir(parents=True)
+    real = kaggle["tree"].joinpath(*DATA, "val", "ILSVRC2012_val_00000001.JPEG").read_bytes()
+    image.write_bytes(bytes(len(real)))  # the same size as the member, other bytes
+    same_mtime = same.stat().st_mtime_ns
+    with pytest.raises(ConfigError) as e:
+        extract(kaggle["root"], dest, progress=False, log=lambda m: None)
+    msg = str(e.value)
+    assert f"{dest} already holds 2 file(s) or folder(s) that differ from {kaggle['root']}'s members" in msg
+    assert f"\n  {mine}: 13 bytes where the archive's member has" in msg
+    assert f"\n  {image}: same size, other bytes (CRC-32" in msg
+    assert "nothing was written" in msg and "--overwrite" in msg
+    assert mine.read_text() == "my own notes\n" and sorted(p.name for p in dest.iterdir()) == [
+        "ILSVRC", "LOC_synset_mapping.txt", "LOC_val_solution.csv"]
+    extract(kaggle["root"], dest, overwrite=True, progress=False, log=lambda m: None)
+    assert mine.read_bytes() == (kaggle["tree"] / "LOC_val_solution.csv").read_bytes() and image.read_bytes() == real
+    assert same.stat().st_mtime_ns == same_mtime
+    _same_tree(kaggle["tree"], dest)
+
+
+def test_interrupted_extract_is_refused_by_shard_until_rerun(kaggle, tmp_path):
+    # A stored member late in the zip is corrupt: the extract stops there, with most files written.
+    z = tmp_path / "late-damage.zip"
+    z.write_bytes(kaggle["top"].read_bytes())
+    with zipfile.ZipFile(z) as zf:
+        info = zf.infolist()[-1]
+    data = bytearray(z.read_bytes())
+    data[info.header_offset + 30 + len(info.filename) + 5] ^= 0xFF
+    z.write_bytes(bytes(data))
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveError, match=rf"{info.filename} cannot be read .*Bad CRC-32"):
+        extract(z, dest, progress=False, log=lambda m: None)
+    root = dest / "imagenet-object-localization-challenge"
+    assert root.joinpath(*DATA, "train").is_dir() and (root / EXTRACT_MARKER).exists()
+    for folder in (dest, root):
+        with pytest.raises(LayoutError) as e:
+            build(folder, tmp_path / "out")
+        assert f"{folder} is an incomplete extract: `spark-imagenet extract` was interrupted" in str(e.value)
+        assert f"Rerun `spark-imagenet extract {z} {dest}` to finish it" in str(e.value)
+    assert not (tmp_path / "out").exists()
+    # The rerun (with the zip downloaded again) finishes it; then shard reads it.
+    z.write_bytes(kaggle["top"].read_bytes())
+    msgs: list[str] = []
+    assert extract(z, dest, progress=False, log=msgs.append) == root
+    assert not (dest / EXTRACT_MARKER).exists() and not (root / EXTRACT_MARKER).exists()
+    assert "in 1 file(s)" in msgs[-1]
+    _same_tree(kaggle["tree"], root)
+    build(root, tmp_path / "out")
+
+
+def test_ctrl_c_during_extract_says_a_rerun_finishes_it(kaggle, tmp_path):
+    z = tmp_path / "big.zip"
+    z.write_bytes(kaggle["root"].read_bytes())
+    big = "ILSVRC/Data/CLS-LOC/test/zeros.bin"
+    with zipfile.ZipFile(z, "a", zipfile.ZIP_DEFLATED) as zf, zf.open(big, "w", force_zip64=True) as f:
+        for _ in range(1024):  # 1 GiB of zeros: about 1 MB deflated, seconds to write out
+            f.write(bytes(2**20))
+    dest = tmp_path / "dest"
+    partial = dest / "ILSVRC/Data/CLS-LOC/test/.zeros.bin.spark-imagenet-partial"
+    proc = subprocess.Popen([sys.executable, "-m", "spark_imagenet", "extract", str(z), str(dest), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert (f"interrupted: {dest} is incomplete (spark-imagenet shard refuses it); rerun `spark-imagenet extract {z} "
+            f"{dest}` to finish it") in err
+    assert "Traceback" not in err and err.rstrip().endswith("spark-imagenet: interrupted")
+    assert (dest / EXTRACT_MARKER).exists() and not partial.exists()
+    with pytest.raises(LayoutError, match="incomplete extract"):
+        build(dest, tmp_path / "out")
+    extract(z, dest, progress=False, log=lambda m: None)
+    assert (dest / big).stat().st_size == 2**30 and not (dest / EXTRACT_MARKER).exists()
+    (dest / big).unlink()
+
+
+def test_shard_of_a_missing_zip_says_it_does_not_exist(tmp_path):
+    missing = tmp_path / "does-not-exist.zip"
+    with pytest.raises(ArchiveError, match=rf"^{missing} does not exist: give the downloaded Kaggle zip"):
+        build(missing, tmp_path / "out")
+    p = cli("shard", str(missing), "--out", str(tmp_path / "out"))
+    assert p.returncode == 2 and f"{missing} does not exist" in p.stderr and "not a directory" not in p.stderr
+
+
+def test_human_sizes():
+    assert [human_size(n) for n in (0, 1, 999, 1000, 1500, 999_499, 999_600, 2_400_000, 55_379, 155 * 10**9,
+                                     2**45)] == [
+        "0 bytes", "1 byte", "999 bytes", "1.00 KB", "1.50 KB", "999 KB", "1.00 MB", "2.40 MB", "55.4 KB",
+        "155 GB", "35.2 TB"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -97,6 +98,7 @@ def test_full_download(fake, api_key, served, tmp_path):
     assert get.status == 200 and "Range" not in get.headers and get.headers["Authorization"].startswith("Basic ")
     assert any("KAGGLE_USERNAME and KAGGLE_KEY" in ln for ln in lines)
     assert any("from the sizes in the competition's file list" in ln for ln in lines)
+    assert os.listdir(tmp_path / "dl") == [ARCHIVE]  # the lock file is gone
 
 
 def test_access_token_file(fake, served, home, tmp_path):
@@ -116,6 +118,66 @@ def test_second_run_downloads_nothing(fake, api_key, served, tmp_path):
     assert again == path and sha256(path.read_bytes()) == sha256(served[0])
     assert len(fake.seen) == before, "a complete archive must not be requested again"
     assert any("already complete" in ln and "nothing to download" in ln for ln in lines)
+
+
+def test_truncated_archive_without_marker_is_downloaded_again(fake, api_key, served, tmp_path):
+    dest = tmp_path / "dl"
+    dest.mkdir()
+    (dest / ARCHIVE).write_bytes(served[0][: len(served[0]) // 2])  # cut short, and no .kaggle-partial marker
+    path, lines = run(dest)
+    assert sha256(path.read_bytes()) == sha256(served[0])
+    [get] = fake.file_requests()
+    assert get.status == 200 and "Range" not in get.headers
+    [line] = [ln for ln in lines if "downloading it again from the start" in ln]
+    assert line.startswith(f"{dest / ARCHIVE} is not a complete download (it is not a complete zip (")
+    assert "no end-of-zip record" in line and "has no .kaggle-partial marker to resume from" in line
+    assert not any("already complete" in ln for ln in lines)
+
+
+def test_single_file_of_another_size_is_downloaded_again(fake, api_key, served, tmp_path):
+    dest = tmp_path / "dl"
+    dest.mkdir()
+    (dest / "LOC_synset_mapping.txt").write_bytes(served[2] + b"appended by mistake\n")
+    path, lines = run(dest, file_name="LOC_synset_mapping.txt")
+    assert path.read_bytes() == served[2]
+    size = len(served[2])
+    assert any(f"is not a complete download (it has {dl.human_size(size + 20)} ({size + 20} bytes) where Kaggle "
+               f"gives {dl.human_size(size)} ({size} bytes))" in ln and "downloading it again from the start" in ln
+               for ln in lines), lines
+
+
+def test_second_concurrent_download_fails_at_once(fake, api_key, served, cli_env, tmp_path):
+    dest = tmp_path / "dl"
+    fake.hold_files()  # the first download stays in progress until released
+    first = subprocess.Popen([sys.executable, "-m", "spark_imagenet", "download", "--dest", str(dest),
+                              "--no-progress"], env=cli_env, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    safety = threading.Timer(60, fake.release_files)  # without a lock the second run would wait as well
+    try:
+        deadline = time.monotonic() + 60
+        while not fake.file_requests() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert fake.file_requests(), first.communicate()[1] if first.poll() is not None else "no request"
+        lock = dl.lock_path(dest)
+        assert lock.read_text().strip() == str(first.pid)
+        safety.start()
+        started = time.monotonic()
+        with pytest.raises(DownloadError) as err:
+            run(dest)
+        assert time.monotonic() - started < 30
+        msg = str(err.value)
+        assert (f"Another download of the '{DEFAULT_COMPETITION}' archive into {dest} is running (process "
+                f"{first.pid} holds the lock {lock})") in msg and "corrupt each other's resume" in msg
+        assert len(fake.file_requests()) == 1
+    finally:
+        safety.cancel()
+        fake.release_files()
+        out, errors = first.communicate(timeout=120)
+    assert first.returncode == 0, errors
+    assert sha256((dest / ARCHIVE).read_bytes()) == sha256(served[0])
+    assert not dl.lock_path(dest).exists()
+    path, lines = run(dest)  # the lock was released: a later run finds the archive complete
+    assert any("already complete" in ln for ln in lines)
 
 
 def test_single_file_and_rerun(fake, api_key, served, tmp_path):
@@ -189,6 +251,7 @@ def test_bad_api_key(fake, tmp_path, monkeypatch, where):
     msg = str(err.value)
     assert "401" in msg and "rejected" in msg and source in msg, msg
     assert "https://www.kaggle.com/settings/api" in msg
+    assert not (tmp_path / "dl").exists()  # --dest is created only once Kaggle accepted the credentials
 
 
 def test_server_says_401(fake, api_key, tmp_path):
@@ -222,6 +285,22 @@ def test_no_credentials(fake, tmp_path):
                   "KAGGLE_CONFIG_DIR", "https://www.kaggle.com/settings/api", "chmod 600"):
         assert where in msg, (where, msg)
     assert not fake.seen, "nothing is sent without credentials"
+    assert not (tmp_path / "dl").exists()
+
+
+def test_malformed_kaggle_json_is_named(fake, tmp_path, monkeypatch):
+    config = tmp_path / "cfg"
+    config.mkdir()
+    (config / "kaggle.json").write_text('{"username": "alice", "key": "s3cret-key"')  # the closing brace lost
+    (config / "kaggle.json").chmod(0o600)
+    monkeypatch.setenv("KAGGLE_CONFIG_DIR", str(config))
+    with pytest.raises(DownloadError) as err:
+        run(tmp_path / "dl")
+    msg = str(err.value)
+    assert msg.startswith(f"The Kaggle credentials file {config / 'kaggle.json'} is malformed: it is not valid "
+                          "JSON ("), msg
+    assert "No Kaggle credentials found" not in msg and "KAGGLE_API_TOKEN" in msg
+    assert not fake.seen and not (tmp_path / "dl").exists()
 
 
 def test_not_enough_disk(fake, api_key, served, tmp_path):
@@ -231,11 +310,11 @@ def test_not_enough_disk(fake, api_key, served, tmp_path):
         run(dest)
     msg = str(err.value)
     assert "Not enough free disk space" in msg and str(dest) in msg
-    need = (10**15 + sum(f["totalBytes"] for f in served[1][1:])) / 1e9
-    assert f"needs {need:.1f} GB more" in msg, msg
-    free = float(re.search(r"only ([0-9.]+) GB are free", msg).group(1))
-    assert abs(free - shutil.disk_usage(dest).free / 1e9) < 1, msg
-    assert not fake.file_requests() and not list(dest.iterdir())
+    need = 10**15 + sum(f["totalBytes"] for f in served[1][1:])
+    assert f"needs {dl.human_size(need)} more ({need} bytes)" in msg, msg
+    free = int(re.search(r"only \S+ [KMGTP]?B \((\d+) bytes\) are free", msg).group(1))
+    assert abs(free - shutil.disk_usage(tmp_path).free) < 2**30, msg
+    assert not fake.file_requests() and not dest.exists()  # nothing left behind, not even the folder
 
 
 def test_kaggle_json_permission_warning(fake, served, tmp_path, monkeypatch):
