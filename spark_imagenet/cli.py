@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import sys
 from typing import Sequence
 
@@ -145,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "folder, refusing unsafe member names and checking free space first")
     p.add_argument("zip", help="the downloaded imagenet-object-localization-challenge.zip")
     p.add_argument("dest", help="folder to unpack into (created if absent)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files in DIR that differ from the archive although extract did not write them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -177,6 +180,21 @@ def _session(args: argparse.Namespace):
         ) from None
 
 
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (a BrokenPipeError came from our output).
+
+    On Linux, poll() reports POLLERR for such a pipe; where poll is missing
+    (Windows) this answers True, the usual assumption.
+    """
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):
+        return True
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _fd, events in poller.poll(0))
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status.
 
@@ -184,6 +202,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         SparkImagenetError: passed through to :func:`main`, which prints it.
     """
     args = build_parser().parse_args(argv)
+    from .storage import report_retries
+
+    report_retries()  # a bucket that keeps failing says so while the client retries
     if args.command == "shard":
         from .shard import shard
 
@@ -248,7 +269,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.command == "extract":
         from .archive import extract
 
-        print(extract(args.zip, args.dest, progress=not args.no_progress))
+        print(extract(args.zip, args.dest, overwrite=args.overwrite, progress=not args.no_progress))
         return 0
     if args.command == "demo":
         from .demo import run_demo
@@ -268,10 +289,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         int: 0 on success, 2 for a :class:`SparkImagenetError` (printed as
         ``spark-imagenet: error: ...``), 1 for a failure inside Spark itself
-        (Py4J/PySpark error, printed as one message), 130 on Ctrl-C.
+        (Py4J/PySpark error, printed as one message), 130 on Ctrl-C, 141
+        (128 + SIGPIPE, like a program the signal ended) without a message
+        when the reader of stdout went away (``spark-imagenet inspect URL | head -1``).
     """
     try:
-        return run(argv)
+        code = run(argv)
+        sys.stdout.flush()  # a reader that went away (`| head -1`) shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # e.g. a network connection, not our output
+        # The conventional handling (Python docs, "Note on SIGPIPE"): stop quietly, and point stdout at
+        # devnull so the interpreter's final flush of what is still buffered does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except SparkImagenetError as e:
         print(f"spark-imagenet: error: {e}", file=sys.stderr)
         return 2

@@ -597,9 +597,16 @@ def data_error(exc: BaseException, files: Sequence[str], parallel: int | None = 
     bad = find_bad_records(files, limit=1, parallel=parallel)
     if not bad:
         return None
+    from .cache import CACHE_FOLDER, MARKER_SUFFIX
+
+    marker = os.path.basename(bad[0].path) + MARKER_SUFFIX
     return ImageError(
         f"bad record in the input data: {bad[0].describe()}. "
-        "Rebuild the shards (the shard builder checks that every JPEG decodes) or remove that image from the source."
+        "Rebuild the shards (the shard builder checks that every JPEG decodes) or remove that image from the source. "
+        f"If that file is a copy in the shard cache (a {CACHE_FOLDER} folder unless --cache or cache= named "
+        "another), the copy may instead have been damaged after it was verified, with the bucket's shard intact, and "
+        f"every rerun would fail the same way: delete it and its marker {marker} beside it, and the next run fetches "
+        "it again."
     )
 
 

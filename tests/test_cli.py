@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from data_util import small_layout
+from spark_imagenet.shard import shard
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -44,6 +46,42 @@ def test_shard_inspect_and_rerun(tree, tmp_path):
     before = (out / "manifest.json").read_bytes()
     assert_clean_error(cli("shard", str(tree), "--out", str(out), "--classes", "2"), "already holds a different dataset", "--overwrite")
     assert (out / "manifest.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("reader", ["one line", "gone before output"])
+def test_inspect_into_a_reader_that_stops_early(tree, tmp_path, reader):
+    # `spark-imagenet inspect URL | head -1`: the reader exits while the command still has output to
+    # write. "one line" reads like head -1 (up to the first newline, then closes); unbuffered, print
+    # writes the summary and then its final newline separately, and the close usually falls between
+    # the two (a race: the summary is far smaller than a pipe). "gone before output" closes the
+    # reading end before the command starts, so its first write fails for certain; block-buffered,
+    # that write is main()'s flush.
+    out = tmp_path / "bucket"
+    shard(tree, out, train_shards=3, val_shards=2, progress=False, log=lambda _msg: None)
+    env = dict(os.environ)
+    if reader == "one line":
+        env["PYTHONUNBUFFERED"] = "1"
+    else:
+        env.pop("PYTHONUNBUFFERED", None)
+    read_end, write_end = os.pipe()
+    first = b""
+    with os.fdopen(read_end, "rb", buffering=0) as reading:
+        with os.fdopen(write_end, "wb") as writing:
+            if reader == "gone before output":
+                reading.close()
+            proc = subprocess.Popen([sys.executable, "-m", "spark_imagenet", "inspect", str(out)],
+                                    stdout=writing, stderr=subprocess.PIPE, text=True, env=env)
+        while not reading.closed and not first.endswith(b"\n"):  # one line, then close
+            chunk = reading.read(1)
+            assert chunk, f"the command wrote no line: {proc.communicate(timeout=120)[1]}"
+            first += chunk
+    _, stderr = proc.communicate(timeout=120)
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+    if reader == "one line":
+        assert first.decode() == f"dataset {out}\n"
+        assert proc.returncode in (0, 141), stderr  # 0: the whole summary was out before the close
+    else:
+        assert proc.returncode == 141, stderr
 
 
 def test_bad_input_messages(tree, tmp_path):

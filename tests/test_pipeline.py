@@ -198,6 +198,10 @@ def test_bad_jpeg_names_shard_and_record(tmp_path):
                 pass
     message = str(info.value)
     assert bad_file in message and "record 2" in message and "broken.JPEG" in message
+    assert "Rebuild the shards" in message
+    # the file named may be a cached copy damaged after it was verified: say how to make the next run fetch it again
+    assert "spark-imagenet-cache" in message and "train-00001-of-00002.tfrecord.verified" in message
+    assert "delete it and its marker" in message and "the next run fetches it again" in message
     assert isinstance(info.value.__cause__, tf.errors.InvalidArgumentError)
 
     ds = pipeline.eval_dataset(files, 3, 16, 2, None, examples=9, steps=3)
