@@ -40,9 +40,9 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .errors import AccessError, ConfigError, IntegrityError, StorageError
+from .errors import ConfigError, StorageError
 from .manifest import ShardInfo
-from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file
+from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file, unretryable
 
 #: Folder name of the cache under the Spark local dir.
 CACHE_FOLDER = "spark-imagenet-cache"
@@ -205,22 +205,12 @@ def _download_group(storage: Storage, todo: list[tuple[ShardInfo, Path]], transf
         tmps = [_tmp_name(path) for _shard, path in todo]
         start = time.monotonic()
         errors = storage.get_files([(shard.name, tmp) for (shard, _p), tmp in zip(todo, tmps)], transfers)
-        denied = next((e for e in errors if isinstance(e, AccessError)), None)
-        if denied is not None:  # a missing bucket, 401 or 403: retrying cannot help
+        stop = unretryable(errors, f"could not be fetched from {storage.url}")
+        if stop is not None:
             for tmp in tmps:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
-            raise denied
-        fatal = [(shard, e) for (shard, _p), e in zip(todo, errors)
-                 if e is not None and not isinstance(e, IntegrityError)]
-        if fatal:  # the client already retried these with backoff: another round would only repeat that
-            for tmp in tmps:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
-            raise StorageError(
-                f"{len(fatal)} shard(s) could not be fetched from {storage.url}: "
-                + "; ".join(str(e) for _s, e in fatal[:5]) + (f"; ... and {len(fatal) - 5} more" if len(fatal) > 5 else "")
-            )
+            raise stop
         failed = []
         for (shard, path), tmp, err in zip(todo, tmps, errors):
             why = None

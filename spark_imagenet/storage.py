@@ -122,6 +122,33 @@ def _run_parallel(fn, pairs: Sequence[tuple], transfers: int) -> list[BaseExcept
         return list(pool.map(one, pairs))
 
 
+def unretryable(errors: Sequence[BaseException | None], what: str) -> StorageError | None:
+    """The error that should end a batch of transfers now, or None.
+
+    A batch's failures (as :meth:`Storage.put_files`/:meth:`Storage.get_files`
+    return them) are worth one more transfer only when they are checksum
+    mismatches (:class:`IntegrityError`): everything else was already
+    retried with backoff by the client.
+
+    Args:
+        errors: one entry per transfer, None for a success.
+        what: the start of the message, e.g. ``"could not be fetched from gs://b/p"``.
+
+    Returns:
+        StorageError | None: the first :class:`AccessError` (a missing
+        bucket, 401, 403) as it is; else a StorageError ``"N shard(s) <what>:
+        <the first 5 errors>"`` when any failure is not a mismatch; else None.
+    """
+    denied = next((e for e in errors if isinstance(e, AccessError)), None)
+    if denied is not None:
+        return denied
+    fatal = [e for e in errors if e is not None and not isinstance(e, IntegrityError)]
+    if not fatal:
+        return None
+    return StorageError(f"{len(fatal)} shard(s) {what}: " + "; ".join(str(e) for e in fatal[:5])
+                        + (f"; ... and {len(fatal) - 5} more" if len(fatal) > 5 else ""))
+
+
 class Storage(abc.ABC):
     """A folder of objects addressed by a URL.
 

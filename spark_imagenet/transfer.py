@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import AccessError, ConfigError, IntegrityError, ManifestError, PreconditionFailed, StorageError
+from .errors import ConfigError, ManifestError, PreconditionFailed, StorageError
 from .manifest import MANIFEST_NAME, Manifest, ShardInfo
-from .storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage
+from .storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage, unretryable
 
 #: Object names of shards: ``<split>-<index>-of-<count>[-<dataset id[:8]>].tfrecord``
 #: (names without the id part come from builds before the id was added).
@@ -223,18 +223,13 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
             log(f"uploading {len(todo)} shard(s), {sum(s.bytes for _p, s in todo) / 1e6:.1f} MB, to {storage.url} "
                 f"with {transfers} parallel transfer(s)" + (" (retry)" if attempt > 1 else ""))
         errors = storage.put_files([(p, s.name) for p, s in todo], transfers)
-        denied = next((e for e in errors if isinstance(e, AccessError)), None)
-        if denied is not None:  # a missing bucket, 401 or 403: retrying cannot help
-            raise denied
-        fatal = [(s, e) for (_p, s), e in zip(todo, errors) if e is not None and not isinstance(e, IntegrityError)]
-        if fatal:  # the client already retried these with backoff: another round would only repeat that
-            for s, _e in fatal:
-                with contextlib.suppress(StorageError):
-                    storage.delete(s.name, best_effort=True)
-            raise StorageError(
-                f"{len(fatal)} shard(s) could not be uploaded to {storage.url}; nothing was committed: "
-                + "; ".join(str(e) for _s, e in fatal[:5]) + (f"; ... and {len(fatal) - 5} more" if len(fatal) > 5 else "")
-            )
+        stop = unretryable(errors, f"could not be uploaded to {storage.url}; nothing was committed")
+        if stop is not None:
+            for (_p, s), e in zip(todo, errors):
+                if e is not None:
+                    with contextlib.suppress(StorageError):
+                        storage.delete(s.name, best_effort=True)
+            raise stop
         failed = []
         for (path, shard), err in zip(todo, errors):
             try:
