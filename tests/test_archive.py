@@ -447,6 +447,139 @@ def test_extract_refuses_duplicate_members(tmp_path):
     assert not dest.exists()
 
 
+def test_refusals_say_what_is_wrong_with_each_kind_of_name(tmp_path):
+    # A file and a folder of the same name, and a file named "ILSVRC/.": no "given twice", no "shard refuses it".
+    z = _valid_zip_with(tmp_path, "kinds", {"ILSVRC/Data/CLS-LOC/test/fd": b"file\n",
+                                            "ILSVRC/Data/CLS-LOC/test/fd/inner.txt": b"inner\n",
+                                            "ILSVRC/.": b"dot\n"})
+    with pytest.raises(ArchiveError) as e:
+        extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
+    msg = str(e.value)
+    assert ("\n  ILSVRC/.: a file member whose name ends in '/.', so it names the folder ILSVRC/, not a file" in msg)
+    assert ("\n  ILSVRC/Data/CLS-LOC/test/fd: a file, and also the folder of other members (such as "
+            "ILSVRC/Data/CLS-LOC/test/fd/inner.txt)") in msg
+    assert "A name cannot be a file and a folder at once." in msg
+    assert "given twice" not in msg and "shard" not in msg
+    # A name given twice: only an image member given twice is refused by shard too, so only then is it said.
+    with pytest.warns(UserWarning, match="Duplicate name"):
+        image = _valid_zip_with(tmp_path, "dup-image", {"ILSVRC/Data/CLS-LOC/val/ILSVRC2012_val_00000001.JPEG": b"x"})
+    other = _valid_zip_with(tmp_path, "dup-other", {"ILSVRC/Data/CLS-LOC/test/n.txt": b"1",
+                                                    "ILSVRC/Data/CLS-LOC//test/n.txt": b"2"})
+    for z, shard_too in ((image, True), (other, False)):
+        with pytest.raises(ArchiveError, match="given twice") as e:
+            extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
+        assert ("spark-imagenet shard refuses an image member given twice too" in str(e.value)) == shard_too
+    with pytest.raises(ArchiveError, match="image member"):
+        build(image, tmp_path / "out")
+    assert ("ILSVRC/Data/CLS-LOC//test/n.txt: given twice (as a file named ILSVRC/Data/CLS-LOC/test/n.txt, then as "
+            "a file): which copy is meant?") in str(e.value)
+    assert not (tmp_path / "dest").exists()
+
+
+def test_names_too_long_for_the_file_system_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+    import spark_imagenet.archive as archive
+
+    long = "ILSVRC/Data/CLS-LOC/test/" + "x" * 300 + ".txt"
+    z = _valid_zip_with(tmp_path, "long", {long: b"long\n", "ILSVRC/Data/CLS-LOC/test/" + "y" * 256 + "/a.txt": b""})
+    dest = tmp_path / "dest"
+    with pytest.raises(ArchiveError) as e:
+        extract(z, dest, progress=False, log=lambda m: None)
+    msg = str(e.value)
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    assert "refused to extract 2 member(s); nothing was written" in msg
+    assert f"\n  {long}: a name component of 304 bytes; the file system of {dest} allows at most {name_max} " \
+           "(NAME_MAX)" in msg
+    assert "y" * 256 + "/a.txt: a name component of 256 bytes" in msg
+    assert not dest.exists()
+    # The whole path under DEST over PATH_MAX (here made small): refused too, the member's length and the limit
+    # given, and the fix is a shorter folder (not another download).
+    z = _valid_zip_with(tmp_path, "path", {})
+    with zipfile.ZipFile(z) as zf:
+        longest = max(len(n) for n in zf.namelist())
+    base = len(str(dest)) + 1
+    limit = base + longest + len(".spark-imagenet-partial") + 1  # every member fits, with its temporary name
+    k = limit - 5 - base - len("ILSVRC/Data/CLS-LOC/test/")  # fits, but not under its temporary name
+    z = _valid_zip_with(tmp_path, "path2", {"ILSVRC/Data/CLS-LOC/test/" + "b" * k: b"too long"})
+    monkeypatch.setattr(archive, "_limits", lambda d: (255, limit + 1))
+    with pytest.raises(ArchiveError) as e:
+        extract(z, dest, progress=False, log=lambda m: None)
+    msg = str(e.value)
+    full = limit - 5
+    assert msg.count("\n  ") == 1 and f"{'b' * k}: {full} bytes as a path under {dest} ({full + 24} under the " \
+        f"temporary name it is written under first); the file system allows at most {limit} (PATH_MAX {limit + 1}" \
+        in msg
+    assert f"choose a folder with a shorter path than {dest}" in msg and "download it again" not in msg
+    assert not dest.exists()
+    monkeypatch.undo()
+    # A name that fits NAME_MAX but not with the temporary suffix is written under a shorter temporary name.
+    fits = "ILSVRC/Data/CLS-LOC/test/" + "z" * (name_max - 10)
+    z = _valid_zip_with(tmp_path, "fits", {fits: b"fits\n"})
+    root = extract(z, tmp_path / "fits", progress=False, log=lambda m: None)
+    assert (root / fits).read_bytes() == b"fits\n"
+
+
+def test_a_folder_that_cannot_be_looked_at_is_a_clear_error(kaggle, tmp_path, monkeypatch):
+    import errno
+
+    root = _extracted(kaggle, tmp_path / "x")
+    blocked = root / "LOC_val_solution.csv"
+    real = os.lstat
+
+    def lstat(path, *a, **kw):
+        if os.fspath(path) == str(blocked):
+            raise OSError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    with pytest.raises(ConfigError, match=rf"^cannot look at {blocked} \(Permission denied\), where the archive's "
+                       r"member LOC_val_solution.csv goes; nothing was written"):
+        extract(kaggle["root"], root, progress=False, log=lambda m: None)
+
+
+_SLOW_EXTRACT = """
+import os, sys, time
+real = os.replace
+def replace(a, b):  # each file takes 50 ms to put in place: the kill lands mid-extract
+    time.sleep(0.05)
+    real(a, b)
+os.replace = replace
+from spark_imagenet.archive import extract
+extract(sys.argv[1], sys.argv[2], progress=False, log=lambda m: None)
+"""
+
+
+def test_a_killed_extract_lists_every_file_it_wrote(kaggle, tmp_path):
+    from spark_imagenet.archive import _WrittenList
+
+    dest = tmp_path / "dest"
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_EXTRACT, str(kaggle["root"]), str(dest)])
+
+    def written() -> list[Path]:
+        return [p for p in tree_files(dest) if not p.name.startswith(".")] if dest.exists() else []
+
+    deadline = time.monotonic() + 60
+    while len(written()) < 8 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    files = written()
+    assert 8 <= len(files) < len(tree_files(kaggle["tree"])) and (dest / EXTRACT_MARKER).exists()
+    names, complete = _WrittenList.parse(dest / WRITTEN_LIST)
+    assert not complete  # killed while its gzip member was open
+    assert {p.relative_to(dest).as_posix() for p in files} <= names  # every file under its final name is listed
+    victim = files[-1]
+    good = victim.read_bytes()
+    victim.write_bytes(bytes(len(good)))  # corrupted, same size
+    msgs: list[str] = []
+    extract(kaggle["root"], dest, progress=False, log=msgs.append)  # rewritten, not refused
+    assert victim.read_bytes() == good
+    _same_tree(kaggle["tree"], dest)
+    names, complete = _WrittenList.parse(dest / WRITTEN_LIST)  # mended, then appended to
+    assert complete and names == {p.relative_to(kaggle["tree"]).as_posix() for p in tree_files(kaggle["tree"])}
+    assert not (dest / EXTRACT_MARKER).exists()
+
+
 def _extracted(kaggle, dest: Path) -> Path:
     return extract(kaggle["root"], dest, progress=False, log=lambda m: None)
 
