@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=_positive_int, help="worker processes (default: all cores)")
     p.add_argument("--verify", choices=("decode", "header"), default="decode",
                    help="decode: check every JPEG decodes (default); header: header and end marker only (faster)")
+    p.add_argument("--on-corrupt", choices=("error", "skip"), default="error",
+                   help="empty, truncated or undecodable images: error lists them all and writes nothing (default); "
+                        "skip leaves them out and records each in quality-report.json. CMYK/YCCK JPEGs, other "
+                        "formats and EXIF-rotated images are repaired either way")
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset already at --out")
     p.add_argument("--transfers", type=_positive_int, default=8, help="parallel uploads to a gs:// --out (default 8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -219,6 +223,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             processes=args.processes,
             verify=args.verify,
+            on_corrupt=args.on_corrupt,
             overwrite=args.overwrite,
             transfers=args.transfers,
             progress=not args.no_progress,

@@ -10,15 +10,19 @@ What a build does (:func:`shard`):
    every shard mixes classes); val images are dealt in file-name order;
 3. write the shards in parallel worker processes (one shard per job), each
    image's bytes stored as read (no decode/re-encode), after checking that the
-   file is a JPEG that decodes (Pillow, see :func:`check_jpeg`). A folder or a
+   file is a JPEG that decodes and needs no repair (Pillow, see
+   :func:`check_image` and :mod:`spark_imagenet.quality`: CMYK/YCCK JPEGs,
+   other formats and EXIF-rotated images are stored as repaired RGB JPEGs,
+   unusable files fail the build or are skipped, ``on_corrupt``). A folder or a
    zip in the current form: each worker reads its shard's images itself. The
    older zip form (a nested tar.gz, one stream): the main process reads the
    stream, a process pool checks the images, each record is appended to a
    spill file of its shard, and the workers then copy every shard's records
    into plan order (see :func:`_stream_images`). Either way the shards are
    byte for byte the same as from the unpacked folder;
-4. only when every image passed: publish the shards under their final names,
-   then write ``manifest.json`` last and atomically.
+4. only when every image passed (or was skipped): publish the shards under
+   their final names, write ``quality-report.json`` (what was repaired or
+   skipped, counts per category), then ``manifest.json`` last and atomically.
 
 An interrupted or failed build leaves no manifest (so nothing can train on a
 partial dataset) and no half-written shard under a final name.
@@ -36,6 +40,7 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import io
+import json
 import math
 import multiprocessing as mp
 import os
@@ -43,14 +48,13 @@ import random
 import sys
 import time
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from PIL import Image
 
 from .errors import ConfigError, ImageError, SparkImagenetError, StorageError
 from .layout import ImageFile, SourceDataset, read_layout
+from .quality import CATEGORIES, Finding, classify, repair
 from .manifest import FORMAT_VERSION, Manifest, ShardInfo, SplitInfo
 from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file, open_storage
 from .transfer import (
@@ -83,50 +87,35 @@ MIN_AUTO_VAL_SHARDS = 4
 VERIFY_MODES = ("decode", "header")
 
 
-def check_jpeg(data: bytes, verify: str = "decode") -> tuple[int, int, str | None]:
-    """Check that ``data`` is a JPEG TensorFlow decodes to correct RGB.
+ON_CORRUPT_MODES = ("error", "skip")
+#: The quality report's object name, beside ``manifest.json``.
+QUALITY_REPORT_NAME = "quality-report.json"
+
+
+def check_image(data: bytes, name: str, verify: str = "decode") -> tuple[bytes | None, int, int, Finding]:
+    """The per-image step of every build path: classify the file and, when
+    it needs it, repair it (see :mod:`spark_imagenet.quality`).
 
     Args:
         data: the file's bytes.
-        verify: ``"decode"`` decodes the whole file with Pillow at 1/8 scale
-            (JPEG DCT scaling: every entropy-coded byte is still read, so a
-            truncated or corrupt file fails; about 1,100 images/s per core on
-            ImageNet-size images); ``"header"`` only parses the header and
-            checks the end-of-image marker (about 15,000 images/s per core;
-            misses corrupt data inside the file).
+        name: how messages name the file.
+        verify: ``"decode"`` or ``"header"``, see :func:`spark_imagenet.quality.classify`.
 
     Returns:
-        tuple[int, int, str | None]: ``(height, width, problem)`` in pixels;
-        ``problem`` is ``None`` for a good file, else a short reason.
+        tuple: ``(stored, height, width, finding)``: the bytes to store (the
+        file's own bytes unless it was repaired, then the repaired JPEG) and
+        their size in pixels; ``stored`` is ``None`` when the file is unusable
+        (``finding.category`` ``empty`` or ``corrupt``).
     """
-    if len(data) == 0:
-        return 0, 0, "empty file (0 bytes)"
-    if not data.startswith(b"\xff\xd8\xff"):
-        try:
-            with Image.open(io.BytesIO(data)) as im:
-                kind = f"a {im.format} image"
-        except Exception:
-            kind = "not an image Pillow recognises"
-        return 0, 0, f"not a JPEG file ({kind} named like one)"
+    finding = classify(data, name, verify)
+    if not finding.usable:
+        return None, 0, 0, finding
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with Image.open(io.BytesIO(data)) as im:
-                width, height, mode = im.width, im.height, im.mode
-                if mode in ("CMYK", "YCCK"):
-                    return height, width, (
-                        f"{mode} JPEG: TensorFlow decodes it to wrong colours; convert it to RGB"
-                    )
-                if verify == "decode":
-                    im.draft("RGB" if mode != "L" else "L", (max(1, width // 8), max(1, height // 8)))
-                    im.load()
-                elif not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
-                    return height, width, "truncated JPEG (no end-of-image marker)"
-    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError...
-        return 0, 0, f"JPEG does not decode: {e}"
-    if width < 1 or height < 1:
-        return height, width, f"invalid size {width}x{height}"
-    return height, width, None
+        stored, height, width = repair(data, finding)
+    except Exception as e:  # decodes at 1/8 scale but not at full size (or verify="header")
+        finding = dataclasses.replace(finding, category="corrupt", reason=f"does not decode for repair: {e}")
+        return None, 0, 0, finding
+    return stored, height, width, finding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +127,7 @@ class _ShardJob:
     images: tuple[ImageFile, ...]
     verify: str
     reader: Any = None  # None: files on disk; else reads the images from a zip (archive.ZipMemberReader)
+    on_corrupt: str = "error"
 
     def where(self, img: ImageFile) -> str:
         """How messages name an image's file."""
@@ -167,13 +157,30 @@ def _example(img: ImageFile, data: bytes, height: int, width: int) -> bytes:
     )
 
 
-def _write_shard(job: _ShardJob) -> tuple[ShardInfo | None, list[str]]:
-    """Write one shard (in a worker process). Returns the shard's info, or
-    ``None`` and the list of bad files when any image failed."""
+#: What a worker reports about its images' quality: the count per category, and per repaired or
+#: skipped image ``(index in the job, category, reason, action)`` with action ``"repaired"`` or ``"skipped"``.
+Quality = tuple[dict[str, int], list[tuple[int, str, str, str]]]
+
+
+def _note(quality: Quality, k: int, finding: Finding, stored: bytes | None) -> None:
+    counts, files = quality
+    counts[finding.category] = counts.get(finding.category, 0) + 1
+    if stored is None:
+        files.append((k, finding.category, finding.reason or "", "skipped"))
+    elif finding.needs_repair:
+        files.append((k, finding.category, finding.reason or "", "repaired"))
+
+
+def _write_shard(job: _ShardJob) -> tuple[ShardInfo | None, list[str], Quality]:
+    """Write one shard (in a worker process). Returns the shard's info, the
+    list of bad files (then the info is ``None``: with ``on_corrupt="error"``
+    any unusable image fails the shard) and the quality tally."""
     problems: list[str] = []
+    quality: Quality = ({}, [])
     pending = 0
+    written = 0
     with open(job.tmp_path, "wb") as f:
-        for img in job.images:
+        for k, img in enumerate(job.images):
             try:
                 if job.reader is None:
                     with open(img.path, "rb") as src:
@@ -183,11 +190,14 @@ def _write_shard(job: _ShardJob) -> tuple[ShardInfo | None, list[str]]:
             except (OSError, SparkImagenetError) as e:
                 problems.append(f"{job.where(img)}: cannot read ({getattr(e, 'strerror', None) or e})")
                 continue
-            height, width, problem = check_jpeg(data, job.verify)
-            if problem:
-                problems.append(f"{job.where(img)}: {problem}")
+            stored, height, width, finding = check_image(data, img.filename, job.verify)
+            _note(quality, k, finding, stored)
+            if stored is None:
+                if job.on_corrupt == "error":
+                    problems.append(f"{job.where(img)}: {finding.reason}")
             elif not problems:
-                write_record(f, _example(img, data, height, width))
+                write_record(f, _example(img, stored, height, width))
+                written += 1
             pending += 1
             if _COUNTER is not None and pending >= 16:
                 with _COUNTER.get_lock():
@@ -198,9 +208,9 @@ def _write_shard(job: _ShardJob) -> tuple[ShardInfo | None, list[str]]:
             _COUNTER.value += pending
     if problems:
         os.unlink(job.tmp_path)
-        return None, problems
+        return None, problems, quality
     size = os.path.getsize(job.tmp_path)
-    return ShardInfo(job.name, len(job.images), size, crc32c_file(job.tmp_path)), []
+    return ShardInfo(job.name, written, size, crc32c_file(job.tmp_path)), [], quality
 
 
 def _spill_path(job: _ShardJob) -> str:
@@ -209,18 +219,22 @@ def _spill_path(job: _ShardJob) -> str:
     return job.tmp_path + ".spill"
 
 
-def _assemble_shard(job: _ShardJob, index: list[tuple[int, int]]) -> tuple[ShardInfo, list[str]]:
+def _assemble_shard(job: _ShardJob, index: list[tuple[int, int] | None]) -> tuple[ShardInfo, list[str], Quality]:
     """Copy a shard's records from its spill file into plan order (in a worker
     process), then delete the spill file. ``index[i]`` is the (offset, length)
-    of the shard's i-th planned record in the spill file."""
+    of the shard's i-th planned record in the spill file, ``None`` for a
+    skipped image (``on_corrupt="skip"``)."""
     spill = _spill_path(job)
     with open(spill, "rb") as src, open(job.tmp_path, "wb") as f:
         fd = src.fileno()
-        for offset, length in index:
-            f.write(os.pread(fd, length, offset))
-    os.unlink(spill)
+        for place in index:
+            if place is not None:
+                f.write(os.pread(fd, place[1], place[0]))
+    if os.path.exists(spill):  # absent when every image of the shard was skipped
+        os.unlink(spill)
     size = os.path.getsize(job.tmp_path)
-    return ShardInfo(job.name, len(job.images), size, crc32c_file(job.tmp_path)), []
+    written = sum(place is not None for place in index)
+    return ShardInfo(job.name, written, size, crc32c_file(job.tmp_path)), [], ({}, [])
 
 
 #: The stream form hands images to the pool in batches of this many images or bytes, whichever
@@ -229,19 +243,19 @@ STREAM_BATCH_IMAGES = 32
 STREAM_BATCH_BYTES = 4 * 1024 * 1024
 
 
-def _check_and_frame(batch: list[tuple[ImageFile, bytes]], verify: str) -> list[tuple[bytes | None, str | None]]:
-    """Check a batch of images and return, per image, its whole TFRecord
-    (framing included) or ``None`` and the problem (in a worker process, for
-    the stream form)."""
-    out: list[tuple[bytes | None, str | None]] = []
+def _check_and_frame(batch: list[tuple[ImageFile, bytes]], verify: str) -> list[tuple[bytes | None, Finding]]:
+    """Check (and repair) a batch of images and return, per image, its whole
+    TFRecord (framing included), or ``None`` for an unusable image, and what
+    :func:`check_image` found (in a worker process, for the stream form)."""
+    out: list[tuple[bytes | None, Finding]] = []
     for img, data in batch:
-        height, width, problem = check_jpeg(data, verify)
-        if problem:
-            out.append((None, problem))
+        stored, height, width, finding = check_image(data, img.filename, verify)
+        if stored is None:
+            out.append((None, finding))
             continue
         buf = io.BytesIO()
-        write_record(buf, _example(img, data, height, width))
-        out.append((buf.getvalue(), None))
+        write_record(buf, _example(img, stored, height, width))
+        out.append((buf.getvalue(), finding))
     if _COUNTER is not None:
         with _COUNTER.get_lock():
             _COUNTER.value += len(batch)
@@ -318,7 +332,7 @@ class _SpillWriter:
 
 
 def _stream_images(pool, src: SourceDataset, jobs: list[_ShardJob], verify: str, in_flight: int,
-                   counter, bar) -> tuple[list[list[tuple[int, int]]], list[str]]:
+                   counter, bar) -> tuple[list[list[tuple[int, int] | None]], list[str], list[Quality]]:
     """Pass 2 of the nested-tar form: read the planned images from the stream
     (main process), have ``pool`` check and encode them (:func:`_check_and_frame`),
     append each record to its shard's spill file in arrival order.
@@ -334,12 +348,14 @@ def _stream_images(pool, src: SourceDataset, jobs: list[_ShardJob], verify: str,
 
     Returns:
         tuple: per job the (offset, length) of each planned record in its
-        spill file, and the list of bad files (once there is one, nothing
-        more is spilled).
+        spill file (``None`` for a skipped image), the list of bad files
+        (once there is one, nothing more is spilled) and per job the quality
+        tally (see :func:`_write_shard`).
     """
     place = {img.path: (j, k) for j, job in enumerate(jobs) for k, img in enumerate(job.images)}
-    index: list[list[tuple[int, int]]] = [[(0, 0)] * len(job.images) for job in jobs]
+    index: list[list[tuple[int, int] | None]] = [[(0, 0)] * len(job.images) for job in jobs]
     problems: list[str] = []
+    quality: list[Quality] = [({}, []) for _ in jobs]
     waiting: collections.deque = collections.deque()
     try:
         import resource
@@ -351,9 +367,12 @@ def _stream_images(pool, src: SourceDataset, jobs: list[_ShardJob], verify: str,
 
     def settle() -> None:
         result, places = waiting.popleft()
-        for (j, k), (record, problem) in zip(places, result.get()):
-            if problem:
-                problems.append(f"{src.where(jobs[j].images[k])}: {problem}")
+        for (j, k), (record, finding) in zip(places, result.get()):
+            _note(quality[j], k, finding, record)
+            if record is None:
+                if jobs[j].on_corrupt == "error":
+                    problems.append(f"{src.where(jobs[j].images[k])}: {finding.reason}")
+                index[j][k] = None
             elif not problems:
                 index[j][k] = (spills.append(j, record), len(record))
         if bar is not None:
@@ -387,7 +406,7 @@ def _stream_images(pool, src: SourceDataset, jobs: list[_ShardJob], verify: str,
         spills.close(check=False)
         raise
     spills.close()
-    return index, problems
+    return index, problems, quality
 
 
 def _auto_shards(images: Sequence[ImageFile], minimum: int) -> int:
@@ -437,12 +456,21 @@ def plan_shards(
     return plan
 
 
-def dataset_fingerprint(plan: dict[str, list[tuple[ImageFile, ...]]], source: SourceDataset) -> str:
+def dataset_fingerprint(plan: dict[str, list[tuple[ImageFile, ...]]], source: SourceDataset,
+                        on_corrupt: str = "error") -> str:
     """SHA-256 (hex, first 16 bytes) of what a build would write: the format
     version, the classes, and per shard the file names (relative to the
     Kaggle root, so a directory and the zip it came from give the same id),
-    sizes and labels in record order. Equal fingerprints mean equal datasets."""
+    sizes and labels in record order. Equal fingerprints mean equal datasets.
+
+    ``on_corrupt="skip"`` is part of the fingerprint (the default ``"error"``
+    adds nothing, so ids of earlier builds stay the same): a skip build leaves
+    out the unusable files, which are known only after reading them, so its
+    dataset may differ from the planned one, and is never taken for an error
+    build's (which holds every planned file)."""
     h = hashlib.sha256(f"spark-imagenet/{FORMAT_VERSION}\n".encode())
+    if on_corrupt != "error":
+        h.update(f"on-corrupt {on_corrupt}\n".encode())
     for c in source.classes:
         h.update(f"class {c.id} {c.wnid}\n".encode())
     for split, shards in plan.items():
@@ -465,6 +493,7 @@ def shard(
     seed: int = 0,
     processes: int | None = None,
     verify: str = "decode",
+    on_corrupt: str = "error",
     overwrite: bool = False,
     transfers: int = DEFAULT_TRANSFERS,
     progress: bool = True,
@@ -489,7 +518,14 @@ def shard(
         per_class: at most M train images per class (``--per-class``).
         seed: seed of the per-class sample and of the train shuffle.
         processes: worker processes (``None``: all cores).
-        verify: ``"decode"`` (default) or ``"header"``, see :func:`check_jpeg`.
+        verify: ``"decode"`` (default) or ``"header"``, see
+            :func:`spark_imagenet.quality.classify`.
+        on_corrupt: what to do with unusable (empty, truncated, undecodable)
+            files: ``"error"`` (default) fails the build listing every one;
+            ``"skip"`` leaves them out and records each in
+            ``quality-report.json``. Repairable files (CMYK, YCCK, other
+            formats, EXIF orientation) are repaired either way, see
+            :mod:`spark_imagenet.quality`.
         overwrite: replace a different dataset already at ``out``.
         transfers: parallel uploads to a remote ``out`` (``--transfers``).
         progress: show a tqdm progress bar on stderr (images/s).
@@ -506,7 +542,7 @@ def shard(
         ConfigError: bad option values, ``out`` holds a different dataset,
             or another run committed a different dataset to ``out`` while
             this one was building (this run's shards are removed again).
-        ImageError: some images are not decodable JPEGs; lists every one.
+        ImageError: some images are unusable (``on_corrupt="error"``); lists every one.
         StorageError: ``out`` cannot be written, or an upload fails
             verification twice.
     """
@@ -515,6 +551,8 @@ def shard(
             print(msg, file=sys.stderr, flush=True)
     if verify not in VERIFY_MODES:
         raise ConfigError(f"--verify {verify!r}: choose one of {', '.join(VERIFY_MODES)}")
+    if on_corrupt not in ON_CORRUPT_MODES:
+        raise ConfigError(f"--on-corrupt {on_corrupt!r}: choose one of {', '.join(ON_CORRUPT_MODES)}")
     if processes is not None and processes < 1:
         raise ConfigError(f"processes={processes}: must be at least 1")
     from .archive import is_zip_source, read_zip_layout
@@ -525,7 +563,7 @@ def shard(
     else:
         src = read_layout(source, num_classes=classes, class_list=class_list, per_class=per_class, seed=seed)
     plan = plan_shards(src, train_shards, val_shards, seed)
-    dataset_id = dataset_fingerprint(plan, src)
+    dataset_id = dataset_fingerprint(plan, src, on_corrupt)
     if transfers < 1:
         raise ConfigError(f"--transfers {transfers}: must be at least 1")
     storage = open_storage(out)
@@ -536,7 +574,7 @@ def shard(
 
     created_root = not storage.root_exists()
     try:
-        return _build(storage, dest, src, plan, dataset_id, verify, processes, transfers, progress, log)
+        return _build(storage, dest, src, plan, dataset_id, verify, on_corrupt, processes, transfers, progress, log)
     except BaseException:
         if created_root:
             storage.remove_empty_root()  # "nothing was written" includes the folder itself
@@ -544,7 +582,7 @@ def shard(
 
 
 def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, dataset_id: str, verify: str,
-           processes: int | None, transfers: int, progress: bool, log: Callable[[str], None]) -> Manifest:
+           on_corrupt: str, processes: int | None, transfers: int, progress: bool, log: Callable[[str], None]) -> Manifest:
     """Write the shards of ``plan``, publish them, then commit the manifest
     (see :func:`shard` and :mod:`spark_imagenet.transfer`)."""
     staging = storage.staging_dir()
@@ -561,7 +599,7 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
     streamed = src.archive is not None and src.archive.streamed
     jobs = [
         _ShardJob(split, k, name, str(staging / f".{name}.partial-{token}"), images, verify,
-                  src.archive.reader(images) if src.archive is not None and not streamed else None)
+                  src.archive.reader(images) if src.archive is not None and not streamed else None, on_corrupt)
         for split, shards in plan.items()
         for k, images in enumerate(shards)
         for name in [shard_name(split, k, len(shards), dataset_id)]
@@ -575,6 +613,8 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
     start = time.perf_counter()
     results: dict[str, ShardInfo] = {}
     problems: list[str] = []
+    quality: dict[str, Quality] = {}  # per shard name
+    job_of: dict[Any, str] = {}  # pending result -> shard name
     ctx = mp.get_context("spawn")
     counter = ctx.Value("q", 0)
     # A remote --out gets each shard uploaded (verified) as soon as it is written, so the local staging
@@ -597,6 +637,7 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         with ctx.Pool(n_proc, initializer=_init_worker, initargs=(counter,)) as pool:
             if not streamed:
                 pending = [pool.apply_async(_write_shard, (j,)) for j in jobs]
+                job_of.update((r, j.name) for r, j in zip(pending, jobs))
             else:
                 log(f"reading the images from {src.archive.path} member {src.archive.tar_member} "
                     "(pass 2 of 2 over the compressed stream)")
@@ -607,7 +648,8 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
                 bar = tqdm(total=total, unit="img", desc="shard", file=sys.stderr, dynamic_ncols=True)
             try:
                 if streamed:
-                    index, problems = _stream_images(pool, src, jobs, verify, 2 * n_proc, counter, bar)
+                    index, problems, stream_quality = _stream_images(pool, src, jobs, verify, 2 * n_proc, counter, bar)
+                    quality.update((j.name, q) for j, q in zip(jobs, stream_quality))
                     pending = [] if problems else [pool.apply_async(_assemble_shard, (j, index[i]))
                                                    for i, j in enumerate(jobs)]
                 while pending:
@@ -616,7 +658,7 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
                     for r in pending:
                         if r.ready():
                             try:
-                                info, bad = r.get()
+                                info, bad, tally = r.get()
                             except OSError as e:  # raised in a worker: the staging disk, mostly
                                 raise StorageError(
                                     f"cannot write shards to {staging} ({e.strerror or e}"
@@ -625,6 +667,8 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
                                                ", or choose another --out") + ", and run again"
                                 ) from None
                             problems += bad
+                            if tally[0]:
+                                quality[job_of[r]] = tally
                             if info is not None:
                                 results[info.name] = info
                                 if uploader is not None and not problems:
@@ -649,8 +693,9 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
                                    "committed:" + "".join(f"\n  {m}" for m in failed[:20]))
         if problems:
             raise ImageError(
-                f"{len(problems)} image file(s) cannot be stored as decodable RGB JPEGs; nothing was written "
-                f"to {storage.url}. Fix or remove them (or leave their classes out) and run again:"
+                f"{len(problems)} image file(s) are empty, truncated or do not decode; nothing was written "
+                f"to {storage.url}. Fix or remove them (or leave their classes out), or pass --on-corrupt skip "
+                "(on_corrupt=\"skip\") to leave them out, and run again:"
                 + "".join(f"\n  {p}" for p in sorted(problems)[:50])
                 + (f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else "")
             )
@@ -677,6 +722,9 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         if tmp_root is not None:
             tmp_root.cleanup()
     seconds = time.perf_counter() - start
+    report = quality_report(src, plan, jobs, quality, dataset_id, verify, on_corrupt)
+    for line in format_quality(report):
+        log(line)
     splits = {
         split: SplitInfo(tuple(results[shard_name(split, k, len(shards), dataset_id)] for k in range(len(shards))))
         for split, shards in plan.items()
@@ -687,9 +735,12 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         classes=src.classes,
         splits=splits,
         source={"kind": "kaggle-cls-loc-dir", "path": src.root} if src.archive is None else src.archive.describe(),
-        selection={**src.selection, "train_shards": len(plan["train"]), "val_shards": len(plan["val"]), "verify": verify},
+        selection={**src.selection, "train_shards": len(plan["train"]), "val_shards": len(plan["val"]), "verify": verify,
+                   "on_corrupt": on_corrupt, "quality": _quality_totals(report)},
         feature_keys=FEATURE_KEYS,
     )
+    # The report goes first: a manifest is never visible without the report of its build.
+    storage.write_bytes(QUALITY_REPORT_NAME, (json.dumps(report, indent=1) + "\n").encode("utf-8"))
     if dest.committed is not None and dest.committed.splits == manifest.splits:
         manifest = dest.committed  # this dataset was committed before; its lost shards are back now
     else:
@@ -702,6 +753,74 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         f"({total / max(seconds, 1e-9):.0f} images/s) to {storage.url}"
     )
     return manifest
+
+
+def quality_report(src: SourceDataset, plan: dict, jobs: list[_ShardJob], quality: dict[str, Quality],
+                   dataset_id: str, verify: str, on_corrupt: str) -> dict[str, Any]:
+    """The content of ``quality-report.json``.
+
+    Returns:
+        dict: ``dataset_id``, ``verify``, ``on_corrupt``; per split
+        (``splits``) the files found, examples written, files repaired and
+        skipped, and the count per category (:data:`spark_imagenet.quality.CATEGORIES`);
+        ``files``: every repaired or skipped file (``split``, ``file``
+        relative to the Kaggle root, ``category``, ``action``, ``reason``),
+        sorted by split and file.
+    """
+    splits: dict[str, dict[str, Any]] = {}
+    files: list[dict[str, str]] = []
+    for split, shards in plan.items():
+        found = sum(len(images) for images in shards)
+        counts = dict.fromkeys(CATEGORIES, 0)
+        repaired = skipped = 0
+        for job in jobs:
+            if job.split != split or job.name not in quality:
+                continue
+            tally, listed = quality[job.name]
+            for category, n in tally.items():
+                counts[category] += n
+            for k, category, reason, action in listed:
+                files.append({"split": split, "file": src.relpath(job.images[k]), "category": category,
+                              "action": action, "reason": reason})
+                repaired += action == "repaired"
+                skipped += action == "skipped"
+        splits[split] = {"files": found, "examples": found - skipped, "repaired": repaired, "skipped": skipped,
+                         "categories": counts}
+    files.sort(key=lambda f: (f["split"] != "train", f["file"]))
+    return {
+        "format": "spark-imagenet-quality-report",
+        "format_version": 1,
+        "dataset_id": dataset_id,
+        "verify": verify,
+        "on_corrupt": on_corrupt,
+        "splits": splits,
+        "files": files,
+    }
+
+
+def _quality_totals(report: dict[str, Any]) -> dict[str, Any]:
+    """What the manifest's ``selection["quality"]`` holds: per split the files
+    found, examples written, repaired and skipped (``files = examples + skipped``)."""
+    return {
+        "report": QUALITY_REPORT_NAME,
+        **{split: {key: s[key] for key in ("files", "examples", "repaired", "skipped")}
+           for split, s in report["splits"].items()},
+    }
+
+
+def format_quality(report: dict[str, Any]) -> list[str]:
+    """The short summary of a quality report the CLI prints: one line per
+    category that occurred (train and val counts), and the totals."""
+    lines = ["image quality (train / val):"]
+    splits = report["splits"]
+    for category in CATEGORIES:
+        counts = [splits[s]["categories"].get(category, 0) for s in ("train", "val") if s in splits]
+        if any(counts):
+            lines.append(f"  {category:<13} " + " / ".join(str(c) for c in counts))
+    total = {key: sum(s[key] for s in splits.values()) for key in ("files", "examples", "repaired", "skipped")}
+    lines.append(f"  {total['files']} files found = {total['examples']} examples written + {total['skipped']} "
+                 f"skipped; {total['repaired']} repaired (see {QUALITY_REPORT_NAME})")
+    return lines
 
 
 def format_summary(manifest: Manifest, url: str = "") -> str:

@@ -144,7 +144,9 @@ def check_destination(storage: Storage, dataset_id: str, overwrite: bool, option
                 f"{existing.created}); choose another {option}, or pass --overwrite to replace it"
             )
         return Destination(None, generation, objects, replaced=existing.dataset_id)
-    foreign = [n for n in objects if not SHARD_NAME_RE.match(n) and not PARTIAL_RE.match(n)]
+    # quality-report.json: a build that failed between writing it and the manifest commit leaves it.
+    foreign = [n for n in objects
+               if not SHARD_NAME_RE.match(n) and not PARTIAL_RE.match(n) and n != "quality-report.json"]
     if foreign and not overwrite:
         raise ConfigError(
             f"{option} {storage.url} is not empty and holds no {MANIFEST_NAME} (e.g. {foreign[0]}); "
@@ -407,6 +409,11 @@ def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int
             transfers=transfers, stats=stats, log=log)
     start = time.monotonic()
     removed = 0
+    report = Path(src.root, "quality-report.json")  # the shard builder's report travels with its shards
+    if report.is_file():
+        data = report.read_bytes()
+        if report.name not in dest_state.objects or dst.read_bytes(report.name) != data:
+            dst.write_bytes(report.name, data)
     if dest_state.committed is None:
         committed = commit_manifest(dst, manifest, dest_state.generation, log=log)
         stats.manifest_written = committed is manifest

@@ -81,7 +81,7 @@ def test_shards_from_both_zip_forms_equal_the_directory(kaggle, tmp_path):
         assert m.source["kind"] == "kaggle-cls-loc-zip" and m.source["path"] == str(kaggle[form])
         assert m.source["form"] == ("nested-tar" if form.startswith("nested") else "root")
         assert sorted(p.name for p in out.iterdir()) == sorted(
-            ["manifest.json"] + [s.name for sp in m.splits.values() for s in sp.shards])  # no spill files left
+            ["manifest.json", "quality-report.json"] + [s.name for sp in m.splits.values() for s in sp.shards])  # no spill files left
     assert json.loads((tmp_path / "top" / "manifest.json").read_text())["source"]["prefix"] == \
         "imagenet-object-localization-challenge/"
     # The labels are those of the tree: the train folder, and the first wnid of the val CSV row.
@@ -107,19 +107,29 @@ def test_selection_from_zips_equals_the_directory(kaggle, tmp_path):
 
 
 def test_bad_images_inside_zips_are_listed_with_zip_and_member(tmp_path):
+    """Both zip forms: an unusable image is listed with the zip and member (error) or skipped (skip), and a
+    repairable one (a PNG named .JPEG) is stored repaired, as from a folder (tests/test_quality.py)."""
     tree = small_layout(tmp_path / "kaggle", num_classes=2, train_per_class=3, val_per_class=2)
     victim = tree.joinpath(*DATA, "train", "n90000001", "n90000001_2.JPEG")
+    victim.write_bytes(victim.read_bytes()[:200])  # truncated
     png = io.BytesIO()
-    Image.new("RGB", (20, 20)).save(png, "PNG")
-    victim.write_bytes(png.getvalue())
+    Image.new("RGB", (20, 20), (200, 10, 10)).save(png, "PNG")
+    tree.joinpath(*DATA, "train", "n90000000", "n90000000_1.JPEG").write_bytes(png.getvalue())
     for form, make in (("root", zip_root_form), ("nested", zip_nested_form)):
         z = make(tree, tmp_path / f"{form}.zip")
         with pytest.raises(ImageError) as e:
             build(z, tmp_path / f"out-{form}", train_shards=2, val_shards=1)
         member = "ILSVRC/Data/CLS-LOC/train/n90000001/n90000001_2.JPEG"
         inner = f" member {TAR_MEMBER}" if form == "nested" else ""
-        assert f"{z}{inner} member {member}: not a JPEG file (a PNG image named like one)" in str(e.value)
+        assert f"{z}{inner} member {member}: JPEG does not decode" in str(e.value)
+        assert "n90000000_1.JPEG" not in str(e.value)  # repaired, not an error
         assert not (tmp_path / f"out-{form}").exists()
+        m = build(z, tmp_path / f"out-{form}", train_shards=2, val_shards=1, on_corrupt="skip")
+        report = json.loads((tmp_path / f"out-{form}" / "quality-report.json").read_text())
+        assert [(f["file"], f["category"], f["action"]) for f in report["files"]] == [
+            ("ILSVRC/Data/CLS-LOC/train/n90000000/n90000000_1.JPEG", "not_jpeg", "repaired"),
+            (member, "corrupt", "skipped")]
+        assert m.splits["train"].examples == 5 and m.selection["quality"]["train"]["skipped"] == 1
 
 
 def test_corrupt_member_is_reported_not_stored(kaggle, tmp_path):
@@ -744,4 +754,4 @@ def test_both_zip_forms_straight_to_a_bucket(kaggle, gcs_bucket, tmp_path):
         m = build(kaggle[form], url)
         assert m.dataset_id == ref.dataset_id and m.splits == ref.splits, form
         assert sorted(o.name for o in open_storage(url).list()) == sorted(
-            ["manifest.json"] + [s.name for sp in m.splits.values() for s in sp.shards])
+            ["manifest.json", "quality-report.json"] + [s.name for sp in m.splits.values() for s in sp.shards])

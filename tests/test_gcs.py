@@ -105,7 +105,7 @@ def test_shard_writes_straight_to_gs_and_reruns_as_no_op(tree, gcs_bucket):
     url = f"gs://{gcs_bucket}/built"
     m = shard(tree, url, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
     remote = open_storage(url)
-    assert sorted(o.name for o in remote.list()) == sorted([MANIFEST_NAME] + [s.name for s in _shards(m)])
+    assert sorted(o.name for o in remote.list()) == sorted([MANIFEST_NAME, "quality-report.json"] + [s.name for s in _shards(m)])
     before = _generations(gcs_bucket, "built")
     again = shard(tree, url, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
     assert again == m
@@ -326,7 +326,7 @@ def test_two_concurrent_shard_runs_to_one_prefix(tree, gcs_bucket, gcs_emulator,
         assert len(winners) == 1 and winners[0][1] == final.dataset_id, outcomes
         loser = next(o for o in outcomes if o[0] != "ok")
         assert loser[0] == "ConfigError" and ("another run committed" in loser[1] or "already holds" in loser[1])
-    assert sorted(o.name for o in storage.list()) == sorted([MANIFEST_NAME] + [s.name for s in _shards(final)])
+    assert sorted(o.name for o in storage.list()) == sorted([MANIFEST_NAME, "quality-report.json"] + [s.name for s in _shards(final)])
     got = fetch(storage, _shards(final), tmp_path / "cache", dataset_id=final.dataset_id)
     assert got.downloaded == len(_shards(final))  # every shard present and matching the manifest
 
@@ -340,7 +340,7 @@ def test_overwrite_replaces_a_dataset_and_removes_its_shards(tree, gcs_bucket):
     second = shard(tree, url, train_shards=2, val_shards=2, overwrite=True, progress=False, log=lambda m: None)
     assert second.dataset_id != first.dataset_id
     names = sorted(o.name for o in open_storage(url).list())
-    assert names == sorted([MANIFEST_NAME] + [s.name for s in _shards(second)])
+    assert names == sorted([MANIFEST_NAME, "quality-report.json"] + [s.name for s in _shards(second)])
 
 
 def test_cli_upload_and_fetch(local_ds, gcs_bucket, tmp_path):
@@ -402,7 +402,7 @@ def test_repair_never_deletes_a_concurrent_overwrite(tree, local_ds, gcs_bucket,
     # The shard the repair re-uploaded after Y began is left (unreferenced, never read); a later --overwrite
     # of this prefix removes it.
     assert sorted(o.name for o in storage.list()) == sorted(
-        [MANIFEST_NAME, mx.splits["train"].shards[3].name] + [s.name for s in _shards(my)])
+        [MANIFEST_NAME, "quality-report.json", mx.splits["train"].shards[3].name] + [s.name for s in _shards(my)])
     assert Manifest.load(storage) == my
 
 

@@ -25,7 +25,7 @@ from spark_imagenet import cache, transfer
 from spark_imagenet.cache import fetch_rank
 from spark_imagenet.errors import ManifestError, StorageError
 from spark_imagenet.manifest import MANIFEST_NAME, Manifest
-from spark_imagenet.shard import shard
+from spark_imagenet.shard import QUALITY_REPORT_NAME, shard
 from spark_imagenet.storage import GCSStorage, crc32c_file, open_storage
 from spark_imagenet.transfer import upload
 
@@ -96,7 +96,7 @@ def test_round_trip_survives_429_5xx_resets_and_truncation(dataset, gcs_bucket, 
     # What the bucket holds, read past the proxy: every object as the manifest says.
     direct = open_storage(url, endpoint=gcs_emulator.endpoint)
     listed = {o.name: o for o in direct.list()}
-    assert set(listed) == {MANIFEST_NAME} | {s.name for s in shards}
+    assert set(listed) == {MANIFEST_NAME, QUALITY_REPORT_NAME} | {s.name for s in shards}
     for s in shards:
         assert (listed[s.name].size, listed[s.name].crc32c) == (s.bytes, s.crc32c)
     assert Manifest.load(direct).dataset_id == manifest.dataset_id

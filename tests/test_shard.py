@@ -13,7 +13,8 @@ from PIL import Image
 from data_util import ILSVRC_MINI, requires_shared, small_layout
 from spark_imagenet.errors import ConfigError, ImageError, ManifestError
 from spark_imagenet.manifest import MANIFEST_NAME, Manifest
-from spark_imagenet.shard import check_jpeg, format_summary, shard
+from spark_imagenet.quality import classify
+from spark_imagenet.shard import QUALITY_REPORT_NAME, format_summary, shard
 from spark_imagenet.storage import LocalStorage, crc32c_file, open_storage
 from spark_imagenet.tfrecord import read_records
 
@@ -75,8 +76,11 @@ def test_manifest_lists_every_shard_with_counts_sizes_checksums(tree, tmp_path):
     again = Manifest.load(LocalStorage(out))
     assert again == m and Manifest.loads(m.dumps()) == m
     assert "train     4 shards, 45 examples" in format_summary(m)
-    # Nothing else is left in the bucket (no temporary files).
-    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST_NAME] + [s["name"] for sp in data["splits"].values() for s in sp["shards"]])
+    # Nothing else is left in the bucket (no temporary files); the quality report is beside the manifest.
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [MANIFEST_NAME, QUALITY_REPORT_NAME] + [s["name"] for sp in data["splits"].values() for s in sp["shards"]])
+    assert data["selection"]["on_corrupt"] == "error"
+    assert data["selection"]["quality"]["train"] == {"files": 45, "examples": 45, "repaired": 0, "skipped": 0}
 
 
 def test_shards_balanced_mixed_and_bytes_stored_as_read(tree, tmp_path):
@@ -153,7 +157,7 @@ def test_interrupted_build_leaves_no_manifest_and_reruns(tree, tmp_path):
     assert second.name == f"train-00001-of-00004-{m.dataset_id[:8]}.tfrecord"
     assert crc32c_file(out / second.name) == second.crc32c
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["manifest.json"] + [s.name for split in m.splits.values() for s in split.shards])
+        ["manifest.json", QUALITY_REPORT_NAME] + [s.name for split in m.splits.values() for s in split.shards])
 
 
 def _corrupt(tree):
@@ -175,20 +179,21 @@ def test_bad_images_are_all_listed_and_nothing_is_written(tree, tmp_path):
     with pytest.raises(ImageError) as e:
         build(tree, out)
     msg = str(e.value)
-    assert "4 image file(s)" in msg
+    # The PNG and the CMYK JPEG are repaired (spark_imagenet.quality); the unusable ones are all listed.
+    assert "2 image file(s)" in msg and "--on-corrupt skip" in msg
     assert "n90000000_2.JPEG: JPEG does not decode" in msg
-    assert "n90000001_3.JPEG: not a JPEG file (a PNG image named like one)" in msg
-    assert "n90000002_4.JPEG: CMYK JPEG" in msg
     assert "ILSVRC2012_val_00000005.JPEG: empty file (0 bytes)" in msg
+    assert "n90000001_3.JPEG" not in msg and "n90000002_4.JPEG" not in msg
     assert not out.exists() or list(out.iterdir()) == []
 
 
 def test_header_mode_catches_truncation_by_end_marker(tree):
     raw = sorted(tree.joinpath(*DATA, "train", "n90000000").iterdir())[0].read_bytes()
-    assert check_jpeg(raw, "header")[2] is None
-    assert "no end-of-image marker" in check_jpeg(raw[:-100], "header")[2]
-    h, w, problem = check_jpeg(raw, "decode")
-    assert problem is None and h > 0 and w > 0
+    assert classify(raw, "a", "header").category == "ok"
+    cut = classify(raw[:-100], "a", "header")
+    assert cut.category == "corrupt" and "no end-of-image marker" in cut.reason
+    found = classify(raw, "a", "decode")
+    assert found.category == "ok" and found.height > 0 and found.width > 0
 
 
 def test_bad_shard_counts(tree, tmp_path):
@@ -243,4 +248,4 @@ def test_overwrite_removes_the_replaced_shards(tree, tmp_path):
     build(tree, out, train_shards=5)
     m = build(tree, out, train_shards=3, overwrite=True)
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted([MANIFEST_NAME] + [s.name for sp in m.splits.values() for s in sp.shards])
+    assert names == sorted([MANIFEST_NAME, QUALITY_REPORT_NAME] + [s.name for sp in m.splits.values() for s in sp.shards])
