@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the per-class sample and the train shuffle (default 0)")
     p.add_argument("--processes", type=_positive_int, help="worker processes (default: all cores)")
     p.add_argument("--verify", choices=("decode", "header"), default="decode",
-                   help="decode: check every JPEG decodes (default); header: header and end marker only (faster)")
+                   help="decode: check every JPEG decodes (default); header: header and end marker only (faster, "
+                   "but a JPEG damaged inside that still ends with its marker gets through, and TensorFlow "
+                   "decodes it with grey areas without an error)")
     p.add_argument("--on-corrupt", choices=("error", "skip"), default="error",
                    help="empty, truncated or undecodable images: error lists them all and writes nothing (default); "
                         "skip leaves them out and records each in quality-report.json. CMYK/YCCK JPEGs, other "

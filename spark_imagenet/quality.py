@@ -21,8 +21,9 @@ that applies, and :attr:`Finding.reason` names every problem found:
 ``not_jpeg``
     another format named like a JPEG (PNG, GIF, WebP, BMP, ...; the real
     format is in :attr:`Finding.format`). Repaired: decoded (first frame of
-    an animation; transparency dropped onto black, Pillow's ``convert("RGB")``)
-    and re-encoded as an RGB JPEG.
+    an animation; the alpha channel of a transparent image dropped, keeping
+    the colours stored under it; 16-bit and 32-bit integer or float
+    greyscale scaled to 8 bits first) and re-encoded as an RGB JPEG.
 ``ycck``
     a 4-channel JPEG whose Adobe APP14 marker says transform 2 (YCCK).
     Pillow (libjpeg) converts YCCK to CMYK while decoding. Repaired like ``cmyk``.
@@ -59,7 +60,10 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 import warnings
+
+import numpy as np
 
 from PIL import Image, ImageOps
 
@@ -163,10 +167,16 @@ def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
                 elif not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
                     return Finding(name, "corrupt", fmt, colorspace, width, height, orientation,
                                    "truncated JPEG (no end-of-image marker)")
-    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, UnidentifiedImageError...
+    except Image.DecompressionBombError as e:
+        return Finding(name, "corrupt", reason=f"too many pixels to decode safely ({e}); resize the file or "
+                                              "leave it out")
+    except Image.UnidentifiedImageError:
+        return Finding(name, "corrupt", reason="not an image in any format Pillow recognises")
+    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError...
+        detail = re.sub(r" at 0x[0-9a-fA-F]+", "", str(e))  # no memory addresses in reports
         if data.startswith(b"\xff\xd8\xff"):
-            return Finding(name, "corrupt", "JPEG", reason=f"JPEG does not decode: {e}")
-        return Finding(name, "corrupt", reason=f"not an image that decodes ({type(e).__name__}: {e})")
+            return Finding(name, "corrupt", "JPEG", reason=f"JPEG does not decode: {detail}")
+        return Finding(name, "corrupt", reason=f"not an image that decodes ({type(e).__name__}: {detail})")
     if width < 1 or height < 1:
         return Finding(name, "corrupt", fmt, colorspace, width, height, orientation,
                        f"invalid size {width}x{height}")
@@ -186,6 +196,28 @@ def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
     category = min((c for c, _ in problems), key=CATEGORIES.index)
     return Finding(name, category, fmt, colorspace, width, height, orientation,
                    "; ".join(r for _, r in problems))
+
+
+#: Pillow modes whose values exceed 8 bits; ``convert("RGB")`` would clip them (a white or black picture).
+_WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def _to_8bit(im: Image.Image) -> Image.Image:
+    """An 8-bit greyscale copy of a 16/32-bit integer or float image, scaled
+    by its value range: values up to 255 as they are, up to 65535 divided by
+    257 (the 16-bit to 8-bit map), larger ones by max/255; floats up to 1.0
+    multiplied by 255. Other modes are returned unchanged."""
+    if im.mode not in _WIDE_MODES:
+        return im
+    a = np.asarray(im, dtype=np.float64)
+    hi = float(a.max()) if a.size else 0.0
+    if im.mode == "F" and hi <= 1.0:
+        a = a * 255.0
+    elif hi > 65535:
+        a = a * (255.0 / hi)
+    elif hi > 255:
+        a = a / 257.0
+    return Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8), "L")
 
 
 def repair(data: bytes, finding: Finding) -> tuple[bytes, int, int]:
@@ -212,7 +244,7 @@ def repair(data: bytes, finding: Finding) -> tuple[bytes, int, int]:
         warnings.simplefilter("ignore")
         with Image.open(io.BytesIO(data)) as im:
             im.load()  # first frame of an animation
-            upright = ImageOps.exif_transpose(im)  # a copy with the orientation applied, or im itself
+            upright = _to_8bit(ImageOps.exif_transpose(im))  # orientation applied; 16/32-bit scaled
             rgb = upright.convert("RGB")  # CMYK (Adobe-inverted, as Pillow reads it), P, LA, RGBA...
     out = io.BytesIO()
     rgb.save(out, "JPEG", quality=REPAIR_QUALITY, subsampling="4:2:0")  # no exif=: the tag is dropped

@@ -749,8 +749,9 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         if manifest is ours:  # this run committed: the shards of what it replaced (--overwrite) go
             remove_replaced(storage, manifest, dest.objects)
     log(
-        f"wrote {total} images ({sum(s.bytes for s in splits.values()) / 1e6:.1f} MB) in {seconds:.1f} s "
-        f"({total / max(seconds, 1e-9):.0f} images/s) to {storage.url}"
+        f"wrote {sum(s.examples for s in splits.values())} examples "
+        f"({sum(s.bytes for s in splits.values()) / 1e6:.1f} MB) from {total} files in {seconds:.1f} s "
+        f"({total / max(seconds, 1e-9):.0f} files/s) to {storage.url}"
     )
     return manifest
 

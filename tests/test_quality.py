@@ -288,3 +288,30 @@ def test_cli_on_corrupt_skip_prints_the_summary(bad_tree, tmp_path, capsys):
     assert "  cmyk          1 / 1" in err and "  corrupt       1 / 1" in err and "  ok            8 / 4" in err
     assert "28 files found = 24 examples written + 4 skipped; 10 repaired" in err
     assert json.loads((out / QUALITY_REPORT_NAME).read_text())["on_corrupt"] == "skip"
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I", "F"])
+def test_high_bit_depth_images_are_scaled_not_clipped(mode):
+    """A 16-bit or 32-bit greyscale file is repaired to the same picture at 8 bits (Pillow's convert("RGB")
+    alone clips such values to a white or black image)."""
+    ramp8 = np.tile(np.arange(256, dtype=np.uint16), (32, 1))  # a left-to-right grey ramp
+    if mode == "F":
+        im = Image.fromarray((ramp8 / 255.0).astype(np.float32), "F")
+        fmt = "TIFF"
+    else:
+        im = Image.fromarray(ramp8 * 257).convert(mode) if mode == "I" else Image.fromarray(ramp8 * 257)
+        fmt = "PNG" if mode == "I;16" else "TIFF"
+    buf = io.BytesIO()
+    im.save(buf, fmt)
+    finding = classify(buf.getvalue(), "deep.JPEG")
+    assert finding.category == "not_jpeg", finding
+    jpeg, height, width = repair(buf.getvalue(), finding)
+    got = np.asarray(Image.open(io.BytesIO(jpeg)).convert("L"), dtype=np.float64)
+    assert (height, width) == (32, 256)
+    assert abs(got.mean() - ramp8.mean()) < 3 and np.abs(got - ramp8).mean() < 3
+
+
+def test_unrecognised_bytes_have_a_stable_reason():
+    """Random bytes get one plain reason (no memory address), the same on every run."""
+    reasons = {classify(os.urandom(1000).replace(b"\xff\xd8", b"\x00\x00"), "x.JPEG").reason for _ in range(3)}
+    assert reasons == {"not an image in any format Pillow recognises"}
