@@ -21,7 +21,6 @@ are printed as one message without a traceback, exit status 2.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import sys

@@ -59,7 +59,6 @@ from .manifest import FORMAT_VERSION, Manifest, ShardInfo, SplitInfo
 from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file, open_storage
 from .transfer import (
     PARTIAL_RE,
-    SHARD_NAME_RE,
     Destination,
     check_destination,
     commit_manifest,

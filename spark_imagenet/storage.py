@@ -36,6 +36,7 @@ import fcntl
 import logging
 import os
 import shutil
+import stat as stat_module
 import sys
 import time
 import uuid
@@ -367,7 +368,7 @@ class LocalStorage(Storage):
             return None
         except OSError as e:
             raise StorageError(f"cannot read {self._path(name)}: {e}") from e
-        if not os.path.isfile(self._path(name)):
+        if not stat_module.S_ISREG(st.st_mode):  # a folder is not an object
             return None
         return ObjectInfo(name, st.st_size, None, st.st_mtime_ns)
 

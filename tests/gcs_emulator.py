@@ -9,7 +9,6 @@ the filesystem backend, so a test can also reach an object's bytes on disk
 
 from __future__ import annotations
 
-import os
 import platform
 import socket
 import subprocess
