@@ -18,10 +18,10 @@ What it does:
    bytes, not TFRecords: the download path never looks inside a shard, and
    random bytes are as incompressible as JPEG data, so only their number and
    size matter.
-3. Publishes them with :func:`spark_imagenet.transfer.upload` to
+3. Publishes them with :func:`spark_imagenet.dataset.transfer.upload` to
    ``gs://BUCKET/bench`` and ``gs://BUCKET/bench-model`` on the emulator.
 4. **Localhost**: for ``--rounds`` rounds, fetches every shard with
-   :func:`spark_imagenet.cache.fetch` straight from the emulator into a new,
+   :func:`spark_imagenet.dataset.cache.fetch` straight from the emulator into a new,
    empty cache folder, once with ``transfers=1`` and once with
    ``transfers=--transfers`` (the order alternates between rounds), and
    reports MB/s (10**6 bytes per second of ``FetchResult.seconds``:
@@ -179,9 +179,9 @@ def write_dataset(folder: Path, shards: int, shard_bytes: int):
         Manifest: the dataset (train split only; one class per shard is not
         needed, two classes make a valid manifest).
     """
-    from spark_imagenet.manifest import Manifest, ShardInfo, SplitInfo, SynsetClass
+    from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo, SynsetClass
     from spark_imagenet.storage import LocalStorage, crc32c_file
-    from spark_imagenet.transfer import shard_name
+    from spark_imagenet.dataset.transfer import shard_name
 
     dataset_id = uuid.uuid4().hex
     infos = []
@@ -234,7 +234,7 @@ def timed_fetch(storage, shards, cache_root: Path, dataset_id: str, transfers: i
     meanwhile (client: this process; the emulator; the proxy if any; others:
     the rest of the machine, in cores) and the proxy's connection and
     request counts for this fetch."""
-    from spark_imagenet.cache import fetch
+    from spark_imagenet.dataset.cache import fetch
 
     cache = Path(tempfile.mkdtemp(prefix=f"t{transfers}-", dir=cache_root))
     try:
@@ -397,7 +397,7 @@ def main(argv=None) -> int:
     import google.cloud.storage
 
     from spark_imagenet.storage import GCSStorage
-    from spark_imagenet.transfer import upload
+    from spark_imagenet.dataset.transfer import upload
 
     shard_bytes = int(args.shard_mb * 1024 * 1024)
     model_shard_bytes = int(args.model_shard_mb * 1024 * 1024)

@@ -10,7 +10,7 @@ What it does:
 1. Writes the JPEGs of ``--data`` (default ``../shared/data/imagenet-sample``,
    1000 real ILSVRC-2012 images, one per class) into ``--shards`` TFRecord
    shards in a temporary folder, with the record format of
-   :mod:`spark_imagenet.shard` (its TF-free writer :mod:`spark_imagenet.tfrecord`;
+   :mod:`spark_imagenet.dataset.sharding` (its TF-free writer :mod:`spark_imagenet.dataset.tfrecord`;
    the JPEG bytes stored as read, label = index of the file name in sorted
    order).
 2. **Ceiling**: the same per-image work as the training pipeline (random crop
@@ -19,7 +19,7 @@ What it does:
    ``--parallel`` calls and autotune off; no file reading, parsing, shuffling,
    batching or normalization. The best of two formulations (``parallel`` and
    ``parallel + 1`` map calls) counts.
-3. **Pipeline**: :func:`spark_imagenet.pipeline.train_dataset` on the shards
+3. **Pipeline**: :func:`spark_imagenet.training.pipeline.train_dataset` on the shards
    (batch B, float32 normalized output), images/s after a warm-up.
 
 Ceiling and pipeline windows alternate for ``--rounds`` rounds on persistent
@@ -83,7 +83,7 @@ def write_shards(jpegs: list[Path], out: Path, shards: int) -> list[str]:
     """
     from PIL import Image
 
-    from spark_imagenet.tfrecord import encode_example, write_record
+    from spark_imagenet.dataset.tfrecord import encode_example, write_record
 
     paths = [out / f"train-{k:05d}-of-{shards:05d}.tfrecord" for k in range(shards)]
     handles = [open(p, "wb") for p in paths]
@@ -166,7 +166,7 @@ def ceiling_dataset(jpeg_bytes: list[bytes], image_size: int, calls: int):
     """In-memory JPEGs -> the training pipeline's per-image work, nothing else."""
     import tensorflow as tf
 
-    from spark_imagenet import pipeline
+    from spark_imagenet.training import pipeline
 
     ds = tf.data.Dataset.from_tensor_slices(jpeg_bytes).repeat()
     ds = ds.map(lambda b: pipeline._train_image(b, image_size, None), num_parallel_calls=calls, deterministic=False)
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
 
     import tensorflow as tf
 
-    from spark_imagenet import pipeline
+    from spark_imagenet.training import pipeline
 
     parallel = pipeline.default_parallel(args.parallel)
     print(

@@ -11,9 +11,9 @@ both sides do the same TFRecord framing):
 
 1. **Ours** (``verify=decode``, the default): the shard builder's per-image
    step, the one function every build path shares
-   (:func:`spark_imagenet.shard.check_image`: classify with Pillow, decode at
+   (:func:`spark_imagenet.dataset.sharding.check_image`: classify with Pillow, decode at
    1/8 DCT scale, repair only the files that need it), then the record
-   (:func:`spark_imagenet.shard._example`, ``write_record``).
+   (:func:`spark_imagenet.dataset.sharding._example`, ``write_record``).
 2. **Ours, verify=header**: the same with ``--verify header`` (header and
    end-of-image marker only).
 3. **Re-encode all**: what a converter that "cleans" every file does (as
@@ -23,7 +23,7 @@ both sides do the same TFRecord framing):
 
 Rounds alternate the three (the machine may be shared); the best round of
 each counts. Printed: images/s of each, the ratio ours / re-encode, and the
-quality categories of the files (:mod:`spark_imagenet.quality`). A full
+quality categories of the files (:mod:`spark_imagenet.dataset.quality`). A full
 build runs the per-image step in one worker process per core, so its
 images/s scale with the cores until the disk or the bucket is the limit.
 
@@ -67,9 +67,9 @@ def load(folder: Path, limit: int | None) -> list[tuple[str, bytes]]:
 
 
 def _frame(name: str, data: bytes, height: int, width: int) -> bytes:
-    from spark_imagenet.layout import ImageFile
-    from spark_imagenet.shard import _example
-    from spark_imagenet.tfrecord import write_record
+    from spark_imagenet.source.layout import ImageFile
+    from spark_imagenet.dataset.sharding import _example
+    from spark_imagenet.dataset.tfrecord import write_record
 
     buf = io.BytesIO()
     write_record(buf, _example(ImageFile(name, 0, name.split("_")[0], len(data)), data, height, width))
@@ -78,7 +78,7 @@ def _frame(name: str, data: bytes, height: int, width: int) -> bytes:
 
 def ours(files: list[tuple[str, bytes]], verify: str) -> int:
     """The shard builder's per-image step on every file; returns the bytes framed."""
-    from spark_imagenet.shard import check_image
+    from spark_imagenet.dataset.sharding import check_image
 
     total = 0
     for name, data in files:
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     if not files:
         print(f"benchmarks/shard.py: no JPEG files in {args.data}", file=sys.stderr)
         return 2
-    from spark_imagenet.quality import classify
+    from spark_imagenet.dataset.quality import classify
 
     categories = collections.Counter(classify(data, name).category for name, data in files)
     mb = sum(len(d) for _, d in files) / 1e6

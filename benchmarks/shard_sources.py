@@ -6,7 +6,7 @@ Usage (from the repository root)::
         [--width 256] [--height 192] [--processes N] [--rounds 3] [--tree KAGGLE_FOLDER]
 
 Generates one synthetic tree in the Kaggle layout (``tests/data_util.py``,
-the generated JPEGs of :mod:`spark_imagenet.synthetic`), or takes ``--tree``
+the generated JPEGs of :mod:`spark_imagenet.demo.synthetic`), or takes ``--tree``
 (e.g. the real JPEGs of ``../shared/data/ilsvrc-mini``), builds the two zip
 forms from it (``tests/archive_util.py``: the current one with deflated
 members, the older one with ``LOC_*`` plus the nested tar.gz), then for
@@ -46,7 +46,7 @@ def main() -> None:
 
     from archive_util import zip_nested_form, zip_root_form
     from data_util import small_layout
-    from spark_imagenet.shard import shard
+    from spark_imagenet.dataset.sharding import shard
 
     with tempfile.TemporaryDirectory(prefix="shard-sources-") as tmp:
         base = Path(tmp)

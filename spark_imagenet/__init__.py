@@ -4,13 +4,13 @@ MultiWorkerMirroredStrategy.
 
 The main entry points, importable without starting TensorFlow or Spark:
 
-* :func:`shard` (``spark_imagenet.shard.shard``): Kaggle folder -> shards + manifest.
+* :func:`shard` (``spark_imagenet.dataset.sharding.shard``): Kaggle folder -> shards + manifest.
 * :func:`inspect`: read a dataset's manifest.
-* :func:`train` (``spark_imagenet.train.train``): ``train(spark, url, workers, ...)``.
+* :func:`train` (``spark_imagenet.training.driver.train``): ``train(spark, url, workers, ...)``.
 * :func:`run_demo`: the built-in default (generate, shard, train).
 
 TensorFlow is only imported inside the per-task child process
-(:mod:`spark_imagenet.replica`), never by the driver.
+(:mod:`spark_imagenet.training.worker`), never by the driver.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _LAZY = {
-    "shard": ("spark_imagenet.shard", "shard"),
-    "inspect": ("spark_imagenet.shard", "inspect"),
-    "train": ("spark_imagenet.train", "train"),
+    "shard": ("spark_imagenet.dataset.sharding", "shard"),
+    "inspect": ("spark_imagenet.dataset.sharding", "inspect"),
+    "train": ("spark_imagenet.training.driver", "train"),
     "run_demo": ("spark_imagenet.demo", "run_demo"),
-    "Manifest": ("spark_imagenet.manifest", "Manifest"),
+    "Manifest": ("spark_imagenet.dataset.manifest", "Manifest"),
     "open_storage": ("spark_imagenet.storage", "open_storage"),
 }
 

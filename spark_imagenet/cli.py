@@ -7,11 +7,11 @@ notebook with an existing SparkSession (Databricks) runs the same job:
 command            function
 =================  ==============================================
 ``demo``           :func:`spark_imagenet.demo.run_demo`
-``shard``          :func:`spark_imagenet.shard.shard`
-``inspect``        :func:`spark_imagenet.shard.inspect`
-``train``          :func:`spark_imagenet.train.train`
-``download``       :func:`spark_imagenet.download.download`
-``extract``        :func:`spark_imagenet.archive.extract`
+``shard``          :func:`spark_imagenet.dataset.sharding.shard`
+``inspect``        :func:`spark_imagenet.dataset.sharding.inspect`
+``train``          :func:`spark_imagenet.training.driver.train`
+``download``       :func:`spark_imagenet.source.kaggle.download`
+``extract``        :func:`spark_imagenet.source.archive.extract`
 =================  ==============================================
 
 Errors the user can fix (:class:`~spark_imagenet.errors.SparkImagenetError`)
@@ -26,8 +26,8 @@ import select
 import sys
 from typing import Sequence
 
-from . import __version__
-from .errors import ConfigError, SparkImagenetError
+from spark_imagenet import __version__
+from spark_imagenet.errors import ConfigError, SparkImagenetError
 
 
 def _positive_int(text: str) -> int:
@@ -170,7 +170,7 @@ def _spark_reason(exc: BaseException) -> str:
 
 
 def _session(args: argparse.Namespace):
-    from .spark_env import session_for
+    from spark_imagenet.training.spark_session import session_for
 
     try:
         return session_for(args.master, args.workers, conf=dict(args.conf), app_name=f"spark-imagenet {args.command}")
@@ -207,11 +207,11 @@ def run(argv: Sequence[str] | None = None) -> int:
         SparkImagenetError: passed through to :func:`main`, which prints it.
     """
     args = build_parser().parse_args(argv)
-    from .storage import report_retries
+    from spark_imagenet.storage import report_retries
 
     report_retries()  # a bucket that keeps failing says so while the client retries
     if args.command == "shard":
-        from .shard import shard
+        from spark_imagenet.dataset.sharding import shard
 
         shard(
             args.source,
@@ -231,12 +231,12 @@ def run(argv: Sequence[str] | None = None) -> int:
         )
         return 0
     if args.command == "upload":
-        from .transfer import upload
+        from spark_imagenet.dataset.transfer import upload
 
         upload(args.source, args.dest, transfers=args.transfers, overwrite=args.overwrite)
         return 0
     if args.command == "fetch":
-        from .cache import fetch_rank
+        from spark_imagenet.training.staging import fetch_rank
 
         def log(msg: str) -> None:
             print(msg, file=sys.stderr, flush=True)
@@ -252,13 +252,13 @@ def run(argv: Sequence[str] | None = None) -> int:
             + f"), {train.reused + val.reused} already cached")
         return 0
     if args.command == "inspect":
-        from .shard import format_summary, inspect
+        from spark_imagenet.dataset.sharding import format_summary, inspect
 
         manifest = inspect(args.url)
         print(manifest.dumps() if args.json else format_summary(manifest, args.url), end="\n" if not args.json else "")
         return 0
     if args.command == "train":
-        from .train import train
+        from spark_imagenet.training.driver import train
 
         spark = _session(args)
         try:
@@ -267,18 +267,18 @@ def run(argv: Sequence[str] | None = None) -> int:
             spark.stop()
         return 0
     if args.command == "download":
-        from .download import download
+        from spark_imagenet.source.kaggle import download
 
         path = download(args.competition, args.dest, file_name=args.file_name, progress=not args.no_progress)
         print(path)
         return 0
     if args.command == "extract":
-        from .archive import extract
+        from spark_imagenet.source.archive import extract
 
         print(extract(args.zip, args.dest, overwrite=args.overwrite, progress=not args.no_progress))
         return 0
     if args.command == "demo":
-        from .demo import run_demo
+        from spark_imagenet.demo import run_demo
 
         spark = _session(args)
         try:

@@ -7,7 +7,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from spark_imagenet.archive import TAR_MEMBER
+from spark_imagenet.source.archive import TAR_MEMBER
 
 
 def tree_files(tree: Path) -> list[Path]:

@@ -18,7 +18,7 @@ def spark():
     SparkContext in the process inherits; a test needing other settings
     should start the JVM first (``SparkContext._ensure_initialized()``).
     """
-    from spark_imagenet.spark_env import local_session
+    from spark_imagenet.training.spark_session import local_session
 
     session = local_session("local[2]", app_name="spark-imagenet-tests",
                             conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_imagenet.synthetic import generate_kaggle_layout
+from spark_imagenet.demo.synthetic import generate_kaggle_layout
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SPARK_IMAGENET_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -20,12 +20,12 @@ from PIL import Image
 
 from archive_util import parse_example, tar_gz_of, tree_files, zip_nested_form, zip_root_form
 from data_util import small_layout
-from spark_imagenet.archive import SPACE_MARGIN, TAR_MEMBER, WRITTEN_LIST, extract
-from spark_imagenet.download import human_size
+from spark_imagenet.source.archive import SPACE_MARGIN, TAR_MEMBER, WRITTEN_LIST, extract
+from spark_imagenet.units import human_size
 from spark_imagenet.errors import ArchiveError, ConfigError, ImageError, LayoutError
-from spark_imagenet.layout import EXTRACT_MARKER
-from spark_imagenet.shard import shard
-from spark_imagenet.tfrecord import read_records
+from spark_imagenet.source.layout import EXTRACT_MARKER
+from spark_imagenet.dataset.sharding import shard
+from spark_imagenet.dataset.tfrecord import read_records
 
 DATA = ("ILSVRC", "Data", "CLS-LOC")
 QUIET = dict(processes=2, progress=False, log=lambda m: None)
@@ -487,7 +487,7 @@ def test_refusals_say_what_is_wrong_with_each_kind_of_name(tmp_path):
 
 
 def test_names_too_long_for_the_file_system_are_refused_before_anything_is_written(tmp_path, monkeypatch):
-    import spark_imagenet.archive as archive
+    import spark_imagenet.source.archive as archive
 
     long = "ILSVRC/Data/CLS-LOC/test/" + "x" * 300 + ".txt"
     z = _valid_zip_with(tmp_path, "long", {long: b"long\n", "ILSVRC/Data/CLS-LOC/test/" + "y" * 256 + "/a.txt": b""})
@@ -553,13 +553,13 @@ def replace(a, b):  # each file takes 50 ms to put in place: the kill lands mid-
     time.sleep(0.05)
     real(a, b)
 os.replace = replace
-from spark_imagenet.archive import extract
+from spark_imagenet.source.archive import extract
 extract(sys.argv[1], sys.argv[2], progress=False, log=lambda m: None)
 """
 
 
 def test_a_killed_extract_lists_every_file_it_wrote(kaggle, tmp_path):
-    from spark_imagenet.archive import _WrittenList
+    from spark_imagenet.source.archive import _WrittenList
 
     dest = tmp_path / "dest"
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_EXTRACT, str(kaggle["root"]), str(dest)])

@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from spark_imagenet.assignment import assign, record_shard_count
+from spark_imagenet.training.assignment import assign, record_shard_count
 from spark_imagenet.errors import ConfigError
-from spark_imagenet.manifest import Manifest, ShardInfo, SplitInfo, SynsetClass
+from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo
+from spark_imagenet.source.synset import SynsetClass
 
 
 def make_manifest(train: list[int], val: list[int]) -> Manifest:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_imagenet.cache import default_cache_dir, fetch
+from spark_imagenet.dataset.cache import default_cache_dir, fetch
 from spark_imagenet.errors import StorageError
-from spark_imagenet.manifest import ShardInfo
+from spark_imagenet.dataset.manifest import ShardInfo
 from spark_imagenet.storage import LocalStorage, crc32c_file
 
 
@@ -74,7 +74,7 @@ def test_second_fetch_downloads_nothing_and_rehashes_nothing(bucket, monkeypatch
     before = [(os.stat(p).st_ino, os.stat(p).st_mtime_ns) for p in paths]
     storage.calls.clear()
     hashed = []
-    import spark_imagenet.cache as cache_mod
+    import spark_imagenet.dataset.cache as cache_mod
 
     real = cache_mod.crc32c_file
     monkeypatch.setattr(cache_mod, "crc32c_file", lambda p: hashed.append(p) or real(p))
@@ -212,7 +212,7 @@ def test_default_cache_dir_in_a_real_spark_task_is_not_the_application_folder(sp
     import os
 
     def probe(_):
-        from spark_imagenet.cache import default_cache_dir
+        from spark_imagenet.dataset.cache import default_cache_dir
 
         return os.environ.get("SPARK_LOCAL_DIRS", ""), str(default_cache_dir())
 

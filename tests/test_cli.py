@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from data_util import small_layout
-from spark_imagenet.shard import shard
+from spark_imagenet.dataset.sharding import shard
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

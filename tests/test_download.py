@@ -24,8 +24,8 @@ import pytest
 
 from data_util import REPO, small_layout
 from fake_kaggle import RULES_MESSAGE, FakeKaggle, listing_for_tree
-from spark_imagenet import download as dl
-from spark_imagenet.download import DEFAULT_COMPETITION, download, rules_url
+from spark_imagenet.source import kaggle as dl
+from spark_imagenet.source.kaggle import DEFAULT_COMPETITION, download, rules_url
 from spark_imagenet.errors import DownloadError
 
 ARCHIVE = f"{DEFAULT_COMPETITION}.zip"

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from data_util import small_layout
-from spark_imagenet.cache import fetch, fetch_rank
+from spark_imagenet.dataset.cache import fetch
+from spark_imagenet.training.staging import fetch_rank
 from spark_imagenet.errors import ConfigError, ManifestError, StorageError
-from spark_imagenet.manifest import MANIFEST_NAME, Manifest
-from spark_imagenet.shard import shard
+from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
+from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.storage import GCSStorage, crc32c_file, open_storage
-from spark_imagenet.transfer import check_destination, commit_manifest, publish, upload
+from spark_imagenet.dataset.transfer import check_destination, commit_manifest, publish, upload
 
 
 def _shards(m: Manifest):
@@ -194,9 +195,9 @@ def test_download_killed_midway_is_redone(tmp_path, gcs_bucket, gcs_emulator):
     downloads again and verifies."""
     import random
 
-    from spark_imagenet.manifest import ShardInfo, SplitInfo
+    from spark_imagenet.dataset.manifest import ShardInfo, SplitInfo
     from spark_imagenet.storage import crc32c_bytes
-    from spark_imagenet.synset import SynsetClass
+    from spark_imagenet.source.synset import SynsetClass
 
     # One big train shard (random bytes: the cache never parses shards) so that the kill lands mid-download.
     rng = random.Random(3)
@@ -396,7 +397,7 @@ def test_repair_never_deletes_a_concurrent_overwrite(tree, local_ds, gcs_bucket,
     names = {o.name for o in storage.list()}
     assert {s.name for s in _shards(my)} <= names  # Y's shards untouched
     assert commit_manifest(storage, my, dy.generation) is my
-    from spark_imagenet.transfer import remove_replaced
+    from spark_imagenet.dataset.transfer import remove_replaced
 
     assert remove_replaced(storage, my, dy.objects) == len(_shards(mx)) - 1  # X's shards seen before Y began
     # The shard the repair re-uploaded after Y began is left (unreferenced, never read); a later --overwrite

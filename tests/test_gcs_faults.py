@@ -21,13 +21,14 @@ import pytest
 
 from data_util import small_layout
 from fault_proxy import FaultProxy
-from spark_imagenet import cache, transfer
-from spark_imagenet.cache import fetch_rank
+from spark_imagenet.dataset import cache
+from spark_imagenet.dataset import transfer
+from spark_imagenet.training.staging import fetch_rank
 from spark_imagenet.errors import ManifestError, StorageError
-from spark_imagenet.manifest import MANIFEST_NAME, Manifest
-from spark_imagenet.shard import QUALITY_REPORT_NAME, shard
+from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
+from spark_imagenet.dataset.sharding import QUALITY_REPORT_NAME, shard
 from spark_imagenet.storage import GCSStorage, crc32c_file, open_storage
-from spark_imagenet.transfer import upload
+from spark_imagenet.dataset.transfer import upload
 
 #: An operation that must fail at once takes well under this (no backoff loop:
 #: DEFAULT_RETRY would spend up to 120 s).

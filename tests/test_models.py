@@ -1,4 +1,4 @@
-"""Tests for spark_imagenet.models: AlexNet shapes, parameter counts, errors, compile and learning."""
+"""Tests for spark_imagenet.training.models.registry: AlexNet shapes, parameter counts, errors, compile and learning."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import ConfigError  # noqa: E402
-from spark_imagenet.models import MODELS, build_model, compile_model  # noqa: E402
-from spark_imagenet.models.alexnet import feature_map_size, min_image_size  # noqa: E402
+from spark_imagenet.training.models.registry import MODELS, build_model, compile_model  # noqa: E402
+from spark_imagenet.training.models.alexnet_layers import feature_map_size, min_image_size  # noqa: E402
 
 
 def _alexnet_params(num_classes: int, flatten: int, width: float = 1.0) -> int:
@@ -156,9 +156,9 @@ def test_width_quarter_96px_learns_from_scratch_with_sgd_momentum():
 
 def test_driver_side_table_matches_the_models():
     from spark_imagenet.errors import ConfigError
-    from spark_imagenet.model_specs import MIN_IMAGE_SIZE, check_model_settings
-    from spark_imagenet.models import MODELS
-    from spark_imagenet.models.alexnet import min_image_size
+    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE, check_model_settings
+    from spark_imagenet.training.models.registry import MODELS
+    from spark_imagenet.training.models.alexnet_layers import min_image_size
 
     assert set(MIN_IMAGE_SIZE) == set(MODELS)
     assert MIN_IMAGE_SIZE["alexnet"] == min_image_size()

@@ -1,6 +1,6 @@
-"""Tests of the tf.data input pipeline (spark_imagenet.pipeline) on small
+"""Tests of the tf.data input pipeline (spark_imagenet.training.pipeline) on small
 generated JPEGs in TFRecord shards written with the project's own record
-writer (spark_imagenet.tfrecord, the format spark_imagenet.shard writes)."""
+writer (spark_imagenet.dataset.tfrecord, the format spark_imagenet.dataset.sharding writes)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from spark_imagenet import pipeline  # noqa: E402
+from spark_imagenet.training import pipeline  # noqa: E402
 from spark_imagenet.errors import ConfigError, ImageError, ManifestError  # noqa: E402
-from spark_imagenet.tfrecord import encode_example, write_record  # noqa: E402
+from spark_imagenet.dataset.tfrecord import encode_example, write_record  # noqa: E402
 
 MEAN = np.array(pipeline.MEAN_RGB, np.float32)
 STD = np.array(pipeline.STD_RGB, np.float32)

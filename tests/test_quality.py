@@ -12,9 +12,9 @@ from PIL import Image, ImageOps
 
 from data_util import small_layout
 from spark_imagenet.errors import ImageError
-from spark_imagenet.quality import classify, repair
-from spark_imagenet.shard import QUALITY_REPORT_NAME, shard
-from spark_imagenet.tfrecord import read_records
+from spark_imagenet.dataset.quality import classify, repair
+from spark_imagenet.dataset.sharding import QUALITY_REPORT_NAME, shard
+from spark_imagenet.dataset.tfrecord import read_records
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -219,7 +219,7 @@ def test_shard_repairs_skips_and_reports_every_kind(bad_tree, tmp_path):
             assert 0x0112 not in Image.open(io.BytesIO(stored)).getexif()  # the tag is dropped
 
     # The training pipeline's eval path reads every record (no decode error left).
-    from spark_imagenet import pipeline
+    from spark_imagenet.training import pipeline
 
     files = [str(out / s.name) for s in m.splits["val"].shards]
     n = m.splits["val"].examples
@@ -256,8 +256,8 @@ def test_decode_failure_in_training_names_shard_and_record(tmp_path):
     InvalidArgumentError."""
     import tensorflow as tf
 
-    from spark_imagenet import pipeline
-    from spark_imagenet.tfrecord import encode_example, write_record
+    from spark_imagenet.training import pipeline
+    from spark_imagenet.dataset.tfrecord import encode_example, write_record
 
     shard_path = tmp_path / "val-00000-of-00001.tfrecord"
     good = jpeg_bytes(content())

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from spark_imagenet.barrier_task import child_env, cuda_visible_devices, run_child
+from spark_imagenet.training.barrier_task import child_env, cuda_visible_devices, run_child
 from spark_imagenet.errors import ConfigError
-from spark_imagenet.rendezvous import build_tf_config, join_host_port, local_worker_count, split_host_port
+from spark_imagenet.training.rendezvous import build_tf_config, join_host_port, local_worker_count, split_host_port
 
 
 # ------------------------------------------------------------- TF_CONFIG
@@ -65,7 +65,7 @@ def test_local_worker_count():
 
 # ------------------------------------------------- real barrier rendezvous
 def test_rendezvous_in_a_local_barrier_stage(spark):
-    from spark_imagenet.rendezvous import rendezvous
+    from spark_imagenet.training.rendezvous import rendezvous
 
     def task(_):
         from pyspark import BarrierTaskContext
@@ -116,7 +116,7 @@ def test_child_env():
     assert env["TF_USE_LEGACY_KERAS"] == "1" and env["TF_CPP_MIN_LOG_LEVEL"] == "2"
     assert env["PYTHONUNBUFFERED"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "6"
     assert env["PATH"] == "/bin"
-    import spark_imagenet.barrier_task as bt
+    import spark_imagenet.training.barrier_task as bt
 
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(bt.__file__)))
     assert env["PYTHONPATH"].split(os.pathsep) == [pkg_parent, "/x"]
@@ -130,10 +130,10 @@ def test_child_env():
 
 def test_child_env_lets_python_m_find_the_package(tmp_path):
     env = child_env({"PATH": os.environ.get("PATH", "")}, build_tf_config(["h:1"], 0), None, 1)
-    out = subprocess.run([sys.executable, "-c", "import spark_imagenet.rendezvous as r; print(r.__name__)"],
+    out = subprocess.run([sys.executable, "-c", "import spark_imagenet.training.rendezvous as r; print(r.__name__)"],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "spark_imagenet.rendezvous"
+    assert out.stdout.strip() == "spark_imagenet.training.rendezvous"
 
 
 # ------------------------------------------------------------ child output
@@ -175,7 +175,7 @@ def test_child_dies_when_the_task_process_is_killed(tmp_path):
     child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
     task_code = (
         "import os, sys\n"
-        "from spark_imagenet.barrier_task import run_child\n"
+        "from spark_imagenet.training.barrier_task import run_child\n"
         f"run_child([sys.executable, '-c', {child_code!r}], dict(os.environ), '.', '[t] ')\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))

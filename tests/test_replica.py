@@ -1,4 +1,4 @@
-"""Tests for spark_imagenet.replica: config checks, failure reporting, and real
+"""Tests for spark_imagenet.training.worker: config checks, failure reporting, and real
 one-worker and two-worker MultiWorkerMirroredStrategy runs in child processes
 on tiny generated TFRecord shards."""
 
@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from spark_imagenet.errors import ConfigError  # noqa: E402
-from spark_imagenet.replica import validate_config  # noqa: E402
+from spark_imagenet.training.worker import validate_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,12 +128,12 @@ def child_env(tf_config: dict | None = None) -> dict:
 
 
 def start_replica(tmp: Path, config: dict, name: str, tf_config: dict | None = None) -> tuple[subprocess.Popen, Path]:
-    """Start ``python -m spark_imagenet.replica`` on ``config``; return (process, result path)."""
+    """Start ``python -m spark_imagenet.training.worker`` on ``config``; return (process, result path)."""
     cfg_path = tmp / f"{name}-config.json"
     result_path = tmp / f"{name}-result.json"
     cfg_path.write_text(json.dumps(config))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_imagenet.replica", str(cfg_path), str(result_path)],
+        [sys.executable, "-m", "spark_imagenet.training.worker", str(cfg_path), str(result_path)],
         cwd=REPO,
         env=child_env(tf_config),
         stdout=subprocess.PIPE,

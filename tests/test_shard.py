@@ -12,11 +12,11 @@ from PIL import Image
 
 from data_util import ILSVRC_MINI, requires_shared, small_layout
 from spark_imagenet.errors import ConfigError, ImageError, ManifestError
-from spark_imagenet.manifest import MANIFEST_NAME, Manifest
-from spark_imagenet.quality import classify
-from spark_imagenet.shard import QUALITY_REPORT_NAME, format_summary, shard
+from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
+from spark_imagenet.dataset.quality import classify
+from spark_imagenet.dataset.sharding import QUALITY_REPORT_NAME, format_summary, shard
 from spark_imagenet.storage import LocalStorage, crc32c_file, open_storage
-from spark_imagenet.tfrecord import read_records
+from spark_imagenet.dataset.tfrecord import read_records
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -179,7 +179,7 @@ def test_bad_images_are_all_listed_and_nothing_is_written(tree, tmp_path):
     with pytest.raises(ImageError) as e:
         build(tree, out)
     msg = str(e.value)
-    # The PNG and the CMYK JPEG are repaired (spark_imagenet.quality); the unusable ones are all listed.
+    # The PNG and the CMYK JPEG are repaired (spark_imagenet.dataset.quality); the unusable ones are all listed.
     assert "2 image file(s)" in msg and "--on-corrupt skip" in msg
     assert "n90000000_2.JPEG: JPEG does not decode" in msg
     assert "ILSVRC2012_val_00000005.JPEG: empty file (0 bytes)" in msg

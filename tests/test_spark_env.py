@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from spark_imagenet.errors import (ConfigError, EnvironmentSetupError, ManifestError, StorageError, TrainingError)
-from spark_imagenet.manifest import Manifest, ShardInfo, SplitInfo, SynsetClass
-from spark_imagenet.spark_env import check_java, is_local_master, local_session, parse_java_version
+from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo
+from spark_imagenet.source.synset import SynsetClass
+from spark_imagenet.training.spark_session import check_java, is_local_master, local_session, parse_java_version
 from spark_imagenet.storage import LocalStorage, crc32c_file
-from spark_imagenet.train import available_slots, slots_from_master, task_error, train
+from spark_imagenet.training.driver import available_slots, slots_from_master, task_error, train
 
 
 # ------------------------------------------------------------------ Java

@@ -12,8 +12,8 @@ import pytest
 
 from data_util import small_layout
 from spark_imagenet.errors import SparkImagenetError
-from spark_imagenet.shard import shard
-from spark_imagenet.train import train
+from spark_imagenet.dataset.sharding import shard
+from spark_imagenet.training.driver import train
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def test_train_twice_in_one_session(spark, bucket):
 def test_train_from_gs_bucket_on_the_emulator(spark, bucket, gcs_bucket, tmp_path):
     """The same job on a gs:// bucket (fake-gcs-server): tasks fetch their shards over HTTP, verified; a
     second job downloads nothing."""
-    from spark_imagenet.transfer import upload
+    from spark_imagenet.dataset.transfer import upload
 
     url = f"gs://{gcs_bucket}/imagenet-tiny"
     upload(bucket / "bucket", url, log=lambda m: None)
@@ -91,9 +91,9 @@ def _break_one_jpeg(src: Path, dst: Path) -> str:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import tensorflow as tf
 
-    from spark_imagenet.manifest import Manifest, ShardInfo, SplitInfo
+    from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo
     from spark_imagenet.storage import LocalStorage, crc32c_file
-    from spark_imagenet.tfrecord import read_records, write_record
+    from spark_imagenet.dataset.tfrecord import read_records, write_record
 
     shutil.copytree(src, dst)
     m = Manifest.load(LocalStorage(dst))

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from data_util import ILSVRC_MINI, requires_shared, small_layout
-from spark_imagenet.manifest import Manifest, ShardInfo, SplitInfo
-from spark_imagenet.shard import shard
-from spark_imagenet.transfer import shard_name
+from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo
+from spark_imagenet.dataset.sharding import shard
+from spark_imagenet.dataset.transfer import shard_name
 from spark_imagenet.storage import LocalStorage, crc32c_file
-from spark_imagenet.tfrecord import read_records, write_record
-from spark_imagenet.train import train
+from spark_imagenet.dataset.tfrecord import read_records, write_record
+from spark_imagenet.training.driver import train
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +78,7 @@ def test_workers_with_disjoint_classes_train_one_global_model(spark, tmp_path):
 
 @pytest.fixture(scope="module")
 def spark4():
-    from spark_imagenet.spark_env import local_session
+    from spark_imagenet.training.spark_session import local_session
 
     session = local_session("local[4]", app_name="spark-imagenet-ilsvrc-mini", conf={"spark.ui.enabled": "false"})
     yield session

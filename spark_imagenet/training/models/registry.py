@@ -22,8 +22,8 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tf_keras as keras  # noqa: E402
 
-from ..errors import ConfigError  # noqa: E402
-from .alexnet import build_alexnet, min_image_size  # noqa: E402
+from spark_imagenet.errors import ConfigError  # noqa: E402
+from spark_imagenet.training.models.alexnet import build_alexnet, min_image_size  # noqa: E402
 
 #: Registered models: name -> builder(num_classes: int, image_size: int, width: float) -> tf_keras.Model.
 MODELS: dict[str, Callable[[int, int, float], keras.Model]] = {

@@ -1,11 +1,11 @@
 """The tf.data input pipeline: TFRecord shards -> normalized image batches.
 
-Imported only inside the TensorFlow child process (:mod:`spark_imagenet.replica`)
+Imported only inside the TensorFlow child process (:mod:`spark_imagenet.training.worker`)
 and by tests, never by the driver or the CLI at start-up: it imports
 TensorFlow at module level (after defaulting ``TF_USE_LEGACY_KERAS=1``, which
 must be set before TensorFlow is first imported, see FIELD-NOTES.md).
 
-Records are the ``tf.train.Example`` s written by :mod:`spark_imagenet.shard`;
+Records are the ``tf.train.Example`` s written by :mod:`spark_imagenet.dataset.sharding`;
 this module reads two of their features, ``image/encoded`` (JPEG bytes) and
 ``image/class/label`` (0-based class id).
 
@@ -69,7 +69,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tensorflow as tf  # noqa: E402  (after the environment default above)
 
-from .errors import ConfigError, ImageError  # noqa: E402
+from spark_imagenet.errors import ConfigError, ImageError  # noqa: E402
 
 #: ImageNet per-channel mean of the RGB training pixels, in 0..255 units (the
 #: constants of the reference ResNet/torchvision preprocessing: 0.485, 0.456,
@@ -584,7 +584,7 @@ def data_error(exc: BaseException, files: Sequence[str], parallel: int | None = 
     message = str(exc)
     counted = _CARDINALITY_RE.search(message)
     if isinstance(exc, tf.errors.FailedPreconditionError) and counted:
-        from .errors import ManifestError
+        from spark_imagenet.errors import ManifestError
 
         return ManifestError(
             f"the evaluation shards hold {counted.group(2)} records for this worker, but exactly "
@@ -597,7 +597,7 @@ def data_error(exc: BaseException, files: Sequence[str], parallel: int | None = 
     bad = find_bad_records(files, limit=1, parallel=parallel)
     if not bad:
         return None
-    from .cache import CACHE_FOLDER, MARKER_SUFFIX
+    from spark_imagenet.dataset.cache import CACHE_FOLDER, MARKER_SUFFIX
 
     marker = os.path.basename(bad[0].path) + MARKER_SUFFIX
     return ImageError(

@@ -67,9 +67,9 @@ Departures from the paper, all deliberate:
   tests use 0.25, which makes a model that trains quickly on a CPU.
 
 The model takes float32 images ``[B, S, S, 3]`` already normalised by the input
-pipeline (ImageNet mean/std, see :mod:`spark_imagenet.pipeline`) and returns
+pipeline (ImageNet mean/std, see :mod:`spark_imagenet.training.pipeline`) and returns
 float32 logits ``[B, num_classes]`` (no softmax; the loss uses
-``from_logits=True``, see :func:`spark_imagenet.models.compile_model`).
+``from_logits=True``, see :func:`spark_imagenet.training.models.registry.compile_model`).
 """
 
 from __future__ import annotations
@@ -80,21 +80,15 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tf_keras as keras  # noqa: E402  (Keras 2; Keras 3 fails under MWMS, see FIELD-NOTES)
 
-from ..errors import ConfigError  # noqa: E402
-
-#: (filters, kernel, strides, padding) of the five convolutions, paper section 3.5.
-CONV_LAYERS: tuple[tuple[int, int, int, str], ...] = (
-    (96, 11, 4, "valid"),
-    (256, 5, 1, "same"),
-    (384, 3, 1, "same"),
-    (384, 3, 1, "same"),
-    (256, 3, 1, "same"),
+from spark_imagenet.errors import ConfigError  # noqa: E402
+from spark_imagenet.training.models.alexnet_layers import (  # noqa: E402
+    CONV_LAYERS,
+    POOL_AFTER,
+    POOL_SIZE,
+    POOL_STRIDE,
+    min_image_size,
 )
-#: Max pooling (window 3, stride 2, 'valid': the paper's "overlapping pooling",
-#: section 3.4) follows these conv layers (0-based indices into CONV_LAYERS).
-POOL_AFTER: frozenset[int] = frozenset({0, 1, 4})
-POOL_SIZE = 3
-POOL_STRIDE = 2
+
 #: Width of the two hidden fully connected layers (paper section 3.5).
 DENSE_UNITS = 4096
 #: Dropout rate of the two hidden fully connected layers (paper section 4.2).
@@ -102,64 +96,6 @@ DROPOUT = 0.5
 #: L2 coefficient for Keras' ``l2`` regulariser (loss term c * sum(w^2)); its
 #: gradient 2c * w = 5e-4 * w is the paper's weight decay (section 5).
 L2 = 2.5e-4
-
-
-def _out_size(size: int, kernel: int, stride: int, padding: str) -> int:
-    """Spatial output size of a conv/pool layer (Keras/TF arithmetic).
-
-    Args:
-        size: input height (= width) in pixels.
-        kernel: window size in pixels.
-        stride: stride in pixels.
-        padding: ``"valid"`` (floor((size - kernel) / stride) + 1, 0 if the
-            window does not fit) or ``"same"`` (ceil(size / stride)).
-
-    Returns:
-        The output height (= width); 0 or less means the layer has no output.
-    """
-    if padding == "same":
-        return -(-size // stride)
-    if size < kernel:
-        return 0
-    return (size - kernel) // stride + 1
-
-
-def feature_map_size(image_size: int) -> int:
-    """Height (= width) of the last pooled feature map for an input size.
-
-    Args:
-        image_size: input height (= width) in pixels.
-
-    Returns:
-        Size of pool5's output (5 for 224, 6 for 227, 1 for 67..98), or 0 when
-        the image is too small for the conv/pool chain.
-    """
-    size = image_size
-    for i, (_, kernel, stride, padding) in enumerate(CONV_LAYERS):
-        size = _out_size(size, kernel, stride, padding)
-        if size <= 0:
-            return 0
-        if i in POOL_AFTER:
-            size = _out_size(size, POOL_SIZE, POOL_STRIDE, "valid")
-            if size <= 0:
-                return 0
-    return size
-
-
-def min_image_size() -> int:
-    """Smallest input size (pixels) for which every layer has an output.
-
-    Computed from the layer arithmetic in :data:`CONV_LAYERS` and the pools:
-    pool5 needs 3 inputs, so pool2 must give 3, pool1 7, conv1 15, and
-    conv1 (11x11 stride 4, valid) needs 4 * 14 + 11 = 67 pixels.
-
-    Returns:
-        67 for this architecture.
-    """
-    size = 1
-    while feature_map_size(size) < 1:
-        size += 1
-    return size
 
 
 def _scaled(units: int, width: float) -> int:

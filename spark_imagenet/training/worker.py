@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m spark_imagenet.replica CONFIG_JSON RESULT_JSON
+    python -m spark_imagenet.training.worker CONFIG_JSON RESULT_JSON
 
 The barrier task starts this in a fresh process (a Python worker that already
 ran one MultiWorkerMirroredStrategy job cannot configure collectives again,
@@ -31,7 +31,7 @@ all-gather right after the strategy is built, and fail with a clear
 What one run does: threading from ``threads`` (intra- and inter-op pools;
 0/null = TensorFlow's default), ``MultiWorkerMirroredStrategy()``, datasets
 through ``strategy.distribute_datasets_from_function`` with
-:func:`spark_imagenet.pipeline.train_dataset` / ``eval_dataset`` (each worker
+:func:`spark_imagenet.training.pipeline.train_dataset` / ``eval_dataset`` (each worker
 reads only its own files), model built and compiled inside
 ``strategy.scope()``, ``fit(epochs, steps_per_epoch, verbose=2)``, then
 ``evaluate(steps=val_steps)`` on ``(image, label, weight)`` batches whose
@@ -72,7 +72,7 @@ On failure the process prints one line to stderr,
 ``replica rank R failed while STAGE: ExceptionType: message`` (a
 :class:`SparkImagenetError` message is printed whole) and exits with status 1;
 no RESULT_JSON is written. Data errors inside ``fit``/``evaluate`` are
-translated by :func:`spark_imagenet.pipeline.naming_bad_records` into an
+translated by :func:`spark_imagenet.training.pipeline.naming_bad_records` into an
 error naming the shard file and record.
 
 Waiting for the other workers: building the strategy blocks until every
@@ -104,7 +104,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
-from .errors import ConfigError, SparkImagenetError, TrainingError  # noqa: E402
+from spark_imagenet.errors import ConfigError, SparkImagenetError, TrainingError  # noqa: E402
 
 #: Config keys and the Python types they must have (bool excluded from int).
 _INT_KEYS = (
@@ -384,8 +384,8 @@ def run_replica(config: dict, *, log: Callable[[str], None] | None = None, statu
     cfg = validate_config(config)
     # Imported here, not at the top, so that importing this module (e.g. for
     # validate_config) does not load tf_keras and the pipeline.
-    from . import pipeline
-    from .models import build_model, compile_model, get_builder
+    from spark_imagenet.training import pipeline
+    from spark_imagenet.training.models.registry import build_model, compile_model, get_builder
 
     get_builder(cfg["model"])  # an unknown model name fails here, before any collective
 
@@ -560,7 +560,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _write_json_atomic(path: str, obj: dict) -> None:
     """Write ``obj`` as JSON to ``path`` atomically (``LocalStorage.write_bytes``)."""
-    from .storage import LocalStorage
+    from spark_imagenet.storage import LocalStorage
 
     target = os.path.abspath(path)
     LocalStorage(os.path.dirname(target)).write_bytes(
@@ -569,7 +569,7 @@ def _write_json_atomic(path: str, obj: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry: ``python -m spark_imagenet.replica CONFIG_JSON RESULT_JSON``.
+    """Command-line entry: ``python -m spark_imagenet.training.worker CONFIG_JSON RESULT_JSON``.
 
     Returns:
         0 on success (RESULT_JSON written), 1 on any failure (one line on
@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m spark_imagenet.replica CONFIG_JSON RESULT_JSON", file=sys.stderr, flush=True)
+        print("usage: python -m spark_imagenet.training.worker CONFIG_JSON RESULT_JSON", file=sys.stderr, flush=True)
         return 2
     config_path, result_path = argv
     status = {"stage": STAGE_CONFIG}

@@ -33,8 +33,9 @@ import dataclasses
 import json
 from typing import Any
 
-from .errors import ManifestError, SparkImagenetError
-from .storage import Storage
+from spark_imagenet.errors import ManifestError, SparkImagenetError
+from spark_imagenet.source.synset import SynsetClass
+from spark_imagenet.storage import Storage
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "spark-imagenet-manifest"
@@ -44,25 +45,6 @@ FORMAT_VERSION = 1
 #: manifest and checked on load.
 LABEL_BASE = 0
 SPLITS = ("train", "val")
-
-
-@dataclasses.dataclass(frozen=True)
-class SynsetClass:
-    """One class of the dataset.
-
-    Attributes:
-        id: global 0-based class id, the label stored in every example.
-        wnid: WordNet synset id, e.g. ``"n01440764"``.
-        names: human-readable names from ``LOC_synset_mapping.txt``.
-    """
-
-    id: int
-    wnid: str
-    names: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """``{"id", "wnid", "names"}``, as stored in the manifest's class list."""
-        return {"id": self.id, "wnid": self.wnid, "names": list(self.names)}
 
 
 @dataclasses.dataclass(frozen=True)

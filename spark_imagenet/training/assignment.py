@@ -25,8 +25,8 @@ import dataclasses
 import math
 from typing import Any
 
-from .errors import ConfigError
-from .manifest import Manifest, ShardInfo
+from spark_imagenet.errors import ConfigError
+from spark_imagenet.dataset.manifest import Manifest, ShardInfo
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,9 +40,9 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from .errors import ConfigError, StorageError
-from .manifest import ShardInfo
-from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file, unretryable
+from spark_imagenet.errors import ConfigError, StorageError
+from spark_imagenet.dataset.manifest import ShardInfo
+from spark_imagenet.storage import DEFAULT_TRANSFERS, Storage, crc32c_file, unretryable
 
 #: Folder name of the cache under the Spark local dir.
 CACHE_FOLDER = "spark-imagenet-cache"
@@ -318,44 +318,3 @@ def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.Pat
             ) from None
     result.seconds = time.monotonic() - start
     return result
-
-
-def fetch_rank(url: str, rank: int, workers: int, cache_dir: str | os.PathLike | None = None, *,
-               transfers: int = DEFAULT_TRANSFERS, storage_options: dict | None = None,
-               log: Callable[[str], None] | None = None) -> tuple[FetchResult, FetchResult]:
-    """Fetch what barrier task ``rank`` of ``workers`` trains and validates on
-    (``spark-imagenet fetch``): its train shards (shard i goes to rank
-    i mod N) and its val shards, as :func:`spark_imagenet.assignment.assign`
-    decides.
-
-    Args:
-        url: the dataset's bucket URL.
-        rank: the task's rank, 0 <= rank < workers.
-        workers: number of barrier tasks N.
-        cache_dir: cache root; None for :func:`default_cache_dir`.
-        transfers: parallel downloads.
-        storage_options: passed to :func:`spark_imagenet.storage.open_storage`.
-        log: one line per shard downloaded.
-
-    Returns:
-        tuple[FetchResult, FetchResult]: the train and the val shards' local
-        paths (with counts, bytes, seconds).
-
-    Raises:
-        ConfigError: ``rank`` outside ``0..workers-1``, or an assignment that
-            cannot work (fewer train shards than workers).
-        ManifestError: no valid manifest at ``url``.
-        StorageError: see :func:`fetch`.
-    """
-    from .assignment import assign
-    from .manifest import Manifest
-    from .storage import open_storage
-
-    if workers < 1 or not 0 <= rank < workers:
-        raise ConfigError(f"--rank {rank} --workers {workers}: the rank must be between 0 and workers - 1")
-    storage = open_storage(url, **(storage_options or {}))
-    manifest = Manifest.load(storage)
-    plan = assign(manifest, workers, 1)[rank]
-    train = fetch(storage, plan.train_shards, cache_dir, dataset_id=manifest.dataset_id, transfers=transfers, log=log)
-    val = fetch(storage, plan.val_shards, cache_dir, dataset_id=manifest.dataset_id, transfers=transfers, log=log)
-    return train, val

@@ -27,9 +27,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
-from .errors import ConfigError, LayoutError
-from .manifest import SynsetClass
-from .synset import WNID_RE, read_class_list, read_synset_mapping, select_classes
+from spark_imagenet.errors import ConfigError, LayoutError
+from spark_imagenet.source.synset import SynsetClass, WNID_RE, read_class_list, read_synset_mapping, select_classes
 
 MAPPING = "LOC_synset_mapping.txt"
 VAL_CSV = "LOC_val_solution.csv"
@@ -51,7 +50,7 @@ class ImageFile:
 
     Attributes:
         path: absolute path of the file; for a source read from a zip, the
-            member's name inside its archive (see :mod:`spark_imagenet.archive`).
+            member's name inside its archive (see :mod:`spark_imagenet.source.archive`).
         label: 0-based class id in the chosen class list.
         wnid: the class's WordNet id.
         size: file size in bytes.
@@ -79,7 +78,7 @@ class SourceDataset:
         val: validation images of the chosen classes (sorted by file name).
         selection: the selection that was applied, for the manifest.
         archive: ``None`` for a directory; for a zip, the
-            :class:`spark_imagenet.archive.ZipSource` the images are read from.
+            :class:`spark_imagenet.source.archive.ZipSource` the images are read from.
     """
 
     root: str
@@ -216,7 +215,7 @@ def parse_val_solution(lines: Iterable[str], where: str, known_wnids: set[str]) 
 
 class SourceTree(Protocol):
     """What :func:`select_images` needs from a Kaggle-layout source: a
-    directory (:class:`_DirTree`) or a zip (:mod:`spark_imagenet.archive`).
+    directory (:class:`_DirTree`) or a zip (:mod:`spark_imagenet.source.archive`).
 
     Relative names (``rel``) are ``/``-separated and relative to the Kaggle
     root, e.g. ``ILSVRC/Data/CLS-LOC/train/n01440764``; ``""`` is the root.

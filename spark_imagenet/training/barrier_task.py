@@ -5,13 +5,13 @@
 ``functools.partial``; both are picklable module-level objects). Each task:
 
 1. stages its own train shards and its val shards into the host's shard
-   cache (:mod:`spark_imagenet.cache`);
-2. meets the other tasks (:func:`spark_imagenet.rendezvous.rendezvous`):
+   cache (:mod:`spark_imagenet.dataset.cache`);
+2. meets the other tasks (:func:`spark_imagenet.training.rendezvous.rendezvous`):
    rank = partition id, every worker's ``host:port``. This happens after the
    downloads, so the probed ports are released only just before TensorFlow
    binds them, and all workers start TensorFlow within moments of each other;
 3. writes the replica's CONFIG_JSON into a per-task temporary folder;
-4. runs ``python -m spark_imagenet.replica CONFIG_JSON RESULT_JSON`` in a
+4. runs ``python -m spark_imagenet.training.worker CONFIG_JSON RESULT_JSON`` in a
    fresh child process (TensorFlow's collective ops can be configured once
    per process, and PySpark reuses its Python workers: tensorflow#34568),
    with TF_CONFIG, TF_USE_LEGACY_KERAS=1 and the task's GPUs in its
@@ -45,11 +45,11 @@ import sys
 import tempfile
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from .assignment import Assignment
-from .errors import ConfigError, SparkImagenetError, TrainingError
+from spark_imagenet.training.assignment import Assignment
+from spark_imagenet.errors import ConfigError, SparkImagenetError, TrainingError
 
 #: The module run in the child process (contract: contracts.md, "Replica child process").
-REPLICA_MODULE = "spark_imagenet.replica"
+REPLICA_MODULE = "spark_imagenet.training.worker"
 #: Lines of child output kept for the error message of a failed rank.
 TAIL_LINES = 40
 #: Linux prctl(2) option: signal sent to this process when its parent thread dies.
@@ -64,12 +64,12 @@ class TaskSpec:
         url: the dataset bucket URL (as given to :func:`open_storage`).
         dataset_id: the manifest's dataset id (names the cache sub-folder).
         num_classes: the model's output width.
-        assignment: the cluster plan (:func:`spark_imagenet.assignment.assign`).
+        assignment: the cluster plan (:func:`spark_imagenet.training.assignment.assign`).
         settings: training settings copied into CONFIG_JSON: model, epochs,
             batch_size, image_size, width, learning_rate, parallel (None =
             the task's thread count), seed.
         cache_dir: shard cache folder on the executors, None for the default
-            (:func:`spark_imagenet.cache.default_cache_dir`).
+            (:func:`spark_imagenet.dataset.cache.default_cache_dir`).
         storage_options: :meth:`Storage.reopen_options` of the driver's
             storage (e.g. the emulator endpoint), to reopen it in the task.
         transfers: parallel shard downloads per task.
@@ -131,7 +131,7 @@ def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any], gpu_address
 
     Args:
         base: the task's environment (``os.environ``).
-        tf_config: from :func:`spark_imagenet.rendezvous.build_tf_config`.
+        tf_config: from :func:`spark_imagenet.training.rendezvous.build_tf_config`.
         gpu_addresses: the task's GPU addresses from Spark, or None when Spark
             assigned no GPU resource.
         local_workers: workers sharing this host.
@@ -258,9 +258,9 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     """
     from pyspark import BarrierTaskContext
 
-    from .cache import fetch
-    from .rendezvous import build_tf_config, local_worker_count, rendezvous, split_host_port
-    from .storage import open_storage
+    from spark_imagenet.dataset.cache import fetch
+    from spark_imagenet.training.rendezvous import build_tf_config, local_worker_count, rendezvous, split_host_port
+    from spark_imagenet.storage import open_storage
 
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()

@@ -30,7 +30,7 @@ from __future__ import annotations
 import socket
 from typing import Any, Sequence
 
-from .errors import ConfigError, TrainingError
+from spark_imagenet.errors import ConfigError, TrainingError
 
 
 def split_host_port(address: str) -> tuple[str, int | None]:

@@ -2,8 +2,8 @@
 
 What a build does (:func:`shard`):
 
-1. list the chosen labelled images (:func:`spark_imagenet.layout.read_layout`
-   for a folder, :func:`spark_imagenet.archive.read_zip_layout` for the
+1. list the chosen labelled images (:func:`spark_imagenet.source.layout.read_layout`
+   for a folder, :func:`spark_imagenet.source.archive.read_zip_layout` for the
    downloaded zip, read in place);
 2. shuffle the train images across classes with the seed and deal them
    round-robin to the shards (so shard sizes differ by at most one example and
@@ -11,7 +11,7 @@ What a build does (:func:`shard`):
 3. write the shards in parallel worker processes (one shard per job), each
    image's bytes stored as read (no decode/re-encode), after checking that the
    file is a JPEG that decodes and needs no repair (Pillow, see
-   :func:`check_image` and :mod:`spark_imagenet.quality`: CMYK/YCCK JPEGs,
+   :func:`check_image` and :mod:`spark_imagenet.dataset.quality`: CMYK/YCCK JPEGs,
    other formats and EXIF-rotated images are stored as repaired RGB JPEGs,
    unusable files fail the build or are skipped, ``on_corrupt``). A folder or a
    zip in the current form: each worker reads its shard's images itself. The
@@ -52,12 +52,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
-from .errors import ConfigError, ImageError, SparkImagenetError, StorageError
-from .layout import ImageFile, SourceDataset, read_layout
-from .quality import CATEGORIES, Finding, classify, repair
-from .manifest import FORMAT_VERSION, Manifest, ShardInfo, SplitInfo
-from .storage import DEFAULT_TRANSFERS, Storage, crc32c_file, open_storage
-from .transfer import (
+from spark_imagenet.errors import ConfigError, ImageError, SparkImagenetError, StorageError
+from spark_imagenet.source.layout import ImageFile, SourceDataset, read_layout
+from spark_imagenet.dataset.quality import CATEGORIES, Finding, classify, repair
+from spark_imagenet.dataset.manifest import FORMAT_VERSION, Manifest, ShardInfo, SplitInfo
+from spark_imagenet.storage import DEFAULT_TRANSFERS, Storage, crc32c_file, open_storage
+from spark_imagenet.dataset.transfer import (
     PARTIAL_RE,
     Destination,
     check_destination,
@@ -66,7 +66,7 @@ from .transfer import (
     remove_replaced,
     shard_name,
 )
-from .tfrecord import encode_example, write_record
+from spark_imagenet.dataset.tfrecord import encode_example, write_record
 
 FEATURE_KEYS = (
     "image/encoded",
@@ -93,12 +93,12 @@ QUALITY_REPORT_NAME = "quality-report.json"
 
 def check_image(data: bytes, name: str, verify: str = "decode") -> tuple[bytes | None, int, int, Finding]:
     """The per-image step of every build path: classify the file and, when
-    it needs it, repair it (see :mod:`spark_imagenet.quality`).
+    it needs it, repair it (see :mod:`spark_imagenet.dataset.quality`).
 
     Args:
         data: the file's bytes.
         name: how messages name the file.
-        verify: ``"decode"`` or ``"header"``, see :func:`spark_imagenet.quality.classify`.
+        verify: ``"decode"`` or ``"header"``, see :func:`spark_imagenet.dataset.quality.classify`.
 
     Returns:
         tuple: ``(stored, height, width, finding)``: the bytes to store (the
@@ -502,13 +502,13 @@ def shard(
 
     Args:
         source: the unpacked Kaggle ``imagenet-object-localization-challenge``
-            folder (see :mod:`spark_imagenet.layout`), or the downloaded zip
+            folder (see :mod:`spark_imagenet.source.layout`), or the downloaded zip
             in either of its forms, read without unpacking (see
-            :mod:`spark_imagenet.archive`; the older form with a nested
+            :mod:`spark_imagenet.source.archive`; the older form with a nested
             tar.gz is read as a stream, twice).
         out: bucket URL for the shards: a local path, ``file://`` URL or
             ``gs://bucket/prefix`` (shards are then staged in a temporary
-            folder and uploaded, see :mod:`spark_imagenet.transfer`).
+            folder and uploaded, see :mod:`spark_imagenet.dataset.transfer`).
         train_shards: number of train shards (``None``: about 128 MiB each,
             at least 16). Training needs at least as many as workers.
         val_shards: number of val shards (``None``: automatic, at least 4).
@@ -518,13 +518,13 @@ def shard(
         seed: seed of the per-class sample and of the train shuffle.
         processes: worker processes (``None``: all cores).
         verify: ``"decode"`` (default) or ``"header"``, see
-            :func:`spark_imagenet.quality.classify`.
+            :func:`spark_imagenet.dataset.quality.classify`.
         on_corrupt: what to do with unusable (empty, truncated, undecodable)
             files: ``"error"`` (default) fails the build listing every one;
             ``"skip"`` leaves them out and records each in
             ``quality-report.json``. Repairable files (CMYK, YCCK, other
             formats, EXIF orientation) are repaired either way, see
-            :mod:`spark_imagenet.quality`.
+            :mod:`spark_imagenet.dataset.quality`.
         overwrite: replace a different dataset already at ``out``.
         transfers: parallel uploads to a remote ``out`` (``--transfers``).
         progress: show a tqdm progress bar on stderr (images/s).
@@ -554,7 +554,7 @@ def shard(
         raise ConfigError(f"--on-corrupt {on_corrupt!r}: choose one of {', '.join(ON_CORRUPT_MODES)}")
     if processes is not None and processes < 1:
         raise ConfigError(f"processes={processes}: must be at least 1")
-    from .archive import is_zip_source, read_zip_layout
+    from spark_imagenet.source.archive import is_zip_source, read_zip_layout
 
     if is_zip_source(source):
         src = read_zip_layout(source, num_classes=classes, class_list=class_list, per_class=per_class, seed=seed,
@@ -583,7 +583,7 @@ def shard(
 def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, dataset_id: str, verify: str,
            on_corrupt: str, processes: int | None, transfers: int, progress: bool, log: Callable[[str], None]) -> Manifest:
     """Write the shards of ``plan``, publish them, then commit the manifest
-    (see :func:`shard` and :mod:`spark_imagenet.transfer`)."""
+    (see :func:`shard` and :mod:`spark_imagenet.dataset.transfer`)."""
     staging = storage.staging_dir()
     tmp_root = None
     if staging is None:
@@ -762,7 +762,7 @@ def quality_report(src: SourceDataset, plan: dict, jobs: list[_ShardJob], qualit
     Returns:
         dict: ``dataset_id``, ``verify``, ``on_corrupt``; per split
         (``splits``) the files found, examples written, files repaired and
-        skipped, and the count per category (:data:`spark_imagenet.quality.CATEGORIES`);
+        skipped, and the count per category (:data:`spark_imagenet.dataset.quality.CATEGORIES`);
         ``files``: every repaired or skipped file (``split``, ``file``
         relative to the Kaggle root, ``category``, ``action``, ``reason``),
         sorted by split and file.

@@ -60,7 +60,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .errors import ConfigError, DownloadError, EnvironmentSetupError
+from spark_imagenet.units import human_size
+from spark_imagenet.errors import ConfigError, DownloadError, EnvironmentSetupError
 
 #: The competition whose archive holds ImageNet (ILSVRC CLS-LOC) in the Kaggle layout.
 DEFAULT_COMPETITION = "imagenet-object-localization-challenge"
@@ -79,30 +80,6 @@ CLIENT_REQUIREMENT = "'kaggle>=2.2.5,<3' 'six>=1.16'"
 _EOCD_SIZE = 22
 #: The longest zip comment, so the farthest an end record can be from the end of the file.
 _MAX_COMMENT = 0xFFFF
-
-
-def human_size(n: int | float) -> str:
-    """A byte count for messages, in a unit that keeps it readable.
-
-    Args:
-        n: a number of bytes.
-
-    Returns:
-        str: ``"0 bytes"``, ``"999 bytes"``, ``"1.50 KB"``, ``"2.40 MB"``,
-        ``"155 GB"``, ``"35.2 TB"``: bytes below 1000, else KB, MB, GB, TB or
-        PB (powers of 1000, like Kaggle's and ``df -H``'s), three significant
-        digits, so that a small number never shows as ``0.0 GB``.
-    """
-    n = int(n)
-    if abs(n) < 1000:
-        return f"{n} byte" + ("" if abs(n) == 1 else "s")
-    value, unit = float(n), "bytes"
-    for unit in ("KB", "MB", "GB", "TB", "PB"):
-        value /= 1000
-        if abs(value) < 999.5:
-            break
-    digits = 2 if abs(value) < 9.995 else 1 if abs(value) < 99.95 else 0
-    return f"{value:.{digits}f} {unit}"
 
 
 def zip_end_problem(path: str | os.PathLike) -> str | None:

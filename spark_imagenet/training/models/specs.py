@@ -1,7 +1,7 @@
 """What the driver knows about each model without importing TensorFlow.
 
-The models themselves (:mod:`spark_imagenet.models`) import tf_keras and are
-only imported in the TensorFlow child process; the driver checks ``--model``
+The models themselves (:mod:`spark_imagenet.training.models.registry`) import
+tf_keras and are only imported in the TensorFlow worker process; the driver checks ``--model``
 and ``--image-size`` against this table before it starts any Spark job, so a
 typo fails in a second instead of after every worker has started TensorFlow.
 ``tests/test_models.py`` checks the table against the models' own arithmetic.
@@ -9,11 +9,12 @@ typo fails in a second instead of after every worker has started TensorFlow.
 
 from __future__ import annotations
 
-from .errors import ConfigError
+from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.models import alexnet_layers
 
-#: Model name -> smallest input side in pixels (AlexNet: conv1 11x11/4 and
-#: three 3x3/2 pools need 4 * 14 + 11 = 67 px; see spark_imagenet.models.alexnet).
-MIN_IMAGE_SIZE: dict[str, int] = {"alexnet": 67}
+#: Model name -> smallest input side in pixels, from each model's layer
+#: arithmetic (AlexNet: 67, see :func:`alexnet_layers.min_image_size`).
+MIN_IMAGE_SIZE: dict[str, int] = {"alexnet": alexnet_layers.min_image_size()}
 
 
 def check_model_settings(model: str, image_size: int) -> None:

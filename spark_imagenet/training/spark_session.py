@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import EnvironmentSetupError
+from spark_imagenet.errors import EnvironmentSetupError
 
 #: Oldest Java major version PySpark 4.x runs on (Spark 4.0 release notes:
 #: "Java 17 and 21"; Java 8 and 11 support was removed).
@@ -152,7 +152,7 @@ def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
     console progress bar is off (``spark.ui.showConsoleProgress``, unless
     ``conf`` sets it), since the tasks print ``[rank R]`` progress lines.
     ``spark.python.worker.reuse`` keeps Spark's default: each barrier task runs
-    TensorFlow in a fresh child process (see :mod:`spark_imagenet.barrier_task`).
+    TensorFlow in a fresh child process (see :mod:`spark_imagenet.training.barrier_task`).
 
     Args:
         master: Spark master URL (default ``local[4]``).

@@ -1,7 +1,7 @@
 """``spark-imagenet demo``: the built-in default job, needing nothing but the package.
 
 It generates a small learnable dataset in the Kaggle layout
-(:mod:`spark_imagenet.synthetic`: 10 classes of procedurally drawn
+(:mod:`spark_imagenet.demo.synthetic`: 10 classes of procedurally drawn
 textures), shards it into a local bucket folder, and trains a narrow AlexNet
 with 4 barrier workers (``local[4]`` by default), printing per-worker and
 global results. On a 2-core machine it takes about 30 seconds (10 epochs) and reaches
@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .shard import shard
-from .synthetic import generate_kaggle_layout
+from spark_imagenet.dataset.sharding import shard
+from spark_imagenet.demo.synthetic import generate_kaggle_layout
 
 #: Training settings of the demo: small enough for 2 CPU cores, large enough to learn.
 DEMO_TRAIN_DEFAULTS: dict[str, Any] = {
@@ -52,16 +52,16 @@ def run_demo(
         num_classes: synthetic classes (>= 2).
         log: one-line status printer (default: stderr).
         **train_kwargs: overrides of :data:`DEMO_TRAIN_DEFAULTS` and any other
-            argument of :func:`spark_imagenet.train.train` (e.g. ``results``).
+            argument of :func:`spark_imagenet.training.driver.train` (e.g. ``results``).
 
     Returns:
-        dict: the results of :func:`spark_imagenet.train.train`.
+        dict: the results of :func:`spark_imagenet.training.driver.train`.
 
     Raises:
-        SparkImagenetError: as :func:`~spark_imagenet.shard.shard` and
-            :func:`~spark_imagenet.train.train` raise.
+        SparkImagenetError: as :func:`~spark_imagenet.dataset.sharding.shard` and
+            :func:`~spark_imagenet.training.driver.train` raise.
     """
-    from .train import train
+    from spark_imagenet.training.driver import train
 
     if log is None:
         def log(msg: str) -> None:

@@ -6,7 +6,7 @@ images with an EXIF orientation tag (TensorFlow ignores the tag, so the
 pixels come out rotated), grayscale JPEGs, and copies of it may hold truncated
 or empty files. :func:`classify` finds them from the bytes alone (Pillow, no
 list of names); :func:`repair` turns a repairable file into an upright RGB
-JPEG. The shard builder (:mod:`spark_imagenet.shard`) calls both for every
+JPEG. The shard builder (:mod:`spark_imagenet.dataset.sharding`) calls both for every
 image; only files that need a repair are decoded at full size and
 re-encoded, every other file is stored byte for byte.
 
@@ -43,7 +43,7 @@ that applies, and :attr:`Finding.reason` names every problem found:
     also applies the orientation.
 ``grayscale``
     a 1-channel JPEG. **Kept as it is** (stored byte for byte): TensorFlow's
-    ``decode_jpeg(channels=3)`` (what :mod:`spark_imagenet.pipeline` uses)
+    ``decode_jpeg(channels=3)`` (what :mod:`spark_imagenet.training.pipeline` uses)
     expands it to three equal channels, the same as converting it to RGB
     would, without the cost and generation loss of a re-encode.
 ``ok``

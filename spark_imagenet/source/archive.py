@@ -15,9 +15,9 @@ The Kaggle competition ``imagenet-object-localization-challenge`` is one zip
     the zip member), never extracted to disk and never held whole in memory.
 
 :func:`read_zip_layout` lists the images of either form like
-:func:`spark_imagenet.layout.read_layout` lists a directory (same checks,
+:func:`spark_imagenet.source.layout.read_layout` lists a directory (same checks,
 same selection, same order, so the same dataset id). How the shard builder
-then reads them (:mod:`spark_imagenet.shard`):
+then reads them (:mod:`spark_imagenet.dataset.sharding`):
 
 * ``root``: each worker process reads its shard's members itself, by the
   location the zip's central directory gives (:class:`ZipMemberReader`:
@@ -71,9 +71,10 @@ import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, NamedTuple
 
-from .download import PARTIAL_SUFFIX, human_size
-from .errors import ArchiveError, ConfigError
-from .layout import (
+from spark_imagenet.source.kaggle import PARTIAL_SUFFIX
+from spark_imagenet.units import human_size
+from spark_imagenet.errors import ArchiveError, ConfigError
+from spark_imagenet.source.layout import (
     DATA_REL,
     EXTRACT_MARKER,
     MAPPING,
@@ -84,8 +85,7 @@ from .layout import (
     parse_val_solution,
     select_images,
 )
-from .manifest import SynsetClass
-from .synset import parse_synset_mapping
+from spark_imagenet.source.synset import SynsetClass, parse_synset_mapping
 
 #: The tar.gz member of the older form, holding ``ILSVRC/``.
 TAR_MEMBER = "imagenet_object_localization_patched2019.tar.gz"
@@ -284,7 +284,7 @@ class _Index:
 
 
 class _ArchiveTree:
-    """:class:`spark_imagenet.layout.SourceTree` over a zip (and its nested tar)."""
+    """:class:`spark_imagenet.source.layout.SourceTree` over a zip (and its nested tar)."""
 
     def __init__(self, source: "ZipSource", zf: zipfile.ZipFile, index: _Index):
         self.root = source.path
@@ -360,7 +360,7 @@ def _bar(progress: bool, total: int, desc: str):
 @dataclasses.dataclass
 class ZipSource:
     """Where the images of a zip source are and how to read them
-    (:attr:`spark_imagenet.layout.SourceDataset.archive` of a zip source).
+    (:attr:`spark_imagenet.source.layout.SourceDataset.archive` of a zip source).
 
     Attributes:
         path: the zip file (absolute).
@@ -618,7 +618,7 @@ def read_zip_layout(
     """List the labelled images of the Kaggle zip, in either form, without unpacking it.
 
     The same checks, selection and order as
-    :func:`spark_imagenet.layout.read_layout` on the unpacked folder; for
+    :func:`spark_imagenet.source.layout.read_layout` on the unpacked folder; for
     the nested form this is pass 1 of 2 over its tar.gz (see the module doc).
 
     Args:
@@ -1155,7 +1155,7 @@ def extract(
       write plus one block per file and folder plus :data:`SPACE_MARGIN`, and
       its free inodes with the files and folders to create.
 
-    Then :data:`~spark_imagenet.layout.EXTRACT_MARKER` is written in
+    Then :data:`~spark_imagenet.source.layout.EXTRACT_MARKER` is written in
     ``dest`` (and in the Kaggle root under it), which ``shard`` refuses, and
     removed only once every member is written; files are written under a
     temporary name and renamed when complete, and each file's name is added

@@ -21,7 +21,7 @@ never write the same object; the manifest is the single commit point:
    winner; then the shards of a replaced dataset are deleted.
 
 :func:`upload` (``spark-imagenet upload``) runs the three steps for shards
-built on local disk; :func:`spark_imagenet.shard.shard` runs them for a
+built on local disk; :func:`spark_imagenet.dataset.sharding.shard` runs them for a
 build.
 """
 
@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import ConfigError, ManifestError, PreconditionFailed, StorageError
-from .manifest import MANIFEST_NAME, Manifest, ShardInfo
-from .storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage, unretryable
+from spark_imagenet.errors import ConfigError, ManifestError, PreconditionFailed, StorageError
+from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from spark_imagenet.storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage, unretryable
 
 #: Object names of shards: ``<split>-<index>-of-<count>[-<dataset id[:8]>].tfrecord``
 #: (names without the id part come from builds before the id was added).

@@ -2,13 +2,13 @@
 
 :func:`train` runs one MultiWorkerMirroredStrategy job as one Spark barrier
 stage of N tasks (``sc.parallelize(range(N), N).barrier().mapPartitions``),
-one TensorFlow worker per task (see :mod:`spark_imagenet.barrier_task` for the
+one TensorFlow worker per task (see :mod:`spark_imagenet.training.barrier_task` for the
 task side). Before anything is launched it checks what would otherwise fail
 late or hang:
 
 * the settings (:class:`ConfigError` naming the option);
 * the dataset's manifest, and that it has at least N train shards
-  (:func:`spark_imagenet.assignment.assign`);
+  (:func:`spark_imagenet.training.assignment.assign`);
 * ``spark.dynamicAllocation.enabled`` is not true: barrier stages refuse
   dynamic allocation (SPARK-24942);
 * there are at least N task slots: Spark otherwise fails the barrier stage
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ConfigError, SparkImagenetError, TrainingError
+from spark_imagenet.errors import ConfigError, SparkImagenetError, TrainingError
 
 #: Seconds to wait for executors to register on a cluster master before the
 #: slot check gives up (executors of a freshly started application register
@@ -61,7 +61,7 @@ def validate_settings(workers: Any, model: Any, epochs: Any, batch_size: Any, im
     Raises:
         ConfigError: naming the option (``--workers``, ``--batch-size``, ...)
             and the bad value; an unknown ``--model`` or an ``--image-size``
-            below the model's minimum (:mod:`spark_imagenet.model_specs`).
+            below the model's minimum (:mod:`spark_imagenet.training.models.specs`).
     """
     _check_int("--workers", workers, 1)
     if not isinstance(model, str) or not model.strip():
@@ -74,7 +74,7 @@ def validate_settings(workers: Any, model: Any, epochs: Any, batch_size: Any, im
     if parallel is not None:
         _check_int("--parallel", parallel, 1)
     _check_int("--seed", seed, 0)
-    from .model_specs import check_model_settings
+    from spark_imagenet.training.models.specs import check_model_settings
 
     check_model_settings(model, int(image_size))
 
@@ -174,7 +174,7 @@ def check_spark(sc, workers: int, wait_seconds: float = EXECUTOR_WAIT_SECONDS) -
             f"{workers} task slots, e.g. spark.executor.instances x spark.executor.cores)."
         )
     slots, how = available_slots(sc)
-    from .spark_env import is_local_master
+    from spark_imagenet.training.spark_session import is_local_master
 
     deadline = time.monotonic() + (0 if is_local_master(sc.master) else wait_seconds)
     while slots < workers and time.monotonic() < deadline:
@@ -288,8 +288,8 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     Raises:
         ConfigError: the file cannot be written (names ``--results``).
     """
-    from .errors import StorageError
-    from .storage import LocalStorage
+    from spark_imagenet.errors import StorageError
+    from spark_imagenet.storage import LocalStorage
 
     path = Path(path).absolute()
     try:
@@ -319,7 +319,7 @@ def train(spark, url: str, workers: int, *, model: str = "alexnet", epochs: int 
         parallel: tf.data parallel calls per worker; None = the worker's
             thread count (the host's CPUs / workers on that host).
         cache: shard cache folder on every executor host; None = under the
-            Spark local dir (see :func:`spark_imagenet.cache.default_cache_dir`).
+            Spark local dir (see :func:`spark_imagenet.dataset.cache.default_cache_dir`).
         results: write the results JSON here (atomically) when given.
         seed: random seed.
         transfers: parallel shard downloads per task (``--transfers``).
@@ -344,10 +344,10 @@ def train(spark, url: str, workers: int, *, model: str = "alexnet", epochs: int 
     """
     import functools
 
-    from .assignment import assign
-    from .barrier_task import TaskSpec, run_task
-    from .manifest import Manifest
-    from .storage import open_storage
+    from spark_imagenet.training.assignment import assign
+    from spark_imagenet.training.barrier_task import TaskSpec, run_task
+    from spark_imagenet.dataset.manifest import Manifest
+    from spark_imagenet.storage import open_storage
 
     validate_settings(workers, model, epochs, batch_size, image_size, width, learning_rate, parallel, seed)
     if isinstance(transfers, bool) or not isinstance(transfers, int) or transfers < 1:

@@ -11,12 +11,31 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Iterable, Sequence
+import dataclasses
+from typing import Any, Iterable, Sequence
 
-from .errors import ConfigError, LayoutError
-from .manifest import SynsetClass
+from spark_imagenet.errors import ConfigError, LayoutError
 
 WNID_RE = re.compile(r"^n\d{8}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class SynsetClass:
+    """One class of the dataset.
+
+    Attributes:
+        id: global 0-based class id, the label stored in every example.
+        wnid: WordNet synset id, e.g. ``"n01440764"``.
+        names: human-readable names from ``LOC_synset_mapping.txt``.
+    """
+
+    id: int
+    wnid: str
+    names: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"id", "wnid", "names"}``, as stored in the manifest's class list."""
+        return {"id": self.id, "wnid": self.wnid, "names": list(self.names)}
 
 
 def read_synset_mapping(path: str | os.PathLike) -> tuple[SynsetClass, ...]:

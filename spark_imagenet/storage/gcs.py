@@ -1,0 +1,334 @@
+"""Google Cloud Storage (``gs://bucket/prefix``) as storage, on ``google-cloud-storage``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any, Sequence
+from urllib.parse import urlparse
+
+
+from spark_imagenet.errors import AccessError, IntegrityError, PreconditionFailed, StorageError
+
+from spark_imagenet.storage.base import DEFAULT_TRANSFERS, ObjectInfo, Storage
+
+
+class GCSStorage(Storage):
+    """Objects under ``gs://bucket/prefix`` in Google Cloud Storage.
+
+    Methods behave as documented on :class:`Storage`. Built on
+    ``google-cloud-storage``: every call uses its ``DEFAULT_RETRY`` policy
+    (exponential backoff from 1 s, doubling up to 60 s, for at most 120 s of
+    retries on 408/429/5xx and reset or refused connections; the library's
+    defaults, see ``google.cloud.storage.retry``), uploads included, since
+    every object this package writes is either immutable under its name or
+    written with a generation precondition. Downloads are checked by the
+    client against the object's CRC32C (``DataCorruption`` otherwise);
+    :meth:`put_files`/:meth:`get_files` use ``transfer_manager`` with
+    threads. A missing bucket, 401 and 403 fail at once with a message
+    saying what to check.
+
+    Args:
+        url: ``gs://bucket`` or ``gs://bucket/prefix`` (a trailing ``/`` is
+            ignored).
+        endpoint: API endpoint (an emulator such as fake-gcs-server, e.g.
+            ``http://127.0.0.1:4443``), used with anonymous credentials. None:
+            ``STORAGE_EMULATOR_HOST`` if set, else Google's endpoint with
+            Application Default Credentials.
+        project: the billing/quota project (None: the credentials' own).
+        page_size: objects per listing request (GCS's maximum is 1000).
+        retry_seconds: how long one call keeps retrying transient errors,
+            in seconds (default 120, the library's own default).
+        client: an existing ``google.cloud.storage.Client`` to use instead.
+
+    Raises:
+        StorageError: the URL has no bucket name, or the client cannot be
+            created (no credentials: says how to provide them).
+    """
+
+    def __init__(self, url: str, *, endpoint: str | None = None, project: str | None = None,
+                 page_size: int = 1000, retry_seconds: float = 120.0, client: Any = None):
+        parsed = urlparse(url)
+        self.bucket_name = parsed.netloc
+        if not self.bucket_name:
+            raise StorageError(f"{url}: no bucket name; write gs://BUCKET/PREFIX")
+        self.prefix = parsed.path.strip("/")
+        self.url = f"gs://{self.bucket_name}" + (f"/{self.prefix}" if self.prefix else "")
+        self.endpoint = endpoint or os.environ.get("STORAGE_EMULATOR_HOST") or None
+        if self.endpoint and "://" not in self.endpoint:
+            self.endpoint = "http://" + self.endpoint
+        self.project = project
+        self.page_size = page_size
+        self._retry_seconds = float(retry_seconds)
+        self._client = client
+        self._bucket = None
+        self._bucket_ok = False
+
+    # -- plumbing -----------------------------------------------------------
+
+    @property
+    def client(self):
+        """The ``google.cloud.storage.Client`` (created on first use)."""
+        if self._client is None:
+            from google.auth import exceptions as auth_exceptions
+            from google.cloud import storage as gcs
+
+            try:
+                if self.endpoint:
+                    from google.auth.credentials import AnonymousCredentials
+
+                    self._client = gcs.Client(project=self.project or "spark-imagenet",
+                                              credentials=AnonymousCredentials(),
+                                              client_options={"api_endpoint": self.endpoint})
+                else:
+                    self._client = gcs.Client(project=self.project)
+            except auth_exceptions.DefaultCredentialsError as e:
+                raise AccessError(
+                    f"{self.url}: no Google Cloud credentials found ({e}). Run `gcloud auth application-default "
+                    "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file; on GCE, "
+                    "Dataproc or GKE the machine's service account is used"
+                ) from None
+        return self._client
+
+    @property
+    def bucket(self):
+        if self._bucket is None:
+            self._bucket = self.client.bucket(self.bucket_name)
+        return self._bucket
+
+    def _key(self, name: str) -> str:
+        if not name or name.startswith("/") or ".." in name.split("/"):
+            raise StorageError(f"invalid object name {name!r} in {self.url}")
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def where(self, name: str) -> str:
+        return f"gs://{self.bucket_name}/{self._key(name)}"
+
+    def _check_bucket(self) -> None:
+        """Raise a clear StorageError when the bucket itself is missing (an
+        object lookup in a missing bucket only says 'not found')."""
+        if self._bucket_ok:
+            return
+        from google.api_core import exceptions as gexc
+
+        try:
+            self.bucket.reload(timeout=60)
+        except gexc.NotFound:
+            at = f" at the endpoint {self.endpoint} (from STORAGE_EMULATOR_HOST or endpoint=)" if self.endpoint else ""
+            raise AccessError(
+                f"bucket gs://{self.bucket_name} does not exist{at} (or the project is wrong). Check the name in "
+                f"{self.url}" + (", and the endpoint" if self.endpoint else "") + ", or create it in the region of "
+                f"your Spark workers: `gcloud storage buckets create gs://{self.bucket_name} --location=REGION`"
+            ) from None
+        except gexc.Forbidden:
+            pass  # object-level access without storage.buckets.get: cannot tell, assume it exists
+        except Exception as e:  # noqa: BLE001 - mapped to one message
+            raise self._error(e, f"gs://{self.bucket_name}") from None
+        self._bucket_ok = True
+
+    def _error(self, e: BaseException, what: str, action: str = "access") -> StorageError:
+        """Map a client exception to a StorageError that says what to check."""
+        from google.api_core import exceptions as gexc
+        from google.auth import exceptions as auth_exceptions
+
+        if isinstance(e, StorageError):
+            return e
+        detail = getattr(e, "message", None) or str(e)
+        detail = detail.splitlines()[0] if detail else type(e).__name__
+        if isinstance(e, gexc.PreconditionFailed):
+            return PreconditionFailed(f"{what} already exists or was changed by another writer (412)")
+        if isinstance(e, gexc.NotFound):
+            try:
+                self._check_bucket()
+            except StorageError as missing:
+                return missing
+            return StorageError(f"{what} does not exist")
+        if isinstance(e, gexc.Unauthorized):
+            return AccessError(
+                f"{what}: the credentials were rejected (401: {detail}). Refresh them with `gcloud auth "
+                "application-default login` or check the key file in GOOGLE_APPLICATION_CREDENTIALS"
+            )
+        if isinstance(e, gexc.Forbidden):
+            need = "storage.objects.create/delete (roles/storage.objectAdmin)" if action == "write" else \
+                "storage.objects.get/list (roles/storage.objectViewer)"
+            return AccessError(
+                f"{what}: access denied (403: {detail}). The account in use needs {need} on bucket "
+                f"gs://{self.bucket_name}; check the IAM roles, or the account "
+                "(GOOGLE_APPLICATION_CREDENTIALS / gcloud auth application-default login)"
+            )
+        if isinstance(e, auth_exceptions.InvalidOperation):
+            # google-auth answers a 401 by refreshing the credentials and resending; anonymous
+            # credentials (an endpoint / STORAGE_EMULATOR_HOST) cannot be refreshed, so a 401 surfaces
+            # as this "Anonymous credentials cannot be refreshed" error instead of Unauthorized.
+            return AccessError(
+                f"{what}: the credentials were rejected (401: {self.endpoint or 'the endpoint'} requires "
+                f"credentials, and requests to it are sent anonymously). Check the endpoint given by "
+                "STORAGE_EMULATOR_HOST or endpoint=: an emulator must accept anonymous requests; for Google Cloud "
+                "Storage itself, unset it so Application Default Credentials are used (`gcloud auth "
+                "application-default login` or GOOGLE_APPLICATION_CREDENTIALS)"
+            )
+        if isinstance(e, (auth_exceptions.RefreshError, auth_exceptions.TransportError)):
+            return AccessError(f"{what}: cannot obtain Google credentials ({detail}); check the machine's "
+                                "service account or GOOGLE_APPLICATION_CREDENTIALS")
+        from google.cloud.storage.exceptions import DataCorruption
+
+        if isinstance(e, DataCorruption):
+            return IntegrityError(f"{what}: the downloaded bytes do not match the object's checksum "
+                                  "(corrupt object or transfer)")
+        if isinstance(e, gexc.RetryError):  # the retry deadline passed: say what kept failing
+            cause = e.cause if e.cause is not None else e
+            if cause is not e:
+                inner = self._error(cause, what, action)
+                return type(inner)(f"{inner} (still failing after retrying with backoff for "
+                                   f"{self._retry_seconds:.0f} s)")
+        if isinstance(e, gexc.GoogleAPICallError):
+            return StorageError(f"{what}: {action} failed after retries ({type(e).__name__}: {detail})")
+        import requests
+
+        if isinstance(e, requests.exceptions.RequestException):
+            where = (f"the endpoint {self.endpoint} (from STORAGE_EMULATOR_HOST or endpoint=); check that it "
+                     "is running and its scheme (http/https) and port" if self.endpoint else
+                     "storage.googleapis.com; check the network, proxy settings and DNS")
+            kind = "connection refused" if "refused" in detail.lower() else type(e).__name__
+            return StorageError(f"{what}: cannot reach {where} ({kind}: {detail[:200]})")
+        if isinstance(e, OSError):
+            return StorageError(f"{what}: local file error during {action}: {e}")
+        return StorageError(f"{what}: {action} failed ({type(e).__name__}: {detail})")
+
+    @property
+    def _retry(self):
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        return DEFAULT_RETRY if self._retry_seconds == 120.0 else DEFAULT_RETRY.with_timeout(self._retry_seconds)
+
+    # -- Storage interface ----------------------------------------------------
+
+    def stat(self, name: str) -> ObjectInfo | None:
+        try:
+            blob = self.bucket.get_blob(self._key(name), retry=self._retry, timeout=60)
+        except Exception as e:  # noqa: BLE001
+            raise self._error(e, self.where(name), "read") from None
+        if blob is None:
+            self._check_bucket()
+            return None
+        return ObjectInfo(name, int(blob.size or 0), blob.crc32c, int(blob.generation or 0))
+
+    def read_bytes(self, name: str) -> bytes:
+        try:
+            return self.bucket.blob(self._key(name)).download_as_bytes(retry=self._retry, timeout=120)
+        except Exception as e:  # noqa: BLE001
+            raise self._error(e, self.where(name), "read") from None
+
+    def write_bytes(self, name: str, data: bytes, *, if_generation_match: int | None = None) -> None:
+        try:
+            self.bucket.blob(self._key(name)).upload_from_string(
+                data, checksum="crc32c", if_generation_match=if_generation_match, retry=self._retry, timeout=120)
+        except Exception as e:  # noqa: BLE001
+            raise self._error(e, self.where(name), "write") from None
+
+    def put_file(self, local_path: str | os.PathLike, name: str, *, move: bool = False) -> None:
+        try:
+            self.bucket.blob(self._key(name)).upload_from_filename(
+                os.fspath(local_path), checksum="crc32c", retry=self._retry, timeout=600)
+        except Exception as e:  # noqa: BLE001
+            raise self._error(e, self.where(name), "write") from None
+
+    def get_file(self, name: str, local_path: str | os.PathLike) -> None:
+        try:
+            self.bucket.blob(self._key(name)).download_to_filename(
+                os.fspath(local_path), checksum="crc32c", retry=self._retry, timeout=600)
+        except Exception as e:  # noqa: BLE001
+            raise self._error(e, self.where(name), "read") from None
+
+    def put_files(self, pairs: Sequence[tuple[str | os.PathLike, str]],
+                  transfers: int = DEFAULT_TRANSFERS) -> list[BaseException | None]:
+        from google.cloud.storage import transfer_manager
+
+        if not pairs:
+            return []
+        results = transfer_manager.upload_many(
+            [(os.fspath(p), self.bucket.blob(self._key(n))) for p, n in pairs],
+            upload_kwargs={"checksum": "crc32c", "retry": self._retry, "timeout": 600},
+            max_workers=max(1, transfers), worker_type=transfer_manager.THREAD, raise_exception=False)
+        return [None if r is None else self._error(r, self.where(n), "write") for r, (_p, n) in zip(results, pairs)]
+
+    def get_files(self, pairs: Sequence[tuple[str, str | os.PathLike]],
+                  transfers: int = DEFAULT_TRANSFERS) -> list[BaseException | None]:
+        from google.cloud.storage import transfer_manager
+
+        if not pairs:
+            return []
+        results = transfer_manager.download_many(
+            [(self.bucket.blob(self._key(n)), os.fspath(p)) for n, p in pairs],
+            download_kwargs={"checksum": "crc32c", "retry": self._retry, "timeout": 600},
+            max_workers=max(1, transfers), worker_type=transfer_manager.THREAD, raise_exception=False)
+        return [None if r is None else self._error(r, self.where(n), "read") for r, (n, _p) in zip(results, pairs)]
+
+    def list(self) -> list[ObjectInfo]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        out = []
+        try:
+            for blob in self.client.list_blobs(self.bucket_name, prefix=base, page_size=self.page_size,
+                                               retry=self._retry, timeout=120):
+                out.append(ObjectInfo(blob.name[len(base):], int(blob.size or 0), blob.crc32c,
+                                      int(blob.generation or 0)))
+        except Exception as e:  # noqa: BLE001
+            raise self._error(e, self.url, "list") from None
+        return sorted(out, key=lambda o: o.name)
+
+    def delete(self, name: str, *, best_effort: bool = False) -> None:
+        from google.api_core import exceptions as gexc
+
+        try:
+            if best_effort:
+                self.bucket.blob(self._key(name)).delete(retry=None, timeout=10)
+            else:
+                self.bucket.blob(self._key(name)).delete(retry=self._retry, timeout=60)
+        except gexc.NotFound:
+            pass
+        except Exception as e:  # noqa: BLE001
+            raise self._error(e, self.where(name), "write") from None
+
+    def reopen_options(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "project": self.project}
+
+
+class _RetryReporter(logging.Handler):
+    """Prints google-api-core's "Retrying due to ..." debug records as one
+    short line, at most once per ``every`` seconds."""
+
+    def __init__(self, stream, every: float):
+        super().__init__(logging.DEBUG)
+        self.stream, self.every, self.last = stream, every, float("-inf")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        text = record.getMessage().replace("Retrying due to ", "")
+        why = text.split(", sleeping")[0][:200]
+        print(f"storage: transient error ({why}); retrying with backoff, for up to 120 s per call",
+              file=self.stream, flush=True)
+
+
+def report_retries(stream=None, every: float = 10.0) -> None:
+    """Make the storage client's retries visible: while google-cloud-storage
+    retries a transient error (429, 5xx, a refused or reset connection) with
+    backoff, print one line about it to ``stream`` every ``every`` seconds at
+    most, instead of waiting silently for up to 120 s. The command line calls
+    this; library users may, or configure the ``google.api_core.retry``
+    logger themselves. Calling it twice installs one reporter.
+
+    Args:
+        stream: where to print (default ``sys.stderr``).
+        every: least interval between two lines, in seconds.
+    """
+    logger = logging.getLogger("google.api_core.retry")
+    if any(isinstance(h, _RetryReporter) for h in logger.handlers):
+        return
+    logger.addHandler(_RetryReporter(stream or sys.stderr, every))
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False

@@ -1,0 +1,179 @@
+"""Local folders (a path or a ``file://`` URL) as storage."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import stat as stat_module
+import uuid
+from pathlib import Path
+
+
+from spark_imagenet.errors import PreconditionFailed, StorageError
+
+from spark_imagenet.storage.base import ObjectInfo, Storage, crc32c_file
+
+
+class LocalStorage(Storage):
+    """Objects as files in a local (or network-mounted) directory.
+
+    Methods behave as documented on :class:`Storage` (their docstrings are
+    inherited). Writes go to a hidden temporary file in the same folder and
+    are renamed into place with ``os.replace`` (atomic on POSIX). Conditional
+    writes hold an ``flock`` on the folder (reliable on local filesystems,
+    not on every network filesystem).
+
+    Args:
+        root: the directory; created on first write.
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).expanduser().absolute()
+        self.url = str(self.root)
+
+    def _path(self, name: str) -> Path:
+        if not name or name.startswith("/") or ".." in name.split("/"):
+            raise StorageError(f"invalid object name {name!r} in {self.url}")
+        return self.root / name
+
+    def where(self, name: str) -> str:
+        return str(self._path(name))
+
+    def stat(self, name: str) -> ObjectInfo | None:
+        try:
+            st = self._path(name).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise StorageError(f"cannot read {self._path(name)}: {e}") from e
+        if not stat_module.S_ISREG(st.st_mode):  # a folder is not an object
+            return None
+        return ObjectInfo(name, st.st_size, None, st.st_mtime_ns)
+
+    def crc32c(self, name: str) -> str:
+        try:
+            return crc32c_file(self._path(name))
+        except FileNotFoundError:
+            raise StorageError(f"{self._path(name)} does not exist") from None
+        except OSError as e:
+            raise StorageError(f"cannot read {self._path(name)}: {e}") from e
+
+    def read_bytes(self, name: str) -> bytes:
+        try:
+            return self._path(name).read_bytes()
+        except FileNotFoundError:
+            raise StorageError(f"{self._path(name)} does not exist") from None
+        except OSError as e:
+            raise StorageError(f"cannot read {self._path(name)}: {e}") from e
+
+    def _tmp(self, path: Path) -> Path:
+        return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+    @contextlib.contextmanager
+    def _folder_lock(self, folder: Path):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def write_bytes(self, name: str, data: bytes, *, if_generation_match: int | None = None) -> None:
+        path = self._path(name)
+        tmp = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._tmp(path)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if if_generation_match is None:
+                os.replace(tmp, path)
+                return
+            with self._folder_lock(path.parent):
+                current = self.stat(name)
+                if (current.generation if current else 0) != if_generation_match:
+                    raise PreconditionFailed(
+                        f"{path} " + ("already exists" if if_generation_match == 0 else
+                                      "was changed by another writer since it was read")
+                    )
+                os.replace(tmp, path)
+        except OSError as e:
+            raise StorageError(f"cannot write {path}: {e}") from e
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+
+    def put_file(self, local_path: str | os.PathLike, name: str, *, move: bool = False) -> None:
+        path = self._path(name)
+        local_path = Path(local_path)
+        tmp = self._tmp(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if local_path.resolve() == path.resolve():
+                return
+            moved = False
+            if move:
+                with contextlib.suppress(OSError):
+                    os.replace(local_path, tmp)  # same filesystem: a rename
+                    moved = True
+            if not moved:
+                shutil.copyfile(local_path, tmp)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise StorageError(f"cannot publish {local_path} as {path}: {e}") from e
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+    def get_file(self, name: str, local_path: str | os.PathLike) -> None:
+        src = self._path(name)
+        try:
+            shutil.copyfile(src, local_path)
+        except FileNotFoundError:
+            raise StorageError(f"{src} does not exist") from None
+        except OSError as e:
+            raise StorageError(f"cannot copy {src} to {local_path}: {e}") from e
+
+    def list(self) -> list[ObjectInfo]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for dirpath, _dirs, files in os.walk(self.root):
+            for fn in files:
+                p = Path(dirpath) / fn
+                with contextlib.suppress(FileNotFoundError):  # a temp file renamed meanwhile
+                    st = p.stat()
+                    out.append(ObjectInfo(p.relative_to(self.root).as_posix(), st.st_size, None, st.st_mtime_ns))
+        return sorted(out, key=lambda o: o.name)
+
+    def delete(self, name: str, *, best_effort: bool = False) -> None:
+        try:
+            self._path(name).unlink()
+        except FileNotFoundError:
+            pass
+
+    def staging_dir(self) -> Path:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self._tmp(self.root / ".write-probe")
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise StorageError(
+                f"{self.url}: cannot create or write this folder ({e.strerror or e}); "
+                "choose a writable folder for the shards"
+            ) from None
+        return self.root
+
+    def root_exists(self) -> bool:
+        return self.root.exists()
+
+    def remove_empty_root(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.root.is_dir() and not any(self.root.iterdir()):
+                self.root.rmdir()
