@@ -27,6 +27,7 @@ import sys
 from typing import Sequence
 
 from spark_imagenet import __version__
+from spark_imagenet.demo import DEMO_TRAIN_DEFAULTS
 from spark_imagenet.errors import ConfigError, SparkImagenetError
 
 
@@ -57,24 +58,79 @@ def _conf_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-def _add_train_options(p: argparse.ArgumentParser, *, demo: bool) -> None:
-    g = p.add_argument_group("training")
-    g.add_argument("--workers", type=_positive_int, default=4 if demo else None, required=not demo,
-                   help="barrier tasks = TensorFlow workers" + (" (default 4)" if demo else " (required)"))
-    g.add_argument("--master", help="Spark master URL (default: the one spark-submit gives, else local[WORKERS])")
-    g.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
-                   help="extra Spark configuration, repeatable")
-    g.add_argument("--model", default="alexnet", help="model name (default alexnet)")
-    g.add_argument("--epochs", type=_positive_int, help="passes over the train set (default: 1; demo 10)")
-    g.add_argument("--batch-size", type=_positive_int, help="per-worker batch; global batch = B x workers (default: 32; demo 16)")
-    g.add_argument("--image-size", type=_positive_int, help="square input size in pixels (default: 224; demo 96; AlexNet needs >= 67)")
-    g.add_argument("--width", type=_positive_float, help="width multiplier of every layer (default: 1.0 = the paper; demo 0.25)")
-    g.add_argument("--learning-rate", type=_positive_float, help="SGD learning rate (default: 0.01)")
-    g.add_argument("--parallel", type=_positive_int, help="parallel JPEG decode calls per worker (default: its cores)")
-    g.add_argument("--cache", help="local folder for fetched shards (default: under Spark's local dir)")
-    g.add_argument("--transfers", type=_positive_int, help="parallel shard downloads per worker (default 8)")
-    g.add_argument("--results", help="write the results as JSON to this file")
-    g.add_argument("--seed", type=int, help="random seed of data order and augmentation (default: 0)")
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 0")
+    return value
+
+
+def _option_type(rule):
+    """The argparse type of a :class:`TrainConfig` field's rule."""
+    if rule.kind == "int":
+        return _nonnegative_int if rule.minimum == 0 else _positive_int
+    if rule.kind == "float":
+        return _positive_float
+    if rule.kind == "conf":
+        return _conf_pair
+    return str
+
+
+def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
+    """One option per :class:`TrainConfig` field, plus ``--config`` and ``--print-config``.
+
+    Every option defaults to None (= not given), so a job file's value is only
+    overridden by an option the user typed; ``defaults`` are shown in the help.
+    """
+    import dataclasses
+
+    from spark_imagenet.training.config import TrainConfig
+    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE
+
+    g = p.add_argument_group("training (each option is also a key of the job file)")
+    g.add_argument("--config", metavar="JOB.toml", help="read the job's settings from this TOML file; options given "
+                   "on the command line override it (conf/job.example.toml lists every key)")
+    g.add_argument("--print-config", action="store_true",
+                   help="print the fully resolved job as TOML and exit (without starting Spark)")
+    for f in dataclasses.fields(TrainConfig):
+        rule = f.metadata["rule"]
+        default = defaults.get(f.name, f.default)
+        text = rule.help
+        if f.name == "model":
+            text += ": " + ", ".join(f"{m} (>= {px} px)" for m, px in sorted(MIN_IMAGE_SIZE.items()))
+        if f.name == "conf":
+            g.add_argument(rule.option, type=_conf_pair, action="append", default=None, metavar="KEY=VALUE",
+                           help=text + ", repeatable")
+            continue
+        if default not in (None, dataclasses.MISSING):
+            text += f" (default: {default})"
+        elif default is dataclasses.MISSING:
+            text += " (required, here or in the job file)"
+        g.add_argument(rule.option, type=_option_type(rule), default=None, dest=f.name, help=text)
+
+
+def _resolve_job(args: argparse.Namespace, defaults: dict):
+    """The :class:`TrainConfig` of the defaults, the job file and the options given, and the URL.
+
+    Returns:
+        ``(config, url)``; url is None when neither the command line nor the file gives one.
+
+    Raises:
+        ConfigError: a bad job file or value (naming the key, the option or the file).
+    """
+    from spark_imagenet.training.config import TrainConfig, load_job_file, resolve_job
+
+    file_values = load_job_file(args.config) if args.config else {}
+    given = {key: getattr(args, key) for key in TrainConfig.keys() if getattr(args, key, None) is not None}
+    try:
+        config = resolve_job([defaults, {k: v for k, v in file_values.items() if k != "url"}, given])
+    except ConfigError as e:
+        raise ConfigError(f"{e} (job file {args.config})" if args.config else str(e)) from None
+    url = getattr(args, "url", None) or file_values.get("url")
+    return config, url
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="generate a small dataset, shard it and train on local[4] (the built-in default)")
     p.add_argument("--workdir", help="folder for the generated dataset and shards (default: a temporary one, removed after)")
     p.add_argument("--classes", type=_positive_int, default=10, help="synthetic classes (default 10)")
-    _add_train_options(p, demo=True)
+    _add_train_options(p, DEMO_TRAIN_DEFAULTS)
 
     p = sub.add_parser("shard", help="write TFRecord shards and manifest.json from a Kaggle-layout folder or the "
                        "downloaded zip")
@@ -136,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
 
     p = sub.add_parser("train", help="train a model on a sharded dataset with Spark barrier tasks")
-    p.add_argument("url", help="bucket URL of a sharded dataset")
-    _add_train_options(p, demo=False)
+    p.add_argument("url", nargs="?", help="bucket URL of a sharded dataset (or the job file's url)")
+    _add_train_options(p, {})
 
     p = sub.add_parser("download", help="download the ImageNet archive from Kaggle with the official kaggle client "
                        "(resumable; needs Kaggle credentials and the competition's rules accepted)")
@@ -157,32 +213,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train_kwargs(args: argparse.Namespace) -> dict:
-    names = ("model", "epochs", "batch_size", "image_size", "width", "learning_rate", "parallel", "cache", "results",
-             "seed", "transfers")
-    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
-
-
 def _spark_reason(exc: BaseException) -> str:
     """First line of a Py4J/PySpark error that is not a JVM stack frame."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("at ")]
     return lines[0] if lines else type(exc).__name__
 
 
-def _session(args: argparse.Namespace):
+def _session(config, command: str):
+    """The SparkSession for a job's ``master`` and ``conf``, or one clear error."""
     from spark_imagenet.training.spark_session import session_for
 
     try:
-        return session_for(args.master, args.workers, conf=dict(args.conf), app_name=f"spark-imagenet {args.command}")
+        return session_for(config.master, config.workers, conf=config.spark_conf, app_name=f"spark-imagenet {command}")
     except SparkImagenetError:
         raise
     except Exception as e:  # Py4J / JVM start-up failures
         reason = _spark_reason(e)
+        keys = ", ".join(k for k, _ in config.conf)
         raise ConfigError(
-            f"Spark could not start with --master {args.master or '(default)'}"
-            f"{' and --conf ' + ', '.join(k for k, _ in args.conf) if args.conf else ''}: {reason[:300]}. "
+            f"Spark could not start with --master {config.master or '(default)'}"
+            f"{' and --conf ' + keys if keys else ''}: {reason[:300]}. "
             "Check the master URL (spark://HOST:PORT, yarn, k8s://..., local[N]) and that the cluster is reachable."
         ) from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    """``spark-imagenet train``: resolve the job, plan it without Spark, then run it."""
+    from spark_imagenet.training.config import dump_job
+    from spark_imagenet.training.driver import plan_job, run_job
+
+    config, url = _resolve_job(args, {})
+    if args.print_config:
+        print(dump_job(config, url), end="")
+        return 0
+    if url is None:
+        raise ConfigError("no dataset URL: give it as the first argument of train (or as url in the job file)")
+    job = plan_job(url, config)  # a dataset or setting mistake is reported before Spark starts
+    spark = _session(config, "train")
+    try:
+        run_job(spark, job)
+    finally:
+        spark.stop()
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """``spark-imagenet demo``: the demo's defaults under the job file and options."""
+    from spark_imagenet.demo import run_demo
+    from spark_imagenet.training.config import dump_job
+
+    config, _url = _resolve_job(args, DEMO_TRAIN_DEFAULTS)
+    if args.print_config:
+        print(dump_job(config), end="")
+        return 0
+    spark = _session(config, "demo")
+    try:
+        run_demo(spark, config, workdir=args.workdir, num_classes=args.classes)
+    finally:
+        spark.stop()
+    return 0
 
 
 def _stdout_reader_gone() -> bool:
@@ -258,14 +347,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(manifest.dumps() if args.json else format_summary(manifest, args.url), end="\n" if not args.json else "")
         return 0
     if args.command == "train":
-        from spark_imagenet.training.driver import train
-
-        spark = _session(args)
-        try:
-            train(spark, args.url, args.workers, **_train_kwargs(args))
-        finally:
-            spark.stop()
-        return 0
+        return _train(args)
     if args.command == "download":
         from spark_imagenet.source.kaggle import download
 
@@ -278,14 +360,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(extract(args.zip, args.dest, overwrite=args.overwrite, progress=not args.no_progress))
         return 0
     if args.command == "demo":
-        from spark_imagenet.demo import run_demo
-
-        spark = _session(args)
-        try:
-            run_demo(spark, workdir=args.workdir, workers=args.workers, num_classes=args.classes, **_train_kwargs(args))
-        finally:
-            spark.stop()
-        return 0
+        return _demo(args)
     raise ConfigError(f"unknown command {args.command!r}")  # argparse prevents this
 
 

@@ -46,10 +46,11 @@ import tempfile
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from spark_imagenet.training.assignment import Assignment
+from spark_imagenet.training.config import TrainConfig, WorkerSpec
 from spark_imagenet.errors import ConfigError, SparkImagenetError, TrainingError
 
-#: The module run in the child process (contract: contracts.md, "Replica child process").
-REPLICA_MODULE = "spark_imagenet.training.worker"
+#: The module run in the child process: the TensorFlow worker (reads a :class:`WorkerSpec`).
+WORKER_MODULE = "spark_imagenet.training.worker"
 #: Lines of child output kept for the error message of a failed rank.
 TAIL_LINES = 40
 #: Linux prctl(2) option: signal sent to this process when its parent thread dies.
@@ -65,14 +66,9 @@ class TaskSpec:
         dataset_id: the manifest's dataset id (names the cache sub-folder).
         num_classes: the model's output width.
         assignment: the cluster plan (:func:`spark_imagenet.training.assignment.assign`).
-        settings: training settings copied into CONFIG_JSON: model, epochs,
-            batch_size, image_size, width, learning_rate, parallel (None =
-            the task's thread count), seed.
-        cache_dir: shard cache folder on the executors, None for the default
-            (:func:`spark_imagenet.dataset.cache.default_cache_dir`).
+        config: the job's settings (``cache`` already absolute).
         storage_options: :meth:`Storage.reopen_options` of the driver's
             storage (e.g. the emulator endpoint), to reopen it in the task.
-        transfers: parallel shard downloads per task.
         child_module: module run with ``python -m`` in the child.
     """
 
@@ -80,11 +76,9 @@ class TaskSpec:
     dataset_id: str
     num_classes: int
     assignment: Assignment
-    settings: Mapping[str, Any]
-    cache_dir: str | None = None
+    config: TrainConfig
     storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    transfers: int = 8
-    child_module: str = REPLICA_MODULE
+    child_module: str = WORKER_MODULE
 
 
 def cuda_visible_devices(addresses: Sequence[str], existing: str | None) -> str:
@@ -240,90 +234,70 @@ def _log(rank: int, msg: str) -> None:
     sys.stderr.flush()
 
 
-def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
-    """Body of one barrier task (see the module docstring).
-
-    Args:
-        spec: the job's :class:`TaskSpec`.
-        _partition: the partition's items (ignored; one partition per worker).
-
-    Yields:
-        str: one JSON object: the replica's RESULT_JSON plus ``"host"``.
+def _stage(spec: TaskSpec, rank: int, host: str) -> tuple[list[str], list[str]]:
+    """Fetch this rank's train and val shards into the host's cache; return their local paths.
 
     Raises:
-        TrainingError: the child failed (message: rank, host, exit status and
-            its last output lines), or the rendezvous failed.
-        StorageError: a shard could not be staged (message names rank, host
-            and shard).
+        StorageError: a shard could not be staged (the message names rank, host and shard).
     """
-    from pyspark import BarrierTaskContext
-
-    from spark_imagenet.dataset.cache import fetch
-    from spark_imagenet.training.rendezvous import build_tf_config, local_worker_count, rendezvous, split_host_port
     from spark_imagenet.storage import open_storage
+    from spark_imagenet.training.staging import stage_shards
 
-    ctx = BarrierTaskContext.get()
-    rank = ctx.partitionId()
-    host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
-    plan = spec.assignment[rank]
+    def log(msg: str) -> None:
+        _log(rank, msg)
+
     try:
         storage = open_storage(spec.url, **spec.storage_options)
-        log = lambda msg: _log(rank, msg)  # noqa: E731
-        train_files = fetch(storage, plan.train_shards, spec.cache_dir, dataset_id=spec.dataset_id,
-                            transfers=spec.transfers, log=log)
-        val_files = fetch(storage, plan.val_shards, spec.cache_dir, dataset_id=spec.dataset_id,
-                          transfers=spec.transfers, log=log)
-        for what, got in (("train", train_files), ("val", val_files)):
-            if got.downloaded:
-                log(f"{what}: downloaded {got.downloaded} shard(s), {got.bytes_downloaded / 1e6:.1f} MB at "
-                    f"{got.mb_per_sec:.1f} MB/s; {got.reused} already cached")
-        train_files, val_files = list(train_files), list(val_files)
+        staged = stage_shards(storage, spec.assignment[rank], spec.config.cache, spec.dataset_id,
+                              transfers=spec.config.transfers, log=log)
     except SparkImagenetError as e:
         raise type(e)(f"rank {rank} on {host}: {e}") from None
+    for what, got in zip(("train", "val"), staged):
+        if got.downloaded:
+            log(f"{what}: downloaded {got.downloaded} shard(s), {got.bytes_downloaded / 1e6:.1f} MB at "
+                f"{got.mb_per_sec:.1f} MB/s; {got.reused} already cached")
+    return list(staged[0]), list(staged[1])
 
-    rank, addresses, host = rendezvous(ctx)
-    local_workers = local_worker_count(addresses, host)
-    threads = max(1, host_cpus() // max(1, local_workers))
-    gpus = None
-    resources = ctx.resources()
-    if "gpu" in resources:
-        gpus = list(resources["gpu"].addresses)
-    settings = dict(spec.settings)
-    config = {
-        "rank": rank,
-        "workers": len(addresses),
-        "train_files": train_files,
-        "train_examples": plan.train_examples,
-        "val_files": val_files,
-        "val_record_shard": list(plan.val_record_shard) if plan.val_record_shard else None,
-        "val_examples": plan.val_examples,
-        "val_examples_total": spec.assignment.val_examples_total,
-        "steps_per_epoch": spec.assignment.steps_per_epoch,
-        "val_steps": spec.assignment.val_steps,
-        "num_classes": spec.num_classes,
-        "model": settings["model"],
-        "epochs": settings["epochs"],
-        "batch_size": settings["batch_size"],
-        "image_size": settings["image_size"],
-        "width": settings["width"],
-        "learning_rate": settings["learning_rate"],
-        "parallel": settings.get("parallel") or threads,
-        "seed": settings["seed"],
-        "threads": threads,
-    }
-    env = child_env(os.environ, build_tf_config(addresses, rank), gpus, local_workers)
+
+def worker_spec(spec: TaskSpec, rank: int, train_files: Sequence[str], val_files: Sequence[str],
+                threads: int) -> WorkerSpec:
+    """The message for rank ``rank``'s TensorFlow worker process.
+
+    Args:
+        spec: the job's task spec.
+        rank: the worker's rank.
+        train_files, val_files: its staged shard files.
+        threads: CPUs for this worker (the host's CPUs / workers on the host);
+            also the tf.data parallelism unless ``config.parallel`` is set.
+    """
+    plan = spec.assignment[rank]
+    return WorkerSpec(
+        config=spec.config, rank=rank, workers=spec.config.workers, num_classes=spec.num_classes,
+        train_files=tuple(train_files), train_examples=plan.train_examples,
+        val_files=tuple(val_files), val_record_shard=plan.val_record_shard, val_examples=plan.val_examples,
+        val_examples_total=spec.assignment.val_examples_total, steps_per_epoch=spec.assignment.steps_per_epoch,
+        val_steps=spec.assignment.val_steps, parallel=spec.config.parallel or threads, threads=threads,
+    )
+
+
+def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: str) -> dict[str, Any]:
+    """Run the TensorFlow worker process in a temporary folder; return its result.
+
+    Raises:
+        TrainingError: the process failed (rank, host, exit status and its last
+            output lines) or wrote no readable result.
+    """
+    rank = message.rank
     workdir = tempfile.mkdtemp(prefix=f"spark-imagenet-rank{rank}-")
     # TensorFlow's own temporary files (autograph's generated modules) go into the
     # task's folder, which is removed below even when the child could not clean up.
-    env["TMPDIR"] = workdir
+    env = {**env, "TMPDIR": workdir}
     try:
-        config_path = os.path.join(workdir, "config.json")
+        spec_path = os.path.join(workdir, "worker.json")
         result_path = os.path.join(workdir, "result.json")
-        with open(config_path, "w") as f:
-            json.dump(config, f, indent=1)
-        _log(rank, f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "
-                   f"cluster {addresses}")
-        code, tail = run_child([sys.executable, "-m", spec.child_module, config_path, result_path],
+        with open(spec_path, "w") as f:
+            json.dump(message.to_json(), f, indent=1)
+        code, tail = run_child([sys.executable, "-m", spec.child_module, spec_path, result_path],
                                env, workdir, f"[rank {rank}] ")
         if code != 0:
             shown = "\n".join(f"  | {line}" for line in tail) or "  | (no output)"
@@ -334,14 +308,51 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
             )
         try:
             with open(result_path) as f:
-                result = json.load(f)
+                return json.load(f)
         except (OSError, ValueError) as e:
             raise TrainingError(
                 f"rank {rank} on {host}: the TensorFlow process exited 0 but wrote no readable result "
                 f"({result_path}: {e})"
             ) from e
-        result["host"] = host
-        yield json.dumps(result)
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(workdir)
+
+
+def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
+    """Body of one barrier task (see the module docstring).
+
+    Args:
+        spec: the job's :class:`TaskSpec`.
+        _partition: the partition's items (ignored; one partition per worker).
+
+    Yields:
+        str: one JSON object: the worker's result plus ``"host"``.
+
+    Raises:
+        TrainingError: the child failed (message: rank, host, exit status and
+            its last output lines), or the rendezvous failed.
+        StorageError: a shard could not be staged (message names rank, host
+            and shard).
+    """
+    from pyspark import BarrierTaskContext
+
+    from spark_imagenet.training.rendezvous import build_tf_config, local_worker_count, rendezvous, split_host_port
+
+    ctx = BarrierTaskContext.get()
+    rank = ctx.partitionId()
+    host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
+    train_files, val_files = _stage(spec, rank, host)
+
+    rank, addresses, host = rendezvous(ctx)
+    local_workers = local_worker_count(addresses, host)
+    threads = max(1, host_cpus() // max(1, local_workers))
+    resources = ctx.resources()
+    gpus = list(resources["gpu"].addresses) if "gpu" in resources else None
+    message = worker_spec(spec, rank, train_files, val_files, threads)
+    env = child_env(os.environ, build_tf_config(addresses, rank), gpus, local_workers)
+    _log(rank, f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "
+               f"cluster {addresses}")
+    result = _run_worker(spec, message, env, host)
+    result["host"] = host
+    yield json.dumps(result)

@@ -2,191 +2,208 @@
 
 :func:`train` runs one MultiWorkerMirroredStrategy job as one Spark barrier
 stage of N tasks (``sc.parallelize(range(N), N).barrier().mapPartitions``),
-one TensorFlow worker per task (see :mod:`spark_imagenet.training.barrier_task` for the
-task side). Before anything is launched it checks what would otherwise fail
-late or hang:
+one TensorFlow worker per task (the task side is
+:mod:`spark_imagenet.training.barrier_task`). It is two steps, which the
+command line runs apart so that mistakes needing no cluster are reported
+before Spark starts:
 
-* the settings (:class:`ConfigError` naming the option);
-* the dataset's manifest, and that it has at least N train shards
-  (:func:`spark_imagenet.training.assignment.assign`);
-* ``spark.dynamicAllocation.enabled`` is not true: barrier stages refuse
-  dynamic allocation (SPARK-24942);
-* there are at least N task slots: Spark otherwise fails the barrier stage
-  with "requires N slots, only M available" after many retries.
-
-After the job it combines the per-worker records into one results dict (and
-optionally a JSON file) and prints a table.
+1. :func:`plan_job` (no Spark): the results path, the dataset's manifest, and
+   the assignment of shards to ranks (at least N train shards).
+2. :func:`run_job`: the Spark checks (:mod:`spark_imagenet.training.preflight`),
+   the barrier stage, then the per-worker records combined into one results
+   dict (:mod:`spark_imagenet.training.results`), a table and optionally a JSON file.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
-import math
 import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from spark_imagenet.errors import ConfigError, SparkImagenetError, TrainingError
-
-#: Seconds to wait for executors to register on a cluster master before the
-#: slot check gives up (executors of a freshly started application register
-#: a few seconds after the SparkContext).
-EXECUTOR_WAIT_SECONDS = 60.0
-#: Tolerance for "all workers report the same all-reduced val metrics".
-VAL_REL_TOL = 1e-3
-VAL_ABS_TOL = 1e-4
-
-_ERROR_CLASSES = {cls.__name__: cls for cls in (SparkImagenetError, *SparkImagenetError.__subclasses__())}
+from spark_imagenet.dataset.manifest import Manifest
+from spark_imagenet.errors import SparkImagenetError, TrainingError
+from spark_imagenet.storage import open_storage
+from spark_imagenet.training.assignment import Assignment, assign
+from spark_imagenet.training.barrier_task import TaskSpec, run_task
+from spark_imagenet.training.config import TrainConfig
+from spark_imagenet.training.preflight import check_results_path, check_spark, spark_context
+from spark_imagenet.training.results import build_results, format_table, write_json_atomic
 
 
-# ----------------------------------------------------------------- settings
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """A training job planned on the driver, before Spark is involved.
 
-
-def _check_positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def validate_settings(workers: Any, model: Any, epochs: Any, batch_size: Any, image_size: Any, width: Any,
-                      learning_rate: Any, parallel: Any, seed: Any) -> None:
-    """Check the training settings before anything starts.
-
-    Raises:
-        ConfigError: naming the option (``--workers``, ``--batch-size``, ...)
-            and the bad value; an unknown ``--model`` or an ``--image-size``
-            below the model's minimum (:mod:`spark_imagenet.training.models.specs`).
+    Attributes:
+        url: the dataset's storage URL, normalised (``Storage.url``).
+        config: the job's settings.
+        manifest: the dataset's manifest.
+        assignment: shards and validation records of every rank.
+        storage_options: :meth:`Storage.reopen_options`, to open the same
+            storage in each task.
     """
-    _check_int("--workers", workers, 1)
-    if not isinstance(model, str) or not model.strip():
-        raise ConfigError(f"--model must be a model name such as 'alexnet', got {model!r}")
-    _check_int("--epochs", epochs, 1)
-    _check_int("--batch-size", batch_size, 1)
-    _check_int("--image-size", image_size, 1)
-    _check_positive("--width", width)
-    _check_positive("--learning-rate", learning_rate)
-    if parallel is not None:
-        _check_int("--parallel", parallel, 1)
-    _check_int("--seed", seed, 0)
-    from spark_imagenet.training.models.specs import check_model_settings
 
-    check_model_settings(model, int(image_size))
+    url: str
+    config: TrainConfig
+    manifest: Manifest
+    assignment: Assignment
+    storage_options: Mapping[str, Any]
 
 
-# -------------------------------------------------------------------- spark
-def spark_context(spark):
-    """The SparkContext of a session, or a clear error for Spark Connect.
-
-    Raises:
-        ConfigError: the session is a Spark Connect session (no RDD API).
-    """
-    why = (
-        "this is a Spark Connect session (e.g. Databricks shared or serverless compute), which has no "
-        "SparkContext or RDD barrier API. Use a classic session (local[N], standalone, YARN, Kubernetes). "
-        "Barrier training through DataFrame.mapInArrow(..., barrier=True) on Spark Connect is future work."
-    )
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        raise ConfigError(why)
-    try:
-        sc = spark.sparkContext
-    except Exception as e:  # Connect raises a PySpark error here
-        raise ConfigError(why) from e
-    if sc is None:
-        raise ConfigError(why)
-    return sc
-
-
-def slots_from_master(master: str, task_cpus: int, default_parallelism: int) -> int:
-    """Barrier task slots estimated from the master URL alone.
+def as_config(config: TrainConfig | int | None, settings: Mapping[str, Any]) -> TrainConfig:
+    """The :class:`TrainConfig` of :func:`train`'s arguments.
 
     Args:
-        master: ``local``, ``local[N]``, ``local[*]``, ``local[N,F]``,
-            ``local-cluster[E,C,M]`` or a cluster URL.
-        task_cpus: ``spark.task.cpus``.
-        default_parallelism: ``sc.defaultParallelism`` (for cluster URLs: the
-            registered executors' total cores, unless
-            ``spark.default.parallelism`` overrides it).
-
-    Returns:
-        int: cores // task_cpus.
-    """
-    m = master.strip()
-    cores: int
-    if m == "local":
-        cores = 1
-    elif mm := re.fullmatch(r"local\[(\*|\d+)(?:,\s*\d+)?\]", m):
-        cores = (os.cpu_count() or 1) if mm.group(1) == "*" else int(mm.group(1))
-    elif mm := re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", m):
-        cores = int(mm.group(1)) * int(mm.group(2))
-    else:
-        cores = default_parallelism
-    return cores // max(1, task_cpus)
-
-
-def available_slots(sc) -> tuple[int, str]:
-    """How many barrier tasks the application can run at once.
-
-    Asks the scheduler backend the same question Spark's own barrier check
-    asks (``SparkContext.maxNumConcurrentTasks`` for the default resource
-    profile: executor cores / ``spark.task.cpus``, also limited by GPU and
-    other task resources). When that JVM call is unavailable, falls back to
-    :func:`slots_from_master`. Slots busy with other jobs are not subtracted.
-
-    Returns:
-        ``(slots, how)``: the count and a short description of its source.
-    """
-    task_cpus = int(sc.getConf().get("spark.task.cpus", "1"))
-    try:
-        jsc = sc._jsc.sc()
-        profile = jsc.resourceProfileManager().defaultResourceProfile()
-        return int(jsc.maxNumConcurrentTasks(profile)), f"executor cores / spark.task.cpus={task_cpus}"
-    except Exception:
-        slots = slots_from_master(sc.master, task_cpus, sc.defaultParallelism)
-        return slots, f"estimated from master {sc.master} and spark.task.cpus={task_cpus}"
-
-
-def check_spark(sc, workers: int, wait_seconds: float = EXECUTOR_WAIT_SECONDS) -> int:
-    """Check that a barrier stage of ``workers`` tasks can start now.
-
-    Args:
-        sc: the SparkContext.
-        workers: barrier tasks wanted.
-        wait_seconds: on a cluster master, how long to wait for executors
-            to register before giving up (0 under ``local``).
-
-    Returns:
-        int: the free slot count found.
+        config: a TrainConfig, or the worker count (the keyword form
+            ``train(spark, url, 8, epochs=90)``), or None (``workers=`` given
+            in ``settings``).
+        settings: keyword settings; with a TrainConfig they override its fields.
 
     Raises:
-        ConfigError: dynamic allocation is on, or fewer slots than workers.
+        ConfigError: an unknown setting name (with the closest one), or an invalid value.
     """
-    conf = sc.getConf()
-    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
-        raise ConfigError(
-            "spark.dynamicAllocation.enabled is true, and Spark barrier stages refuse dynamic allocation "
-            "(SPARK-24942). Set spark.dynamicAllocation.enabled=false (and give the application at least "
-            f"{workers} task slots, e.g. spark.executor.instances x spark.executor.cores)."
-        )
-    slots, how = available_slots(sc)
-    from spark_imagenet.training.spark_session import is_local_master
+    if isinstance(config, TrainConfig):
+        return TrainConfig.from_mapping({**config_fields(config), **settings}, "train()") if settings else config
+    if config is not None:
+        settings = {"workers": config, **settings}
+    return TrainConfig.from_mapping(settings, "train()")
 
-    deadline = time.monotonic() + (0 if is_local_master(sc.master) else wait_seconds)
-    while slots < workers and time.monotonic() < deadline:
-        time.sleep(1.0)
-        slots, how = available_slots(sc)
-    if slots < workers:
-        raise ConfigError(
-            f"--workers {workers} needs {workers} barrier task slots, only {slots} available "
-            f"(master {sc.master}; {how}). Use --workers <= {slots}, or give Spark more cores "
-            f"(local[{workers}], more executors or spark.executor.cores)."
-        )
-    return slots
+
+def config_fields(config: TrainConfig) -> dict[str, Any]:
+    """``{field: value}`` of a config (for merging)."""
+    return {key: getattr(config, key) for key in TrainConfig.keys()}
+
+
+def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
+    """Everything about the job that needs no Spark: results path, manifest, assignment.
+
+    Returns:
+        JobPlan: with ``config.cache`` made absolute.
+
+    Raises:
+        ConfigError: an unwritable ``results`` path, too few train shards for the workers.
+        ManifestError: no or invalid manifest at ``url``.
+        StorageError: the storage cannot be read.
+    """
+    check_results_path(config.results)
+    if config.cache is not None:  # the executors' folder, as the driver's working directory names it
+        config = config.replace(cache=str(Path(config.cache).expanduser().absolute()))
+    storage = open_storage(url)
+    manifest = Manifest.load(storage)
+    plan = assign(manifest, config.workers, config.batch_size)
+    return JobPlan(url=storage.url, config=config, manifest=manifest, assignment=plan,
+                   storage_options=storage.reopen_options())
+
+
+def _announce(job: JobPlan, log: Callable[[str], None]) -> None:
+    """Log what is about to run, and warn about batches larger than a worker's data."""
+    config, plan = job.config, job.assignment
+    smallest = min(p.train_examples for p in plan.workers)
+    if config.batch_size > smallest:
+        log(f"warning: --batch-size {config.batch_size} is larger than the {smallest} train images of the smallest "
+            "worker; its batches repeat images within one step (use a smaller batch or fewer workers)")
+    log(f"training {config.model} on {job.url}: {config.workers} worker(s), {plan.train_examples_total} train / "
+        f"{plan.val_examples_total} val images, {config.epochs} epoch(s) x {plan.steps_per_epoch} steps, "
+        f"batch {config.batch_size} per worker")
+
+
+def _launch(sc, job: JobPlan) -> list[dict[str, Any]]:
+    """Run the barrier stage; return every rank's record.
+
+    Raises:
+        SparkImagenetError: a task's error, rebuilt on the driver (:func:`task_error`).
+    """
+    spec = TaskSpec(url=job.url, dataset_id=job.manifest.dataset_id, num_classes=job.manifest.num_classes,
+                    assignment=job.assignment, config=job.config, storage_options=dict(job.storage_options))
+    workers = job.config.workers
+    sc.setJobDescription(f"spark-imagenet train {job.config.model} x{workers}")
+    try:
+        rdd = sc.parallelize(range(workers), workers).barrier().mapPartitions(functools.partial(run_task, spec))
+        lines = rdd.collect()
+    except Exception as e:
+        raise task_error(str(e)) from None
+    finally:
+        sc.setJobDescription(None)
+    return [json.loads(s) for s in lines]
+
+
+def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Check Spark, run the planned job's barrier stage, report and return the results.
+
+    Args:
+        spark: a classic SparkSession (not Spark Connect).
+        job: from :func:`plan_job`.
+        log: called with each line of the summary.
+
+    Returns:
+        dict: see :func:`train`.
+
+    Raises:
+        ConfigError: Spark Connect, dynamic allocation, too few task slots.
+        StorageError: a shard cannot be staged intact (from a task).
+        TrainingError: a TensorFlow worker failed.
+    """
+    sc = spark_context(spark)
+    check_spark(sc, job.config.workers)
+    _announce(job, log)
+    start = time.monotonic()
+    records = _launch(sc, job)
+    out = build_results(records, job, master=sc.master, wall_seconds=time.monotonic() - start, log=log)
+    for line in format_table(out).splitlines():
+        log(line)
+    if job.config.results is not None:
+        write_json_atomic(Path(job.config.results).expanduser(), out)
+        log(f"results written to {job.config.results}")
+    return out
+
+
+def train(spark, url: str | os.PathLike, config: TrainConfig | int | None = None, *,
+          log: Callable[[str], None] = print, **settings: Any) -> dict[str, Any]:
+    """Train a model on a sharded dataset with N Spark barrier tasks.
+
+    ``train(spark, url, TrainConfig(workers=8, epochs=90))``, or the keyword
+    form ``train(spark, url, 8, epochs=90)`` / ``train(spark, url, workers=8)``.
+
+    Args:
+        spark: a classic SparkSession (not Spark Connect).
+        url: the dataset bucket URL (holding ``manifest.json`` and shards).
+        config: a :class:`~spark_imagenet.training.config.TrainConfig`, or
+            the worker count N.
+        log: called with each line of the summary (default ``print``).
+        **settings: :class:`TrainConfig` fields (``epochs``, ``batch_size``,
+            ...); with a config object they override its fields.
+
+    Returns:
+        dict: ``{"workers", "per_worker": [{"rank", "host", "train_images",
+        "steps", "images_per_sec", "train_loss", "train_top1",
+        "train_seconds"}], "val": {"images", "top1", "top5", "loss"},
+        "images_per_sec" (sum over workers), "history" (rank 0's Keras
+        history), "config": {...}, "wall_seconds"}`` where ``wall_seconds``
+        is the barrier job's wall time (shard staging, TensorFlow start-up,
+        training and evaluation).
+
+    Raises:
+        ConfigError: a bad setting, Spark Connect, dynamic allocation, too few
+            task slots, too few train shards, an unwritable ``results`` path.
+        ManifestError: no or invalid manifest at ``url``.
+        StorageError: a shard cannot be staged intact (from a task).
+        TrainingError: a TensorFlow worker failed (message: rank, host, exit
+            status and its last output lines).
+    """
+    return run_job(spark, plan_job(url, as_config(config, settings)), log=log)
+
+
+def _error_classes(base: type[SparkImagenetError] = SparkImagenetError) -> dict[str, type[SparkImagenetError]]:
+    """This package's error classes by name: ``base`` and all its subclasses, at any depth."""
+    found = {base.__name__: base}
+    for sub in base.__subclasses__():
+        found.update(_error_classes(sub))
+    return found
 
 
 # ------------------------------------------------------------ task failures
@@ -211,7 +228,7 @@ def task_error(text: str) -> SparkImagenetError:
     matches = list(re.finditer(r"spark_imagenet\.errors\.(\w+): ", text))
     if matches:
         m = matches[-1]  # the outermost error of a chained traceback
-        cls = _ERROR_CLASSES.get(m.group(1), TrainingError)
+        cls = _error_classes().get(m.group(1), TrainingError)
         rest = text[m.end():]
         end = re.search(r"\(end of rank \d+ output\)", rest)
         if end:
@@ -230,188 +247,3 @@ def task_error(text: str) -> SparkImagenetError:
                          "(see the [rank R] lines above or the executor logs for each worker's output)")
 
 
-# ------------------------------------------------------------------ results
-def combine(records: list[dict[str, Any]], workers: int, log: Callable[[str], None]) -> tuple[list, dict]:
-    """Per-worker rows (sorted by rank) and the val metrics of rank 0.
-
-    Args:
-        records: the RESULT_JSON dicts (plus ``host``) of every rank.
-        workers: N.
-        log: where to warn when ranks disagree on the val metrics.
-
-    Returns:
-        ``(per_worker, val)``.
-
-    Raises:
-        TrainingError: missing or duplicate ranks.
-    """
-    records = sorted(records, key=lambda r: r.get("rank", -1))
-    ranks = [r.get("rank") for r in records]
-    if ranks != list(range(workers)):
-        raise TrainingError(f"expected results from ranks 0..{workers - 1}, got ranks {ranks}")
-    keys = ("rank", "host", "train_images", "steps", "images_per_sec", "train_loss", "train_top1", "train_seconds")
-    per_worker = [{k: r.get(k) for k in keys} for r in records]
-    val = dict(records[0].get("val") or {})
-    for r in records[1:]:
-        other = r.get("val") or {}
-        for k, v in val.items():
-            w = other.get(k)
-            if not (isinstance(v, (int, float)) and isinstance(w, (int, float))
-                    and math.isclose(v, w, rel_tol=VAL_REL_TOL, abs_tol=VAL_ABS_TOL)):
-                log(f"warning: rank {r['rank']} reports val {k}={w!r} but rank 0 reports {v!r}; "
-                    "the all-reduced metrics should agree (using rank 0's)")
-    return per_worker, val
-
-
-def _fmt(v: Any, spec: str) -> str:
-    return format(v, spec) if isinstance(v, (int, float)) else "-"
-
-
-def format_table(results: dict[str, Any]) -> str:
-    """A readable summary: one row per worker and a global line."""
-    rows = [f"{'rank':>4}  {'host':<22} {'train imgs':>10} {'steps':>6} {'images/s':>9} {'loss':>8} {'top1':>7}"]
-    for w in results["per_worker"]:
-        rows.append(f"{w['rank']:>4}  {str(w['host'])[:22]:<22} {_fmt(w['train_images'], 'd'):>10} "
-                    f"{_fmt(w['steps'], 'd'):>6} {_fmt(w['images_per_sec'], '.1f'):>9} "
-                    f"{_fmt(w['train_loss'], '.4f'):>8} {_fmt(w['train_top1'], '.4f'):>7}")
-    val = results["val"]
-    rows.append(f"val: {_fmt(val.get('images'), 'd')} images, top1 {_fmt(val.get('top1'), '.4f')}, "
-                f"top5 {_fmt(val.get('top5'), '.4f')}, loss {_fmt(val.get('loss'), '.4f')}; "
-                f"total {_fmt(results['images_per_sec'], '.1f')} train images/s; "
-                f"wall {results['wall_seconds']:.1f} s")
-    return "\n".join(rows)
-
-
-def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write JSON to ``path`` atomically (:meth:`spark_imagenet.storage.LocalStorage.write_bytes`).
-
-    Raises:
-        ConfigError: the file cannot be written (names ``--results``).
-    """
-    from spark_imagenet.errors import StorageError
-    from spark_imagenet.storage import LocalStorage
-
-    path = Path(path).absolute()
-    try:
-        LocalStorage(path.parent).write_bytes(path.name, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
-    except StorageError as e:
-        raise ConfigError(f"cannot write --results {path}: {e}") from e
-
-
-# -------------------------------------------------------------------- train
-def train(spark, url: str, workers: int, *, model: str = "alexnet", epochs: int = 1, batch_size: int = 32,
-          image_size: int = 224, width: float = 1.0, learning_rate: float = 0.01, parallel: int | None = None,
-          cache: str | os.PathLike | None = None, results: str | os.PathLike | None = None, seed: int = 0,
-          transfers: int = 8, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train a model on a sharded dataset with N Spark barrier tasks.
-
-    Args:
-        spark: a classic SparkSession (not Spark Connect).
-        url: the dataset bucket URL (holding ``manifest.json`` and shards).
-        workers: N, the number of TensorFlow workers (= barrier tasks).
-        model: model name (``"alexnet"``).
-        epochs: training epochs; one epoch is one pass over the train split
-            by the whole cluster.
-        batch_size: per-worker batch size (the global batch is N x this).
-        image_size: training/eval image side in pixels.
-        width: multiplier of every layer width (1.0 = the paper's AlexNet).
-        learning_rate: SGD learning rate.
-        parallel: tf.data parallel calls per worker; None = the worker's
-            thread count (the host's CPUs / workers on that host).
-        cache: shard cache folder on every executor host; None = under the
-            Spark local dir (see :func:`spark_imagenet.dataset.cache.default_cache_dir`).
-        results: write the results JSON here (atomically) when given.
-        seed: random seed.
-        transfers: parallel shard downloads per task (``--transfers``).
-        log: called with each line of the summary (default ``print``).
-
-    Returns:
-        dict: ``{"workers", "per_worker": [{"rank", "host", "train_images",
-        "steps", "images_per_sec", "train_loss", "train_top1",
-        "train_seconds"}], "val": {"images", "top1", "top5", "loss"},
-        "images_per_sec" (sum over workers), "history" (rank 0's Keras
-        history), "config": {...}, "wall_seconds"}`` where ``wall_seconds``
-        is the barrier job's wall time (shard staging, TensorFlow start-up,
-        training and evaluation).
-
-    Raises:
-        ConfigError: a bad setting, Spark Connect, dynamic allocation, too few
-            task slots, too few train shards, an unwritable ``results`` path.
-        ManifestError: no or invalid manifest at ``url``.
-        StorageError: a shard cannot be staged intact (from a task).
-        TrainingError: a TensorFlow worker failed (message: rank, host, exit
-            status and its last output lines).
-    """
-    import functools
-
-    from spark_imagenet.training.assignment import assign
-    from spark_imagenet.training.barrier_task import TaskSpec, run_task
-    from spark_imagenet.dataset.manifest import Manifest
-    from spark_imagenet.storage import open_storage
-
-    validate_settings(workers, model, epochs, batch_size, image_size, width, learning_rate, parallel, seed)
-    if isinstance(transfers, bool) or not isinstance(transfers, int) or transfers < 1:
-        raise ConfigError(f"--transfers {transfers!r}: must be a positive integer")
-    if results is not None:
-        target = Path(results).expanduser().absolute()
-        parent = target.parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise ConfigError(f"--results {results}: folder {parent} does not exist or is not writable")
-        if target.is_dir():
-            raise ConfigError(f"--results {results} is a folder; give a file name such as {target / 'results.json'}")
-    sc = spark_context(spark)
-    storage = open_storage(url)
-    manifest = Manifest.load(storage)
-    plan = assign(manifest, workers, batch_size)
-    check_spark(sc, workers)
-
-    settings = {"model": model, "epochs": epochs, "batch_size": batch_size, "image_size": image_size,
-                "width": float(width), "learning_rate": float(learning_rate), "parallel": parallel, "seed": seed}
-    cache_dir = str(Path(cache).expanduser().absolute()) if cache is not None else None
-    spec = TaskSpec(url=storage.url, dataset_id=manifest.dataset_id, num_classes=manifest.num_classes,
-                    assignment=plan, settings=settings, cache_dir=cache_dir,
-                    storage_options=storage.reopen_options(), transfers=transfers)
-    smallest = min(p.train_examples for p in plan.workers)
-    if batch_size > smallest:
-        log(f"warning: --batch-size {batch_size} is larger than the {smallest} train images of the smallest "
-            "worker; its batches repeat images within one step (use a smaller batch or fewer workers)")
-    log(f"training {model} on {storage.url}: {workers} worker(s), {plan.train_examples_total} train / "
-        f"{plan.val_examples_total} val images, {epochs} epoch(s) x {plan.steps_per_epoch} steps, "
-        f"batch {batch_size} per worker")
-
-    start = time.monotonic()
-    sc.setJobDescription(f"spark-imagenet train {model} x{workers}")
-    try:
-        rdd = sc.parallelize(range(workers), workers).barrier().mapPartitions(functools.partial(run_task, spec))
-        lines = rdd.collect()
-    except Exception as e:
-        raise task_error(str(e)) from None
-    finally:
-        sc.setJobDescription(None)
-    wall = time.monotonic() - start
-
-    records = [json.loads(s) for s in lines]
-    per_worker, val = combine(records, workers, log)
-    rank0 = min(records, key=lambda r: r["rank"])
-    out = {
-        "workers": workers,
-        "per_worker": per_worker,
-        "val": val,
-        "images_per_sec": sum(w["images_per_sec"] or 0.0 for w in per_worker),
-        "history": rank0.get("history"),
-        "config": {
-            "url": storage.url, "dataset_id": manifest.dataset_id, "master": sc.master,
-            **settings, "cache": cache_dir, "num_classes": manifest.num_classes,
-            "train_examples": plan.train_examples_total, "val_examples": plan.val_examples_total,
-            "steps_per_epoch": plan.steps_per_epoch, "val_steps": plan.val_steps,
-            "global_batch_size": batch_size * workers,
-            "assignment": [p.to_json() for p in plan.workers],
-        },
-        "wall_seconds": wall,
-    }
-    for line in format_table(out).splitlines():
-        log(line)
-    if results is not None:
-        write_json_atomic(Path(results).expanduser(), out)
-        log(f"results written to {results}")
-    return out

@@ -208,6 +208,12 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if master is None and not under_submit:
         master = f"local[{max(1, int(workers))}]"
+        cores = os.cpu_count() or 1
+        if workers > cores:
+            print(f"spark-imagenet: warning: --workers {workers} without --master runs {master} on this machine's "
+                  f"{cores} core(s): {workers} TensorFlow workers oversubscribe them (each gets about "
+                  f"{cores / workers:.2g} of a core; training is slower than with --workers {cores}). Give "
+                  "--master for a cluster.", file=sys.stderr, flush=True)
     if master is not None and is_local_master(master):
         return local_session(master, app_name, conf)
     if not under_submit:

@@ -1,0 +1,481 @@
+"""The training job's one configuration type, and the message each TensorFlow worker reads.
+
+* :class:`TrainConfig`: every setting of a training job (what ``spark-imagenet
+  train`` takes as options or as keys of a TOML job file, and what
+  :func:`spark_imagenet.training.driver.train` takes as a config object).
+  Validated once, when it is built.
+* :class:`WorkerSpec`: what one TensorFlow worker process is told: the job's
+  :class:`TrainConfig` plus that worker's rank, shard files and step counts.
+  The worker process reads this and nothing else.
+
+Both are frozen dataclasses serialised with ``to_json``/``from_json``, carrying
+a format name and version like :class:`spark_imagenet.dataset.manifest.Manifest`.
+Job files are read with :mod:`tomllib` and written with ``tomli_w``
+(:func:`load_job_file`, :func:`dump_job`).
+
+Job file (TOML), every key optional; the command line overrides the file::
+
+    url = "gs://bucket/imagenet"      # the dataset (or give it on the command line)
+    workers = 8
+    epochs = 90
+    batch_size = 128
+    [conf]                            # extra Spark configuration
+    "spark.executor.memory" = "8g"
+
+``conf/job.example.toml`` lists every key with its default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from spark_imagenet.errors import ConfigError
+
+JOB_FORMAT = "spark-imagenet-train-config"
+JOB_FORMAT_VERSION = 1
+WORKER_FORMAT = "spark-imagenet-worker-spec"
+WORKER_FORMAT_VERSION = 1
+#: Default limit, in seconds, on waiting for the other workers while the
+#: strategy is built (0 = no limit).
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
+
+
+# ------------------------------------------------------------- field rules
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    """How one field is checked: its kind, bounds and the option that sets it."""
+
+    kind: str  # "int", "float", "str", "path", "files", "pair", "conf"
+    minimum: float | None = None
+    positive: bool = False
+    optional: bool = False
+    option: str | None = None
+    help: str = ""
+
+
+def _setting(default: Any = dataclasses.MISSING, *, kind: str, help: str = "", minimum: float | None = None,
+             positive: bool = False, optional: bool = False, option: str | None = None) -> Any:
+    """A dataclass field carrying its :class:`_Rule` in ``metadata["rule"]``."""
+    rule = _Rule(kind, minimum, positive, optional, option, help)
+    return dataclasses.field(default=default, metadata={"rule": rule})
+
+
+def _label(name: str, rule: _Rule) -> str:
+    return f"{name} ({rule.option})" if rule.option else name
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bound(value: float, rule: _Rule, label: str, what: str) -> None:
+    if rule.minimum is not None and value < rule.minimum:
+        raise ConfigError(f"{label} must be {what} >= {rule.minimum:g}, got {value!r}")
+
+
+def _checked(name: str, rule: _Rule, value: Any) -> Any:
+    """``value`` converted to the field's type, or a ConfigError naming the field."""
+    label = _label(name, rule)
+    if value is None:
+        if rule.optional:
+            return None
+        raise ConfigError(f"{label} is required")
+    if rule.kind == "int":
+        if not _is_int(value):
+            raise ConfigError(f"{label} must be an integer, got {value!r}")
+        _bound(value, rule, label, "an integer")
+        return int(value)
+    if rule.kind == "float":
+        if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
+            raise ConfigError(f"{label} must be a number, got {value!r}")
+        if rule.positive and not value > 0:
+            raise ConfigError(f"{label} must be a positive number, got {value!r}")
+        _bound(value, rule, label, "a number")
+        return float(value)
+    if rule.kind == "path":
+        if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+            raise ConfigError(f"{label} must be a path, got {value!r}")
+        return os.fspath(value)
+    if rule.kind == "str":
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{label} must be a non-empty string, got {value!r}")
+        return value
+    if rule.kind == "files":
+        if isinstance(value, (str, bytes)) or not all(isinstance(f, str) and f for f in value):
+            raise ConfigError(f"{label} must be a list of file paths, got {value!r:.200}")
+        return tuple(value)
+    if rule.kind == "pair":
+        if isinstance(value, (str, bytes)) or len(value) != 2 or not all(_is_int(v) for v in value) \
+                or not 0 <= value[1] < value[0]:
+            raise ConfigError(f"{label} must be null or [n, i] with 0 <= i < n, got {value!r}")
+        return (int(value[0]), int(value[1]))
+    if rule.kind == "conf":
+        items = value.items() if isinstance(value, Mapping) else value
+        pairs = []
+        for item in items:
+            key, val = item
+            if not isinstance(key, str) or not key or isinstance(val, (dict, list, tuple)):
+                raise ConfigError(f"{label}: {key!r} = {val!r} is not a Spark setting (KEY = \"VALUE\")")
+            pairs.append((key, str(val).lower() if isinstance(val, bool) else str(val)))
+        return tuple(sorted(dict(pairs).items()))
+    raise AssertionError(rule.kind)
+
+
+def _validate_fields(obj: Any) -> None:
+    """Check and normalise every field of a frozen dataclass by its rule."""
+    for f in dataclasses.fields(obj):
+        rule = f.metadata.get("rule")
+        if rule is not None:
+            object.__setattr__(obj, f.name, _checked(f.name, rule, getattr(obj, f.name)))
+
+
+def _unknown_keys(given: Mapping[str, Any], known: list[str], where: str) -> None:
+    """Raise a ConfigError naming every unknown key, its closest known name, and the known keys."""
+    unknown = [k for k in given if k not in known]
+    if not unknown:
+        return
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key).replace("-", "_"), known, n=1, cutoff=0.6)
+        parts.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise ConfigError(f"{where}: unknown key(s) {', '.join(parts)}; the known keys are: {', '.join(known)}")
+
+
+# -------------------------------------------------------------- the job
+def _known_models() -> tuple[str, ...]:
+    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE
+
+    return tuple(sorted(MIN_IMAGE_SIZE))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of one training job; validated when built.
+
+    Attributes:
+        workers: N, TensorFlow workers = Spark barrier tasks (>= 1).
+        model: model name (``"alexnet"``; see :mod:`spark_imagenet.training.models.specs`).
+        epochs: passes over the train split by the whole cluster (>= 1).
+        batch_size: per-worker batch; the global batch is ``workers * batch_size``.
+        image_size: square input side in pixels (at least the model's minimum, 67 for AlexNet).
+        width: multiplier of every layer width (> 0; 1.0 = the paper's model).
+        learning_rate: SGD learning rate (> 0).
+        seed: random seed of the data order and augmentation draws (>= 0).
+        parallel: parallel JPEG decode calls per worker; None = the worker's CPUs.
+        transfers: parallel shard downloads per task (>= 1).
+        cache: shard cache folder on every executor host; None = under Spark's local dir.
+        results: local file to write the results JSON to; None = none written.
+        master: Spark master URL for the command line's session; None = the one
+            ``spark-submit`` gives, else ``local[workers]``. :func:`train` with a
+            session of your own ignores it.
+        conf: extra Spark configuration as sorted ``(key, value)`` pairs (given
+            as a mapping or pairs); used like ``master``.
+
+    Raises:
+        ConfigError: a value of the wrong type or out of range, an unknown
+            model, or an image size below the model's minimum; the message
+            names the key and its command-line option.
+    """
+
+    workers: int = _setting(kind="int", minimum=1, option="--workers", help="barrier tasks = TensorFlow workers")
+    model: str = _setting("alexnet", kind="str", option="--model", help="model name")
+    epochs: int = _setting(1, kind="int", minimum=1, option="--epochs", help="passes over the train set")
+    batch_size: int = _setting(32, kind="int", minimum=1, option="--batch-size",
+                               help="per-worker batch; global batch = batch_size x workers")
+    image_size: int = _setting(224, kind="int", minimum=1, option="--image-size",
+                               help="square input size in pixels")
+    width: float = _setting(1.0, kind="float", positive=True, option="--width",
+                            help="width multiplier of every layer (1.0 = the paper)")
+    learning_rate: float = _setting(0.01, kind="float", positive=True, option="--learning-rate",
+                                    help="SGD learning rate")
+    seed: int = _setting(0, kind="int", minimum=0, option="--seed",
+                         help="random seed of data order and augmentation")
+    parallel: int | None = _setting(None, kind="int", minimum=1, optional=True, option="--parallel",
+                                    help="parallel JPEG decode calls per worker (default: its cores)")
+    transfers: int = _setting(8, kind="int", minimum=1, option="--transfers",
+                              help="parallel shard downloads per worker")
+    cache: str | None = _setting(None, kind="path", optional=True, option="--cache",
+                                 help="local folder for fetched shards (default: under Spark's local dir)")
+    results: str | None = _setting(None, kind="path", optional=True, option="--results",
+                                   help="write the results as JSON to this file")
+    master: str | None = _setting(None, kind="str", optional=True, option="--master",
+                                  help="Spark master URL (default: the one spark-submit gives, else local[WORKERS])")
+    conf: tuple[tuple[str, str], ...] = _setting((), kind="conf", option="--conf",
+                                                 help="extra Spark configuration")
+
+    def __post_init__(self) -> None:
+        _validate_fields(self)
+        known = _known_models()
+        if self.model not in known:
+            close = difflib.get_close_matches(self.model, known, n=1)
+            raise ConfigError(f"model (--model) {self.model!r} is not a known model"
+                              + (f" (did you mean {close[0]!r}?)" if close else "")
+                              + f"; choose one of: {', '.join(known)}")
+        from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE
+
+        if self.image_size < MIN_IMAGE_SIZE[self.model]:
+            raise ConfigError(
+                f"image_size (--image-size) {self.image_size} is too small for {self.model}: its layers need at "
+                f"least {MIN_IMAGE_SIZE[self.model]} px"
+            )
+
+    # ---------------------------------------------------------- building
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The setting names, in job-file order."""
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "the training settings") -> "TrainConfig":
+        """Build from ``{key: value}`` (a job file's table, keyword arguments).
+
+        Args:
+            values: settings by field name; missing keys take their defaults.
+            where: named in the message of an unknown key.
+
+        Raises:
+            ConfigError: an unknown key (with the closest known name and the
+                list of known keys), or an invalid value.
+        """
+        _unknown_keys(values, cls.keys(), where)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def spark_conf(self) -> dict[str, str]:
+        """:attr:`conf` as a dict."""
+        return dict(self.conf)
+
+    @property
+    def global_batch_size(self) -> int:
+        """``workers * batch_size``: images per synchronous step of the whole cluster."""
+        return self.workers * self.batch_size
+
+    # ------------------------------------------------------------- JSON
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object with the format name and version, then every field."""
+        data: dict[str, Any] = {"format": JOB_FORMAT, "format_version": JOB_FORMAT_VERSION}
+        for key in self.keys():
+            data[key] = getattr(self, key)
+        data["conf"] = dict(self.conf)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "train config") -> "TrainConfig":
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ConfigError: not an object of this format and version, or invalid values.
+        """
+        fields = _unwrap(data, JOB_FORMAT, JOB_FORMAT_VERSION, where)
+        return cls.from_mapping(fields, where)
+
+
+def _unwrap(data: Any, fmt: str, version: int, where: str) -> dict[str, Any]:
+    """The fields of a versioned JSON object, its format and version checked."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != fmt:
+        raise ConfigError(f"{where}: format is {data.get('format')!r}, expected {fmt!r}")
+    if data.get("format_version") != version:
+        raise ConfigError(f"{where}: format_version {data.get('format_version')!r} is not supported (this "
+                          f"version reads {version}); use the same spark-imagenet version on the driver and executors")
+    return {k: v for k, v in data.items() if k not in ("format", "format_version")}
+
+
+# ---------------------------------------------------------- job files
+#: Keys of a job file besides the :class:`TrainConfig` fields.
+JOB_FILE_EXTRA_KEYS = ("url",)
+
+
+def load_job_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a TOML job file into ``{key: value}``, every key checked.
+
+    Values are checked later, when the :class:`TrainConfig` is built (the
+    command line merges its options over these first).
+
+    Args:
+        path: the job file.
+
+    Returns:
+        dict: the file's keys (``url`` and :class:`TrainConfig` fields).
+
+    Raises:
+        ConfigError: the file is missing or unreadable, is not valid TOML
+            (with the line), or has an unknown key (with the closest known
+            name and the list of known keys).
+    """
+    p = Path(path).expanduser()
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--config {path}: cannot read the job file ({e})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config {path}: not a valid TOML file: {e}") from None
+    _unknown_keys(data, [*JOB_FILE_EXTRA_KEYS, *TrainConfig.keys()], f"job file {path}")
+    if "url" in data and (not isinstance(data["url"], str) or not data["url"]):
+        raise ConfigError(f"job file {path}: url must be a dataset URL string, got {data['url']!r}")
+    if "conf" in data and not isinstance(data["conf"], dict):
+        raise ConfigError(f"job file {path}: conf must be a table ([conf] with \"spark.key\" = \"value\" lines), "
+                          f"got {data['conf']!r}")
+    return data
+
+
+def dump_job(config: TrainConfig, url: str | None = None) -> str:
+    """The job as TOML text that :func:`load_job_file` reads back to the same job.
+
+    Settings left at None (no value) are omitted; ``conf`` becomes a ``[conf]`` table.
+
+    Args:
+        config: the resolved job.
+        url: the dataset URL, written first when given.
+
+    Returns:
+        str: TOML text.
+    """
+    import tomli_w
+
+    data: dict[str, Any] = {} if url is None else {"url": url}
+    for key in TrainConfig.keys():
+        value = getattr(config, key)
+        if key != "conf" and value is not None:
+            data[key] = value
+    if config.conf:
+        data["conf"] = dict(config.conf)
+    return tomli_w.dumps(data)
+
+
+def resolve_job(layers: list[Mapping[str, Any]]) -> TrainConfig:
+    """Merge settings, later layers winning (``conf`` merged key by key), and build the config.
+
+    Args:
+        layers: e.g. ``[defaults, job file, command line]``; None values do
+            not override; a ``url`` key is ignored (it is not a setting).
+
+    Returns:
+        TrainConfig: validated.
+
+    Raises:
+        ConfigError: as :class:`TrainConfig`.
+    """
+    merged: dict[str, Any] = {}
+    conf: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "conf":
+                conf.update(dict(value.items() if isinstance(value, Mapping) else value))
+            elif value is not None:
+                merged[key] = value
+    merged.pop("url", None)
+    return TrainConfig.from_mapping({**merged, "conf": conf})
+
+
+# ------------------------------------------------------- one worker
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """What one TensorFlow worker process trains on: the job plus its own part.
+
+    Attributes:
+        config: the job.
+        rank: this worker's rank, ``0 <= rank < workers`` (0 is the chief).
+        workers: the cluster's worker count (equals ``config.workers``).
+        num_classes: the dataset's class count (the logits' width).
+        train_files: local paths of this worker's train shards (non-empty).
+        train_examples: examples in those shards.
+        val_files: local paths of the val shards this worker reads.
+        val_record_shard: ``(n, i)``: keep every n-th val record from offset i
+            (a val shard shared by several workers), or None for all records.
+        val_examples: val examples this worker evaluates.
+        val_examples_total: val examples of all workers together.
+        steps_per_epoch: train steps per epoch (the same on every worker).
+        val_steps: evaluation steps (the same on every worker; enough for the
+            largest worker's ``val_examples``).
+        parallel: tf.data parallel calls (resolved: never None).
+        threads: TensorFlow intra/inter-op threads; None = TensorFlow's default.
+        startup_timeout_s: seconds to wait for the other workers while the
+            strategy is built; 0 = no limit.
+
+    Raises:
+        ConfigError: a wrong type or impossible value, naming the key.
+    """
+
+    config: TrainConfig
+    rank: int = _setting(kind="int", minimum=0)
+    workers: int = _setting(kind="int", minimum=1)
+    num_classes: int = _setting(kind="int", minimum=1)
+    train_files: tuple[str, ...] = _setting(kind="files")
+    train_examples: int = _setting(kind="int", minimum=0)
+    val_files: tuple[str, ...] = _setting(kind="files")
+    val_record_shard: tuple[int, int] | None = _setting(kind="pair", optional=True)
+    val_examples: int = _setting(kind="int", minimum=0)
+    val_examples_total: int = _setting(kind="int", minimum=0)
+    steps_per_epoch: int = _setting(kind="int", minimum=1)
+    val_steps: int = _setting(kind="int", minimum=0)
+    parallel: int = _setting(kind="int", minimum=1)
+    threads: int | None = _setting(None, kind="int", minimum=0, optional=True)
+    startup_timeout_s: float = _setting(DEFAULT_STARTUP_TIMEOUT_S, kind="float", minimum=0.0)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, TrainConfig):
+            raise ConfigError(f"worker spec key 'config' must be a TrainConfig, got {type(self.config).__name__}")
+        _validate_fields(self)
+        where = f"worker spec of rank {self.rank}"
+        if self.rank >= self.workers:
+            raise ConfigError(f"{where}: rank {self.rank} is not in 0..workers-1 (workers = {self.workers})")
+        if self.workers != self.config.workers:
+            raise ConfigError(f"{where}: workers = {self.workers} but the job has {self.config.workers}")
+        if not self.train_files:
+            raise ConfigError(f"{where}: no train_files; every worker needs its own shards")
+        if self.val_steps * self.config.batch_size < self.val_examples:
+            raise ConfigError(
+                f"{where}: val_steps {self.val_steps} * batch_size {self.config.batch_size} is less than this "
+                f"worker's val_examples {self.val_examples}; val_steps must be ceil(max val_examples / batch_size)"
+            )
+        if self.val_examples > 0 and not self.val_files:
+            raise ConfigError(f"{where}: val_examples is {self.val_examples} but val_files is empty")
+
+    @property
+    def seed(self) -> int:
+        """This worker's seed: the job's seed plus the rank (distinct augmentation per worker)."""
+        return self.config.seed + self.rank
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The field names."""
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object: format name and version, the job as ``config``, then this worker's fields."""
+        data: dict[str, Any] = {"format": WORKER_FORMAT, "format_version": WORKER_FORMAT_VERSION}
+        for key in self.keys():
+            value = getattr(self, key)
+            data[key] = value.to_json() if key == "config" else list(value) if isinstance(value, tuple) else value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "worker spec") -> "WorkerSpec":
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ConfigError: not an object of this format and version, a missing
+                or unknown key, or an invalid value (naming the key).
+        """
+        fields = _unwrap(data, WORKER_FORMAT, WORKER_FORMAT_VERSION, where)
+        _unknown_keys(fields, cls.keys(), where)
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.name not in fields and f.default is dataclasses.MISSING]
+        if missing:
+            raise ConfigError(f"{where} is missing key(s): {', '.join(missing)}")
+        fields["config"] = TrainConfig.from_json(fields["config"], f"{where}, key 'config'")
+        return cls(**fields)

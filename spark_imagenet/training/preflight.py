@@ -1,0 +1,149 @@
+"""Checks on the driver, before any barrier task starts.
+
+Each check raises a :class:`~spark_imagenet.errors.ConfigError` with the
+numbers and the setting to change, instead of a late failure or a hang:
+
+* the session is a classic one with a ``SparkContext`` (:func:`spark_context`);
+* ``spark.dynamicAllocation.enabled`` is not true, and there are at least N
+  barrier task slots (:func:`check_spark`);
+* the results file can be written (:func:`check_results_path`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+from spark_imagenet.errors import ConfigError
+
+#: Seconds to wait for executors to register on a cluster master before the
+#: slot check gives up (executors of a freshly started application register
+#: a few seconds after the SparkContext).
+EXECUTOR_WAIT_SECONDS = 60.0
+
+
+def check_results_path(results: str | os.PathLike | None) -> None:
+    """Check that ``--results`` names a file in an existing, writable folder.
+
+    Raises:
+        ConfigError: the folder is missing or not writable, or the path is a folder.
+    """
+    if results is None:
+        return
+    target = Path(results).expanduser().absolute()
+    parent = target.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ConfigError(f"--results {results}: folder {parent} does not exist or is not writable")
+    if target.is_dir():
+        raise ConfigError(f"--results {results} is a folder; give a file name such as {target / 'results.json'}")
+
+
+def spark_context(spark):
+    """The SparkContext of a session, or a clear error for Spark Connect.
+
+    Raises:
+        ConfigError: the session is a Spark Connect session (no RDD API).
+    """
+    why = (
+        "this is a Spark Connect session (e.g. Databricks shared or serverless compute), which has no "
+        "SparkContext or RDD barrier API. Use a classic session (local[N], standalone, YARN, Kubernetes). "
+        "Barrier training through DataFrame.mapInArrow(..., barrier=True) on Spark Connect is future work."
+    )
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        raise ConfigError(why)
+    try:
+        sc = spark.sparkContext
+    except Exception as e:  # Connect raises a PySpark error here
+        raise ConfigError(why) from e
+    if sc is None:
+        raise ConfigError(why)
+    return sc
+
+
+def slots_from_master(master: str, task_cpus: int, default_parallelism: int) -> int:
+    """Barrier task slots estimated from the master URL alone.
+
+    Args:
+        master: ``local``, ``local[N]``, ``local[*]``, ``local[N,F]``,
+            ``local-cluster[E,C,M]`` or a cluster URL.
+        task_cpus: ``spark.task.cpus``.
+        default_parallelism: ``sc.defaultParallelism`` (for cluster URLs: the
+            registered executors' total cores, unless
+            ``spark.default.parallelism`` overrides it).
+
+    Returns:
+        int: cores // task_cpus.
+    """
+    m = master.strip()
+    cores: int
+    if m == "local":
+        cores = 1
+    elif mm := re.fullmatch(r"local\[(\*|\d+)(?:,\s*\d+)?\]", m):
+        cores = (os.cpu_count() or 1) if mm.group(1) == "*" else int(mm.group(1))
+    elif mm := re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", m):
+        cores = int(mm.group(1)) * int(mm.group(2))
+    else:
+        cores = default_parallelism
+    return cores // max(1, task_cpus)
+
+
+def available_slots(sc) -> tuple[int, str]:
+    """How many barrier tasks the application can run at once.
+
+    Asks the scheduler backend the same question Spark's own barrier check
+    asks (``SparkContext.maxNumConcurrentTasks`` for the default resource
+    profile: executor cores / ``spark.task.cpus``, also limited by GPU and
+    other task resources). When that JVM call is unavailable, falls back to
+    :func:`slots_from_master`. Slots busy with other jobs are not subtracted.
+
+    Returns:
+        ``(slots, how)``: the count and a short description of its source.
+    """
+    task_cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile)), f"executor cores / spark.task.cpus={task_cpus}"
+    except Exception:
+        slots = slots_from_master(sc.master, task_cpus, sc.defaultParallelism)
+        return slots, f"estimated from master {sc.master} and spark.task.cpus={task_cpus}"
+
+
+def check_spark(sc, workers: int, wait_seconds: float = EXECUTOR_WAIT_SECONDS) -> int:
+    """Check that a barrier stage of ``workers`` tasks can start now.
+
+    Args:
+        sc: the SparkContext.
+        workers: barrier tasks wanted.
+        wait_seconds: on a cluster master, how long to wait for executors
+            to register before giving up (0 under ``local``).
+
+    Returns:
+        int: the free slot count found.
+
+    Raises:
+        ConfigError: dynamic allocation is on, or fewer slots than workers.
+    """
+    conf = sc.getConf()
+    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
+        raise ConfigError(
+            "spark.dynamicAllocation.enabled is true, and Spark barrier stages refuse dynamic allocation "
+            "(SPARK-24942). Set spark.dynamicAllocation.enabled=false (and give the application at least "
+            f"{workers} task slots, e.g. spark.executor.instances x spark.executor.cores)."
+        )
+    slots, how = available_slots(sc)
+    from spark_imagenet.training.spark_session import is_local_master
+
+    deadline = time.monotonic() + (0 if is_local_master(sc.master) else wait_seconds)
+    while slots < workers and time.monotonic() < deadline:
+        time.sleep(1.0)
+        slots, how = available_slots(sc)
+    if slots < workers:
+        raise ConfigError(
+            f"--workers {workers} needs {workers} barrier task slots, only {slots} available "
+            f"(master {sc.master}; {how}). Use --workers <= {slots}, or give Spark more cores "
+            f"(local[{workers}], more executors or spark.executor.cores)."
+        )
+    return slots
