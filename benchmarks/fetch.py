@@ -179,9 +179,10 @@ def write_dataset(folder: Path, shards: int, shard_bytes: int):
         Manifest: the dataset (train split only; one class per shard is not
         needed, two classes make a valid manifest).
     """
-    from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo, SynsetClass
+    from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo
+    from spark_imagenet.source.synset import SynsetClass
     from spark_imagenet.storage import LocalStorage, crc32c_file
-    from spark_imagenet.dataset.transfer import shard_name
+    from spark_imagenet.dataset.naming import shard_name
 
     dataset_id = uuid.uuid4().hex
     infos = []

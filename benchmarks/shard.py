@@ -67,7 +67,7 @@ def load(folder: Path, limit: int | None) -> list[tuple[str, bytes]]:
 
 
 def _frame(name: str, data: bytes, height: int, width: int) -> bytes:
-    from spark_imagenet.source.layout import ImageFile
+    from spark_imagenet.source.base import ImageFile
     from spark_imagenet.dataset.sharding import _example
     from spark_imagenet.dataset.tfrecord import write_record
 

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "shard": ("spark_imagenet.dataset.sharding", "shard"),
-    "inspect": ("spark_imagenet.dataset.sharding", "inspect"),
+    "inspect": ("spark_imagenet.dataset.report", "inspect"),
     "train": ("spark_imagenet.training.driver", "train"),
     "run_demo": ("spark_imagenet.demo", "run_demo"),
     "Manifest": ("spark_imagenet.dataset.manifest", "Manifest"),

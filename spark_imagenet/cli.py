@@ -341,7 +341,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             + f"), {train.reused + val.reused} already cached")
         return 0
     if args.command == "inspect":
-        from spark_imagenet.dataset.sharding import format_summary, inspect
+        from spark_imagenet.dataset.report import format_summary, inspect
 
         manifest = inspect(args.url)
         print(manifest.dumps() if args.json else format_summary(manifest, args.url), end="\n" if not args.json else "")
@@ -355,7 +355,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(path)
         return 0
     if args.command == "extract":
-        from spark_imagenet.source.archive import extract
+        from spark_imagenet.source.extract import extract
 
         print(extract(args.zip, args.dest, overwrite=args.overwrite, progress=not args.no_progress))
         return 0

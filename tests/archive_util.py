@@ -1,13 +1,23 @@
-"""Test helpers: the Kaggle zip in its two forms, built from a small generated tree."""
+"""Test helpers: the Kaggle zip in its two forms, built from a small generated tree, and what the
+tests of the zip, the tar stream and extract share."""
 
 from __future__ import annotations
 
 import io
+import stat
+import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
-from spark_imagenet.source.archive import TAR_MEMBER
+import pytest
+
+from data_util import small_layout
+from spark_imagenet.dataset.sharding import shard
+from spark_imagenet.dataset.tfrecord import read_records
+from spark_imagenet.source.extract import WRITTEN_LIST
+from spark_imagenet.source.zip_archive import TAR_MEMBER
 
 
 def tree_files(tree: Path) -> list[Path]:
@@ -83,3 +93,80 @@ def parse_example(record: bytes) -> dict:
                 (_, packed), = fields(payload)
                 out[kv[1].decode()] = varint(packed, 0)[0]
     return out
+
+
+DATA = ("ILSVRC", "Data", "CLS-LOC")
+QUIET = dict(processes=2, progress=False, log=lambda m: None)
+
+
+def build(source, out, **kw):
+    kw.setdefault("train_shards", 3)
+    kw.setdefault("val_shards", 2)
+    return shard(source, out, **QUIET, **kw)
+
+
+def decoded(out: Path, manifest) -> dict[str, list[dict]]:
+    """Per split, every record of every shard decoded, in shard and record order."""
+    result = {}
+    for split, info in manifest.splits.items():
+        records = []
+        for s in info.shards:
+            with open(out / s.name, "rb") as f:
+                records += [parse_example(r) for r in read_records(f)]
+        result[split] = records
+    return result
+
+
+@pytest.fixture(scope="module")
+def kaggle(tmp_path_factory):  # imported by the test modules that use it
+    """One small tree (val images, LOC_val_solution.csv, test images) and its two zip forms."""
+    base = tmp_path_factory.mktemp("archive")
+    tree = small_layout(base / "kaggle", num_classes=4, train_per_class=6, val_per_class=3)
+    return {
+        "tree": tree,
+        "root": zip_root_form(tree, base / "root.zip"),  # deflated members
+        "top": zip_root_form(tree, base / "top.zip", prefix="imagenet-object-localization-challenge/",
+                             compression=zipfile.ZIP_STORED, folders=True),
+        "nested": zip_nested_form(tree, base / "nested.zip"),
+        # the tar as `tar czf x.tar.gz .` names it, the zip's content in a top folder
+        "nested-top": zip_nested_form(tree, base / "nested-top.zip", prefix="top/",
+                                      tar_bytes=tar_gz_of(tree, top="./ILSVRC")),
+    }
+
+
+def same_tree(a: Path, b: Path) -> None:
+    files_a, files_b = tree_files(a), [p for p in tree_files(b) if p.name != WRITTEN_LIST]
+    assert [p.relative_to(a) for p in files_a] == [p.relative_to(b) for p in files_b]
+    for x, y in zip(files_a, files_b):
+        assert x.read_bytes() == y.read_bytes(), x
+
+
+def valid_zip_with(tmp_path: Path, name: str, extra: dict[str, bytes], **info) -> Path:
+    tree = small_layout(tmp_path / f"kaggle-{name}", num_classes=2, train_per_class=1, val_per_class=1)
+    z = zip_root_form(tree, tmp_path / f"{name}.zip")
+    with zipfile.ZipFile(z, "a") as zf:
+        for member, data in extra.items():
+            zi = zipfile.ZipInfo(member)
+            for k, v in info.items():
+                setattr(zi, k, v)
+            zf.writestr(zi, data)
+    return z
+
+
+LINK = (stat.S_IFLNK | 0o777) << 16  # a zip member's external_attr for a symbolic link
+
+
+def zip_with_links(tmp_path: Path, name: str, links: dict[str, str]) -> Path:
+    z = valid_zip_with(tmp_path, name, {})
+    with zipfile.ZipFile(z, "a") as zf:
+        for member, target in links.items():
+            zi = zipfile.ZipInfo(member)
+            zi.external_attr = LINK
+            zf.writestr(zi, target)
+    return z
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spark_imagenet", *args], capture_output=True, text=True, timeout=300)
+
+

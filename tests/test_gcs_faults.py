@@ -26,7 +26,8 @@ from spark_imagenet.dataset import transfer
 from spark_imagenet.training.staging import fetch_rank
 from spark_imagenet.errors import ManifestError, StorageError
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
-from spark_imagenet.dataset.sharding import QUALITY_REPORT_NAME, shard
+from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
+from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.storage import GCSStorage, crc32c_file, open_storage
 from spark_imagenet.dataset.transfer import upload
 

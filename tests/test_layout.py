@@ -8,7 +8,8 @@ import pytest
 
 from data_util import ILSVRC_MINI, requires_shared, small_layout
 from spark_imagenet.errors import ConfigError, LayoutError
-from spark_imagenet.source.layout import read_layout, read_val_solution
+from spark_imagenet.source.folder import read_layout
+from spark_imagenet.source.layout import read_val_solution
 from spark_imagenet.source.synset import read_synset_mapping, select_classes
 
 DATA = ("ILSVRC", "Data", "CLS-LOC")

@@ -13,7 +13,8 @@ from PIL import Image, ImageOps
 from data_util import small_layout
 from spark_imagenet.errors import ImageError
 from spark_imagenet.dataset.quality import classify, repair
-from spark_imagenet.dataset.sharding import QUALITY_REPORT_NAME, shard
+from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
+from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.dataset.tfrecord import read_records
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

@@ -77,6 +77,12 @@ REPAIRED = frozenset({"not_jpeg", "ycck", "cmyk", "exif_rotated"})
 REPAIR_QUALITY = 95
 #: EXIF tag of the orientation.
 ORIENTATION_TAG = 0x0112
+#: What Pillow raises for bytes it cannot decode (``UnidentifiedImageError`` is an ``OSError``); the
+#: only errors of :func:`repair` that mean a bad file. Anything else it raises is a bug.
+DECODE_ERRORS = (OSError, SyntaxError, EOFError, Image.DecompressionBombError)
+#: A JPEG marker inside entropy-coded data: 0xFF followed by neither a stuffed 0x00, a restart marker
+#: (RST0-7) nor a fill byte.
+_MARKER_RE = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +139,44 @@ def _orientation(im: Image.Image) -> int:
         return 1
 
 
+def _jpeg_end(data: bytes) -> int | None:
+    """The offset just after the end-of-image marker that ends a JPEG's first image, or None.
+
+    Walks the marker segments from the start-of-image marker by their lengths,
+    and the entropy-coded data after each start-of-scan to the next marker, so
+    an EOI inside an EXIF thumbnail (APP1) is not taken for the image's own,
+    and whatever follows the image's EOI (padding, a newline, an appended
+    second image) is allowed, as TensorFlow and Pillow allow it.
+    """
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    pos, n = 2, len(data)
+    while pos < n:
+        if data[pos] != 0xFF:
+            return None  # no marker where one must be: damaged or cut short
+        while pos < n and data[pos] == 0xFF:  # fill bytes before the marker code
+            pos += 1
+        if pos >= n:
+            return None
+        code = data[pos]
+        pos += 1
+        if code == 0xD9:
+            return pos
+        if code == 0x01 or 0xD0 <= code <= 0xD7:  # TEM, RSTn: no length field
+            continue
+        if pos + 2 > n:
+            return None
+        pos += int.from_bytes(data[pos:pos + 2], "big")
+        if pos > n:
+            return None
+        if code == 0xDA:  # start of scan: entropy-coded data up to the next marker
+            found = _MARKER_RE.search(data, pos)
+            if found is None:
+                return None
+            pos = found.start()
+    return None
+
+
 def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
     """Classify one image file from its bytes.
 
@@ -142,9 +186,10 @@ def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
         verify: ``"decode"`` decodes a JPEG completely at 1/8 scale (JPEG DCT
             scaling: every entropy-coded byte is still read, so a truncated
             or damaged file fails; about 1,100 images/s per core on ImageNet
-            sizes); ``"header"`` parses only the header and checks the
-            end-of-image marker (misses damage inside the file). Files of
-            other formats are always decoded completely.
+            sizes); ``"header"`` parses only the header and checks that the
+            image ends with an end-of-image marker, which may be followed by
+            other bytes (misses damage inside the file). Files of other
+            formats are always decoded completely.
 
     Returns:
         Finding: the category and what was found (see the module docstring).
@@ -164,7 +209,7 @@ def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
                         im.draft("L" if im.mode == "L" else ("RGB" if im.mode == "RGB" else im.mode),
                                  (max(1, width // 8), max(1, height // 8)))
                     im.load()
-                elif not data.rstrip(b"\x00").endswith(b"\xff\xd9"):
+                elif _jpeg_end(data) is None:
                     return Finding(name, "corrupt", fmt, colorspace, width, height, orientation,
                                    "truncated JPEG (no end-of-image marker)")
     except Image.DecompressionBombError as e:
@@ -234,7 +279,8 @@ def repair(data: bytes, finding: Finding) -> tuple[bytes, int, int]:
 
     Raises:
         ValueError: the finding is of an unusable file (``empty``, ``corrupt``).
-        OSError: Pillow cannot decode the file after all.
+        OSError, SyntaxError, EOFError, PIL.Image.DecompressionBombError
+            (:data:`DECODE_ERRORS`): Pillow cannot decode the file after all.
     """
     if not finding.usable:
         raise ValueError(f"{finding.name}: {finding.category} files cannot be repaired ({finding.reason})")
@@ -244,7 +290,8 @@ def repair(data: bytes, finding: Finding) -> tuple[bytes, int, int]:
         warnings.simplefilter("ignore")
         with Image.open(io.BytesIO(data)) as im:
             im.load()  # first frame of an animation
-            upright = _to_8bit(ImageOps.exif_transpose(im))  # orientation applied; 16/32-bit scaled
+            # the orientation classify found applied (it found none in a damaged EXIF block); 16/32-bit scaled
+            upright = _to_8bit(ImageOps.exif_transpose(im) if 2 <= finding.orientation <= 8 else im)
             rgb = upright.convert("RGB")  # CMYK (Adobe-inverted, as Pillow reads it), P, LA, RGBA...
     out = io.BytesIO()
     rgb.save(out, "JPEG", quality=REPAIR_QUALITY, subsampling="4:2:0")  # no exif=: the tag is dropped

@@ -1,28 +1,27 @@
-"""Building TFRecord shards and their manifest from a Kaggle-layout source.
+"""Building TFRecord shards and their manifest from a Kaggle source: :func:`shard`.
 
-What a build does (:func:`shard`):
+What a build does:
 
-1. list the chosen labelled images (:func:`spark_imagenet.source.layout.read_layout`
-   for a folder, :func:`spark_imagenet.source.archive.read_zip_layout` for the
-   downloaded zip, read in place);
+1. open the source (:func:`spark_imagenet.source.open_source`: the unpacked
+   folder, or the downloaded zip in either form, read in place) and list the
+   chosen labelled images;
 2. shuffle the train images across classes with the seed and deal them
    round-robin to the shards (so shard sizes differ by at most one example and
-   every shard mixes classes); val images are dealt in file-name order;
-3. write the shards in parallel worker processes (one shard per job), each
-   image's bytes stored as read (no decode/re-encode), after checking that the
-   file is a JPEG that decodes and needs no repair (Pillow, see
-   :func:`check_image` and :mod:`spark_imagenet.dataset.quality`: CMYK/YCCK JPEGs,
-   other formats and EXIF-rotated images are stored as repaired RGB JPEGs,
-   unusable files fail the build or are skipped, ``on_corrupt``). A folder or a
-   zip in the current form: each worker reads its shard's images itself. The
-   older zip form (a nested tar.gz, one stream): the main process reads the
-   stream, a process pool checks the images, each record is appended to a
-   spill file of its shard, and the workers then copy every shard's records
-   into plan order (see :func:`_stream_images`). Either way the shards are
-   byte for byte the same as from the unpacked folder;
+   every shard mixes classes); val images are dealt in file-name order
+   (:func:`plan_shards`);
+3. write the shards in parallel worker processes, each image checked first
+   (:func:`check_image`, :mod:`spark_imagenet.dataset.quality`): stored byte
+   for byte, or repaired, or (unusable) failing the build or left out
+   (``on_corrupt``). A random-access source: each worker reads its shard's
+   images itself through the source's :class:`~spark_imagenet.source.base.ImageReader`.
+   A stream source: the main process reads the stream, the pool checks the
+   images in batches, each record is appended to a spill file of its shard,
+   and the workers then copy every shard's records into plan order. Either
+   way the shards are byte for byte the same;
 4. only when every image passed (or was skipped): publish the shards under
-   their final names, write ``quality-report.json`` (what was repaired or
-   skipped, counts per category), then ``manifest.json`` last and atomically.
+   their final names (a remote ``out``: each uploaded, verified, as soon as it
+   is written), write ``quality-report.json``, then ``manifest.json`` last
+   (:mod:`spark_imagenet.dataset.transfer`).
 
 An interrupted or failed build leaves no manifest (so nothing can train on a
 partial dataset) and no half-written shard under a final name.
@@ -35,12 +34,12 @@ see :data:`FEATURE_KEYS`.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as _dt
 import hashlib
 import io
-import json
 import math
 import multiprocessing as mp
 import os
@@ -51,22 +50,23 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-
-from spark_imagenet.errors import ConfigError, ImageError, SparkImagenetError, StorageError
-from spark_imagenet.source.layout import ImageFile, SourceDataset, read_layout
-from spark_imagenet.dataset.quality import CATEGORIES, Finding, classify, repair
 from spark_imagenet.dataset.manifest import FORMAT_VERSION, Manifest, ShardInfo, SplitInfo
-from spark_imagenet.storage import DEFAULT_TRANSFERS, Storage, crc32c_file, open_storage
-from spark_imagenet.dataset.transfer import (
-    PARTIAL_RE,
-    Destination,
-    check_destination,
-    commit_manifest,
-    publish,
-    remove_replaced,
-    shard_name,
+from spark_imagenet.dataset.naming import PARTIAL_RE, partial_name, shard_name
+from spark_imagenet.dataset.quality import DECODE_ERRORS, Finding, classify, repair
+from spark_imagenet.dataset.report import (
+    Quality,
+    format_quality,
+    note,
+    quality_report,
+    quality_totals,
+    write_quality_report,
 )
 from spark_imagenet.dataset.tfrecord import encode_example, write_record
+from spark_imagenet.dataset.transfer import Destination, check_destination, commit_manifest, publish, remove_replaced
+from spark_imagenet.errors import ConfigError, ImageError, SparkImagenetError, StorageError
+from spark_imagenet.source import open_source
+from spark_imagenet.source.base import ImageFile, ImageReader, SourceDataset
+from spark_imagenet.storage import DEFAULT_TRANSFERS, Storage, crc32c_file, open_storage
 
 FEATURE_KEYS = (
     "image/encoded",
@@ -84,11 +84,9 @@ TARGET_SHARD_BYTES = 128 * 1024 * 1024
 MIN_AUTO_TRAIN_SHARDS = 16
 MIN_AUTO_VAL_SHARDS = 4
 VERIFY_MODES = ("decode", "header")
-
-
 ON_CORRUPT_MODES = ("error", "skip")
-#: The quality report's object name, beside ``manifest.json``.
-QUALITY_REPORT_NAME = "quality-report.json"
+#: How many bad files the error of a failed build lists.
+MAX_LISTED = 50
 
 
 def check_image(data: bytes, name: str, verify: str = "decode") -> tuple[bytes | None, int, int, Finding]:
@@ -104,14 +102,19 @@ def check_image(data: bytes, name: str, verify: str = "decode") -> tuple[bytes |
         tuple: ``(stored, height, width, finding)``: the bytes to store (the
         file's own bytes unless it was repaired, then the repaired JPEG) and
         their size in pixels; ``stored`` is ``None`` when the file is unusable
-        (``finding.category`` ``empty`` or ``corrupt``).
+        (``finding.category`` ``empty`` or ``corrupt``, also a file that
+        Pillow cannot decode for its repair).
+
+    Raises:
+        Exception: anything but a decoder error (:data:`~spark_imagenet.dataset.quality.DECODE_ERRORS`)
+            raised while repairing: a bug, never taken for a corrupt file.
     """
     finding = classify(data, name, verify)
     if not finding.usable:
         return None, 0, 0, finding
     try:
         stored, height, width = repair(data, finding)
-    except Exception as e:  # decodes at 1/8 scale but not at full size (or verify="header")
+    except DECODE_ERRORS as e:  # decodes at 1/8 scale but not at full size (or verify="header")
         finding = dataclasses.replace(finding, category="corrupt", reason=f"does not decode for repair: {e}")
         return None, 0, 0, finding
     return stored, height, width, finding
@@ -119,18 +122,20 @@ def check_image(data: bytes, name: str, verify: str = "decode") -> tuple[bytes |
 
 @dataclasses.dataclass(frozen=True)
 class _ShardJob:
+    """One shard to write: its images in record order, and where to write it.
+
+    ``reader`` reads the images in a worker process (a random-access source);
+    ``None`` when the main process streams them (:func:`_stream_images`).
+    """
+
     split: str
     index: int
     name: str
     tmp_path: str
     images: tuple[ImageFile, ...]
     verify: str
-    reader: Any = None  # None: files on disk; else reads the images from a zip (archive.ZipMemberReader)
+    reader: ImageReader | None = None
     on_corrupt: str = "error"
-
-    def where(self, img: ImageFile) -> str:
-        """How messages name an image's file."""
-        return img.path if self.reader is None else self.reader.where(img.path)
 
 
 def _init_worker(counter) -> None:
@@ -156,20 +161,6 @@ def _example(img: ImageFile, data: bytes, height: int, width: int) -> bytes:
     )
 
 
-#: What a worker reports about its images' quality: the count per category, and per repaired or
-#: skipped image ``(index in the job, category, reason, action)`` with action ``"repaired"`` or ``"skipped"``.
-Quality = tuple[dict[str, int], list[tuple[int, str, str, str]]]
-
-
-def _note(quality: Quality, k: int, finding: Finding, stored: bytes | None) -> None:
-    counts, files = quality
-    counts[finding.category] = counts.get(finding.category, 0) + 1
-    if stored is None:
-        files.append((k, finding.category, finding.reason or "", "skipped"))
-    elif finding.needs_repair:
-        files.append((k, finding.category, finding.reason or "", "repaired"))
-
-
 def _write_shard(job: _ShardJob) -> tuple[ShardInfo | None, list[str], Quality]:
     """Write one shard (in a worker process). Returns the shard's info, the
     list of bad files (then the info is ``None``: with ``on_corrupt="error"``
@@ -181,19 +172,15 @@ def _write_shard(job: _ShardJob) -> tuple[ShardInfo | None, list[str], Quality]:
     with open(job.tmp_path, "wb") as f:
         for k, img in enumerate(job.images):
             try:
-                if job.reader is None:
-                    with open(img.path, "rb") as src:
-                        data = src.read()
-                else:
-                    data = job.reader.read(img.path)
+                data = job.reader.read(img)
             except (OSError, SparkImagenetError) as e:
-                problems.append(f"{job.where(img)}: cannot read ({getattr(e, 'strerror', None) or e})")
+                problems.append(f"{job.reader.where(img)}: cannot read ({getattr(e, 'strerror', None) or e})")
                 continue
             stored, height, width, finding = check_image(data, img.filename, job.verify)
-            _note(quality, k, finding, stored)
+            note(quality, k, finding, stored)
             if stored is None:
                 if job.on_corrupt == "error":
-                    problems.append(f"{job.where(img)}: {finding.reason}")
+                    problems.append(f"{job.reader.where(img)}: {finding.reason}")
             elif not problems:
                 write_record(f, _example(img, stored, height, width))
                 written += 1
@@ -338,7 +325,7 @@ def _stream_images(pool, src: SourceDataset, jobs: list[_ShardJob], verify: str,
 
     Args:
         pool: the worker pool.
-        src: the source (``src.archive.streamed``).
+        src: the source (a stream: ``src.source.random_access`` is False).
         jobs: the shards and their planned images.
         verify: ``"decode"`` or ``"header"``.
         in_flight: batches handed to the pool and not yet written, at most.
@@ -352,6 +339,7 @@ def _stream_images(pool, src: SourceDataset, jobs: list[_ShardJob], verify: str,
         tally (see :func:`_write_shard`).
     """
     place = {img.path: (j, k) for j, job in enumerate(jobs) for k, img in enumerate(job.images)}
+    planned = [img for job in jobs for img in job.images]
     index: list[list[tuple[int, int] | None]] = [[(0, 0)] * len(job.images) for job in jobs]
     problems: list[str] = []
     quality: list[Quality] = [({}, []) for _ in jobs]
@@ -367,7 +355,7 @@ def _stream_images(pool, src: SourceDataset, jobs: list[_ShardJob], verify: str,
     def settle() -> None:
         result, places = waiting.popleft()
         for (j, k), (record, finding) in zip(places, result.get()):
-            _note(quality[j], k, finding, record)
+            note(quality[j], k, finding, record)
             if record is None:
                 if jobs[j].on_corrupt == "error":
                     problems.append(f"{src.where(jobs[j].images[k])}: {finding.reason}")
@@ -389,8 +377,8 @@ def _stream_images(pool, src: SourceDataset, jobs: list[_ShardJob], verify: str,
 
     try:
         batch_bytes = 0
-        for name, data in src.archive.stream(set(place)):
-            j, k = place[name]
+        for img, data in src.source.stream(planned):
+            j, k = place[img.path]
             batch.append((jobs[j].images[k], data))
             places.append((j, k))
             batch_bytes += len(data)
@@ -504,8 +492,9 @@ def shard(
         source: the unpacked Kaggle ``imagenet-object-localization-challenge``
             folder (see :mod:`spark_imagenet.source.layout`), or the downloaded zip
             in either of its forms, read without unpacking (see
-            :mod:`spark_imagenet.source.archive`; the older form with a nested
-            tar.gz is read as a stream, twice).
+            :mod:`spark_imagenet.source.zip_archive`; the older form with a nested
+            tar.gz is read as a stream, twice: :mod:`spark_imagenet.source.tar_stream`).
+            The manifest records its resolved absolute path.
         out: bucket URL for the shards: a local path, ``file://`` URL or
             ``gs://bucket/prefix`` (shards are then staged in a temporary
             folder and uploaded, see :mod:`spark_imagenet.dataset.transfer`).
@@ -554,13 +543,8 @@ def shard(
         raise ConfigError(f"--on-corrupt {on_corrupt!r}: choose one of {', '.join(ON_CORRUPT_MODES)}")
     if processes is not None and processes < 1:
         raise ConfigError(f"processes={processes}: must be at least 1")
-    from spark_imagenet.source.archive import is_zip_source, read_zip_layout
-
-    if is_zip_source(source):
-        src = read_zip_layout(source, num_classes=classes, class_list=class_list, per_class=per_class, seed=seed,
-                              progress=progress, log=log)
-    else:
-        src = read_layout(source, num_classes=classes, class_list=class_list, per_class=per_class, seed=seed)
+    src = open_source(source).list_images(num_classes=classes, class_list=class_list, per_class=per_class,
+                                          seed=seed, progress=progress, log=log)
     plan = plan_shards(src, train_shards, val_shards, seed)
     dataset_id = dataset_fingerprint(plan, src, on_corrupt)
     if transfers < 1:
@@ -573,17 +557,83 @@ def shard(
 
     created_root = not storage.root_exists()
     try:
-        return _build(storage, dest, src, plan, dataset_id, verify, on_corrupt, processes, transfers, progress, log)
+        options = _Options(verify, on_corrupt, processes, transfers, progress, log)
+        return _build(storage, dest, src, plan, dataset_id, options)
     except BaseException:
         if created_root:
             storage.remove_empty_root()  # "nothing was written" includes the folder itself
         raise
 
 
-def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, dataset_id: str, verify: str,
-           on_corrupt: str, processes: int | None, transfers: int, progress: bool, log: Callable[[str], None]) -> Manifest:
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """The settings of one build (see :func:`shard`)."""
+
+    verify: str
+    on_corrupt: str
+    processes: int | None
+    transfers: int
+    progress: bool
+    log: Callable[[str], None]
+
+
+def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, dataset_id: str,
+           options: _Options) -> Manifest:
     """Write the shards of ``plan``, publish them, then commit the manifest
     (see :func:`shard` and :mod:`spark_imagenet.dataset.transfer`)."""
+    log = options.log
+    staging, tmp_root = _staging(storage, dest)
+    remote = tmp_root is not None
+    jobs = _jobs(src, plan, staging, dataset_id, options)
+    total = sum(len(j.images) for j in jobs)
+    n_proc = min(options.processes or os.cpu_count() or 1, len(jobs))
+    log(
+        f"sharding {len(src.train)} train + {len(src.val)} val images of {len(src.classes)} classes "
+        f"into {len(plan['train'])} + {len(plan['val'])} shards with {n_proc} processes"
+    )
+    start = time.perf_counter()
+    # A remote --out gets each shard uploaded (verified) as soon as it is written, so the local staging
+    # folder holds only shards in flight; nothing is visible to readers before the manifest commit.
+    uploader = _Uploader(storage, dest, options.transfers) if remote else None
+    try:
+        results, problems, quality = _run_pool(jobs, src, n_proc, staging, remote, uploader, options, total)
+        if uploader is not None:
+            uploader.finish(problems)
+        if problems:
+            raise _image_error(problems, storage.url)
+        if uploader is None:  # staged beside the objects: publish by renaming
+            for j in jobs:
+                storage.put_file(j.tmp_path, j.name, move=True)
+        else:
+            log(f"uploaded {len(uploader.uploads)} shard(s) to {storage.url}, each verified against its CRC32C "
+                f"({options.transfers} parallel transfer(s))")
+    except BaseException:
+        if uploader is not None:
+            uploader.abort()
+        raise
+    finally:
+        for j in jobs:
+            for path in (j.tmp_path, _spill_path(j)):
+                if os.path.exists(path):
+                    os.unlink(path)
+        if tmp_root is not None:
+            tmp_root.cleanup()
+    seconds = time.perf_counter() - start
+    manifest, splits = _commit(storage, dest, src, plan, results, quality, dataset_id, options)
+    log(
+        f"wrote {sum(s.examples for s in splits.values())} examples "
+        f"({sum(s.bytes for s in splits.values()) / 1e6:.1f} MB) from {total} files in {seconds:.1f} s "
+        f"({total / max(seconds, 1e-9):.0f} files/s) to {storage.url}"
+    )
+    return manifest
+
+
+def _staging(storage: Storage, dest: Destination) -> tuple[Path, Any]:
+    """Where shards are written before they are published, and the temporary folder to clean up
+    (``None`` for a local ``out``, whose staging folder is ``out`` itself); removes the leftovers
+    of an interrupted build there."""
     staging = storage.staging_dir()
     tmp_root = None
     if staging is None:
@@ -594,136 +644,178 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
     for name in dest.objects:  # leftovers of an interrupted build
         if PARTIAL_RE.match(name):
             storage.delete(name)
+    return staging, tmp_root
+
+
+def _jobs(src: SourceDataset, plan: dict, staging: Path, dataset_id: str, options: _Options) -> list[_ShardJob]:
+    """One job per shard, with a reader of its images when the source has random access."""
     token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    streamed = src.archive is not None and src.archive.streamed
-    jobs = [
-        _ShardJob(split, k, name, str(staging / f".{name}.partial-{token}"), images, verify,
-                  src.archive.reader(images) if src.archive is not None and not streamed else None, on_corrupt)
+    source = src.source
+    return [
+        _ShardJob(split, k, name, str(staging / partial_name(name, token)), images, options.verify,
+                  source.reader(images) if source.random_access else None, options.on_corrupt)
         for split, shards in plan.items()
         for k, images in enumerate(shards)
         for name in [shard_name(split, k, len(shards), dataset_id)]
     ]
-    total = sum(len(j.images) for j in jobs)
-    n_proc = min(processes or os.cpu_count() or 1, len(jobs))
-    log(
-        f"sharding {len(src.train)} train + {len(src.val)} val images of {len(src.classes)} classes "
-        f"into {len(plan['train'])} + {len(plan['val'])} shards with {n_proc} processes"
-    )
-    start = time.perf_counter()
-    results: dict[str, ShardInfo] = {}
-    problems: list[str] = []
-    quality: dict[str, Quality] = {}  # per shard name
-    job_of: dict[Any, str] = {}  # pending result -> shard name
-    ctx = mp.get_context("spawn")
-    counter = ctx.Value("q", 0)
-    # A remote --out gets each shard uploaded (verified) as soon as it is written, so the local staging
-    # folder holds only shards in flight; nothing is visible to readers before the manifest commit.
-    uploader = None
-    uploads: dict[str, Any] = {}
-    if tmp_root is not None:
-        import concurrent.futures
 
-        uploader = concurrent.futures.ThreadPoolExecutor(transfers, thread_name_prefix="upload")
 
-    def upload_one(path: str, info: ShardInfo) -> None:
+class _Uploader:
+    """Uploads each shard (verified) as soon as it is written, for a remote ``out``; deletes the local
+    file after its upload.
+
+    Attributes:
+        uploads: per shard name, its upload.
+    """
+
+    def __init__(self, storage: Storage, dest: Destination, transfers: int):
+        self._storage = storage
+        self._dest = dest
+        self._pool = concurrent.futures.ThreadPoolExecutor(transfers, thread_name_prefix="upload")
+        self.uploads: dict[str, concurrent.futures.Future] = {}
+
+    def _upload_one(self, path: str, info: ShardInfo) -> None:
         try:
-            publish(storage, [(path, info)], present=dest.objects, transfers=1)
+            publish(self._storage, [(path, info)], present=self._dest.objects, transfers=1)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
-    try:
-        with ctx.Pool(n_proc, initializer=_init_worker, initargs=(counter,)) as pool:
-            if not streamed:
-                pending = [pool.apply_async(_write_shard, (j,)) for j in jobs]
-                job_of.update((r, j.name) for r, j in zip(pending, jobs))
-            else:
-                log(f"reading the images from {src.archive.path} member {src.archive.tar_member} "
-                    "(pass 2 of 2 over the compressed stream)")
-            bar = None
-            if progress:
-                from tqdm import tqdm
+    def submit(self, path: str, info: ShardInfo) -> None:
+        """Start uploading the shard file ``path`` as ``info.name``."""
+        self.uploads[info.name] = self._pool.submit(self._upload_one, path, info)
 
-                bar = tqdm(total=total, unit="img", desc="shard", file=sys.stderr, dynamic_ncols=True)
-            try:
-                if streamed:
-                    index, problems, stream_quality = _stream_images(pool, src, jobs, verify, 2 * n_proc, counter, bar)
-                    quality.update((j.name, q) for j, q in zip(jobs, stream_quality))
-                    pending = [] if problems else [pool.apply_async(_assemble_shard, (j, index[i]))
-                                                   for i, j in enumerate(jobs)]
-                while pending:
-                    pending[0].wait(0.2)
-                    still = []
-                    for r in pending:
-                        if r.ready():
-                            try:
-                                info, bad, tally = r.get()
-                            except OSError as e:  # raised in a worker: the staging disk, mostly
-                                raise StorageError(
-                                    f"cannot write shards to {staging} ({e.strerror or e}"
-                                    f"{': ' + e.filename if getattr(e, 'filename', None) else ''}). Free space "
-                                    "there" + (", or point TMPDIR at a larger disk" if tmp_root is not None else
-                                               ", or choose another --out") + ", and run again"
-                                ) from None
-                            problems += bad
-                            if tally[0]:
-                                quality[job_of[r]] = tally
-                            if info is not None:
-                                results[info.name] = info
-                                if uploader is not None and not problems:
-                                    job = next(j for j in jobs if j.name == info.name)
-                                    uploads[info.name] = uploader.submit(upload_one, job.tmp_path, info)
-                        else:
-                            still.append(r)
-                    pending = still
-                    broken = next((f.exception() for f in uploads.values() if f.done() and f.exception()), None)
-                    if broken is not None:  # stop at the first failed upload (the client already retried)
-                        raise broken
-                    if bar is not None:
-                        bar.update(counter.value - bar.n)
-            finally:
+    def check(self) -> None:
+        """Raise the error of the first upload that failed (the client already retried it)."""
+        broken = next((f.exception() for f in self.uploads.values() if f.done() and f.exception()), None)
+        if broken is not None:
+            raise broken
+
+    def finish(self, problems: list[str]) -> None:
+        """Wait for every upload.
+
+        Raises:
+            StorageError: some failed (unless ``problems``, bad images, will be the error).
+        """
+        self._pool.shutdown(wait=True)
+        failed = [str(f.exception()) for f in self.uploads.values() if f.exception() is not None]
+        if failed and not problems:
+            raise StorageError(f"{len(failed)} shard(s) could not be uploaded to {self._storage.url}; nothing was "
+                               "committed:" + "".join(f"\n  {m}" for m in failed[:20]))
+
+    def abort(self) -> None:
+        """Cancel what has not started, and delete the shards uploaded but never committed."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        committed = self._dest.committed
+        keep = {s.name for split in committed.splits.values() for s in split.shards} if committed else set()
+        for name in self.uploads:
+            if name not in keep:
+                with contextlib.suppress(StorageError):
+                    self._storage.delete(name, best_effort=True)
+
+
+def _run_pool(jobs: list[_ShardJob], src: SourceDataset, n_proc: int, staging: Path, remote: bool,
+              uploader: _Uploader | None, options: _Options,
+              total: int) -> tuple[dict[str, ShardInfo], list[str], dict[str, Quality]]:
+    """Write every shard in a pool of ``n_proc`` processes: each job reads its own images, or
+    (a stream source) the main process streams them to the pool (:func:`_stream_images`) and the
+    pool then assembles each shard from its spill file.
+
+    Returns:
+        tuple: the written shards by name, the bad files, and per shard name its quality tally.
+    """
+    results: dict[str, ShardInfo] = {}
+    problems: list[str] = []
+    quality: dict[str, Quality] = {}
+    ctx = mp.get_context("spawn")
+    counter = ctx.Value("q", 0)
+    with ctx.Pool(n_proc, initializer=_init_worker, initargs=(counter,)) as pool:
+        streamed = not src.source.random_access
+        pending = [] if streamed else [pool.apply_async(_write_shard, (j,)) for j in jobs]
+        job_of = dict(zip(pending, jobs))
+        if streamed:
+            options.log(f"reading the images from {src.source.where_source()} (pass 2 of 2 over the compressed "
+                        "stream)")
+        bar = None
+        if options.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="img", desc="shard", file=sys.stderr, dynamic_ncols=True)
+        try:
+            if streamed:
+                index, problems, stream_quality = _stream_images(pool, src, jobs, options.verify, 2 * n_proc,
+                                                                 counter, bar)
+                quality.update((j.name, q) for j, q in zip(jobs, stream_quality))
+                pending = [] if problems else [pool.apply_async(_assemble_shard, (j, index[i]))
+                                               for i, j in enumerate(jobs)]
+                job_of.update(zip(pending, jobs))
+            while pending:
+                pending[0].wait(0.2)
+                pending = _collect(pending, job_of, results, problems, quality, uploader, staging, remote)
+                if uploader is not None:
+                    uploader.check()  # stop at the first failed upload
                 if bar is not None:
-                    bar.close()
-        if uploader is not None:
-            uploader.shutdown(wait=True)
-            failed = [str(f.exception()) for f in uploads.values() if f.exception() is not None]
-            if failed and not problems:
-                raise StorageError(f"{len(failed)} shard(s) could not be uploaded to {storage.url}; nothing was "
-                                   "committed:" + "".join(f"\n  {m}" for m in failed[:20]))
-        if problems:
-            raise ImageError(
-                f"{len(problems)} image file(s) are empty, truncated or do not decode; nothing was written "
-                f"to {storage.url}. Fix or remove them (or leave their classes out), or pass --on-corrupt skip "
-                "(on_corrupt=\"skip\") to leave them out, and run again:"
-                + "".join(f"\n  {p}" for p in sorted(problems)[:50])
-                + (f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else "")
-            )
-        if uploader is None:  # staged beside the objects: publish by renaming
-            for j in jobs:
-                storage.put_file(j.tmp_path, j.name, move=True)
-        else:
-            log(f"uploaded {len(uploads)} shard(s) to {storage.url}, each verified against its CRC32C "
-                f"({transfers} parallel transfer(s))")
-    except BaseException:
-        if uploader is not None:
-            uploader.shutdown(wait=True, cancel_futures=True)
-            keep = {s.name for split in dest.committed.splits.values() for s in split.shards} if dest.committed else set()
-            for name in uploads:  # uploaded but never committed: remove again
-                if name not in keep:
-                    with contextlib.suppress(StorageError):
-                        storage.delete(name, best_effort=True)
-        raise
-    finally:
-        for j in jobs:
-            for path in (j.tmp_path, _spill_path(j)):
-                if os.path.exists(path):
-                    os.unlink(path)
-        if tmp_root is not None:
-            tmp_root.cleanup()
-    seconds = time.perf_counter() - start
-    report = quality_report(src, plan, jobs, quality, dataset_id, verify, on_corrupt)
+                    bar.update(counter.value - bar.n)
+        finally:
+            if bar is not None:
+                bar.close()
+    return results, problems, quality
+
+
+def _collect(pending: list, job_of: dict, results: dict[str, ShardInfo], problems: list[str],
+             quality: dict[str, Quality], uploader: _Uploader | None, staging: Path, remote: bool) -> list:
+    """Take in the finished jobs of ``pending`` (their shards, bad files and tallies; a finished
+    shard goes to ``uploader`` while no image has failed); return the unfinished ones.
+
+    Raises:
+        StorageError: a worker could not write to the staging folder.
+    """
+    still = []
+    for r in pending:
+        if not r.ready():
+            still.append(r)
+            continue
+        try:
+            info, bad, tally = r.get()
+        except OSError as e:  # raised in a worker: the staging disk, mostly
+            raise StorageError(
+                f"cannot write shards to {staging} ({e.strerror or e}"
+                f"{': ' + e.filename if getattr(e, 'filename', None) else ''}). Free space "
+                "there" + (", or point TMPDIR at a larger disk" if remote else ", or choose another --out")
+                + ", and run again"
+            ) from None
+        problems += bad
+        if tally[0]:
+            quality[job_of[r].name] = tally
+        if info is not None:
+            results[info.name] = info
+            if uploader is not None and not problems:
+                uploader.submit(job_of[r].tmp_path, info)
+    return still
+
+
+def _image_error(problems: list[str], url: str) -> ImageError:
+    """The error of a build with unusable images (``on_corrupt="error"``), listing them."""
+    return ImageError(
+        f"{len(problems)} image file(s) are empty, truncated or do not decode; nothing was written "
+        f"to {url}. Fix or remove them (or leave their classes out), or pass --on-corrupt skip "
+        "(on_corrupt=\"skip\") to leave them out, and run again:"
+        + "".join(f"\n  {p}" for p in sorted(problems)[:MAX_LISTED])
+        + (f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else "")
+    )
+
+
+def _commit(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, results: dict[str, ShardInfo],
+            quality: dict[str, Quality], dataset_id: str, options: _Options) -> tuple[Manifest, dict[str, SplitInfo]]:
+    """Write the quality report, then commit the manifest (unless this dataset was committed
+    before), then remove the shards of a dataset it replaced.
+
+    Returns:
+        tuple: the committed manifest, and the splits this build wrote.
+    """
+    report = quality_report(src, plan, quality, dataset_id, options.verify, options.on_corrupt)
     for line in format_quality(report):
-        log(line)
+        options.log(line)
     splits = {
         split: SplitInfo(tuple(results[shard_name(split, k, len(shards), dataset_id)] for k in range(len(shards))))
         for split, shards in plan.items()
@@ -733,138 +825,16 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         classes=src.classes,
         splits=splits,
-        source={"kind": "kaggle-cls-loc-dir", "path": src.root} if src.archive is None else src.archive.describe(),
-        selection={**src.selection, "train_shards": len(plan["train"]), "val_shards": len(plan["val"]), "verify": verify,
-                   "on_corrupt": on_corrupt, "quality": _quality_totals(report)},
+        source=src.source.describe(),
+        selection={**src.selection, "train_shards": len(plan["train"]), "val_shards": len(plan["val"]),
+                   "verify": options.verify, "on_corrupt": options.on_corrupt, "quality": quality_totals(report)},
         feature_keys=FEATURE_KEYS,
     )
     # The report goes first: a manifest is never visible without the report of its build.
-    storage.write_bytes(QUALITY_REPORT_NAME, (json.dumps(report, indent=1) + "\n").encode("utf-8"))
+    write_quality_report(storage, report)
     if dest.committed is not None and dest.committed.splits == manifest.splits:
-        manifest = dest.committed  # this dataset was committed before; its lost shards are back now
-    else:
-        ours = manifest
-        manifest = commit_manifest(storage, manifest, dest.generation, log=log)
-        if manifest is ours:  # this run committed: the shards of what it replaced (--overwrite) go
-            remove_replaced(storage, manifest, dest.objects)
-    log(
-        f"wrote {sum(s.examples for s in splits.values())} examples "
-        f"({sum(s.bytes for s in splits.values()) / 1e6:.1f} MB) from {total} files in {seconds:.1f} s "
-        f"({total / max(seconds, 1e-9):.0f} files/s) to {storage.url}"
-    )
-    return manifest
-
-
-def quality_report(src: SourceDataset, plan: dict, jobs: list[_ShardJob], quality: dict[str, Quality],
-                   dataset_id: str, verify: str, on_corrupt: str) -> dict[str, Any]:
-    """The content of ``quality-report.json``.
-
-    Returns:
-        dict: ``dataset_id``, ``verify``, ``on_corrupt``; per split
-        (``splits``) the files found, examples written, files repaired and
-        skipped, and the count per category (:data:`spark_imagenet.dataset.quality.CATEGORIES`);
-        ``files``: every repaired or skipped file (``split``, ``file``
-        relative to the Kaggle root, ``category``, ``action``, ``reason``),
-        sorted by split and file.
-    """
-    splits: dict[str, dict[str, Any]] = {}
-    files: list[dict[str, str]] = []
-    for split, shards in plan.items():
-        found = sum(len(images) for images in shards)
-        counts = dict.fromkeys(CATEGORIES, 0)
-        repaired = skipped = 0
-        for job in jobs:
-            if job.split != split or job.name not in quality:
-                continue
-            tally, listed = quality[job.name]
-            for category, n in tally.items():
-                counts[category] += n
-            for k, category, reason, action in listed:
-                files.append({"split": split, "file": src.relpath(job.images[k]), "category": category,
-                              "action": action, "reason": reason})
-                repaired += action == "repaired"
-                skipped += action == "skipped"
-        splits[split] = {"files": found, "examples": found - skipped, "repaired": repaired, "skipped": skipped,
-                         "categories": counts}
-    files.sort(key=lambda f: (f["split"] != "train", f["file"]))
-    return {
-        "format": "spark-imagenet-quality-report",
-        "format_version": 1,
-        "dataset_id": dataset_id,
-        "verify": verify,
-        "on_corrupt": on_corrupt,
-        "splits": splits,
-        "files": files,
-    }
-
-
-def _quality_totals(report: dict[str, Any]) -> dict[str, Any]:
-    """What the manifest's ``selection["quality"]`` holds: per split the files
-    found, examples written, repaired and skipped (``files = examples + skipped``)."""
-    return {
-        "report": QUALITY_REPORT_NAME,
-        **{split: {key: s[key] for key in ("files", "examples", "repaired", "skipped")}
-           for split, s in report["splits"].items()},
-    }
-
-
-def format_quality(report: dict[str, Any]) -> list[str]:
-    """The short summary of a quality report the CLI prints: one line per
-    category that occurred (train and val counts), and the totals."""
-    lines = ["image quality (train / val):"]
-    splits = report["splits"]
-    for category in CATEGORIES:
-        counts = [splits[s]["categories"].get(category, 0) for s in ("train", "val") if s in splits]
-        if any(counts):
-            lines.append(f"  {category:<13} " + " / ".join(str(c) for c in counts))
-    total = {key: sum(s[key] for s in splits.values()) for key in ("files", "examples", "repaired", "skipped")}
-    lines.append(f"  {total['files']} files found = {total['examples']} examples written + {total['skipped']} "
-                 f"skipped; {total['repaired']} repaired (see {QUALITY_REPORT_NAME})")
-    return lines
-
-
-def format_summary(manifest: Manifest, url: str = "") -> str:
-    """A human-readable summary of a manifest (what ``spark-imagenet inspect`` prints).
-
-    Args:
-        manifest: the manifest.
-        url: the bucket URL to show in the first line.
-
-    Returns:
-        str: several lines: dataset id, classes (first few wnids), and per
-        split the shard count, examples, bytes and min/max examples per shard.
-    """
-    lines = [
-        f"dataset {url}".rstrip(),
-        f"  id        {manifest.dataset_id}",
-        f"  created   {manifest.created}",
-        f"  classes   {manifest.num_classes} (label base 0): "
-        + ", ".join(f"{c.id}={c.wnid}" for c in manifest.classes[:5])
-        + (" ..." if manifest.num_classes > 5 else ""),
-    ]
-    for name, split in manifest.splits.items():
-        counts = [s.examples for s in split.shards]
-        lines.append(
-            f"  {name:<9} {len(split.shards)} shards, {split.examples} examples, {split.bytes / 1e6:.1f} MB "
-            f"({min(counts)}-{max(counts)} examples per shard)"
-        )
-    total_ex = sum(s.examples for s in manifest.splits.values())
-    total_b = sum(s.bytes for s in manifest.splits.values())
-    lines.append(f"  total     {total_ex} examples, {total_b / 1e6:.1f} MB")
-    return "\n".join(lines)
-
-
-def inspect(url: str | os.PathLike) -> Manifest:
-    """Load the manifest of a sharded dataset.
-
-    Args:
-        url: bucket URL.
-
-    Returns:
-        Manifest: the parsed manifest.
-
-    Raises:
-        ManifestError: no manifest at ``url``, or an invalid one.
-        StorageError: the URL cannot be opened.
-    """
-    return Manifest.load(open_storage(url))
+        return dest.committed, splits  # this dataset was committed before; its lost shards are back now
+    committed = commit_manifest(storage, manifest, dest.generation, log=options.log)
+    if committed is manifest:  # this run committed: the shards of what it replaced (--overwrite) go
+        remove_replaced(storage, manifest, dest.objects)
+    return committed, splits

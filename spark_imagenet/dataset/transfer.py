@@ -2,9 +2,8 @@
 that two concurrent writers cannot interleave.
 
 A dataset at a bucket URL is its ``manifest.json`` plus the shard objects the
-manifest names. Shard names carry the first 8 hex digits of the dataset id
-(``train-00003-of-01024-3fa2c1d9.tfrecord``), so two different datasets
-never write the same object; the manifest is the single commit point:
+manifest names (:mod:`spark_imagenet.dataset.naming`); the manifest is the
+single commit point:
 
 1. :func:`check_destination`: what is there now (the same dataset: nothing
    to do; another one: refused unless ``overwrite``), and the manifest's
@@ -30,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -38,32 +36,12 @@ from typing import Callable, Sequence
 
 from spark_imagenet.errors import ConfigError, ManifestError, PreconditionFailed, StorageError
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from spark_imagenet.dataset.naming import PARTIAL_RE, QUALITY_REPORT_NAME, SHARD_NAME_RE
+from spark_imagenet.dataset.naming import shard_name  # noqa: F401  (its old place; tests/test_train_real.py imports it from here)
 from spark_imagenet.storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage, unretryable
 
-#: Object names of shards: ``<split>-<index>-of-<count>[-<dataset id[:8]>].tfrecord``
-#: (names without the id part come from builds before the id was added).
-SHARD_NAME_RE = re.compile(r"^(train|val)-\d{5}-of-\d{5}(-[0-9a-f]{8})?\.tfrecord$")
-#: Temporary names of shards being written in a local ``--out`` folder.
-PARTIAL_RE = re.compile(r"^\.(train|val)-\d{5}-of-\d{5}(-[0-9a-f]{8})?\.tfrecord\.partial-")
 #: Uploads per object before giving up (the first try plus one retry).
 ATTEMPTS = 2
-
-
-def shard_name(split: str, index: int, count: int, dataset_id: str = "") -> str:
-    """Object name of shard ``index`` of ``count``.
-
-    Args:
-        split: ``"train"`` or ``"val"``.
-        index: 0-based shard index.
-        count: shards in the split.
-        dataset_id: the dataset id (hex); its first 8 digits make the name
-            unique to the dataset. Empty: no id part.
-
-    Returns:
-        str: e.g. ``train-00003-of-01024-3fa2c1d9.tfrecord``.
-    """
-    tag = f"-{dataset_id[:8]}" if dataset_id else ""
-    return f"{split}-{index:05d}-of-{count:05d}{tag}.tfrecord"
 
 
 @dataclasses.dataclass
@@ -146,7 +124,7 @@ def check_destination(storage: Storage, dataset_id: str, overwrite: bool, option
         return Destination(None, generation, objects, replaced=existing.dataset_id)
     # quality-report.json: a build that failed between writing it and the manifest commit leaves it.
     foreign = [n for n in objects
-               if not SHARD_NAME_RE.match(n) and not PARTIAL_RE.match(n) and n != "quality-report.json"]
+               if not SHARD_NAME_RE.match(n) and not PARTIAL_RE.match(n) and n != QUALITY_REPORT_NAME]
     if foreign and not overwrite:
         raise ConfigError(
             f"{option} {storage.url} is not empty and holds no {MANIFEST_NAME} (e.g. {foreign[0]}); "
@@ -409,7 +387,7 @@ def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int
             transfers=transfers, stats=stats, log=log)
     start = time.monotonic()
     removed = 0
-    report = Path(src.root, "quality-report.json")  # the shard builder's report travels with its shards
+    report = Path(src.root, QUALITY_REPORT_NAME)  # the shard builder's report travels with its shards
     if report.is_file():
         data = report.read_bytes()
         if report.name not in dest_state.objects or dst.read_bytes(report.name) != data:

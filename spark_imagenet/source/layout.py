@@ -11,15 +11,15 @@ The Kaggle competition ``imagenet-object-localization-challenge`` unpacks to::
     ILSVRC/Data/CLS-LOC/val/ILSVRC2012_val_%08d.JPEG       (flat)
     ILSVRC/Data/CLS-LOC/test/ILSVRC2012_test_%08d.JPEG     (flat, unlabeled; not used)
 
-:func:`read_layout` checks the layout and lists the labelled images of the
-chosen classes. Inconsistencies are errors that list every offending file
-(up to a limit), never skipped silently.
+:func:`check_layout` checks a folder for these pieces and
+:func:`select_images` lists the labelled images of the chosen classes from
+any kind of source (:class:`SourceTree`). Inconsistencies are errors that
+list every offending file (up to a limit), never skipped silently.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import os
 import random
@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
 from spark_imagenet.errors import ConfigError, LayoutError
-from spark_imagenet.source.synset import SynsetClass, WNID_RE, read_class_list, read_synset_mapping, select_classes
+from spark_imagenet.source.base import ImageFile, ImageSource, SourceDataset
+from spark_imagenet.source.synset import SynsetClass, WNID_RE, read_class_list, select_classes
 
 MAPPING = "LOC_synset_mapping.txt"
 VAL_CSV = "LOC_val_solution.csv"
@@ -44,62 +45,6 @@ MAX_LISTED = 20
 EXTRACT_MARKER = ".spark-imagenet-extract-incomplete"
 
 
-@dataclasses.dataclass(frozen=True)
-class ImageFile:
-    """One labelled image of the source.
-
-    Attributes:
-        path: absolute path of the file; for a source read from a zip, the
-            member's name inside its archive (see :mod:`spark_imagenet.source.archive`).
-        label: 0-based class id in the chosen class list.
-        wnid: the class's WordNet id.
-        size: file size in bytes.
-    """
-
-    path: str
-    label: int
-    wnid: str
-    size: int
-
-    @property
-    def filename(self) -> str:
-        """The file's base name, e.g. ``n01440764_18.JPEG``."""
-        return os.path.basename(self.path)
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceDataset:
-    """The labelled images chosen from a Kaggle-layout source.
-
-    Attributes:
-        root: the source directory (for a zip source: the zip file).
-        classes: the chosen classes, ids 0..K-1.
-        train: train images (grouped by class, sorted by file name).
-        val: validation images of the chosen classes (sorted by file name).
-        selection: the selection that was applied, for the manifest.
-        archive: ``None`` for a directory; for a zip, the
-            :class:`spark_imagenet.source.archive.ZipSource` the images are read from.
-    """
-
-    root: str
-    classes: tuple[SynsetClass, ...]
-    train: tuple[ImageFile, ...]
-    val: tuple[ImageFile, ...]
-    selection: dict
-    archive: Any = None
-
-    def relpath(self, image: ImageFile) -> str:
-        """The image's path relative to the Kaggle root, ``/``-separated
-        (``ILSVRC/Data/CLS-LOC/train/<wnid>/<file>``), whichever the source."""
-        if self.archive is None:
-            return os.path.relpath(image.path, self.root)
-        return self.archive.relpath(image.path)
-
-    def where(self, image: ImageFile) -> str:
-        """How messages name the image's file: its path, or the zip and member."""
-        return image.path if self.archive is None else self.archive.where_member(image.path)
-
-
 def _listing(problems: Sequence[str]) -> str:
     shown = "\n  ".join(problems[:MAX_LISTED])
     more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
@@ -113,14 +58,15 @@ def check_layout(root: str | os.PathLike) -> Path:
         root: the source directory.
 
     Returns:
-        Path: ``root`` as an absolute path.
+        Path: ``root`` as a resolved absolute path (symbolic links and
+        ``..`` resolved), the path the manifest records.
 
     Raises:
         LayoutError: listing every missing piece (mapping file, val CSV,
             train and val folders); or ``root`` holds
             :data:`EXTRACT_MARKER` (an interrupted ``spark-imagenet extract``).
     """
-    root = Path(root).expanduser().absolute()
+    root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise LayoutError(f"{root} is not a directory (expected ImageNet in the Kaggle CLS-LOC layout)")
     marker = root / EXTRACT_MARKER
@@ -215,7 +161,8 @@ def parse_val_solution(lines: Iterable[str], where: str, known_wnids: set[str]) 
 
 class SourceTree(Protocol):
     """What :func:`select_images` needs from a Kaggle-layout source: a
-    directory (:class:`_DirTree`) or a zip (:mod:`spark_imagenet.source.archive`).
+    folder (:mod:`spark_imagenet.source.folder`) or a zip (:mod:`spark_imagenet.source.zip_archive`,
+    :mod:`spark_imagenet.source.tar_stream`).
 
     Relative names (``rel``) are ``/``-separated and relative to the Kaggle
     root, e.g. ``ILSVRC/Data/CLS-LOC/train/n01440764``; ``""`` is the root.
@@ -243,70 +190,6 @@ class SourceTree(Protocol):
         """The :class:`ImageFile` of an entry of :meth:`files`."""
 
 
-class _DirTree:
-    """A Kaggle tree on disk (the layout :func:`check_layout` checked)."""
-
-    def __init__(self, root: Path):
-        self.root = str(root)
-        self._root = root
-
-    def where(self, rel: str) -> str:
-        return str(self._root / rel)
-
-    def read_mapping(self) -> tuple[SynsetClass, ...]:
-        return read_synset_mapping(self._root / MAPPING)
-
-    def read_val_labels(self, known_wnids: set[str]) -> dict[str, str]:
-        return read_val_solution(self._root / VAL_CSV, known_wnids)
-
-    def folders(self, rel: str) -> set[str]:
-        with os.scandir(self._root / rel) as it:
-            return {e.name for e in it if e.is_dir() and not e.name.startswith(".")}
-
-    def files(self, rel: str) -> list[os.DirEntry]:
-        with os.scandir(self._root / rel) as it:
-            entries = [e for e in it if not e.name.startswith(".") and e.is_file()]
-        return sorted(entries, key=lambda e: e.name)
-
-    def image(self, entry: os.DirEntry, label: int, wnid: str) -> ImageFile:
-        return ImageFile(os.path.abspath(entry.path), label, wnid, entry.stat().st_size)
-
-
-def read_layout(
-    root: str | os.PathLike,
-    *,
-    num_classes: int | None = None,
-    class_list: str | os.PathLike | None = None,
-    per_class: int | None = None,
-    seed: int = 0,
-) -> SourceDataset:
-    """List the labelled train and val images of a Kaggle-layout source.
-
-    Args:
-        root: the source directory (see the module doc).
-        num_classes: keep the first K classes of the mapping (``--classes``).
-        class_list: file of wnids to keep (``--class-list``).
-        per_class: keep at most M train images per class (``--per-class``),
-            a sample drawn with ``random.Random(f"{seed}/{wnid}")`` from the
-            sorted file names, so the choice depends only on the seed.
-        seed: seed of the per-class sample.
-
-    Returns:
-        SourceDataset: the chosen classes and their images. Validation is
-        restricted to the chosen classes.
-
-    Raises:
-        LayoutError: missing pieces of the layout; a chosen class with no
-            folder or an empty folder; a train folder not in the mapping; a
-            val image without a CSV row or a CSV row without its image; a CSV
-            wnid not in the mapping. Every offending path is listed.
-        ConfigError: a bad ``--classes``/``--class-list``/``--per-class``.
-    """
-    root = check_layout(root)
-    return select_images(_DirTree(root), num_classes=num_classes, class_list=class_list, per_class=per_class,
-                         seed=seed)
-
-
 def select_images(
     tree: SourceTree,
     *,
@@ -314,10 +197,10 @@ def select_images(
     class_list: str | os.PathLike | None = None,
     per_class: int | None = None,
     seed: int = 0,
-    archive: Any = None,
+    source: ImageSource,
 ) -> SourceDataset:
-    """Check a Kaggle-layout source and choose its images (the part of
-    :func:`read_layout` that is the same for a directory and a zip).
+    """Check a Kaggle-layout source and choose its images (the same for every
+    kind of source: :meth:`spark_imagenet.source.base.ImageSource.list_images`).
 
     Args:
         tree: the source, whose pieces :func:`check_layout` (or its zip
@@ -326,13 +209,18 @@ def select_images(
         class_list: file of wnids to keep (``--class-list``).
         per_class: at most M train images per class (``--per-class``).
         seed: seed of the per-class sample.
-        archive: stored as :attr:`SourceDataset.archive`.
+        source: the source the images are read from (stored as
+            :attr:`SourceDataset.source`).
 
     Returns:
-        SourceDataset: as :func:`read_layout`.
+        SourceDataset: the chosen classes and their images. Validation is
+        restricted to the chosen classes.
 
     Raises:
-        LayoutError: as :func:`read_layout`, naming files with ``tree.where``.
+        LayoutError: a chosen class with no folder or an empty folder; a
+            train folder not in the mapping; a val image without a CSV row or
+            a CSV row without its image; a CSV wnid not in the mapping. Every
+            offending file is listed, named with ``tree.where``.
         ConfigError: a bad ``--classes``/``--class-list``/``--per-class``.
     """
     if per_class is not None and per_class < 1:
@@ -390,4 +278,4 @@ def select_images(
         "per_class": per_class,
         "seed": seed,
     }
-    return SourceDataset(tree.root, classes, tuple(train), tuple(val), selection, archive)
+    return SourceDataset(source, classes, tuple(train), tuple(val), selection)

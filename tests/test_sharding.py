@@ -14,7 +14,9 @@ from data_util import ILSVRC_MINI, requires_shared, small_layout
 from spark_imagenet.errors import ConfigError, ImageError, ManifestError
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
 from spark_imagenet.dataset.quality import classify
-from spark_imagenet.dataset.sharding import QUALITY_REPORT_NAME, format_summary, shard
+from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
+from spark_imagenet.dataset.report import format_summary
+from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.storage import LocalStorage, crc32c_file, open_storage
 from spark_imagenet.dataset.tfrecord import read_records
 

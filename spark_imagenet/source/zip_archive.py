@@ -1,0 +1,576 @@
+"""The downloaded Kaggle zip read in place, and its current form as an image source.
+
+The Kaggle competition ``imagenet-object-localization-challenge`` is one zip
+(about 155 GiB) in one of two forms (docs/design.md, 'The Kaggle archive'):
+
+``root`` (the current form, :class:`ZipSource`)
+    ``LOC_synset_mapping.txt``, ``LOC_val_solution.csv`` (and the other two
+    ``LOC_*`` files) and ``ILSVRC/`` at the top of the zip, or under one top
+    folder (the prefix is detected). Every image is a zip member, read on its
+    own (random access) by :class:`ZipMemberReader` at the location the
+    central directory gives, without :class:`zipfile.ZipFile`.
+``nested-tar`` (the older form, :class:`spark_imagenet.source.tar_stream.TarStreamSource`)
+    the ``LOC_*`` files plus ``imagenet_object_localization_patched2019.tar.gz``,
+    which holds ``ILSVRC/``, read as a stream.
+
+:func:`open_zip_source` opens either form. This module also holds what both
+forms and :mod:`spark_imagenet.source.extract` share: opening the zip with
+errors a user can act on (:func:`open_zip`), finding its form
+(:func:`inspect_zip`), the index of the tree inside (:class:`Index`,
+:class:`ArchiveTree`) and the refusal of link members.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import re
+import stat
+import struct
+import sys
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence
+
+from spark_imagenet.errors import ArchiveError
+from spark_imagenet.source.base import ImageFile, ImageReader, ImageSource, SourceDataset
+from spark_imagenet.source.kaggle import PARTIAL_SUFFIX
+from spark_imagenet.source.layout import DATA_REL, MAPPING, VAL_CSV, parse_val_solution, select_images
+from spark_imagenet.source.synset import SynsetClass, parse_synset_mapping
+from spark_imagenet.units import human_size
+
+#: The tar.gz member of the older form, holding ``ILSVRC/``.
+TAR_MEMBER = "imagenet_object_localization_patched2019.tar.gz"
+FORM_ROOT = "root"
+FORM_NESTED = "nested-tar"
+#: The manifest's ``source.kind`` of a zip (either form).
+KIND = "kaggle-cls-loc-zip"
+#: How many offending members an error lists before "... and N more".
+MAX_LISTED = 20
+#: Names under ``ILSVRC/Data/CLS-LOC/{train,val}``; group 1 is what comes before ``ILSVRC/``.
+TREE_RE = re.compile(r"^(.*?)ILSVRC/Data/CLS-LOC/(train|val)(/|$)")
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # APPNOTE 4.3.7: local file header, 30 bytes
+
+
+def listing(items: list[str]) -> str:
+    """``items`` as indented lines for a message, at most :data:`MAX_LISTED`, then "... and N more"."""
+    shown = "".join(f"\n  {p}" for p in items[:MAX_LISTED])
+    return shown + (f"\n  ... and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")
+
+
+def progress_bar(progress: bool, total: int, desc: str):
+    """A tqdm bar of bytes on stderr, or None."""
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr,
+                dynamic_ncols=True)
+
+
+
+def is_zip_source(path: str | os.PathLike) -> bool:
+    """Whether ``shard`` should read ``path`` as a zip rather than a folder.
+
+    Args:
+        path: the ``SOURCE`` argument.
+
+    Returns:
+        bool: True for a file named ``*.zip`` (even a truncated one, so that it
+        gets the zip's error message), any file that is a zip archive, and a
+        ``*.zip`` path that does not exist (so that the message says so).
+    """
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p.suffix.lower() == ".zip" or zipfile.is_zipfile(p)
+    return p.suffix.lower() == ".zip" and not p.exists()
+
+
+def open_zip(path: str | os.PathLike) -> zipfile.ZipFile:
+    """Open a zip for reading, with errors a user can act on.
+
+    Args:
+        path: the zip file.
+
+    Returns:
+        zipfile.ZipFile: the open archive (its central directory read).
+
+    Raises:
+        ArchiveError: the file is missing, unreadable, or not a complete zip
+            (a truncated download has no end-of-central-directory record).
+    """
+    try:
+        return zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise ArchiveError(
+            f"{path} does not exist: give the downloaded Kaggle zip (spark-imagenet download --dest DIR fetches "
+            "it) or the folder it was extracted to"
+        ) from None
+    except zipfile.BadZipFile as e:
+        size = os.path.getsize(path)
+        marker = f"{path}{PARTIAL_SUFFIX}"
+        if os.path.exists(marker):
+            fix = (f"Its download is not finished ({marker} is there): run spark-imagenet download again with the "
+                   f"same --dest ({os.path.dirname(os.path.abspath(path))}); it resumes where it stopped.")
+        else:
+            fix = ("Delete it and run spark-imagenet download again (a rerun of download also finds a truncated "
+                   "zip by itself and downloads it again from the start).")
+        raise ArchiveError(
+            f"{path} is not a complete zip archive ({e}; {human_size(size)}, {size} bytes): the file is "
+            f"truncated or damaged. {fix}"
+        ) from None
+    except OSError as e:
+        raise ArchiveError(f"{path} cannot be read ({e.strerror or e})") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class KaggleZip:
+    """Which form a zip is in and where its Kaggle root is.
+
+    Attributes:
+        path: the zip file (absolute).
+        form: :data:`FORM_ROOT` or :data:`FORM_NESTED`.
+        prefix: the folder of the zip that holds the ``LOC_*`` files, ``""``
+            or ``"<top folder>/"``.
+        tar_member: for :data:`FORM_NESTED`, the tar.gz member's name.
+    """
+
+    path: str
+    form: str
+    prefix: str
+    tar_member: str | None = None
+
+
+def _prefix_of(name: str) -> str | None:
+    """The Kaggle-root prefix a member name implies (top level or one folder deep), or None."""
+    for marker in (MAPPING, VAL_CSV, TAR_MEMBER):
+        if name == marker:
+            return ""
+        head, sep, rest = name.partition("/")
+        if sep and rest == marker:
+            return head + "/"
+    if name.startswith("ILSVRC/"):
+        return ""
+    head, sep, rest = name.partition("/")
+    if sep and rest.startswith("ILSVRC/"):
+        return head + "/"
+    return None
+
+
+def inspect_zip(zf: zipfile.ZipFile, path: str) -> KaggleZip:
+    """Find the form and the prefix of a Kaggle zip.
+
+    Args:
+        zf: the open zip.
+        path: its path, for messages.
+
+    Returns:
+        KaggleZip: the form and prefix.
+
+    Raises:
+        ArchiveError: the zip is not a Kaggle ImageNet archive (the message
+            lists what is missing and a few names it does hold), or holds
+            several candidate trees.
+    """
+    names = zf.namelist()
+    name_set = set(names)
+    prefixes = {p for p in map(_prefix_of, names) if p is not None}
+    prefix = "" if "" in prefixes or not prefixes else min(prefixes)
+    if len(prefixes) > 1 and "" not in prefixes:
+        raise ArchiveError(
+            f"{path} holds several folders that look like the Kaggle ImageNet tree ({', '.join(sorted(prefixes))}); "
+            "make a zip of one of them, or extract it and pass its folder"
+        )
+    data = f"{prefix}{DATA_REL}/"
+    has = {"train": False, "val": False}
+    tars = []
+    for n in names:
+        if n.startswith(data):
+            part = n[len(data):].partition("/")[0]
+            if part in has:
+                has[part] = True
+        elif n.startswith(prefix) and "/" not in n[len(prefix):] and n.endswith((".tar.gz", ".tgz")):
+            tars.append(n)
+    missing = [prefix + f for f in (MAPPING, VAL_CSV) if prefix + f not in name_set]
+    if has["train"] or has["val"]:
+        form, tar = FORM_ROOT, None
+        missing += [f"{data}{k}/" for k, v in has.items() if not v]
+    elif prefix + TAR_MEMBER in name_set or len(tars) == 1:
+        form = FORM_NESTED
+        tar = prefix + TAR_MEMBER if prefix + TAR_MEMBER in name_set else tars[0]
+    else:
+        form, tar = FORM_ROOT, None
+        missing += [f"{data}train/", f"{data}val/", f"(or instead of both: {prefix}{TAR_MEMBER} holding ILSVRC/)"]
+    if missing:
+        sample = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "") if names else "nothing"
+        raise ArchiveError(
+            f"{path} is not the Kaggle imagenet-object-localization-challenge archive; missing:{listing(missing)}\n"
+            f"It holds {len(names)} member(s): {sample}\n"
+            f"Expected {MAPPING}, {VAL_CSV} and either ILSVRC/Data/CLS-LOC/train/ and val/ or {TAR_MEMBER} "
+            "(holding ILSVRC/), at the top of the zip or in one top folder."
+        )
+    return KaggleZip(os.path.abspath(path), form, prefix, tar)
+
+
+
+class Entry(NamedTuple):
+    """A file of the index: its base name, full member name and size in bytes."""
+
+    name: str
+    member: str
+    size: int
+
+
+class Index:
+    """Folders and files under ``ILSVRC/Data/CLS-LOC/{train,val}`` of an
+    archive, by name relative to the Kaggle root."""
+
+    def __init__(self) -> None:
+        self.subfolders: dict[str, set[str]] = {}
+        self.files: dict[str, list[Entry]] = {}
+        self.duplicates: list[str] = []
+        self._seen: set[str] = set()
+
+    def _folder(self, rel: str) -> None:
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            self.subfolders.setdefault("/".join(parts[:i]), set()).add(parts[i])
+
+    def add_dir(self, rel: str) -> None:
+        self._folder(rel.rstrip("/"))
+
+    def add_file(self, rel: str, member: str, size: int) -> None:
+        folder, _, name = rel.rpartition("/")
+        self._folder(folder)
+        if rel in self._seen:
+            self.duplicates.append(member)
+            return
+        self._seen.add(rel)
+        self.files.setdefault(folder, []).append(Entry(name, member, size))
+
+
+class ArchiveTree:
+    """:class:`spark_imagenet.source.layout.SourceTree` over a zip (and its nested tar).
+
+    Args:
+        path: the zip file.
+        prefix: the zip folder holding the Kaggle root (``""`` or ``"top/"``).
+        zf: the open zip (the ``LOC_*`` files are read from it).
+        index: the image tree, by name relative to the Kaggle root.
+        where_tree: how messages name a name under ``ILSVRC/`` (relative to
+            the Kaggle root).
+    """
+
+    def __init__(self, path: str, prefix: str, zf: zipfile.ZipFile, index: Index, where_tree: Callable[[str], str]):
+        self.root = path
+        self._prefix = prefix
+        self._zf = zf
+        self._index = index
+        self._where_tree = where_tree
+
+    def where(self, rel: str) -> str:
+        if not rel:
+            return self.root
+        if rel.startswith("ILSVRC"):
+            return self._where_tree(rel)
+        return f"{self.root} member {self._prefix}{rel}"
+
+    def _open_text(self, rel: str) -> io.TextIOWrapper:
+        return io.TextIOWrapper(self._zf.open(self._prefix + rel), encoding="utf-8", newline="")
+
+    def _damaged(self, rel: str, e: BaseException) -> ArchiveError:
+        return ArchiveError(f"{self.where(rel)} cannot be read ({e}); the zip is damaged: download it again")
+
+    def read_mapping(self) -> tuple[SynsetClass, ...]:
+        try:
+            with self._open_text(MAPPING) as f:
+                text = f.read()
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+            raise self._damaged(MAPPING, e) from None
+        return parse_synset_mapping(text, self.where(MAPPING))
+
+    def read_val_labels(self, known_wnids: set[str]) -> dict[str, str]:
+        try:
+            with self._open_text(VAL_CSV) as f:
+                return parse_val_solution(f, self.where(VAL_CSV), known_wnids)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+            raise self._damaged(VAL_CSV, e) from None
+
+    def folders(self, rel: str) -> set[str]:
+        return {f for f in self._index.subfolders.get(rel, ()) if not f.startswith(".")}
+
+    def files(self, rel: str) -> list[Entry]:
+        return sorted((e for e in self._index.files.get(rel, ()) if not e.name.startswith(".")), key=lambda e: e.name)
+
+    def image(self, entry: Entry, label: int, wnid: str) -> ImageFile:
+        return ImageFile(entry.member, label, wnid, entry.size)
+
+
+def is_zip_symlink(info: zipfile.ZipInfo) -> bool:
+    """Whether a zip member is a symbolic link (Unix mode in the high 16 bits of its external attributes)."""
+    return stat.S_ISLNK(info.external_attr >> 16)
+
+
+def zip_link_target(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> str:
+    """A zip symlink's target (the member's data), for messages."""
+    if info.file_size > 4096:
+        return f"<{info.file_size} bytes>"
+    try:
+        return zf.read(info).decode("utf-8", "replace")
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError) as e:
+        return f"<unreadable: {e}>"
+
+
+def link_text(kind: str, target: str) -> str:
+    """How a refusal names a link member: its kind, its target and what is wrong with the target."""
+    t = target.replace("\\", "/")
+    if t.startswith("/") or re.match(r"^[A-Za-z]:", t):
+        return f"a {kind} link to {target}: the link target is an absolute path"
+    if ".." in t.split("/"):
+        return f"a {kind} link to {target}: the link target has a '..' component"
+    return f"a {kind} link to {target}"
+
+
+def links_refused(where: str, links: list[str]) -> ArchiveError:
+    """The error for the link members ``links`` of ``where``."""
+    return ArchiveError(
+        f"{where} holds {len(links)} link member(s) (symbolic or hard links); the Kaggle archive has none, so "
+        f"this is not a genuine Kaggle download and is refused:{listing(links)}\n"
+        "Download the archive again from Kaggle (spark-imagenet download)."
+    )
+
+
+def refuse_zip_links(zf: zipfile.ZipFile, path: str) -> None:
+    """ArchiveError listing every symbolic link member of the zip (the Kaggle archive has none)."""
+    links = [f"{info.orig_filename}: {link_text('symbolic', zip_link_target(zf, info))}"
+             for info in zf.infolist() if is_zip_symlink(info)]
+    if links:
+        raise links_refused(path, links)
+
+
+def refuse_duplicates(index: Index, path: str) -> None:
+    """ArchiveError listing the image members the archive holds twice."""
+    if index.duplicates:
+        raise ArchiveError(
+            f"{path} holds {len(index.duplicates)} image member(s) twice (which copy is meant?):"
+            f"{listing(index.duplicates)}\nDownload the archive again."
+        )
+
+
+_FD_CACHE: dict[str, int] = {}
+_ZIP_CACHE: dict[str, zipfile.ZipFile] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class ZipMemberReader(ImageReader):
+    """Reads members of a zip by their location (in a shard worker process).
+
+    Attributes:
+        zip_path: the zip file.
+        members: member name to ``(header_offset, compress_size, file_size,
+            compress_type, CRC-32, flag_bits, original name)`` as the central
+            directory gives them (:attr:`ZipSource.locations`).
+    """
+
+    zip_path: str
+    members: dict[str, tuple]
+
+    def where(self, image: ImageFile) -> str:
+        """How messages name a member: ``<zip> member <name>``."""
+        return f"{self.zip_path} member {image.path}"
+
+    def read(self, image: ImageFile) -> bytes:
+        """The bytes of the member ``image.path``, CRC-32 checked.
+
+        Each process opens the zip once (a file descriptor, read with
+        ``os.pread``); stored and deflated members are read directly from
+        their local header, other compression methods through
+        :class:`zipfile.ZipFile`.
+
+        Args:
+            image: an image whose member is in :attr:`members`.
+
+        Returns:
+            bytes: the member's uncompressed bytes.
+
+        Raises:
+            ArchiveError: the local header is missing or names another member,
+                the member is encrypted, truncated, or fails its CRC-32 check.
+            OSError: the zip cannot be opened or read.
+        """
+        name = image.path
+        offset, csize, size, method, crc, flags, orig = self.members[name]
+        if flags & 0x1:
+            raise ArchiveError("the member is encrypted; the Kaggle archive never is: download it again")
+        if method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            zf = _ZIP_CACHE.get(self.zip_path)
+            if zf is None:
+                zf = _ZIP_CACHE[self.zip_path] = zipfile.ZipFile(self.zip_path)
+            try:
+                return zf.read(name)
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as e:
+                raise ArchiveError(f"{e}; download the archive again") from None
+        fd = _FD_CACHE.get(self.zip_path)
+        if fd is None:
+            fd = _FD_CACHE[self.zip_path] = os.open(self.zip_path, os.O_RDONLY)
+        header = os.pread(fd, _LOCAL_HEADER.size, offset)
+        if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+            raise ArchiveError(f"no local file header at byte {offset}: the zip is damaged; download it again")
+        fields = _LOCAL_HEADER.unpack(header)
+        name_len, extra_len = fields[-2], fields[-1]
+        raw_name = os.pread(fd, name_len, offset + _LOCAL_HEADER.size)
+        local_name = raw_name.decode("utf-8" if fields[2] & 0x800 else "cp437", "replace")
+        if local_name != orig:
+            raise ArchiveError(f"the local header at byte {offset} names {local_name!r}: the zip is damaged")
+        start = offset + _LOCAL_HEADER.size + name_len + extra_len
+        raw = os.pread(fd, csize, start)
+        if len(raw) < csize:
+            raise ArchiveError(f"truncated member ({len(raw)} of {csize} bytes): download the archive again")
+        try:
+            data = raw if method == zipfile.ZIP_STORED else zlib.decompress(raw, -15)
+        except zlib.error as e:
+            raise ArchiveError(f"corrupt deflate data ({e}): download the archive again") from None
+        if len(data) != size or zlib.crc32(data) != crc:
+            raise ArchiveError("CRC-32 or size mismatch: the zip is damaged; download it again")
+        return data
+
+
+
+@dataclasses.dataclass(eq=False)
+class ZipSource(ImageSource):
+    """The Kaggle zip in its current form (``root``): every image a zip member.
+
+    Attributes:
+        path: the zip file (resolved, absolute).
+        prefix: the zip folder holding the Kaggle root (``""`` or ``"top/"``).
+        locations: per image member name, where its bytes are:
+            ``(header_offset, compress_size, file_size, compress_type,
+            CRC-32, flag_bits, original name)``; filled by :meth:`list_images`.
+    """
+
+    path: str
+    prefix: str = ""
+    locations: dict[str, tuple] = dataclasses.field(default_factory=dict, repr=False)
+    _zf: zipfile.ZipFile | None = dataclasses.field(default=None, repr=False)
+    random_access = True
+
+    def _take_zip(self) -> zipfile.ZipFile:
+        """The zip :func:`open_zip_source` opened (once), else a new one."""
+        zf, self._zf = self._zf, None
+        return zf if zf is not None else open_zip(self.path)
+
+    def list_images(self, *, num_classes: int | None = None, class_list: str | os.PathLike | None = None,
+                    per_class: int | None = None, seed: int = 0, progress: bool = False,
+                    log: Callable[[str], None] | None = None) -> SourceDataset:
+        """See :meth:`ImageSource.list_images`; reads the central directory only.
+
+        Raises:
+            ArchiveError: also an image member given twice, or any link member.
+        """
+        with self._take_zip() as zf:
+            refuse_zip_links(zf, self.path)
+            index = Index()
+            for info in zf.infolist():
+                n = info.filename
+                if not n.startswith(self.prefix):
+                    continue
+                rel = n[len(self.prefix):]
+                if not rel.startswith(DATA_REL + "/") or TREE_RE.match(rel) is None:
+                    continue
+                if info.is_dir():
+                    index.add_dir(rel)
+                else:
+                    index.add_file(rel, n, info.file_size)
+                    self.locations[n] = (info.header_offset, info.compress_size, info.file_size,
+                                         info.compress_type, info.CRC, info.flag_bits, info.orig_filename)
+            refuse_duplicates(index, self.path)
+            tree = ArchiveTree(self.path, self.prefix, zf, index, lambda rel: f"{self.path} member {self.prefix}{rel}")
+            return select_images(tree, num_classes=num_classes, class_list=class_list, per_class=per_class,
+                                 seed=seed, source=self)
+
+    def relpath(self, image: ImageFile) -> str:
+        return image.path[len(self.prefix):]
+
+    def where(self, image: ImageFile) -> str:
+        """``<zip> member <name>``."""
+        return f"{self.path} member {image.path}"
+
+    def describe(self) -> dict[str, Any]:
+        """``{"kind": "kaggle-cls-loc-zip", "path": <zip>, "form": "root"}``, plus
+        ``"prefix"`` (the top folder, when there is one)."""
+        out: dict[str, Any] = {"kind": KIND, "path": self.path, "form": FORM_ROOT}
+        if self.prefix:
+            out["prefix"] = self.prefix
+        return out
+
+    def reader(self, images: Sequence[ImageFile]) -> ZipMemberReader:
+        """A picklable reader holding only these images' member locations."""
+        return ZipMemberReader(self.path, {img.path: self.locations[img.path] for img in images})
+
+
+def open_zip_source(path: str | os.PathLike) -> ImageSource:
+    """Open the Kaggle zip in whichever form it is.
+
+    Args:
+        path: the downloaded ``imagenet-object-localization-challenge.zip``.
+
+    Returns:
+        ImageSource: a :class:`ZipSource` (current form) or a
+        :class:`spark_imagenet.source.tar_stream.TarStreamSource` (older form),
+        its ``path`` resolved.
+
+    Raises:
+        ArchiveError: the zip is missing, truncated, damaged, or not a Kaggle
+            archive (what is missing is listed).
+    """
+    path = os.path.realpath(Path(path).expanduser())
+    zf = open_zip(path)
+    try:
+        kz = inspect_zip(zf, path)
+    except BaseException:
+        zf.close()
+        raise
+    if kz.form == FORM_NESTED:
+        from spark_imagenet.source.tar_stream import TarStreamSource
+
+        return TarStreamSource(path, kz.prefix, kz.tar_member, _zf=zf)
+    return ZipSource(path, kz.prefix, _zf=zf)
+
+
+def read_zip_layout(
+    path: str | os.PathLike,
+    *,
+    num_classes: int | None = None,
+    class_list: str | os.PathLike | None = None,
+    per_class: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> SourceDataset:
+    """List the labelled images of the Kaggle zip, in either form, without unpacking it.
+
+    The same checks, selection and order as
+    :func:`spark_imagenet.source.folder.read_layout` on the unpacked folder;
+    for the nested form this is pass 1 of 2 over its tar.gz.
+
+    Args:
+        path: the downloaded ``imagenet-object-localization-challenge.zip``.
+        num_classes, class_list, per_class, seed, progress, log: see
+            :meth:`spark_imagenet.source.base.ImageSource.list_images`.
+
+    Returns:
+        SourceDataset: the chosen images; ``root`` is the zip, each
+        :attr:`ImageFile.path` a member name (of the zip, or of the nested tar).
+
+    Raises:
+        ArchiveError: the zip is truncated, damaged, not a Kaggle archive
+            (what is missing is listed), holds an image member twice, or holds
+            any symbolic or hard link (the Kaggle archive has none; all listed).
+        LayoutError: the tree inside is inconsistent (each problem names the
+            zip and the member).
+        ConfigError: a bad ``--classes``/``--class-list``/``--per-class``.
+    """
+    return open_zip_source(path).list_images(num_classes=num_classes, class_list=class_list, per_class=per_class,
+                                             seed=seed, progress=progress, log=log)
