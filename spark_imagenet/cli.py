@@ -105,9 +105,9 @@ def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
             g.add_argument(rule.option, type=_conf_pair, action="append", default=None, metavar="KEY=VALUE",
                            help=text + ", repeatable")
             continue
-        if default not in (None, dataclasses.MISSING):
+        if default is not None:
             text += f" (default: {default})"
-        elif default is dataclasses.MISSING:
+        elif not rule.optional:
             text += " (required, here or in the job file)"
         g.add_argument(rule.option, type=_option_type(rule), default=None, dest=f.name, help=text)
 
@@ -364,12 +364,21 @@ def run(argv: Sequence[str] | None = None) -> int:
     raise ConfigError(f"unknown command {args.command!r}")  # argparse prevents this
 
 
+def _debug_traceback() -> None:
+    """With ``SPARK_IMAGENET_DEBUG`` set (non-empty, not 0), print the traceback of the error being handled."""
+    if os.environ.get("SPARK_IMAGENET_DEBUG", "") not in ("", "0"):
+        import traceback
+
+        traceback.print_exc()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point: run and turn errors into messages.
 
     Returns:
         int: 0 on success, 2 for a :class:`SparkImagenetError` (printed as
-        ``spark-imagenet: error: ...``), 1 for a failure inside Spark itself
+        ``spark-imagenet: error: ...``, after its traceback when the
+        environment sets ``SPARK_IMAGENET_DEBUG=1``), 1 for a failure inside Spark itself
         (Py4J/PySpark error, printed as one message), 130 on Ctrl-C, 141
         (128 + SIGPIPE, like a program the signal ended) without a message
         when the reader of stdout went away (``spark-imagenet inspect URL | head -1``).
@@ -387,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     except SparkImagenetError as e:
+        _debug_traceback()
         print(f"spark-imagenet: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -395,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if not type(e).__module__.startswith(("py4j", "pyspark")):
             raise
+        _debug_traceback()
         # Spark itself failed (e.g. its context was stopped because the master is
         # unreachable): one message instead of a Py4J stack.
         print(

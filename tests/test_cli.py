@@ -13,9 +13,13 @@ from data_util import small_layout
 from spark_imagenet.dataset.sharding import shard
 
 
-def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "spark_imagenet", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=None if env is None else {**os.environ, **env})
+
+
+#: What Spark prints while it starts (a mistake that needs no cluster must be reported before this).
+SPARK_START_UP = ("Setting default log level", "NativeCodeLoader", "SparkContext", "Using Spark's default log4j")
 
 
 def assert_clean_error(p: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -98,6 +102,55 @@ def test_more_workers_than_slots_via_cli(tree, tmp_path):
     assert cli("shard", str(tree), "--out", str(out), "--train-shards", "4", "--no-progress").returncode == 0
     p = cli("train", str(out), "--workers", "3", "--master", "local[2]", "--image-size", "72", "--width", "0.25")
     assert_clean_error(p, "--workers 3 needs 3 barrier task slots", "only 2")
+
+
+def test_print_config_round_trips_through_config(tmp_path):
+    first = cli("train", str(tmp_path / "data"), "--workers", "2", "--epochs", "3", "--conf", "spark.a=1",
+                "--print-config")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith(f'url = "{tmp_path / "data"}"\nworkers = 2\n') and "epochs = 3" in first.stdout
+    job = tmp_path / "a.toml"
+    job.write_text(first.stdout)
+    again = cli("train", "--config", str(job), "--print-config")
+    assert again.returncode == 0 and again.stdout == first.stdout
+    # options override the file; --conf adds to its table
+    over = cli("train", "--config", str(job), "--epochs", "5", "--conf", "spark.b=2", "--print-config")
+    assert "epochs = 5" in over.stdout and '"spark.a" = "1"' in over.stdout and '"spark.b" = "2"' in over.stdout
+    assert "Setting default log level" not in first.stderr + again.stderr  # Spark never started
+
+
+def test_bad_job_file_and_settings_are_reported_before_spark_starts(tree, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("workers = 2\nbach_size = 8\n")
+    p = cli("train", str(tmp_path), "--config", str(job))
+    assert_clean_error(p, f"job file {job}", "'bach_size' (did you mean 'batch_size'?)", "known keys are: url, workers")
+    p = cli("train", str(tmp_path / "nothing"), "--workers", "2")
+    assert_clean_error(p, "manifest.json does not exist")
+    p = cli("train", str(tmp_path), "--workers", "2", "--image-size", "32")
+    assert_clean_error(p, "--image-size", "32 is too small for alexnet", "at least 67")
+    job.write_text('workers = "two"\n')
+    assert_clean_error(cli("train", str(tmp_path), "--config", str(job)), "workers (--workers) must be an integer",
+                       str(job))
+    assert_clean_error(cli("train", "--workers", "2"), "no dataset URL")
+    for out in (p,):
+        assert not any(s in out.stderr for s in SPARK_START_UP), out.stderr
+
+
+def test_debug_prints_the_traceback(tmp_path):
+    quiet = cli("inspect", str(tmp_path / "nothing"))
+    assert "Traceback" not in quiet.stderr
+    loud = cli("inspect", str(tmp_path / "nothing"), env={"SPARK_IMAGENET_DEBUG": "1"})
+    assert loud.returncode == 2 and "Traceback (most recent call last)" in loud.stderr
+    assert loud.stderr.rstrip().splitlines()[-1].startswith("spark-imagenet: error: ")
+
+
+def test_help_shows_each_commands_own_defaults():
+    demo = " ".join(cli("demo", "--help").stdout.split())
+    train = " ".join(cli("train", "--help").stdout.split())
+    assert "(default: 10)" in demo and "(default: 1)" in train  # --epochs
+    assert "demo 10" not in demo + train
+    assert "alexnet (>= 67 px)" in train and "--print-config" in train and "--config" in train
+    assert "required, here or in the job file" in train and "(default: 4)" in demo  # --workers
 
 
 @pytest.mark.slow

@@ -316,3 +316,58 @@ def test_unrecognised_bytes_have_a_stable_reason():
     """Random bytes get one plain reason (no memory address), the same on every run."""
     reasons = {classify(os.urandom(1000).replace(b"\xff\xd8", b"\x00\x00"), "x.JPEG").reason for _ in range(3)}
     assert reasons == {"not an image in any format Pillow recognises"}
+
+
+def test_header_mode_catches_truncation_by_end_marker():
+    raw = jpeg_bytes(content())
+    assert classify(raw, "a", "header").category == "ok"
+    cut = classify(raw[:-100], "a", "header")
+    assert cut.category == "corrupt" and "no end-of-image marker" in cut.reason
+    found = classify(raw, "a", "decode")
+    assert found.category == "ok" and found.height > 0 and found.width > 0
+
+
+def _with_thumbnail(data: bytes) -> bytes:
+    """``data`` with a JPEG (holding its own end-of-image marker) inside an APP1 segment after SOI."""
+    thumb = jpeg_bytes(content(16, 12))
+    body = b"Exif\x00\x00" + thumb  # not a valid EXIF block: Pillow ignores it; the marker walk must skip it
+    return data[:2] + b"\xff\xe1" + (len(body) + 2).to_bytes(2, "big") + body + data[2:]
+
+
+TRAILERS = {"newline": b"\n", "padding": b"\x00" * 512, "garbage": b"\x12\x34not an image",
+            "second jpeg": jpeg_bytes(content(32, 24))}
+
+
+@pytest.mark.parametrize("verify", ["header", "decode"])
+@pytest.mark.parametrize("trailer", sorted(TRAILERS))
+@pytest.mark.parametrize("variant", ["baseline", "progressive", "thumbnail"])
+def test_bytes_after_the_end_of_image_marker_are_accepted(verify, trailer, variant):
+    """TensorFlow and Pillow decode a JPEG followed by other bytes; so does the check, in both modes."""
+    raw = jpeg_bytes(content(), progressive=variant == "progressive")
+    if variant == "thumbnail":
+        raw = _with_thumbnail(raw)
+    assert classify(raw, "a", verify).category == "ok"
+    found = classify(raw + TRAILERS[trailer], "a", verify)
+    assert found.category == "ok", found.reason
+    # Cut inside the image, the same file is still caught (the thumbnail's marker is not the image's).
+    assert classify(raw[: len(raw) // 2] + TRAILERS[trailer], "a", "header").category == "corrupt"
+
+
+def test_a_real_jpeg_with_trailing_bytes_is_stored_as_read(tmp_path):
+    """Through shard, in both verify modes: nothing is dropped, and the bytes are stored as they are."""
+    import tensorflow as tf
+
+    tree = small_layout(tmp_path / "src", num_classes=2, train_per_class=4, val_per_class=1)
+    files = sorted(tree.joinpath(*DATA, "train").rglob("*.JPEG"))
+    for path, trailer in zip(files, TRAILERS.values()):
+        path.write_bytes(path.read_bytes() + trailer)
+    for verify in ("header", "decode"):
+        out = tmp_path / verify
+        m = shard(tree, out, train_shards=1, val_shards=1, processes=1, verify=verify, progress=False,
+                  log=lambda msg: None)
+        assert m.selection["quality"]["train"] == {"files": 8, "examples": 8, "repaired": 0, "skipped": 0}
+        stored = {r["image/filename"].decode(): r for r in all_records(out, m).values()}
+        for path in files[: len(TRAILERS)]:
+            encoded = stored[path.name]["image/encoded"]
+            assert encoded == path.read_bytes()
+            assert tf.io.decode_jpeg(encoded, channels=3).shape[:2] == (48, 64)

@@ -131,8 +131,8 @@ def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any], gpu_address
         local_workers: workers sharing this host.
 
     Returns:
-        dict: ``base`` plus TF_CONFIG (JSON), TF_USE_LEGACY_KERAS=1 (Keras 3
-        fails under MultiWorkerMirroredStrategy, FIELD-NOTES),
+        dict: ``base`` plus TF_CONFIG (JSON), TF_USE_LEGACY_KERAS=1 (docs/design.md,
+        'Keras 2 (tf-keras) under MultiWorkerMirroredStrategy'),
         TF_CPP_MIN_LOG_LEVEL=2 unless set, PYTHONUNBUFFERED=1,
         CUDA_VISIBLE_DEVICES from ``gpu_addresses`` (see
         :func:`cuda_visible_devices`); with no GPU resource and several

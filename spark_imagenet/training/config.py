@@ -183,7 +183,7 @@ class TrainConfig:
             names the key and its command-line option.
     """
 
-    workers: int = _setting(kind="int", minimum=1, option="--workers", help="barrier tasks = TensorFlow workers")
+    workers: int = _setting(None, kind="int", minimum=1, option="--workers", help="barrier tasks = TensorFlow workers")
     model: str = _setting("alexnet", kind="str", option="--model", help="model name")
     epochs: int = _setting(1, kind="int", minimum=1, option="--epochs", help="passes over the train set")
     batch_size: int = _setting(32, kind="int", minimum=1, option="--batch-size",

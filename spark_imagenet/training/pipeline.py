@@ -1,9 +1,10 @@
 """The tf.data input pipeline: TFRecord shards -> normalized image batches.
 
-Imported only inside the TensorFlow child process (:mod:`spark_imagenet.training.worker`)
-and by tests, never by the driver or the CLI at start-up: it imports
-TensorFlow at module level (after defaulting ``TF_USE_LEGACY_KERAS=1``, which
-must be set before TensorFlow is first imported, see FIELD-NOTES.md).
+Imported only inside the TensorFlow worker process (:mod:`spark_imagenet.training.worker`)
+and by tests, never by the driver or the CLI: it imports TensorFlow at module
+level (after defaulting ``TF_USE_LEGACY_KERAS=1``, which must be set before
+TensorFlow is first imported: docs/design.md, 'Keras 2 (tf-keras) under
+MultiWorkerMirroredStrategy').
 
 Records are the ``tf.train.Example`` s written by :mod:`spark_imagenet.dataset.sharding`;
 this module reads two of their features, ``image/encoded`` (JPEG bytes) and
@@ -20,29 +21,12 @@ Evaluation (:func:`eval_dataset`): the files in order, every n-th record when
 the records of the files are split among workers, central crop, then zero-weight
 padding up to exactly ``steps`` batches.
 
-Speed decisions (measured with ``benchmarks/pipeline.py`` on the 1000 real
-ImageNet JPEGs of ../shared/data/imagenet-sample, 2 shared cores, S=224,
-B=64; the benchmark compares against the same crop+decode+resize work on
-in-memory JPEGs, the "ceiling"):
-
-* Images stay ``uint8`` until after ``batch()``; the normalization is then
-  one fused XLA kernel over the whole batch (:func:`normalizer`): about 2 ms
-  per 64x224x224x3 batch on one core, against 7 ms for TensorFlow's separate
-  cast/multiply/add kernels with constants tiled to ``[S,S,3]`` and 50 ms
-  with the usual ``(x - mean[3]) / std[3]`` broadcast (TensorFlow's CPU
-  kernels broadcast a 3-vector over the channel axis slowly). Per image of
-  CPU time, the pipeline reached 0.94 to 0.99 of the ceiling with XLA, 0.90 to
-  0.93 with the tiled constants, about 0.67 with the plain broadcast.
-* The random crop is chosen from the JPEG header and only that window is
-  decoded (``tf.image.decode_and_crop_jpeg``). Parsing and decoding are one
-  map call. The decoder's default DCT method is kept: in TensorFlow 2.21 it
-  is libjpeg's integer fast IDCT (identical output to
-  ``dct_method="INTEGER_FAST"``; differs from Pillow's decode by up to 12
-  levels at sharp edges), as in the reference ResNet preprocessing.
-* tf.data's autotuner is switched off and the parallelism is fixed
-  (``parallel`` decode calls, ``deterministic=False``): with autotuning on,
-  runs on this machine often settled at about 60% of the decode ceiling
-  (FIELD-NOTES.md); with it off every run reached the fixed parallelism.
+Images stay ``uint8`` until after ``batch()`` and are normalised by one fused
+XLA kernel per batch (:func:`normalizer`); the random crop is chosen from the
+JPEG header and only that window is decoded (``decode_and_crop_jpeg``);
+tf.data's autotuner is off and the parallelism fixed (``parallel`` calls,
+``deterministic=False``). The measurements behind these choices:
+docs/design.md, 'Input pipeline speed'.
 
 Decode errors: TensorFlow's JPEG ops fail with a bare
 ``InvalidArgumentError`` ("Invalid JPEG data or crop window") that cannot name
@@ -148,7 +132,7 @@ def _check_common(files: Sequence[str], batch_size: int, image_size: int) -> lis
 def _options(deterministic: bool) -> tf.data.Options:
     """tf.data options shared by both pipelines: autotune off (fixed
     parallelism, see the module docstring), auto-sharding off (each worker
-    reads only the files it is given; FIELD-NOTES.md, tensorflow#35878)."""
+    reads only the files it is given: docs/design.md, 'Each worker reads only its own shards')."""
     options = tf.data.Options()
     options.deterministic = deterministic
     options.autotune.enabled = False

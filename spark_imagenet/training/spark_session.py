@@ -185,6 +185,19 @@ def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
     return spark
 
 
+def oversubscription_warning(workers: int, cores: int) -> str | None:
+    """What to say when the default ``local[workers]`` has more workers than the machine has cores.
+
+    Returns:
+        str | None: the warning, or None when ``workers <= cores``.
+    """
+    if workers <= cores:
+        return None
+    return (f"--workers {workers} without --master runs local[{workers}] on this machine's {cores} core(s): "
+            f"{workers} TensorFlow workers oversubscribe them (each gets about {cores / workers:.2g} of a core, "
+            f"so training is slower than with --workers {cores}). Give --master to use a cluster.")
+
+
 def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None = None,
                 app_name: str = "spark-imagenet"):
     """The SparkSession the command line trains with.
@@ -208,12 +221,9 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if master is None and not under_submit:
         master = f"local[{max(1, int(workers))}]"
-        cores = os.cpu_count() or 1
-        if workers > cores:
-            print(f"spark-imagenet: warning: --workers {workers} without --master runs {master} on this machine's "
-                  f"{cores} core(s): {workers} TensorFlow workers oversubscribe them (each gets about "
-                  f"{cores / workers:.2g} of a core; training is slower than with --workers {cores}). Give "
-                  "--master for a cluster.", file=sys.stderr, flush=True)
+        warning = oversubscription_warning(workers, os.cpu_count() or 1)
+        if warning:
+            print(f"spark-imagenet: warning: {warning}", file=sys.stderr, flush=True)
     if master is not None and is_local_master(master):
         return local_session(master, app_name, conf)
     if not under_submit:

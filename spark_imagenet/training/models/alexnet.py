@@ -40,26 +40,10 @@ Departures from the paper, all deliberate:
   their ILSVRC results, and common single-tower reimplementations (e.g.
   torchvision's, after Krizhevsky 2014) have none. It also costs time on
   CPUs for little gain.
-* **Initialisation.** The paper drew weights from N(0, 0.01) and set some
-  biases to 1. With N(0, 0.01) everywhere (zero biases) this model does not
-  learn at all in the measurement below (train top-1 stays at chance, 0.08 to
-  0.10, 2 seeds): the signal shrinks layer by layer. Here the five ReLU
-  convolutions use He normal initialisation, std = sqrt(2 / fan_in)
-  (K. He, X. Zhang, S. Ren, J. Sun, "Delving Deep into Rectifiers", ICCV 2015,
-  section 2.2), which keeps the activation variance constant through ReLU
-  layers. The three dense layers use Glorot uniform, variance
-  2 / (fan_in + fan_out) (X. Glorot, Y. Bengio, "Understanding the difficulty
-  of training deep feedforward neural networks", AISTATS 2010): He's
-  variance-preserving argument does not hold there, because max pooling and
-  inverted dropout (which doubles E[x^2] at rate 0.5 during training) make
-  their inputs larger than the convolutions' outputs. Measured on this
-  project's synthetic 10-class textures (width 0.25, 96 px, batch 16,
-  SGD lr 0.01 momentum 0.9, 5 epochs of 400 images): He normal in the
-  dense layers too started at a cross-entropy of 3.6 to 4.6 (ln 10 = 2.3)
-  and never learned (train top-1 0.08 to 0.10, 2 of 2 seeds); Glorot dense
-  layers started at 2.1 to 2.3 and reached train top-1 0.65 to 0.82 and
-  held-out top-1 0.41 to 0.80 (5 of 5 seeds). At full width the difference is small
-  (Glorot is 0.6x He's variance for fc6, 0.5x for fc7). Biases start at zero.
+* **Initialisation.** He normal (std = sqrt(2 / fan_in); He et al., ICCV
+  2015) for the five ReLU convolutions, Glorot uniform (Glorot and Bengio,
+  AISTATS 2010) for the three dense layers, zero biases; the paper's N(0, 0.01)
+  does not learn here. The measurements behind this: docs/design.md, 'AlexNet'.
 * **Weight decay** is expressed as an L2 kernel regulariser of 2.5e-4 on every
   conv/dense kernel: Keras adds 2.5e-4 * sum(w^2) to the loss, whose gradient
   is 5e-4 * w, the paper's update rule term. Biases are not decayed.
@@ -78,7 +62,7 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import tf_keras as keras  # noqa: E402  (Keras 2; Keras 3 fails under MWMS, see FIELD-NOTES)
+import tf_keras as keras  # noqa: E402  (docs/design.md, 'Keras 2 (tf-keras) under MultiWorkerMirroredStrategy')
 
 from spark_imagenet.errors import ConfigError  # noqa: E402
 from spark_imagenet.training.models.alexnet_layers import (  # noqa: E402

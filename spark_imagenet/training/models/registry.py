@@ -1,8 +1,8 @@
-"""Model registry and compilation for training in the TensorFlow child process.
+"""Model registry and compilation for training in the TensorFlow worker process.
 
-This package imports TensorFlow (through ``tf_keras``, i.e. Keras 2; Keras 3
-fails under MultiWorkerMirroredStrategy, see FIELD-NOTES), so only the replica
-child process and tests import it, never the driver or the CLI at start.
+This module imports TensorFlow (through ``tf_keras``, i.e. Keras 2:
+docs/design.md, 'Keras 2 (tf-keras) under MultiWorkerMirroredStrategy'), so
+only the TensorFlow worker process and tests import it, never the driver.
 
 Public API:
 

@@ -1,6 +1,6 @@
-"""Tests for spark_imagenet.training.worker: config checks, failure reporting, and real
-one-worker and two-worker MultiWorkerMirroredStrategy runs in child processes
-on tiny generated TFRecord shards."""
+"""The TensorFlow worker process (spark_imagenet.training.worker): failure reporting,
+and real one-worker and two-worker MultiWorkerMirroredStrategy runs in child
+processes on tiny generated TFRecord shards, each given a WorkerSpec."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from spark_imagenet.errors import ConfigError  # noqa: E402
-from spark_imagenet.training.worker import validate_config  # noqa: E402
+from spark_imagenet.training.config import TrainConfig, WorkerSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,8 +43,8 @@ def _jpeg(colour: tuple[int, int, int], rng: np.random.Generator, size: int) -> 
 
 
 def write_shard(path: Path, labels: list[int], seed: int, size: int = 80) -> Path:
-    """Write a TFRecord shard with one ``tf.train.Example`` per label, using
-    the feature keys of contracts.md (as written by shard.py)."""
+    """Write a TFRecord shard with one ``tf.train.Example`` per label, with the
+    feature keys the shard builder writes (spark_imagenet.dataset.tfrecord)."""
     rng = np.random.default_rng(seed)
 
     def b(value: bytes) -> tf.train.Feature:
@@ -85,8 +84,14 @@ def shards(tmp_path_factory) -> dict:
     return {"train": train, "val": val, "val_labels": val_labels}
 
 
+#: The settings of the job (TrainConfig); the other keys of base_config belong to the worker.
+JOB_KEYS = ("workers", "model", "epochs", "batch_size", "image_size", "width", "learning_rate", "seed")
+
+
 def base_config(shards: dict, **overrides) -> dict:
-    """A one-worker config: both train shards (64 images), the whole val shard."""
+    """A one-worker spec as WorkerSpec JSON: both train shards (64 images), the whole val shard.
+
+    ``overrides`` are flat: job settings and worker fields by name."""
     cfg = {
         "rank": 0,
         "workers": 1,
@@ -110,13 +115,16 @@ def base_config(shards: dict, **overrides) -> dict:
         "parallel": 1,
         "seed": 0,
         "threads": 1,
+        "val_examples_total": 18,
     }
     cfg.update(overrides)
-    return cfg
+    job = {k: cfg[k] if k == "workers" else cfg.pop(k) for k in JOB_KEYS}
+    return {"format": "spark-imagenet-worker-spec", "format_version": 1,
+            "config": {"format": "spark-imagenet-train-config", "format_version": 1, **job}, **cfg}
 
 
 def child_env(tf_config: dict | None = None) -> dict:
-    """Environment of a replica child: the repo importable, TF_CONFIG as given."""
+    """Environment of a worker process: the repo importable, TF_CONFIG as given."""
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
     if tf_config is not None:
@@ -127,7 +135,7 @@ def child_env(tf_config: dict | None = None) -> dict:
     return env
 
 
-def start_replica(tmp: Path, config: dict, name: str, tf_config: dict | None = None) -> tuple[subprocess.Popen, Path]:
+def start_worker(tmp: Path, config: dict, name: str, tf_config: dict | None = None) -> tuple[subprocess.Popen, Path]:
     """Start ``python -m spark_imagenet.training.worker`` on ``config``; return (process, result path)."""
     cfg_path = tmp / f"{name}-config.json"
     result_path = tmp / f"{name}-result.json"
@@ -155,7 +163,7 @@ def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
             p.kill()
         for p in procs:
             p.communicate()
-        pytest.fail(f"replica child processes did not finish within {CHILD_TIMEOUT_S} s")
+        pytest.fail(f"worker processes did not finish within {CHILD_TIMEOUT_S} s")
     return out
 
 
@@ -178,60 +186,36 @@ def assert_integral(fraction: float, n: int) -> None:
     assert fraction * n == pytest.approx(round(fraction * n), abs=1e-4), (fraction, n)
 
 
-# --------------------------------------------------------------------------- config checks (in-process, no strategy)
+# --------------------------------------------------------------------------- the spec it reads
 
 
-def test_validate_config_accepts_contract_example(shards):
-    cfg = validate_config(base_config(shards, val_record_shard=[4, 0]))
-    assert cfg["val_record_shard"] == (4, 0)
-    assert cfg["width"] == 0.25 and isinstance(cfg["learning_rate"], float)
-
-
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        ({"steps_per_epoch": None}, "steps_per_epoch"),
-        ({"rank": 2, "workers": 2}, "rank 2"),
-        ({"train_files": []}, "no train_files"),
-        ({"val_steps": 2}, "val_steps 2"),  # 2 * 8 < 18 val examples
-        ({"val_record_shard": [2, 2]}, "val_record_shard"),
-        ({"learning_rate": 0}, "learning_rate"),
-        ({"batch_size": True}, "batch_size"),
-    ],
-)
-def test_validate_config_rejects_bad_values(shards, change, message):
-    with pytest.raises(ConfigError, match=message):
-        validate_config(base_config(shards, **change))
-
-
-def test_validate_config_names_missing_keys(shards):
-    cfg = base_config(shards)
-    del cfg["val_steps"], cfg["threads"]
-    with pytest.raises(ConfigError, match="missing key.*val_steps, threads"):
-        validate_config(cfg)
+def test_base_config_is_a_valid_worker_spec(shards):
+    spec = WorkerSpec.from_json(base_config(shards, val_record_shard=[4, 0]))
+    assert spec.val_record_shard == (4, 0) and spec.config == TrainConfig(
+        workers=1, epochs=3, batch_size=8, image_size=72, width=0.25, learning_rate=0.005)
 
 
 # --------------------------------------------------------------------------- failures in a child process
 
 
 def test_child_reports_unknown_model_on_one_stderr_line(shards, tmp_path):
-    proc, result = start_replica(tmp_path, base_config(shards, model="vgg16"), "bad-model")
+    proc, result = start_worker(tmp_path, base_config(shards, model="vgg16"), "bad-model")
     [(rc, _stdout, stderr)] = finish([proc])
     assert rc == 1
     assert not result.exists()
-    lines = [ln for ln in stderr.splitlines() if ln.startswith("replica rank")]
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("worker rank")]
     assert len(lines) == 1, stderr
-    assert lines[0].startswith("replica rank 0 failed while reading the config: ConfigError: unknown model 'vgg16'")
-    assert "known models: alexnet" in lines[0]
+    assert lines[0].startswith("worker rank 0 failed while reading its spec: ConfigError: ")
+    assert "'vgg16' is not a known model" in lines[0] and "choose one of: alexnet" in lines[0]
 
 
 def test_child_reports_missing_shard_with_stage(shards, tmp_path):
     missing = str(tmp_path / "train-00009-of-00010.tfrecord")
-    proc, result = start_replica(tmp_path, base_config(shards, train_files=[missing]), "missing")
+    proc, result = start_worker(tmp_path, base_config(shards, train_files=[missing]), "missing")
     [(rc, _stdout, stderr)] = finish([proc])
     assert rc == 1
     assert not result.exists()
-    assert f"replica rank 0 failed while reading data: TrainingError: train shard {missing} does not exist" in stderr
+    assert f"worker rank 0 failed while reading data: TrainingError: train shard {missing} does not exist" in stderr
 
 
 def test_child_names_a_corrupt_shard(shards, tmp_path):
@@ -239,20 +223,20 @@ def test_child_names_a_corrupt_shard(shards, tmp_path):
     failure line names the shard file, not just TensorFlow's DataLossError."""
     corrupt = tmp_path / "train-00000-of-00001.tfrecord"
     corrupt.write_bytes(np.random.default_rng(5).bytes(4000))
-    proc, result = start_replica(tmp_path, base_config(shards, train_files=[str(corrupt)]), "corrupt")
+    proc, result = start_worker(tmp_path, base_config(shards, train_files=[str(corrupt)]), "corrupt")
     [(rc, _stdout, stderr)] = finish([proc])
     assert rc == 1
     assert not result.exists()
-    line = next(ln for ln in stderr.splitlines() if ln.startswith("replica rank"))
-    assert line.startswith("replica rank 0 failed while training (fit): ImageError: ")
+    line = next(ln for ln in stderr.splitlines() if ln.startswith("worker rank"))
+    assert line.startswith("worker rank 0 failed while training (fit): ImageError: ")
     assert str(corrupt) in line
 
 
 def test_child_reports_too_small_image_size(shards, tmp_path):
-    proc, _ = start_replica(tmp_path, base_config(shards, image_size=64), "small")
+    proc, _ = start_worker(tmp_path, base_config(shards, image_size=64), "small")
     [(rc, _stdout, stderr)] = finish([proc])
     assert rc == 1
-    assert "failed while building the model: ConfigError: --image-size 64 is too small" in stderr
+    assert "failed while reading its spec: ConfigError: image_size (--image-size) 64 is too small" in stderr
     assert "at least 67" in stderr
 
 
@@ -262,7 +246,7 @@ def test_child_reports_too_small_image_size(shards, tmp_path):
 @pytest.mark.slow
 def test_one_worker_run_learns_and_reports(shards, tmp_path):
     cfg = base_config(shards)
-    proc, result_path = start_replica(tmp_path, cfg, "one")
+    proc, result_path = start_worker(tmp_path, cfg, "one")
     [(rc, stdout, stderr)] = finish([proc])
     assert rc == 0, stderr
     result = json.loads(result_path.read_text())
@@ -307,7 +291,7 @@ def test_two_worker_mwms_run_agrees_on_global_metrics(shards, tmp_path):
             val_steps=2,  # ceil(9 / 8)
             epochs=2,
         )
-        proc, result = start_replica(
+        proc, result = start_worker(
             tmp_path, cfg, f"w{rank}", tf_config={"cluster": cluster, "task": {"type": "worker", "index": rank}}
         )
         procs.append(proc)
@@ -340,7 +324,7 @@ def test_two_workers_disagreeing_on_steps_fail_instead_of_hanging(shards, tmp_pa
             shards, rank=rank, workers=2, train_files=[shards["train"][rank]], train_examples=32,
             val_record_shard=[2, rank], val_examples=9, val_steps=2, steps_per_epoch=4 + rank,
         )
-        procs.append(start_replica(tmp_path, cfg, f"bad{rank}",
+        procs.append(start_worker(tmp_path, cfg, f"bad{rank}",
                                    tf_config={"cluster": cluster, "task": {"type": "worker", "index": rank}})[0])
     for rc, _stdout, stderr in finish(procs):
         assert rc == 1
@@ -356,7 +340,7 @@ def test_lone_worker_gives_up_after_startup_timeout(shards, tmp_path):
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     cfg = base_config(shards, workers=2, val_record_shard=[2, 0], val_examples=9, val_steps=2, startup_timeout_s=5)
     tf_config = {"cluster": cluster, "task": {"type": "worker", "index": 0}}
-    proc, result = start_replica(tmp_path, cfg, "alone", tf_config=tf_config)
+    proc, result = start_worker(tmp_path, cfg, "alone", tf_config=tf_config)
     [(rc, stdout, stderr)] = finish([proc])
     assert rc == 1
     assert not result.exists()

@@ -1,0 +1,176 @@
+"""The task side (spark_imagenet.training.barrier_task): the TensorFlow worker process's
+environment (TF_CONFIG, GPUs), its output, its death with the task, and the WorkerSpec
+each rank is given."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from spark_imagenet.training.barrier_task import child_env, cuda_visible_devices, run_child
+from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.rendezvous import build_tf_config
+
+
+# ---------------------------------------------------- child environment
+def test_cuda_visible_devices_mapping():
+    assert cuda_visible_devices(["0", "2"], None) == "0,2"
+    assert cuda_visible_devices(["1"], "") == "1"
+    assert cuda_visible_devices(["0", "1"], "3,5,7") == "3,5"  # indices relative to the executor's list
+    assert cuda_visible_devices(["2"], "GPU-aaa,GPU-bbb,GPU-ccc") == "GPU-ccc"
+    with pytest.raises(ConfigError, match="has only 2"):
+        cuda_visible_devices(["2"], "4,5")
+    with pytest.raises(ConfigError, match="not a plain device index"):
+        cuda_visible_devices(["01"], None)
+    with pytest.raises(ConfigError, match="not a plain device index"):
+        cuda_visible_devices(["gpu0"], None)
+
+
+def test_child_env():
+    tf_config = build_tf_config(["h:1", "h:2"], 1)
+    base = {"PATH": "/bin", "PYTHONPATH": "/x", "CUDA_VISIBLE_DEVICES": "4,6"}
+    env = child_env(base, tf_config, ["1"], local_workers=2)
+    assert json.loads(env["TF_CONFIG"]) == tf_config
+    assert env["TF_USE_LEGACY_KERAS"] == "1" and env["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    assert env["PYTHONUNBUFFERED"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "6"
+    assert env["PATH"] == "/bin"
+    import spark_imagenet.training.barrier_task as bt
+
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(bt.__file__)))
+    assert env["PYTHONPATH"].split(os.pathsep) == [pkg_parent, "/x"]
+    assert base == {"PATH": "/bin", "PYTHONPATH": "/x", "CUDA_VISIBLE_DEVICES": "4,6"}  # not modified
+    # no GPU resource: CUDA_VISIBLE_DEVICES untouched, co-located workers share GPU memory politely
+    env = child_env({"TF_CPP_MIN_LOG_LEVEL": "0"}, tf_config, None, local_workers=2)
+    assert "CUDA_VISIBLE_DEVICES" not in env and env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "0"  # a user's setting wins
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in child_env({}, tf_config, None, local_workers=1)
+
+
+def test_child_env_lets_python_m_find_the_package(tmp_path):
+    env = child_env({"PATH": os.environ.get("PATH", "")}, build_tf_config(["h:1"], 0), None, 1)
+    out = subprocess.run([sys.executable, "-c", "import spark_imagenet.training.rendezvous as r; print(r.__name__)"],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "spark_imagenet.training.rendezvous"
+
+
+# ------------------------------------------------------------ child output
+def test_run_child_streams_prefixed_lines_and_keeps_the_tail(tmp_path):
+    code = ("import sys\n"
+            "for i in range(50): print('line', i)\n"
+            "print('to stderr', file=sys.stderr)\n"
+            "sys.exit(3)\n")
+    out = io.StringIO()
+    rc, tail = run_child([sys.executable, "-c", code], dict(os.environ), str(tmp_path), "[rank 1] ", out=out)
+    assert rc == 3
+    echoed = out.getvalue().splitlines()
+    assert echoed[0] == "[rank 1] line 0" and echoed[-1] == "[rank 1] to stderr" and len(echoed) == 51
+    assert len(tail) == 40 and tail[-1] == "to stderr" and tail[0] == "line 11"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _dies_within(pid: int, seconds: float) -> bool:
+    """Poll every 0.1 s until process ``pid`` is gone; False if it still runs after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_child_dies_when_the_task_process_is_killed(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    # the "task": runs a child that writes its pid and sleeps; then we SIGKILL the task
+    child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    task_code = (
+        "import os, sys\n"
+        "from spark_imagenet.training.barrier_task import run_child\n"
+        f"run_child([sys.executable, '-c', {child_code!r}], dict(os.environ), '.', '[t] ')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    task = subprocess.Popen([sys.executable, "-c", task_code], env=env, cwd=tmp_path)
+    try:
+        for _ in range(300):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.1)
+        grandchild = int(pid_file.read_text())
+        assert _alive(grandchild)
+        task.send_signal(signal.SIGKILL)
+        task.wait(30)
+        assert _dies_within(grandchild, 10), "the child outlived its task process"
+    finally:
+        if task.poll() is None:
+            task.kill()
+        if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_child_of_a_killed_barrier_task_dies(spark, tmp_path):
+    # rank 0 runs a child that would sleep for 5 minutes; rank 1 fails once that child is up.
+    # Spark then kills rank 0's task (and its Python worker): the child must not outlive it.
+    pid_file = tmp_path / "child.pid"
+    child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+
+    def task(_):
+        import os
+        import sys
+        import time
+
+        from pyspark import BarrierTaskContext
+
+        if BarrierTaskContext.get().partitionId() == 0:
+            run_child([sys.executable, "-c", child_code], dict(os.environ), str(tmp_path), "[rank 0] ")
+        else:
+            for _ in range(600):
+                if pid_file.exists() and pid_file.read_text():
+                    break
+                time.sleep(0.1)
+            raise RuntimeError("rank 1 fails on purpose")
+        yield "unreachable"
+
+    with pytest.raises(Exception, match="rank 1 fails on purpose"):
+        spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(task).collect()
+    child = int(pid_file.read_text())
+    try:
+        assert _dies_within(child, 60), "the TensorFlow-side child outlived its killed barrier task"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+# ------------------------------------------------------- the worker's message
+def test_worker_spec_of_each_rank(tmp_path):
+    """What run_task gives each TensorFlow worker: the job plus that rank's files and counts."""
+    from bucket_util import make_bucket
+    from spark_imagenet.training.barrier_task import TaskSpec, worker_spec
+    from spark_imagenet.training.config import TrainConfig
+    from spark_imagenet.training.driver import plan_job
+
+    job = plan_job(str(make_bucket(tmp_path / "b", train=4, val=1)), TrainConfig(workers=2, batch_size=2))
+    spec = TaskSpec(url=job.url, dataset_id=job.manifest.dataset_id, num_classes=job.manifest.num_classes,
+                    assignment=job.assignment, config=job.config)
+    one = worker_spec(spec, 1, ["/c/t1", "/c/t3"], ["/c/v0"], threads=3)
+    assert one.rank == 1 and one.workers == 2 and one.num_classes == 2 and one.config is job.config
+    assert one.train_files == ("/c/t1", "/c/t3") and one.train_examples == 10  # 2 shards x 5 examples
+    assert one.val_record_shard == (2, 1) and one.val_examples == 2 and one.val_examples_total == 5
+    assert one.steps_per_epoch == job.assignment.steps_per_epoch and one.parallel == 3 and one.threads == 3
+    fixed = worker_spec(TaskSpec(**{**spec.__dict__, "config": job.config.replace(parallel=1)}), 0,
+                        ["/c/t0"], ["/c/v0"], threads=3)
+    assert fixed.parallel == 1 and fixed.threads == 3

@@ -1,0 +1,177 @@
+"""TrainConfig (validated once, versioned JSON), TOML job files, and WorkerSpec, the
+one message of the TensorFlow worker process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.config import (
+    JOB_FORMAT_VERSION,
+    TrainConfig,
+    WorkerSpec,
+    dump_job,
+    load_job_file,
+    resolve_job,
+)
+
+
+def worker_spec(**changes) -> WorkerSpec:
+    fields = dict(config=TrainConfig(workers=2, batch_size=8), rank=1, workers=2, num_classes=10,
+                  train_files=("/c/train-00001.tfrecord",), train_examples=40, val_files=("/c/val-00000.tfrecord",),
+                  val_record_shard=(2, 1), val_examples=9, val_examples_total=18, steps_per_epoch=5, val_steps=2,
+                  parallel=2, threads=1)
+    fields.update(changes)
+    return WorkerSpec(**fields)
+
+
+# ------------------------------------------------------------------ TrainConfig
+def test_defaults_and_normalisation():
+    c = TrainConfig(workers=2, width=1, learning_rate=1, cache=Path("/tmp/c"), conf={"b": "2", "a": True})
+    assert (c.model, c.epochs, c.batch_size, c.image_size, c.seed, c.transfers) == ("alexnet", 1, 32, 224, 0, 8)
+    assert isinstance(c.width, float) and isinstance(c.learning_rate, float)
+    assert c.cache == "/tmp/c" and c.conf == (("a", "true"), ("b", "2")) and c.spark_conf == {"a": "true", "b": "2"}
+    assert c.global_batch_size == 64
+    with pytest.raises(Exception):
+        c.epochs = 3  # frozen
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"workers": 0}, "workers (--workers) must be an integer >= 1, got 0"),
+    ({"workers": True}, "workers (--workers) must be an integer, got True"),
+    ({"batch_size": "32"}, "batch_size (--batch-size) must be an integer, got '32'"),
+    ({"epochs": 0}, "--epochs"),
+    ({"image_size": 32}, "image_size (--image-size) 32 is too small for alexnet: its layers need at least 67 px"),
+    ({"width": 0.0}, "width (--width) must be a positive number"),
+    ({"width": float("nan")}, "--width"),
+    ({"learning_rate": -1.0}, "--learning-rate"),
+    ({"parallel": 0}, "--parallel"),
+    ({"seed": -1}, "--seed"),
+    ({"transfers": 0}, "--transfers"),
+    ({"model": ""}, "--model"),
+    ({"model": "alexnt"}, "'alexnt' is not a known model (did you mean 'alexnet'?); choose one of: alexnet"),
+    ({"conf": {"spark.x": [1]}}, "conf (--conf)"),
+])
+def test_bad_values_name_the_key_and_the_option(change, fragment):
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(**{"workers": 2, **change})
+    assert fragment in str(e.value)
+
+
+def test_workers_are_required():
+    with pytest.raises(ConfigError, match=r"workers \(--workers\) is required"):
+        TrainConfig.from_mapping({})
+
+
+def test_unknown_keys_suggest_the_closest_and_list_the_known():
+    with pytest.raises(ConfigError) as e:
+        TrainConfig.from_mapping({"workers": 2, "bach_size": 8, "zzz": 1}, "train()")
+    msg = str(e.value)
+    assert "'bach_size' (did you mean 'batch_size'?)" in msg and "'zzz'" in msg
+    assert "known keys are: workers, model, epochs, batch_size" in msg
+
+
+def test_json_round_trip_and_version():
+    c = TrainConfig(workers=3, epochs=7, results="r.json", conf={"spark.a": "1"})
+    data = json.loads(json.dumps(c.to_json()))
+    assert data["format_version"] == JOB_FORMAT_VERSION and data["conf"] == {"spark.a": "1"}
+    assert TrainConfig.from_json(data) == c
+    with pytest.raises(ConfigError, match="format_version 99 is not supported"):
+        TrainConfig.from_json({**data, "format_version": 99})
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        TrainConfig.from_json([1])
+
+
+# ------------------------------------------------------------------ job files
+def test_job_file_round_trip(tmp_path):
+    c = TrainConfig(workers=2, epochs=3, cache="/data/cache", conf={"spark.executor.memory": "4g"})
+    text = dump_job(c, "gs://b/imagenet")
+    assert text.startswith('url = "gs://b/imagenet"\nworkers = 2\n')
+    assert "parallel" not in text and "[conf]" in text  # no value: omitted
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    values = load_job_file(path)
+    assert values["url"] == "gs://b/imagenet"
+    again = resolve_job([{k: v for k, v in values.items() if k != "url"}])
+    assert again == c and dump_job(again, values["url"]) == text
+
+
+def test_layers_later_wins_and_conf_merges_per_key():
+    c = resolve_job([{"workers": 4, "epochs": 10}, {"epochs": 2, "conf": {"a": "1", "b": "1"}},
+                     {"epochs": None, "conf": {"b": "2"}}])
+    assert c.workers == 4 and c.epochs == 2 and c.spark_conf == {"a": "1", "b": "2"}
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ("workers = 2\nbach_size = 3\n", ["unknown key(s) 'bach_size' (did you mean 'batch_size'?)", "url, workers"]),
+    ("workers = 2\nepochs = = 3\n", ["not a valid TOML file", "line 2"]),
+    ("url = 3\n", ["url must be a dataset URL string"]),
+    ("conf = 3\n", ["conf must be a table"]),
+])
+def test_bad_job_files_name_the_file_and_the_key(tmp_path, text, fragments):
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_job_file(path)
+    assert str(path) in str(e.value)
+    for fragment in fragments:
+        assert fragment in str(e.value)
+
+
+def test_missing_job_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the job file"):
+        load_job_file(tmp_path / "none.toml")
+
+
+def test_example_job_file_documents_every_key_with_its_default():
+    path = Path(__file__).resolve().parents[1] / "conf" / "job.example.toml"
+    text = path.read_text()
+    values = load_job_file(path)
+    assert values["workers"] == 4
+    defaults = TrainConfig(workers=4)
+    for key in TrainConfig.keys():
+        assert f"{key} =" in text or f"[{key}]" in text, key
+        if key in values and key not in ("workers", "conf"):
+            assert values[key] == getattr(defaults, key), key
+
+
+# ------------------------------------------------------------------ WorkerSpec
+def test_worker_spec_json_round_trip():
+    spec = worker_spec()
+    data = json.loads(json.dumps(spec.to_json()))
+    assert data["format"] == "spark-imagenet-worker-spec" and data["config"]["batch_size"] == 8
+    assert WorkerSpec.from_json(data) == spec
+    assert spec.seed == 1  # job seed 0 + rank 1
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"rank": 2}, "rank 2 is not in 0..workers-1"),
+    ({"workers": 3}, "workers = 3 but the job has 2"),
+    ({"train_files": ()}, "no train_files"),
+    ({"val_steps": 1}, "val_steps 1 * batch_size 8 is less than this worker's val_examples 9"),
+    ({"val_files": ()}, "val_examples is 9 but val_files is empty"),
+    ({"val_record_shard": (2, 2)}, "val_record_shard must be null or [n, i]"),
+    ({"steps_per_epoch": 0}, "steps_per_epoch must be an integer >= 1"),
+    ({"train_files": "one.tfrecord"}, "train_files must be a list of file paths"),
+])
+def test_worker_spec_rejects_impossible_values(change, fragment):
+    with pytest.raises(ConfigError) as e:
+        worker_spec(**change)
+    assert fragment in str(e.value)
+
+
+def test_worker_spec_from_json_names_missing_and_unknown_keys():
+    data = worker_spec().to_json()
+    del data["val_steps"]
+    with pytest.raises(ConfigError, match="missing key.*val_steps"):
+        WorkerSpec.from_json(data)
+    data = {**worker_spec().to_json(), "learning_rate": 0.1}
+    with pytest.raises(ConfigError, match="unknown key.*'learning_rate'"):
+        WorkerSpec.from_json(data)
+    data = worker_spec().to_json()
+    data["config"]["model"] = "vgg16"
+    with pytest.raises(ConfigError, match="'vgg16' is not a known model"):
+        WorkerSpec.from_json(data)

@@ -1,0 +1,114 @@
+"""The package's architecture: its layers, a driver side without TensorFlow, public
+names no module shadows, functions of at most 100 lines, docstrings that cite only
+what ships with the repository."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "spark_imagenet"
+
+#: The modules of the TensorFlow worker process; every other module is driver or task side.
+TENSORFLOW_SIDE = ("spark_imagenet.training.worker", "spark_imagenet.training.pipeline",
+                   "spark_imagenet.training.models.registry", "spark_imagenet.training.models.alexnet")
+
+
+def package_modules() -> list[str]:
+    """Every module of the package, by dotted name."""
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def fresh_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_import_linter_contracts_hold():
+    """The layers and the no-TensorFlow contract of pyproject.toml ([tool.importlinter])."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    p = subprocess.run([str(lint) if lint.exists() else "lint-imports", "--no-cache"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert "2 kept, 0 broken" in p.stdout
+
+
+def test_driver_side_modules_do_not_import_tensorflow():
+    driver_side = [m for m in package_modules() if m not in TENSORFLOW_SIDE and m != "spark_imagenet.__main__"]
+    assert "spark_imagenet.training.driver" in driver_side and "spark_imagenet.cli" in driver_side
+    code = ("import importlib, json, sys\n"
+            f"for name in {driver_side!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras'))))")
+    p = fresh_python(code)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == []
+
+
+def test_train_help_does_not_import_tensorflow():
+    code = ("import sys\nfrom spark_imagenet.cli import main\n"
+            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('TF', 'tensorflow' in sys.modules, 'tf_keras' in sys.modules)")
+    p = fresh_python(code)
+    assert p.returncode == 0, p.stderr
+    assert "--print-config" in p.stdout and p.stdout.strip().endswith("TF False False")
+
+
+def test_public_functions_are_never_shadowed_by_modules():
+    """``spark_imagenet.train`` / ``.shard`` / ``.inspect`` stay functions after every module is imported."""
+    code = ("import importlib, json, spark_imagenet\n"
+            "before = {n: type(getattr(spark_imagenet, n)).__name__ for n in spark_imagenet.__all__}\n"
+            f"for name in {package_modules()!r}:\n"
+            "    if name != 'spark_imagenet.__main__':\n"
+            "        importlib.import_module(name)\n"
+            "after = {n: type(getattr(spark_imagenet, n)).__name__ for n in spark_imagenet.__all__}\n"
+            "print(json.dumps([before, after]))")
+    p = fresh_python(code)
+    assert p.returncode == 0, p.stderr
+    before, after = json.loads(p.stdout)
+    assert before == after
+    for name in ("shard", "inspect", "train", "run_demo", "open_storage"):
+        assert after[name] == "function", name
+    assert after["Manifest"] == "type"
+    import spark_imagenet.errors
+
+    assert spark_imagenet.errors.SparkImagenetError
+
+
+def test_no_function_is_longer_than_100_lines():
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 100:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
+
+
+@pytest.mark.parametrize("name", ["FIELD-NOTES", "contracts.md"])
+def test_the_package_cites_only_what_ships_with_it(name):
+    hits = [str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py") if name in p.read_text()]
+    assert not hits, hits
+
+
+def test_cited_design_sections_exist():
+    """Every ``docs/design.md, 'Section'`` cited in the package is a heading of docs/design.md."""
+    import re
+
+    headings = {ln[3:].strip() for ln in (REPO / "docs" / "design.md").read_text().splitlines() if ln.startswith("## ")}
+    cited = set()
+    for path in PACKAGE.rglob("*.py"):
+        text = re.sub(r"\s*\n\s*(#\s*)?", " ", path.read_text())
+        cited.update(re.findall(r"docs/design\.md, '([^']+)'", text))
+    assert cited, "the package cites no design section"
+    assert cited <= headings, sorted(cited - headings)

@@ -1,0 +1,70 @@
+"""The driver's checks before a barrier launch: dynamic allocation, task slots, the
+results path (spark_imagenet.training.preflight), on real local Spark."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bucket_util import make_bucket
+from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.driver import train
+from spark_imagenet.training.preflight import available_slots, check_results_path, slots_from_master
+from spark_imagenet.training.spark_session import local_session
+
+
+def test_dynamic_allocation_is_refused_before_launch(tmp_path):
+    # runs first in this module, before the shared `spark` fixture exists: its own session. The
+    # JVM is started first without this conf: the conf of the session that launches the JVM becomes
+    # JVM system properties, which every later SparkContext in this process would inherit.
+    from pyspark import SparkContext
+
+    SparkContext._ensure_initialized()
+    session = local_session("local[2]", app_name="dyn-alloc-test",
+                            conf={"spark.ui.enabled": "false", "spark.dynamicAllocation.enabled": "true"})
+    try:
+        sc = session.sparkContext
+        assert sc.getConf().get("spark.dynamicAllocation.enabled") == "true", "got a session started elsewhere"
+        jobs = len(sc.statusTracker().getJobIdsForGroup())
+        with pytest.raises(ConfigError) as e:
+            train(session, str(make_bucket(tmp_path / "b")), 2, cache=tmp_path / "cache")
+        assert "spark.dynamicAllocation.enabled" in str(e.value) and "SPARK-24942" in str(e.value)
+        assert "false" in str(e.value)
+        assert len(sc.statusTracker().getJobIdsForGroup()) == jobs  # nothing launched
+    finally:
+        session.stop()
+
+
+def test_available_slots_of_local_2(spark):
+    slots, how = available_slots(spark.sparkContext)
+    assert slots == 2 and how.startswith("executor cores") and "spark.task.cpus=1" in how
+
+
+def test_more_workers_than_slots_is_refused_before_launch(spark, tmp_path):
+    sc = spark.sparkContext
+    jobs = len(sc.statusTracker().getJobIdsForGroup())
+    with pytest.raises(ConfigError) as e:
+        train(spark, str(make_bucket(tmp_path / "b")), 3, cache=tmp_path / "cache")
+    assert "--workers 3 needs 3 barrier task slots, only 2 available" in str(e.value)
+    assert len(sc.statusTracker().getJobIdsForGroup()) == jobs
+    assert not (tmp_path / "cache").exists()
+
+
+def test_slots_from_master():
+    assert slots_from_master("local", 1, 99) == 1
+    assert slots_from_master("local[3]", 1, 99) == 3
+    assert slots_from_master("local[4, 2]", 1, 99) == 4
+    assert slots_from_master("local[*]", 1, 99) == (os.cpu_count() or 1)
+    assert slots_from_master("local-cluster[2,3,1024]", 1, 99) == 6
+    assert slots_from_master("local-cluster[2,3,1024]", 2, 99) == 3
+    assert slots_from_master("spark://h:7077", 2, 8) == 4
+
+
+def test_results_path_checks(tmp_path):
+    check_results_path(None)
+    check_results_path(tmp_path / "r.json")
+    with pytest.raises(ConfigError, match="does not exist or is not writable"):
+        check_results_path(tmp_path / "no" / "such" / "r.json")
+    with pytest.raises(ConfigError, match="is a folder"):
+        check_results_path(tmp_path)
