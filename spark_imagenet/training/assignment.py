@@ -31,7 +31,7 @@ from spark_imagenet.dataset.manifest import Manifest, ShardInfo
 
 @dataclasses.dataclass(frozen=True)
 class WorkerPlan:
-    """What one worker (one barrier task, one TF replica) reads.
+    """What one worker (one barrier task, one TensorFlow worker process) reads.
 
     Attributes:
         rank: worker index, 0..N-1 (the barrier partition id).

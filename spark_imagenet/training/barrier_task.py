@@ -10,8 +10,9 @@
    rank = partition id, every worker's ``host:port``. This happens after the
    downloads, so the probed ports are released only just before TensorFlow
    binds them, and all workers start TensorFlow within moments of each other;
-3. writes the replica's CONFIG_JSON into a per-task temporary folder;
-4. runs ``python -m spark_imagenet.training.worker CONFIG_JSON RESULT_JSON`` in a
+3. writes the worker's :class:`~spark_imagenet.training.config.WorkerSpec` as
+   JSON into a per-task temporary folder;
+4. runs ``python -m spark_imagenet.training.worker WORKER_SPEC_JSON RESULT_JSON`` in a
    fresh child process (TensorFlow's collective ops can be configured once
    per process, and PySpark reuses its Python workers: tensorflow#34568),
    with TF_CONFIG, TF_USE_LEGACY_KERAS=1 and the task's GPUs in its
@@ -121,7 +122,7 @@ def cuda_visible_devices(addresses: Sequence[str], existing: str | None) -> str:
 
 def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any], gpu_addresses: Sequence[str] | None,
               local_workers: int) -> dict[str, str]:
-    """The environment of the replica child process.
+    """The environment of the TensorFlow worker process.
 
     Args:
         base: the task's environment (``os.environ``).

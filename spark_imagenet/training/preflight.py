@@ -121,7 +121,8 @@ def check_spark(sc, workers: int, wait_seconds: float = EXECUTOR_WAIT_SECONDS) -
             to register before giving up (0 under ``local``).
 
     Returns:
-        int: the free slot count found.
+        int: the barrier task slots found (executor cores / ``spark.task.cpus``, limited by
+        task resources); slots busy with other jobs are not subtracted.
 
     Raises:
         ConfigError: dynamic allocation is on, or fewer slots than workers.
