@@ -3,16 +3,22 @@
 Each sub-command parses its options and calls one importable function, so a
 notebook with an existing SparkSession (Databricks) runs the same job:
 
-=================  ==============================================
-command            function
-=================  ==============================================
-``demo``           :func:`spark_imagenet.demo.run_demo`
-``shard``          :func:`spark_imagenet.dataset.sharding.shard`
-``inspect``        :func:`spark_imagenet.dataset.sharding.inspect`
-``train``          :func:`spark_imagenet.training.driver.train`
-``download``       :func:`spark_imagenet.source.kaggle.download`
-``extract``        :func:`spark_imagenet.source.archive.extract`
-=================  ==============================================
+============  ==========================================================
+command       function
+============  ==========================================================
+``demo``      :func:`spark_imagenet.demo.run_demo`
+``shard``     :func:`spark_imagenet.dataset.sharding.shard`
+``inspect``   :func:`spark_imagenet.dataset.report.inspect`
+``upload``    :func:`spark_imagenet.dataset.transfer.upload`
+``fetch``     :func:`spark_imagenet.training.staging.fetch_rank`
+``train``     :func:`spark_imagenet.training.driver.plan_job`, then ``run_job``
+``download``  :func:`spark_imagenet.source.kaggle.download`
+``extract``   :func:`spark_imagenet.source.extract.extract`
+============  ==========================================================
+
+``train`` and ``demo`` take every :class:`~spark_imagenet.training.config.TrainConfig`
+field as an option (generated from its fields), a TOML job file (``--config``) and
+``--print-config``.
 
 Errors the user can fix (:class:`~spark_imagenet.errors.SparkImagenetError`)
 are printed as one message without a traceback, exit status 2.
