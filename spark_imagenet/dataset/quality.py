@@ -162,6 +162,8 @@ def _jpeg_end(data: bytes) -> int | None:
         pos += 1
         if code == 0xD9:
             return pos
+        if code == 0xD8:  # a second start of image before this one ended: cut short, then something else
+            return None
         if code == 0x01 or 0xD0 <= code <= 0xD7:  # TEM, RSTn: no length field
             continue
         if pos + 2 > n:
