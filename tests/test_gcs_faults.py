@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -30,11 +29,6 @@ from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.storage import GCSStorage, crc32c_file, open_storage
 from spark_imagenet.dataset.transfer import upload
-
-#: An operation that must fail at once takes well under this (no backoff loop:
-#: DEFAULT_RETRY would spend up to 120 s).
-AT_ONCE_S = 5.0
-
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> tuple[Path, Manifest]:
@@ -62,14 +56,14 @@ def storage_requests(proxy: FaultProxy) -> list:
             if re.match(r"^/(storage|upload|download)/", s.path) and not re.match(r"^/storage/v1/b/[^/?]+\?", s.path)]
 
 
-def assert_failed_at_once(proxy: FaultProxy, started: float, most: int = 1) -> None:
-    """No request was retried (each at most ``most`` times) and it was quick."""
+def assert_failed_at_once(proxy: FaultProxy, most: int = 1) -> None:
+    """No request was retried (each at most ``most`` times): no backoff loop (DEFAULT_RETRY would resend
+    for up to 120 s)."""
     seen = storage_requests(proxy)
     assert seen, "the operation sent no request through the proxy"
     repeats = collections.Counter((s.method, s.path) for s in seen)
     assert max(repeats.values()) <= most, f"requests were retried: {repeats}"
     assert len(seen) <= 2 * most, [(s.method, s.path, s.outcome) for s in seen]
-    assert time.monotonic() - started < AT_ONCE_S
 
 
 def test_round_trip_survives_429_5xx_resets_and_truncation(dataset, gcs_bucket, gcs_emulator, proxy, tmp_path,
@@ -139,10 +133,9 @@ def each_fails_at_once(proxy, calls):
     check it raised StorageError without retrying; yield (URL, message)."""
     for where, call in calls.items():
         proxy.seen.clear()
-        started = time.monotonic()
         with pytest.raises(StorageError) as err:
             call()
-        assert_failed_at_once(proxy, started)
+        assert_failed_at_once(proxy)
         yield where.strip(), str(err.value)
 
 
@@ -177,7 +170,6 @@ def test_401_with_refreshable_credentials_refreshes_the_token_then_fails(gcs_buc
     client = gcs.Client(project="test", credentials=creds, client_options={"api_endpoint": proxy.url})
     storage = GCSStorage(f"gs://{gcs_bucket}/ds", client=client)
     proxy.add_rule(401, path=r"^/(storage|upload|download)/", times=None)
-    started = time.monotonic()
     with pytest.raises(StorageError) as err:
         Manifest.load(storage)
     message = str(err.value)
@@ -188,7 +180,7 @@ def test_401_with_refreshable_credentials_refreshes_the_token_then_fails(gcs_buc
     gets = [s for s in storage_requests(proxy) if s.method == "GET"]
     assert 2 <= len(gets) <= 3 and len({s.path for s in gets}) == 1, gets
     assert len([s for s in proxy.seen if s.path == "/token"]) <= 2 * 3  # 1 + 2 refreshes per thread
-    assert_failed_at_once(proxy, started, most=3)  # no backoff loop on top of the refreshes
+    assert_failed_at_once(proxy, most=3)  # no backoff loop on top of the refreshes
 
 
 def test_403_fails_at_once_naming_the_object_and_the_role(dataset, gcs_bucket, proxy, tmp_path, monkeypatch):
@@ -209,7 +201,6 @@ def test_403_on_writes_names_the_write_role(dataset, gcs_bucket, proxy, monkeypa
     proxy.add_rule(403, method="POST", path=r"^/upload/", times=None)
     proxy.add_rule(403, method="DELETE", times=None)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-    started = time.monotonic()
     with pytest.raises(StorageError) as err:
         upload(out, url, log=lambda m: None)
     message = str(err.value)
@@ -219,7 +210,6 @@ def test_403_on_writes_names_the_write_role(dataset, gcs_bucket, proxy, monkeypa
     shards = sum(len(split.shards) for split in manifest.splits.values())
     # A 403 ends the publish at once: each shard's upload is tried once, never retried or backed off.
     assert sum(posts.values()) <= shards
-    assert time.monotonic() - started < AT_ONCE_S
     assert not [s for s in proxy.seen if "ifGenerationMatch=0" in s.path]  # nothing was committed
 
 
@@ -235,14 +225,12 @@ def test_missing_bucket_fails_at_once_naming_it(dataset, gcs_emulator, proxy, tm
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     for call in calls:
         proxy.seen.clear()
-        started = time.monotonic()
         with pytest.raises(StorageError) as err:
             call()
         message = str(err.value)
         assert message.startswith("bucket gs://no-such-bucket-for-spark-imagenet does not exist"), message
         assert "gcloud storage buckets create gs://no-such-bucket-for-spark-imagenet" in message
         assert f"Check the name in {url}" in message
-        assert time.monotonic() - started < AT_ONCE_S
         repeats = collections.Counter((s.method, s.path) for s in proxy.seen)
         assert max(repeats.values()) <= 2, repeats  # the bucket GET: at most ours plus the client's background one
         assert all(s.outcome == 404 for s in proxy.seen)
@@ -257,10 +245,9 @@ def test_missing_manifest_fails_at_once_saying_how_to_build_it(gcs_bucket, proxy
     ]
     for call in calls:
         proxy.seen.clear()
-        started = time.monotonic()
         with pytest.raises(ManifestError) as err:
             call()
         message = str(err.value)
         assert message.startswith(f"{url}/{MANIFEST_NAME} does not exist"), message
         assert "spark-imagenet shard SOURCE --out URL" in message
-        assert_failed_at_once(proxy, started)
+        assert_failed_at_once(proxy)

@@ -161,10 +161,8 @@ def test_second_concurrent_download_fails_at_once(fake, api_key, served, cli_env
         lock = dl.lock_path(dest)
         assert lock.read_text().strip() == str(first.pid)
         safety.start()
-        started = time.monotonic()
         with pytest.raises(DownloadError) as err:
-            run(dest)
-        assert time.monotonic() - started < 30
+            run(dest)  # at once: the first download is still held (so is the only file request)
         msg = str(err.value)
         assert (f"Another download of the '{DEFAULT_COMPETITION}' archive into {dest} is running (process "
                 f"{first.pid} holds the lock {lock})") in msg and "corrupt each other's resume" in msg

@@ -1,8 +1,9 @@
 """A per-host, verified cache of shard files on local disk.
 
 Training reads shards with tf.data from local files, so every barrier task
-first stages its shards here (remote buckets cannot be read by TensorFlow's
-own filesystems in every setup, see FIELD-NOTES). Layout::
+first stages its shards here (TensorFlow's own ``gs://`` filesystem cannot be
+pointed at an emulator; docs/design.md, 'Storage, checksums and the GCS
+emulator'). Layout::
 
     <cache_dir>/<dataset_id>/<shard name>            the verified shard
     <cache_dir>/<dataset_id>/<shard name>.verified   JSON marker: crc32c, size, mtime_ns, inode

@@ -33,13 +33,8 @@ archive (one zip of about 155 GiB) or any other competition's, through
   fails at once, naming the first one's process, instead of corrupting its
   resume.
 
-Pitfalls of the client handled here (see FIELD-NOTES): importing ``kaggle``
-authenticates at import time (its output is swallowed, and it is imported only
-when :func:`download` runs); failed authentication calls ``exit(1)``
-(``SystemExit`` is caught and explained); ``kaggle`` 2.2.5 imports ``six``
-without declaring it (a missing package is reported as such); the client reads
-``KAGGLE_CONFIG_DIR`` and ``KAGGLE_API_ENVIRONMENT`` once, at import, so they
-are re-read at each call. Every failure is a :class:`DownloadError` (or
+The client's pitfalls and what is done about them are in docs/design.md,
+'The kaggle client'. Every failure is a :class:`DownloadError` (or
 :class:`EnvironmentSetupError`) whose message says what to do; none leaves as a
 traceback or an exit.
 """
@@ -787,6 +782,41 @@ def download(
     log(f"Kaggle credentials: {creds.source}")
     api = _authenticated_api(creds, competition)
 
+    size, url_name, probed = _remote_size(api, competition, file_name, creds, what, log)
+
+    def exact(path: Path) -> int | None:
+        """The size Kaggle gives for the file at ``path``, when it gives the exact one."""
+        if probed:
+            return size
+        if file_name is not None and path.name == Path(file_name).name:
+            return size
+        return None
+
+    targets = _candidates(dest, competition, file_name, url_name)
+    created = not dest.exists()
+    _make_dest(dest)
+    try:
+        with _download_lock(lock_path(dest, competition, file_name), what):
+            return _download_locked(api, competition, file_name, dest, targets, exact, size, what, creds, progress,
+                                    log)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                dest.rmdir()  # only when empty: nothing downloaded, so leave no folder behind
+        raise
+
+
+def _remote_size(api, competition: str, file_name: str | None, creds: Credentials, what: str,
+                 log: Callable[[str], None]) -> tuple[int | None, str | None, bool]:
+    """The size of what will be downloaded, from the file list or else from the download's headers.
+
+    Returns:
+        tuple: the size (None when Kaggle does not say), the file name the download's URL gives
+        (only when it was probed), and whether the size is the download's exact ``Content-Length``.
+
+    Raises:
+        DownloadError: ``file_name`` is not in the competition's (complete) file list, or an API error.
+    """
     listing = _list_files(api, competition, creds)
     size: int | None = None
     url_name: str | None = None
@@ -808,43 +838,31 @@ def download(
         source = "the sizes in the competition's file list"
     if size is not None:
         log(f"{what}: {human_size(size)} (from {source})")
+    return size, url_name, probed
 
-    def exact(path: Path) -> int | None:
-        """The size Kaggle gives for the file at ``path``, when it gives the exact one."""
-        if probed:
-            return size
-        if file_name is not None and path.name == Path(file_name).name:
-            return size
-        return None
 
-    targets = _candidates(dest, competition, file_name, url_name)
-    created = not dest.exists()
-    _make_dest(dest)
-    try:
-        with _download_lock(lock_path(dest, competition, file_name), what):
-            state = _state(targets, exact)  # again, under the lock: another run may have finished it
-            if state.complete is not None:
-                log(f"{state.complete} is already complete ({human_size(state.complete.stat().st_size)}); "
-                    "nothing to download (delete it to download it again)")
-                return state.complete
-            present = state.partial.stat().st_size if state.partial is not None else 0
-            if size is not None:
-                _check_space(dest, size, present, what,
-                             replaced=state.stale.stat().st_size if state.stale is not None else 0)
-            else:
-                log(f"warning: Kaggle did not say how large {what} is; free disk space not checked")
-            if state.partial is not None:
-                log(f"resuming {state.partial}: {human_size(present)} already there")
-            if state.stale is not None:
-                log(f"{state.stale} is not a complete download ({state.why}) and has no {PARTIAL_SUFFIX} marker to "
-                    "resume from: downloading it again from the start")
-            return _run_client(api, competition, file_name, dest, targets, exact, size, what, creds, progress,
-                               force=state.stale is not None, log=log)
-    except BaseException:
-        if created:
-            with contextlib.suppress(OSError):
-                dest.rmdir()  # only when empty: nothing downloaded, so leave no folder behind
-        raise
+def _download_locked(api, competition: str, file_name: str | None, dest: Path, targets: list[Path],
+                     exact: Callable[[Path], int | None], size: int | None, what: str, creds: Credentials,
+                     progress: bool, log: Callable[[str], None]) -> Path:
+    """The part of :func:`download` that runs under the lock: look at what is there again, check the
+    free space, and let the client resume or start the download."""
+    state = _state(targets, exact)  # again, under the lock: another run may have finished it
+    if state.complete is not None:
+        log(f"{state.complete} is already complete ({human_size(state.complete.stat().st_size)}); "
+            "nothing to download (delete it to download it again)")
+        return state.complete
+    present = state.partial.stat().st_size if state.partial is not None else 0
+    if size is not None:
+        _check_space(dest, size, present, what, replaced=state.stale.stat().st_size if state.stale is not None else 0)
+    else:
+        log(f"warning: Kaggle did not say how large {what} is; free disk space not checked")
+    if state.partial is not None:
+        log(f"resuming {state.partial}: {human_size(present)} already there")
+    if state.stale is not None:
+        log(f"{state.stale} is not a complete download ({state.why}) and has no {PARTIAL_SUFFIX} marker to "
+            "resume from: downloading it again from the start")
+    return _run_client(api, competition, file_name, dest, targets, exact, size, what, creds, progress,
+                       force=state.stale is not None, log=log)
 
 
 def _run_client(api, competition: str, file_name: str | None, dest: Path, targets: list[Path],
