@@ -28,14 +28,9 @@ that applies, and :attr:`Finding.reason` names every problem found:
     a 4-channel JPEG whose Adobe APP14 marker says transform 2 (YCCK).
     Pillow (libjpeg) converts YCCK to CMYK while decoding. Repaired like ``cmyk``.
 ``cmyk``
-    a 4-channel JPEG (Adobe transform 0 or no marker). Readers disagree on
-    CMYK (polarity, colour conversion; TensorFlow 2.21's ``decode_jpeg`` did
-    convert the Adobe CMYK test files here correctly, older decoders and the
-    reference converters' pipelines do not), so it is stored as RGB once.
-    Repaired: Pillow's ``convert("RGB")``. Pillow assumes
-    the Adobe convention for every CMYK JPEG (the stored samples are inverted,
-    as Photoshop writes them, and as the CMYK files of ImageNet are), and
-    inverts them on read; the tests check the resulting colours.
+    a 4-channel JPEG (Adobe transform 0 or no marker). Repaired: Pillow's
+    ``convert("RGB")``, which assumes the Adobe convention (inverted samples)
+    for every CMYK JPEG (docs/design.md, 'Image quality while sharding').
 ``exif_rotated``
     an EXIF orientation tag (0x0112) other than 1. Repaired:
     ``PIL.ImageOps.exif_transpose`` so the stored pixels are upright, and the
@@ -43,17 +38,13 @@ that applies, and :attr:`Finding.reason` names every problem found:
     also applies the orientation.
 ``grayscale``
     a 1-channel JPEG. **Kept as it is** (stored byte for byte): TensorFlow's
-    ``decode_jpeg(channels=3)`` (what :mod:`spark_imagenet.training.pipeline` uses)
-    expands it to three equal channels, the same as converting it to RGB
-    would, without the cost and generation loss of a re-encode.
+    ``decode_jpeg(channels=3)`` expands it to three equal channels.
 ``ok``
     a 3-channel JPEG (YCbCr, or RGB when its Adobe marker says transform 0),
     no orientation to apply, decodes.
 
-Repaired files are re-encoded with Pillow as baseline JPEG, quality 95 (the
-quality the reference converters and most ImageNet tooling use for their
-re-encodes; about 1.5x the bytes of the quality-75 originals, with no visible
-loss) and 4:2:0 chroma subsampling (:data:`REPAIR_QUALITY`).
+Repaired files are re-encoded with Pillow as baseline JPEG, quality 95
+(:data:`REPAIR_QUALITY`), 4:2:0 chroma subsampling, without EXIF.
 """
 
 from __future__ import annotations

@@ -783,15 +783,7 @@ def download(
     api = _authenticated_api(creds, competition)
 
     size, url_name, probed = _remote_size(api, competition, file_name, creds, what, log)
-
-    def exact(path: Path) -> int | None:
-        """The size Kaggle gives for the file at ``path``, when it gives the exact one."""
-        if probed:
-            return size
-        if file_name is not None and path.name == Path(file_name).name:
-            return size
-        return None
-
+    exact = _exact_size(size, probed, file_name)
     targets = _candidates(dest, competition, file_name, url_name)
     created = not dest.exists()
     _make_dest(dest)
@@ -804,6 +796,20 @@ def download(
             with contextlib.suppress(OSError):
                 dest.rmdir()  # only when empty: nothing downloaded, so leave no folder behind
         raise
+
+
+def _exact_size(size: int | None, probed: bool, file_name: str | None) -> Callable[[Path], int | None]:
+    """The size Kaggle gives for the file at a path, when it gives the exact one: the download's
+    ``Content-Length`` (``probed``), or the listed size of the single file ``file_name``."""
+
+    def exact(path: Path) -> int | None:
+        if probed:
+            return size
+        if file_name is not None and path.name == Path(file_name).name:
+            return size
+        return None
+
+    return exact
 
 
 def _remote_size(api, competition: str, file_name: str | None, creds: Credentials, what: str,
