@@ -149,6 +149,9 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
         TrainingError: a TensorFlow worker failed.
     """
     sc = spark_context(spark)
+    if job.config.master is not None and job.config.master != sc.master:
+        log(f"warning: the job's master {job.config.master!r} is not used: this session runs on {sc.master!r} "
+            "(master and conf choose the command line's session; a session of your own keeps its own)")
     check_spark(sc, job.config.workers)
     _announce(job, log)
     start = time.monotonic()
