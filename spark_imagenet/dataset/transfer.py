@@ -37,7 +37,6 @@ from typing import Callable, Sequence
 from spark_imagenet.errors import ConfigError, ManifestError, PreconditionFailed, StorageError
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from spark_imagenet.dataset.naming import PARTIAL_RE, QUALITY_REPORT_NAME, SHARD_NAME_RE
-from spark_imagenet.dataset.naming import shard_name  # noqa: F401  (its old place; tests/test_train_real.py imports it from here)
 from spark_imagenet.storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage, unretryable
 
 #: Uploads per object before giving up (the first try plus one retry).

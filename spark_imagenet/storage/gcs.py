@@ -9,9 +9,12 @@ import time
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-
-from spark_imagenet.errors import AccessError, IntegrityError, PreconditionFailed, StorageError
-
+from spark_imagenet.errors import (
+    AccessError,
+    IntegrityError,
+    PreconditionFailed,
+    StorageError,
+)
 from spark_imagenet.storage.base import DEFAULT_TRANSFERS, ObjectInfo, Storage
 
 

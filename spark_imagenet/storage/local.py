@@ -10,9 +10,7 @@ import stat as stat_module
 import uuid
 from pathlib import Path
 
-
 from spark_imagenet.errors import PreconditionFailed, StorageError
-
 from spark_imagenet.storage.base import ObjectInfo, Storage, crc32c_file
 
 
