@@ -1,7 +1,7 @@
 """gs:// buckets end to end against a real GCS emulator (fake-gcs-server over
 HTTP, the real google-cloud-storage client): upload, fetch, idempotent
 reruns, corruption, half-written cache files, paging, missing bucket or
-manifest, concurrent writers."""
+manifest, concurrent writers (transfer.py's own logic: tests/test_transfer.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from spark_imagenet.errors import ConfigError, ManifestError, StorageError
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.storage import GCSStorage, crc32c_file, open_storage
-from spark_imagenet.dataset.transfer import check_destination, commit_manifest, publish, upload
+from spark_imagenet.dataset.transfer import upload
 
 
 def _shards(m: Manifest):
@@ -81,24 +81,6 @@ def test_rerun_of_upload_and_fetch_transfers_nothing(local_ds, gcs_bucket, tmp_p
     assert sum(r.downloaded for r in first) == 3
     assert sum(r.downloaded for r in second) == 0 and sum(r.bytes_downloaded for r in second) == 0
     assert [list(r) for r in first] == [list(r) for r in second]
-
-
-def test_upload_reuploads_only_missing_or_damaged_objects(local_ds, gcs_bucket):
-    """After an interrupted upload (one object missing, one replaced), a rerun uploads exactly those two."""
-    local, manifest = local_ds
-    url = f"gs://{gcs_bucket}/ds"
-    upload(local, url, log=lambda m: None)
-    remote = open_storage(url)
-    names = [s.name for s in _shards(manifest)]
-    remote.delete(names[0])
-    remote.write_bytes(names[1], b"not the shard")
-    before = _generations(gcs_bucket, "ds")
-    stats = upload(local, url, log=lambda m: None)
-    assert (stats.uploaded, stats.skipped) == (2, 4)
-    after = _generations(gcs_bucket, "ds")
-    changed = sorted(n for n in after if after[n] != before.get(n))
-    assert changed == sorted(names[:2])
-    assert remote.stat(names[1]).crc32c == _shards(manifest)[1].crc32c
 
 
 def test_shard_writes_straight_to_gs_and_reruns_as_no_op(tree, gcs_bucket):
@@ -257,45 +239,6 @@ def test_missing_manifest_is_a_clear_error(gcs_bucket, tmp_path):
         fetch_rank(url, 0, 1, tmp_path / "cache")
 
 
-def test_upload_refuses_corrupt_local_shards_and_uploads_nothing(local_ds, gcs_bucket, tmp_path):
-    """A local shard that no longer matches its manifest is named; the bucket stays empty."""
-    import shutil
-
-    local, manifest = local_ds
-    copy = tmp_path / "copy"
-    shutil.copytree(local, copy)
-    victim = manifest.splits["train"].shards[2]
-    data = bytearray((copy / victim.name).read_bytes())
-    data[100] ^= 0x55
-    (copy / victim.name).write_bytes(bytes(data))
-    with pytest.raises(ManifestError, match=rf"{victim.name}: crc32c .* the manifest says {victim.crc32c}"):
-        upload(copy, f"gs://{gcs_bucket}/ds", log=lambda m: None)
-    assert open_storage(f"gs://{gcs_bucket}/ds").list() == []
-
-
-def test_concurrent_commits_leave_exactly_one_dataset(tree, gcs_bucket, tmp_path):
-    """Two builds of different datasets racing to one prefix (interleaved step by step): the first commit
-    wins, the second is refused and removes its own shards; the survivor is complete and intact."""
-    url = f"gs://{gcs_bucket}/race"
-    storage = open_storage(url)
-    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    ma = shard(tree, a_dir, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
-    mb = shard(tree, b_dir, train_shards=4, val_shards=2, per_class=5, progress=False, log=lambda m: None)
-    assert ma.dataset_id != mb.dataset_id
-    # both look before either writes
-    da = check_destination(storage, ma.dataset_id, overwrite=False)
-    db = check_destination(storage, mb.dataset_id, overwrite=False)
-    publish(storage, [(a_dir / s.name, s) for s in _shards(ma)], present=da.objects)
-    publish(storage, [(b_dir / s.name, s) for s in _shards(mb)], present=db.objects)
-    assert commit_manifest(storage, mb, db.generation) == mb  # b commits first
-    with pytest.raises(ConfigError, match=rf"another run committed a different dataset \(id {mb.dataset_id}"):
-        commit_manifest(storage, ma, da.generation)
-    assert Manifest.load(storage) == mb
-    assert sorted(o.name for o in storage.list()) == sorted([MANIFEST_NAME] + [s.name for s in _shards(mb)])
-    got = fetch(storage, _shards(mb), tmp_path / "cache", dataset_id=mb.dataset_id)
-    assert got.downloaded == len(_shards(mb))
-
-
 def _shard_proc(tree: str, url: str, per_class: int, endpoint: str, q) -> None:
     os.environ["STORAGE_EMULATOR_HOST"] = endpoint
     try:
@@ -379,32 +322,6 @@ def test_failed_build_to_gs_leaves_the_prefix_empty(tree, gcs_bucket, tmp_path):
     with pytest.raises(ImageError, match=victim.name):
         shard(src, url, train_shards=8, val_shards=2, processes=1, progress=False, log=lambda m: None)
     assert open_storage(url).list() == []
-
-
-def test_repair_never_deletes_a_concurrent_overwrite(tree, local_ds, gcs_bucket, tmp_path):
-    """A repair upload of dataset X (one shard lost) while an --overwrite build of Y is uploading: the repair
-    deletes nothing of Y; Y then commits and removes X's shards; Y is complete."""
-    local, mx = local_ds
-    url = f"gs://{gcs_bucket}/race"
-    storage = open_storage(url)
-    upload(local, url, log=lambda m: None)
-    storage.delete(mx.splits["train"].shards[3].name)
-    my = shard(tree, tmp_path / "y", train_shards=2, val_shards=2, progress=False, log=lambda m: None)
-    dy = check_destination(storage, my.dataset_id, overwrite=True)
-    publish(storage, [(tmp_path / "y" / s.name, s) for s in _shards(my)], present=dy.objects)
-    repair = upload(local, url, log=lambda m: None)  # the repair runs while Y is not committed yet
-    assert (repair.uploaded, repair.manifest_written) == (1, False)
-    names = {o.name for o in storage.list()}
-    assert {s.name for s in _shards(my)} <= names  # Y's shards untouched
-    assert commit_manifest(storage, my, dy.generation) is my
-    from spark_imagenet.dataset.transfer import remove_replaced
-
-    assert remove_replaced(storage, my, dy.objects) == len(_shards(mx)) - 1  # X's shards seen before Y began
-    # The shard the repair re-uploaded after Y began is left (unreferenced, never read); a later --overwrite
-    # of this prefix removes it.
-    assert sorted(o.name for o in storage.list()) == sorted(
-        [MANIFEST_NAME, "quality-report.json", mx.splits["train"].shards[3].name] + [s.name for s in _shards(my)])
-    assert Manifest.load(storage) == my
 
 
 def test_url_mistakes_are_named(local_ds, gcs_bucket):
