@@ -470,3 +470,31 @@ def test_report_retries_rate_limits(retry_logger):
     for i in range(3):
         retry_logger.debug(f"Retrying due to error {i}, sleeping 1s")
     assert stream.getvalue().count("\n") == 1 and "error 0" in stream.getvalue()
+
+
+def test_delete_that_fails_is_a_storage_error(tmp_path):
+    from spark_imagenet.errors import StorageError
+    from spark_imagenet.storage import LocalStorage
+
+    (tmp_path / "a-folder").mkdir()
+    with pytest.raises(StorageError, match="cannot delete .*a-folder"):
+        LocalStorage(tmp_path).delete("a-folder")
+    with pytest.raises(StorageError, match="cannot delete"):
+        LocalStorage(tmp_path).delete("a-folder", best_effort=True)
+
+
+def test_temp_files_of_writes_in_flight_or_killed_are_not_objects(tmp_path):
+    """A write killed between its temp file and the rename leaves ``.<name>.tmp-<pid>-<hex>``:
+    not an object, so a later build does not take the folder for someone else's files."""
+    from spark_imagenet.dataset.transfer import check_destination
+    from spark_imagenet.storage import LocalStorage
+
+    storage = LocalStorage(tmp_path)
+    (tmp_path / ".manifest.json.tmp-4242-0123abcd").write_bytes(b"{half")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / ".x.tmp-1-deadbeef").write_bytes(b"")
+    assert storage.list() == []
+    assert not storage.exists("manifest.json")
+    check_destination(storage, "0" * 64, overwrite=False)  # an empty destination: no error
+    (tmp_path / ".hidden.tmp-file").write_bytes(b"not ours")  # not our pattern: an object like any other
+    assert [o.name for o in storage.list()] == [".hidden.tmp-file"]

@@ -58,8 +58,9 @@ def open_storage(url: str | os.PathLike, **options: Any) -> Storage:
         Storage: the matching implementation.
 
     Raises:
-        StorageError: the scheme is unknown, the URL is empty, or (gs://) it
-            names no bucket.
+        StorageError: the scheme is unknown, the URL is empty, a ``file://``
+            URL names a host, or a ``gs://`` URL names no bucket or holds
+            ``?`` or ``#``.
     """
     text = os.fspath(url)
     if not text:

@@ -263,7 +263,8 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def list(self) -> list[ObjectInfo]:
-        """Every object under this URL, sorted by name (all pages).
+        """Every object under this URL, sorted by name (all pages); a write in
+        flight (or one a killed process left unfinished) is not an object.
 
         Raises:
             StorageError: the store cannot be listed (a missing bucket

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import stat as stat_module
 import uuid
@@ -12,6 +13,10 @@ from pathlib import Path
 
 from spark_imagenet.errors import PreconditionFailed, StorageError
 from spark_imagenet.storage.base import ObjectInfo, Storage, crc32c_file
+
+
+#: The names of :meth:`LocalStorage._tmp`: ``.<name>.tmp-<pid>-<8 hex digits>``.
+_TMP_NAME = re.compile(r"\..+\.tmp-\d+-[0-9a-f]{8}")
 
 
 class LocalStorage(Storage):
@@ -68,6 +73,11 @@ class LocalStorage(Storage):
 
     def _tmp(self, path: Path) -> Path:
         return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+    @staticmethod
+    def _is_tmp(file_name: str) -> bool:
+        """Whether a file name is one of :meth:`_tmp`'s (a write in flight, or one a killed process left)."""
+        return _TMP_NAME.fullmatch(file_name) is not None
 
     @contextlib.contextmanager
     def _folder_lock(self, folder: Path):
@@ -143,6 +153,8 @@ class LocalStorage(Storage):
         out = []
         for dirpath, _dirs, files in os.walk(self.root):
             for fn in files:
+                if self._is_tmp(fn):  # not an object: a write in flight or one a killed process left
+                    continue
                 p = Path(dirpath) / fn
                 with contextlib.suppress(FileNotFoundError):  # a temp file renamed meanwhile
                     st = p.stat()
@@ -154,6 +166,8 @@ class LocalStorage(Storage):
             self._path(name).unlink()
         except FileNotFoundError:
             pass
+        except OSError as e:  # a folder, no permission: as GCSStorage, best_effort only skips retries
+            raise StorageError(f"cannot delete {self._path(name)}: {e}") from e
 
     def staging_dir(self) -> Path:
         try:
