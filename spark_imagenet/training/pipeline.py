@@ -228,13 +228,12 @@ def normalizer(image_size: int):
         Callable: ``uint8 [B, S, S, 3] -> float32 [B, S, S, 3]``,
         ``(x - MEAN_RGB) / STD_RGB`` per channel, computed as
         ``x * (1/STD) + (-MEAN/STD)`` (differs from the direct formula by at
-        most a few float32 ulps). When XLA compiles on this machine
+        most a few float32 ulps). When XLA compiles here
         (:func:`xla_available`) the cast, multiply and add are one fused XLA
-        kernel: one pass over the batch instead of three (about 2 ms instead
-        of 7 ms per 64x224x224x3 batch on one core here, 5% of the pipeline's
-        CPU time). Otherwise both constants are tiled to ``[S,S,3]``
-        beforehand: a ``[3]``-vector broadcast over the channel axis costs
-        about 5x more in TensorFlow's CPU kernels.
+        kernel, one pass over the batch; otherwise both constants are tiled to
+        ``[S,S,3]`` beforehand (a ``[3]``-vector broadcast over the channel
+        axis is slow in TensorFlow's CPU kernels). Timings: docs/design.md,
+        'Input pipeline speed'.
     """
     scale = [1.0 / s for s in STD_RGB]
     offset = [-m / s for m, s in zip(MEAN_RGB, STD_RGB)]
@@ -481,9 +480,8 @@ def find_bad_records(files: Sequence[str], limit: int | None = 1, parallel: int 
     truncated records, detected by TFRecord's CRC32C) end the scan of that
     file. Every record is parsed and its JPEG decoded in full (any crop the
     pipelines take then decodes too), ``parallel`` records at a time: about
-    as long as one pass of the training pipeline over the files (1000
-    ImageNet images in 2 to 3 s on 2 cores here), so meant for after a
-    failure, not before every run.
+    as long as one pass of the training pipeline over the files, so meant
+    for after a failure, not before every run.
 
     Args:
         files: TFRecord shard paths.
