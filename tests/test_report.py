@@ -69,5 +69,6 @@ def test_the_quality_report_reconciles_and_the_summary_lines(built):
     summary = format_quality(report)
     assert summary[0] == "image quality (train / val):"
     assert "  empty         1 / 0" in summary and "  cmyk          1 / 0" in summary
-    assert summary[-1] == (f"  14 files found = 13 examples written + 1 skipped; 1 repaired (see {QUALITY_REPORT_NAME})")
+    # 12 train + 6 val files: 11 + 6 examples written, the empty one skipped
+    assert summary[-1] == (f"  18 files found = 17 examples written + 1 skipped; 1 repaired (see {QUALITY_REPORT_NAME})")
     assert summary == [line for line in lines if line in summary]  # what shard printed
