@@ -27,10 +27,14 @@ are printed as one message without a traceback, exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import select
+import signal
 import sys
-from typing import Sequence
+import threading
+from typing import Iterator, Sequence
 
 from spark_imagenet import __version__
 from spark_imagenet.demo import DEMO_TRAIN_DEFAULTS
@@ -255,11 +259,9 @@ def _train(args: argparse.Namespace) -> int:
     if url is None:
         raise ConfigError("no dataset URL: give it as the first argument of train (or as url in the job file)")
     job = plan_job(url, config)  # a dataset or setting mistake is reported before Spark starts
-    spark = _session(config, "train")
-    try:
+    spark = _session_interruptibly(config, "train")
+    with _stopped_at_end(spark):
         run_job(spark, job)
-    finally:
-        spark.stop()
     return 0
 
 
@@ -272,12 +274,105 @@ def _demo(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_job(config), end="")
         return 0
-    spark = _session(config, "demo")
-    try:
+    spark = _session_interruptibly(config, "demo")
+    with _stopped_at_end(spark):
         run_demo(spark, config, workdir=args.workdir, num_classes=args.classes)
-    finally:
-        spark.stop()
     return 0
+
+
+#: Seconds a Ctrl-C during Spark's start-up waits for the start-up to end (then Spark is stopped).
+SESSION_START_WAIT_S = 120
+
+
+def _session_interruptibly(config, command: str):
+    """:func:`_session`, started in a helper thread while this one waits.
+
+    A Ctrl-C during Spark's start-up then raises KeyboardInterrupt here, not
+    inside a Py4J call (which logs a traceback), and PySpark, started outside
+    the main thread, does not install its SIGINT handler (see
+    :func:`_stopped_at_end`). The JVM of an interrupted start-up exits with
+    this process.
+
+    Raises:
+        ConfigError: see :func:`_session`.
+        KeyboardInterrupt: Ctrl-C during the start-up; the start-up is let
+            finish (at most ``SESSION_START_WAIT_S``) and the session stopped.
+    """
+    box: dict = {}
+    done = threading.Event()  # not Thread.join: an interrupted join marks a live thread ended (Python 3.11)
+
+    def start() -> None:
+        try:
+            box["spark"] = _session(config, command)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=start, name="spark-imagenet session start", daemon=True).start()
+    try:
+        while not done.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        _ignore_sigint()
+        done.wait(SESSION_START_WAIT_S)  # a JVM left starting would print its banner after we exit
+        if "spark" in box:
+            _stop_quietly(box["spark"])
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["spark"]
+
+
+@contextlib.contextmanager
+def _stopped_at_end(spark) -> Iterator[None]:
+    """Run the block with Ctrl-C raising KeyboardInterrupt, then stop ``spark``.
+
+    PySpark's own SIGINT handler cancels every job from inside the signal
+    handler, which breaks a Py4J call in progress and prints its tracebacks;
+    Python's default handler is used instead (the driver cancels its job:
+    :func:`spark_imagenet.training.driver.run_job`). After a Ctrl-C, Spark is
+    stopped quietly (its log off, its errors swallowed) while a further
+    Ctrl-C is ignored, and the KeyboardInterrupt is re-raised.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    with contextlib.suppress(ValueError):  # not the main thread: signals stay as they are
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    except KeyboardInterrupt:
+        _ignore_sigint()
+        _stop_quietly(spark)
+        raise
+    except BaseException:
+        spark.stop()
+        raise
+    spark.stop()
+    with contextlib.suppress(ValueError, TypeError):  # TypeError: a handler not set from Python
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_quietly(spark) -> None:
+    """Stop ``spark`` with its log off, swallowing its errors (after a Ctrl-C)."""
+    with contextlib.suppress(Exception):
+        spark.sparkContext.setLogLevel("OFF")
+    with contextlib.suppress(Exception):
+        spark.stop()
+
+
+def _ignore_sigint() -> None:
+    """Ignore SIGINT from now on (shutting down after a Ctrl-C); a no-op outside the main thread."""
+    with contextlib.suppress(ValueError):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class _NoInterruptTracebacks(logging.Filter):
+    """Drops log records that carry a KeyboardInterrupt: Py4J logs one with its traceback
+    (``KeyboardInterrupt while sending command``) when Ctrl-C breaks a call to the JVM."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.exc_info[0] is not None
+                    and issubclass(record.exc_info[0], KeyboardInterrupt))
 
 
 def _stdout_reader_gone() -> bool:
@@ -385,10 +480,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         int: 0 on success, 2 for a :class:`SparkImagenetError` (printed as
         ``spark-imagenet: error: ...``, after its traceback when the
         environment sets ``SPARK_IMAGENET_DEBUG=1``), 1 for a failure inside Spark itself
-        (Py4J/PySpark error, printed as one message), 130 on Ctrl-C, 141
+        (Py4J/PySpark error, printed as one message), 130 on Ctrl-C (one
+        line ``spark-imagenet: interrupted``; Spark and Py4J print nothing), 141
         (128 + SIGPIPE, like a program the signal ended) without a message
         when the reader of stdout went away (``spark-imagenet inspect URL | head -1``).
     """
+    root = logging.getLogger()  # Py4J logs on the root logger
+    if not any(isinstance(f, _NoInterruptTracebacks) for f in root.filters):
+        root.addFilter(_NoInterruptTracebacks())
     try:
         code = run(argv)
         sys.stdout.flush()  # a reader that went away (`| head -1`) shows here, not at interpreter exit
@@ -406,6 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"spark-imagenet: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _ignore_sigint()  # a second Ctrl-C while exiting prints nothing more
         print("spark-imagenet: interrupted", file=sys.stderr)
         return 130
     except Exception as e:

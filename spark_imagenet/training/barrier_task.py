@@ -10,23 +10,29 @@
    rank = partition id, every worker's ``host:port``. This happens after the
    downloads, so the probed ports are released only just before TensorFlow
    binds them, and all workers start TensorFlow within moments of each other;
-3. writes the worker's :class:`~spark_imagenet.training.config.WorkerSpec` as
-   JSON into a per-task temporary folder;
-4. runs ``python -m spark_imagenet.training.worker WORKER_SPEC_JSON RESULT_JSON`` in a
+3. runs ``python -m spark_imagenet.training.worker WORKER_SPEC_JSON RESULT_JSON`` in a
    fresh child process (TensorFlow's collective ops can be configured once
    per process, and PySpark reuses its Python workers: tensorflow#34568),
    with TF_CONFIG, TF_USE_LEGACY_KERAS=1 and the task's GPUs in its
    environment (set here, inside the executor: the driver's environment does
-   not reach executors on a cluster);
-5. streams the child's output line by line to the task's stderr prefixed
+   not reach executors on a cluster). The child runs under a supervisor
+   (:mod:`spark_imagenet.training.supervisor`) in a session of its own, with
+   a per-task temporary folder that the supervisor creates and removes: the
+   child's working folder and ``TMPDIR``, holding WORKER_SPEC_JSON (the
+   worker's :class:`~spark_imagenet.training.config.WorkerSpec`) and RESULT_JSON;
+4. streams the child's output line by line to the task's stderr prefixed
    with ``[rank R]`` (the driver console under ``local[N]``, the executor
    log on a cluster), keeping the last lines for the error message;
-6. yields the child's RESULT_JSON, plus ``host``, as one JSON string.
+5. yields the child's RESULT_JSON, plus ``host``, as one JSON string.
 
-The child dies with the task: it gets ``PR_SET_PDEATHSIG`` = SIGKILL (Linux),
-so it is killed when the Python worker dies (Spark kills the workers of a
-barrier stage when any task fails), and a ``finally`` block kills it when
-the task ends any other way.
+However the task ends, the child ends with it and the folder is removed:
+PySpark SIGKILLs the Python worker of a cancelled or failed barrier task, so
+no ``finally`` here could clean up; the supervisor gets ``PR_SET_PDEATHSIG``
+= SIGTERM (Linux) and its stdin is a pipe that closes when the task dies;
+either way it SIGKILLs the child and removes the folder. The task ignores
+SIGINT while it runs, and the supervisor and child are in their own session,
+so a Ctrl-C in the driver's terminal reaches neither (the driver cancels the
+job instead: docs/design.md, 'One TensorFlow process per task').
 
 No TensorFlow import here: the Python worker stays light; only the child
 imports TensorFlow.
@@ -39,23 +45,25 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+import threading
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from spark_imagenet.training.assignment import Assignment
 from spark_imagenet.training.config import TrainConfig, WorkerSpec
 from spark_imagenet.errors import ConfigError, SparkImagenetError, TrainingError
+from spark_imagenet.training.supervisor import EXIT_SUPERVISOR_FAILED, set_death_signal
 
 #: The module run in the child process: the TensorFlow worker (reads a :class:`WorkerSpec`).
 WORKER_MODULE = "spark_imagenet.training.worker"
+#: The module that runs the child, ends it and removes its folder when the task dies.
+SUPERVISOR_MODULE = "spark_imagenet.training.supervisor"
 #: Lines of child output kept for the error message of a failed rank.
 TAIL_LINES = 40
-#: Linux prctl(2) option: signal sent to this process when its parent thread dies.
-PR_SET_PDEATHSIG = 1
+#: Seconds to wait for the supervisor after asking it to stop (it stops at once).
+STOP_WAIT_S = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,16 +176,11 @@ def host_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """preexec_fn of the child: ask Linux to SIGKILL it when the Python worker
-    (its parent) dies; exit at once if the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(1)
+def _supervisor_preexec() -> None:
+    """preexec_fn of the supervisor: SIGTERM when the task (its parent) dies, held back until
+    the supervisor's handler is in place (the supervisor checks for a parent already gone)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    set_death_signal(signal.SIGTERM)
 
 
 def _exit_description(code: int) -> str:
@@ -186,47 +189,102 @@ def _exit_description(code: int) -> str:
             return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"was killed by signal {-code}"
+    if code == EXIT_SUPERVISOR_FAILED:
+        return f"could not be started (supervisor exit status {code})"
     return f"exited with code {code}"
 
 
-def run_child(argv: Sequence[str], env: Mapping[str, str], cwd: str, prefix: str,
-              tail_lines: int = TAIL_LINES, out=None) -> tuple[int, list[str]]:
-    """Run a child process, echoing its output line by line.
+@dataclasses.dataclass(frozen=True)
+class ChildFolder:
+    """A temporary folder of the child, created and removed by the supervisor.
+
+    The folder is the child's working folder and ``TMPDIR``; ``{folder}`` in
+    the child's command is replaced by its path.
+
+    Attributes:
+        prefix: the folder's name prefix (``tempfile.mkdtemp``), e.g. ``"spark-imagenet-rank0-"``.
+        prepare: called with the folder's path before the child starts (to write its inputs).
+        collect: called with the folder's path after the child's output has
+            ended, before the folder is removed (to read its results).
+    """
+
+    prefix: str
+    prepare: Callable[[str], None]
+    collect: Callable[[str], None]
+
+
+def _echo(raw: bytes, prefix: str, tail: collections.deque, out) -> None:
+    line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    line = line.rsplit("\r", 1)[-1]  # a progress bar redraws with \r: keep what the terminal would show
+    tail.append(line)
+    out.write(f"{prefix}{line}\n")
+    out.flush()
+
+
+def run_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, prefix: str,
+              tail_lines: int = TAIL_LINES, out=None, folder: ChildFolder | None = None) -> tuple[int, list[str]]:
+    """Run a child process under the supervisor, echoing its output line by line.
+
+    The child and its supervisor (:mod:`spark_imagenet.training.supervisor`)
+    run in a new session (a Ctrl-C in the terminal does not reach them); the
+    child ends, and ``folder`` is removed, when this call returns, raises, or
+    this process dies (even by SIGKILL).
 
     Args:
         argv: the command.
-        env: its environment.
-        cwd: its working folder.
+        env: its environment (also the supervisor's, which imports this package).
+        cwd: its working folder (None: this process's; with ``folder``, the folder).
         prefix: put before each echoed line, e.g. ``"[rank 1] "``.
         tail_lines: how many of the last lines to keep.
         out: text stream to echo to (default ``sys.stderr``).
+        folder: a temporary folder for the child (see :class:`ChildFolder`).
 
     Returns:
-        ``(exit_code, last_lines)``; a negative code is the killing signal.
+        ``(exit_code, last_lines)``; a negative code is the killing signal,
+        125 (``EXIT_SUPERVISOR_FAILED``) a child that could not be started.
+
+    Raises:
+        whatever ``folder.prepare`` or ``folder.collect`` raises (the child is ended first).
     """
     out = out or sys.stderr
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-    parent = os.getpid()
+    command = [sys.executable, "-m", SUPERVISOR_MODULE, "--parent", str(os.getpid())]
+    command += ["--folder", folder.prefix] if folder is not None else []
     proc = subprocess.Popen(
-        list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=dict(env), cwd=cwd, preexec_fn=lambda: _die_with_parent(parent),
+        command + ["--", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_supervisor_preexec,
     )
+    assert proc.stdout is not None and proc.stdin is not None
     try:
-        assert proc.stdout is not None
+        path = None
+        if folder is not None:
+            first = proc.stdout.readline()
+            if first.startswith(b"folder "):
+                path = first[len(b"folder "):].decode("utf-8", errors="surrogateescape").rstrip("\n")
+                folder.prepare(path)
+                with contextlib.suppress(BrokenPipeError):  # a supervisor gone says so by its status
+                    proc.stdin.write(b"run\n")
+                    proc.stdin.flush()
+            elif first:
+                _echo(first, prefix, tail, out)  # the supervisor failed: its message
         for raw in proc.stdout:
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            # a progress bar redraws with \r: keep what the terminal would show
-            line = line.rsplit("\r", 1)[-1]
-            tail.append(line)
-            out.write(f"{prefix}{line}\n")
-            out.flush()
+            _echo(raw, prefix, tail, out)
+        if path is not None:
+            folder.collect(path)
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # releases the folder
         code = proc.wait()
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+            proc.terminate()  # the supervisor kills the child and removes the folder
+            try:
+                proc.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()
     return code, list(tail)
 
 
@@ -282,46 +340,71 @@ def worker_spec(spec: TaskSpec, rank: int, train_files: Sequence[str], val_files
 
 
 def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: str) -> dict[str, Any]:
-    """Run the TensorFlow worker process in a temporary folder; return its result.
+    """Run the TensorFlow worker process with its own temporary folder; return its result.
+
+    The folder (``spark-imagenet-rank<R>-*`` in the task's temporary
+    directory) holds ``worker.json`` and ``result.json`` and is the child's
+    ``TMPDIR`` (autograph's generated modules); the supervisor removes it
+    however the task ends (:func:`run_child`).
 
     Raises:
         TrainingError: the process failed (rank, host, exit status and its last
             output lines) or wrote no readable result.
     """
     rank = message.rank
-    workdir = tempfile.mkdtemp(prefix=f"spark-imagenet-rank{rank}-")
-    # TensorFlow's own temporary files (autograph's generated modules) go into the
-    # task's folder, which is removed below even when the child could not clean up.
-    env = {**env, "TMPDIR": workdir}
-    try:
-        spec_path = os.path.join(workdir, "worker.json")
-        result_path = os.path.join(workdir, "result.json")
-        with open(spec_path, "w") as f:
+    got: dict[str, Any] = {}
+
+    def prepare(folder: str) -> None:
+        with open(os.path.join(folder, "worker.json"), "w") as f:
             json.dump(message.to_json(), f, indent=1)
-        code, tail = run_child([sys.executable, "-m", spec.child_module, spec_path, result_path],
-                               env, workdir, f"[rank {rank}] ")
-        if code != 0:
-            shown = "\n".join(f"  | {line}" for line in tail) or "  | (no output)"
-            raise TrainingError(
-                f"rank {rank} on {host}: the TensorFlow process ({spec.child_module}) {_exit_description(code)}; "
-                f"its last {len(tail)} output line(s):\n{shown}\n"
-                f"(end of rank {rank} output)"
-            )
+
+    def collect(folder: str) -> None:
+        path = os.path.join(folder, "result.json")
         try:
-            with open(result_path) as f:
-                return json.load(f)
+            with open(path) as f:
+                got["result"] = json.load(f)
         except (OSError, ValueError) as e:
-            raise TrainingError(
-                f"rank {rank} on {host}: the TensorFlow process exited 0 but wrote no readable result "
-                f"({result_path}: {e})"
-            ) from e
+            got["error"] = f"{path}: {e}"
+
+    argv = [sys.executable, "-m", spec.child_module, "{folder}/worker.json", "{folder}/result.json"]
+    code, tail = run_child(argv, env, None, f"[rank {rank}] ",
+                           folder=ChildFolder(f"spark-imagenet-rank{rank}-", prepare, collect))
+    if code != 0:
+        shown = "\n".join(f"  | {line}" for line in tail) or "  | (no output)"
+        raise TrainingError(
+            f"rank {rank} on {host}: the TensorFlow process ({spec.child_module}) {_exit_description(code)}; "
+            f"its last {len(tail)} output line(s):\n{shown}\n"
+            f"(end of rank {rank} output)"
+        )
+    if "result" not in got:
+        raise TrainingError(f"rank {rank} on {host}: the TensorFlow process exited 0 but wrote no readable result "
+                            f"({got.get('error', 'no folder')})")
+    return got["result"]
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT in this Python worker for the block, then restore the previous handler.
+
+    PySpark's forked Python workers get Python's default SIGINT handler, so a
+    terminal's Ctrl-C that reaches them (workers started without the daemon
+    share the JVM's process group) would crash the task with a traceback; the
+    driver cancels the job instead. A no-op outside the main thread (where
+    signal handlers cannot be set).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
     finally:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(workdir)
+        if previous is not None:  # None: a handler set from C, which cannot be restored
+            signal.signal(signal.SIGINT, previous)
 
 
 def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
-    """Body of one barrier task (see the module docstring).
+    """Body of one barrier task (see the module docstring); SIGINT is ignored while it runs.
 
     Args:
         spec: the job's :class:`TaskSpec`.
@@ -340,20 +423,21 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
 
     from spark_imagenet.training.rendezvous import build_tf_config, local_worker_count, rendezvous, split_host_port
 
-    ctx = BarrierTaskContext.get()
-    rank = ctx.partitionId()
-    host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
-    train_files, val_files = _stage(spec, rank, host)
+    with _sigint_ignored():
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
+        train_files, val_files = _stage(spec, rank, host)
 
-    rank, addresses, host = rendezvous(ctx)
-    local_workers = local_worker_count(addresses, host)
-    threads = max(1, host_cpus() // max(1, local_workers))
-    resources = ctx.resources()
-    gpus = list(resources["gpu"].addresses) if "gpu" in resources else None
-    message = worker_spec(spec, rank, train_files, val_files, threads)
-    env = child_env(os.environ, build_tf_config(addresses, rank), gpus, local_workers)
-    _log(rank, f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "
-               f"cluster {addresses}")
-    result = _run_worker(spec, message, env, host)
+        rank, addresses, host = rendezvous(ctx)
+        local_workers = local_worker_count(addresses, host)
+        threads = max(1, host_cpus() // max(1, local_workers))
+        resources = ctx.resources()
+        gpus = list(resources["gpu"].addresses) if "gpu" in resources else None
+        message = worker_spec(spec, rank, train_files, val_files, threads)
+        env = child_env(os.environ, build_tf_config(addresses, rank), gpus, local_workers)
+        _log(rank, f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "
+                   f"cluster {addresses}")
+        result = _run_worker(spec, message, env, host)
     result["host"] = host
     yield json.dumps(result)

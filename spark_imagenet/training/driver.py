@@ -16,14 +16,18 @@ before Spark starts:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import re
+import signal
+import threading
 import time
+import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.errors import SparkImagenetError, TrainingError
@@ -112,24 +116,126 @@ def _announce(job: JobPlan, log: Callable[[str], None]) -> None:
         f"batch {config.batch_size} per worker")
 
 
+#: Seconds to wait, after Ctrl-C, for the cancelled barrier job and its tasks to end.
+CANCEL_WAIT_S = 60
+
+
 def _launch(sc, job: JobPlan) -> list[dict[str, Any]]:
     """Run the barrier stage; return every rank's record.
 
+    The job runs in a thread of its own (in its own job group) while this
+    thread waits, so a Ctrl-C (KeyboardInterrupt) arrives here and never in
+    the middle of a Py4J call; the job is then cancelled quietly
+    (:func:`_cancel_quietly`) and the KeyboardInterrupt re-raised.
+
     Raises:
         SparkImagenetError: a task's error, rebuilt on the driver (:func:`task_error`).
+        KeyboardInterrupt: Ctrl-C; the job has been cancelled.
     """
+    from pyspark import InheritableThread
+
     spec = TaskSpec(url=job.url, dataset_id=job.manifest.dataset_id, num_classes=job.manifest.num_classes,
                     assignment=job.assignment, config=job.config, storage_options=dict(job.storage_options))
     workers = job.config.workers
-    sc.setJobDescription(f"spark-imagenet train {job.config.model} x{workers}")
+    group = f"spark-imagenet-{uuid.uuid4().hex}"
+    outcome: dict[str, Any] = {}
+    done = threading.Event()  # not Thread.join: an interrupted join marks a live thread ended (Python 3.11)
+
+    def collect() -> None:
+        try:
+            sc.setJobGroup(group, f"spark-imagenet train {job.config.model} x{workers}", interruptOnCancel=True)
+            rdd = sc.parallelize(range(workers), workers).barrier().mapPartitions(functools.partial(run_task, spec))
+            outcome["lines"] = rdd.collect()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            outcome["error"] = e
+        finally:
+            done.set()
+
+    thread = InheritableThread(collect, name="spark-imagenet barrier job", daemon=True)
     try:
-        rdd = sc.parallelize(range(workers), workers).barrier().mapPartitions(functools.partial(run_task, spec))
-        lines = rdd.collect()
-    except Exception as e:
-        raise task_error(str(e)) from None
+        with _sigint_raises():
+            thread.start()
+            while not done.wait(0.5):
+                pass
+    except KeyboardInterrupt:
+        if thread.ident is None:  # interrupted before the job's thread began
+            done.set()
+        _cancel_quietly(sc, group, done)
+        raise
+    error = outcome.get("error")
+    if isinstance(error, Exception):
+        raise task_error(str(error)) from None
+    if error is not None:
+        raise error
+    return [json.loads(s) for s in outcome["lines"]]
+
+
+@contextlib.contextmanager
+def _sigint_raises() -> Iterator[None]:
+    """In the main thread, make SIGINT raise KeyboardInterrupt for the block (Python's default).
+
+    PySpark's own handler cancels every job of the context from inside the
+    signal handler, which breaks a Py4J call in progress ("reentrant call")
+    and prints its tracebacks. Outside the main thread, a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
     finally:
-        sc.setJobDescription(None)
-    return [json.loads(s) for s in lines]
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _cancel_quietly(sc, group: str, done: threading.Event, wait_s: float = CANCEL_WAIT_S) -> None:
+    """Cancel the job group after Ctrl-C without Spark's log noise; wait for it to end.
+
+    Spark's log is turned off while the tasks die (the executor logs every
+    killed Python worker as "crashed"), and restored once no task of the
+    group runs; a further Ctrl-C is ignored meanwhile. Every Spark failure
+    here is swallowed: the caller re-raises the KeyboardInterrupt.
+
+    Args:
+        sc: the SparkContext.
+        group: the job group of the barrier job.
+        done: set when the thread running the job has ended (waited for, at most ``wait_s``).
+        wait_s: the bound on the whole wait, in seconds.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        level = None
+        with contextlib.suppress(Exception):
+            level = str(sc._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
+        with contextlib.suppress(Exception):
+            sc.setLogLevel("OFF")
+        with contextlib.suppress(Exception):
+            sc.cancelJobGroup(group)
+        deadline = time.monotonic() + wait_s
+        done.wait(wait_s)
+        with contextlib.suppress(Exception):
+            tracker = sc.statusTracker()
+            while time.monotonic() < deadline and _active_tasks(tracker, group):
+                time.sleep(0.2)
+        if level:
+            with contextlib.suppress(Exception):
+                sc.setLogLevel(level)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _active_tasks(tracker, group: str) -> int:
+    """Tasks of the job group's stages still running (``StatusTracker``)."""
+    active = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job_id)
+        for stage_id in info.stageIds if info is not None else ():
+            stage = tracker.getStageInfo(stage_id)
+            active += stage.numActiveTasks if stage is not None else 0
+    return active
 
 
 def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -147,6 +253,9 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
         ConfigError: Spark Connect, dynamic allocation, too few task slots.
         StorageError: a shard cannot be staged intact (from a task).
         TrainingError: a TensorFlow worker failed.
+        KeyboardInterrupt: Ctrl-C during the barrier job, which has been
+            cancelled without Spark's log noise (its tasks' TensorFlow
+            processes and temporary folders are gone).
     """
     sc = spark_context(spark)
     if job.config.master is not None and job.config.master != sc.master:

@@ -1,0 +1,275 @@
+"""Ctrl-C and killed tasks leave nothing behind.
+
+The end-to-end tests run the real ``python -m spark_imagenet demo`` in a
+session of its own (as a terminal would run it: one foreground process group),
+wait until TensorFlow trains, and send SIGINT to the whole process group, as
+a terminal's Ctrl-C does. They assert:
+
+* exit status 130;
+* after the signal, the output holds only ``[rank R] ...`` lines (what the
+  TensorFlow processes had already written) and then exactly one line,
+  ``spark-imagenet: interrupted``, as its last line; no line after the signal
+  mentions a traceback, Py4J, a reentrant call, a crashed worker, an
+  exception or an ERROR log line;
+* within a bounded wait, no process remains that belongs to the run: none in
+  its session, and none carrying the run's unique marker in its environment
+  (the supervisors and TensorFlow processes run in sessions of their own; the
+  marker is checked to find them while training runs);
+* no ``spark-imagenet-rank*`` folder is left under the run's ``TMPDIR``.
+
+The fast tests check the same cleanup for one child run by
+:func:`spark_imagenet.training.barrier_task.run_child` whose task process is
+SIGKILLed, as PySpark kills the Python worker of a cancelled task.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER_VAR = "SPARK_IMAGENET_TEST_MARKER"
+#: Words no line after the signal may hold (the noise of the bug this guards against).
+NOISE = re.compile(r"Traceback|Py4J|py4j|reentrant|crashed|Exception|ERROR")
+#: A line written by a TensorFlow worker process (through its barrier task).
+RANK_LINE = re.compile(r"^\[rank \d+\] ")
+
+
+# ------------------------------------------------------------------ helpers
+def _stat(pid: int) -> tuple[str, int] | None:
+    """``(state, session id)`` of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[3])  # state ppid pgrp session
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _run_processes(sid: int, marker: str) -> dict[int, str]:
+    """Live (not zombie) processes of the run: in session ``sid`` or with ``marker`` in their environment."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        pid = int(name)
+        stat = _stat(pid)
+        if stat is None or stat[0] in "ZX":
+            continue
+        if stat[1] == sid or needle in _environ(pid).split(b"\0"):
+            found[pid] = _cmdline(pid)
+    return found
+
+
+def _wait_until(condition, timeout: float, step: float = 0.2) -> bool:
+    """Poll ``condition()`` until it is true (True) or ``timeout`` seconds have passed (False)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+
+
+def _rank_folders(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("spark-imagenet-rank*") if p.is_dir())
+
+
+class _Output:
+    """Collects a process's merged output lines in a thread."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for raw in stream:
+            with self._lock:
+                self.lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
+
+    def snapshot(self) -> list[str]:
+        with self._lock:
+            return list(self.lines)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+# ---------------------------------------------------------- end to end
+def _interrupted_demo(tmp_path: Path, signals: int) -> None:
+    """Run the demo, Ctrl-C it ``signals`` times once it trains, and check the module docstring's claims."""
+    marker = uuid.uuid4().hex
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmpdir), PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    env[MARKER_VAR] = marker
+    env.pop("SPARK_IMAGENET_DEBUG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spark_imagenet", "demo", "--workers", "2", "--epochs", "30",
+         "--workdir", str(tmp_path / "work")],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    sid = proc.pid  # the session leader's pid is the session id (and the process group id)
+    out = _Output(proc.stdout)
+    try:
+        training = _wait_until(lambda: any(RANK_LINE.match(x) and "Epoch" in x for x in out.snapshot())
+                               or proc.poll() is not None, 900, 0.5)
+        assert training and proc.poll() is None, "the demo did not start training:\n" + "\n".join(out.snapshot()[-40:])
+        running = _run_processes(sid, marker)
+        programs = [c.split(" -- ")[0].split()[1:3] for c in running.values()]
+        workers = [p for p in programs if p == ["-m", "spark_imagenet.training.worker"]]
+        supervisors = [p for p in programs if p == ["-m", "spark_imagenet.training.supervisor"]]
+        assert len(workers) == 2 and len(supervisors) == 2, f"the marker does not find the run's processes: {running}"
+        assert len(_rank_folders(tmpdir)) == 2
+
+        before = len(out.snapshot())
+        os.killpg(sid, signal.SIGINT)
+        for _ in range(signals - 1):
+            time.sleep(1)
+            if proc.poll() is None:
+                os.killpg(sid, signal.SIGINT)
+        code = proc.wait(300)
+        out.join(60)
+        after = out.snapshot()[before:]
+        assert code == 130, "\n".join(out.snapshot()[-60:])
+        assert after and after[-1] == "spark-imagenet: interrupted", "\n".join(after)
+        assert after.count("spark-imagenet: interrupted") == 1, "\n".join(after)
+        assert all(RANK_LINE.match(x) for x in after[:-1]), "\n".join(after)
+        assert not [x for x in after if NOISE.search(x)], "\n".join(after)
+
+        assert _wait_until(lambda: not _run_processes(sid, marker), 120), \
+            f"processes left behind: {_run_processes(sid, marker)}"
+        assert _rank_folders(tmpdir) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(sid, signal.SIGKILL)
+        for pid in _run_processes(sid, marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_during_training_prints_one_line_and_leaves_nothing(tmp_path):
+    _interrupted_demo(tmp_path, signals=1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_second_ctrl_c_during_shutdown_prints_nothing_more(tmp_path):
+    _interrupted_demo(tmp_path, signals=2)
+
+
+# ------------------------------------------------------- one killed task
+TASK_CODE = r"""
+import os, sys
+from spark_imagenet.training.barrier_task import ChildFolder, run_child
+
+def prepare(folder):
+    with open(os.path.join(folder, "input.txt"), "w") as f:
+        f.write("hello")
+    with open(sys.argv[1], "w") as f:
+        f.write(folder)
+
+child = ("import os, sys, time\n"
+         "open(os.path.join(os.environ['TMPDIR'], 'scratch.txt'), 'w').write('x')\n"
+         "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+         "time.sleep(300)\n")
+run_child([sys.executable, "-c", child, sys.argv[2]], dict(os.environ), None, "[t] ",
+          folder=ChildFolder("spark-imagenet-rank0-", prepare, lambda folder: None))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_killed_task_leaves_no_child_and_no_folder(tmp_path):
+    """PySpark SIGKILLs the Python worker of a cancelled task: the child dies, its folder goes."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    folder_file, pid_file = tmp_path / "folder", tmp_path / "child.pid"
+    env = dict(os.environ, TMPDIR=str(tmpdir), PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, sys.path)]))
+    task = subprocess.Popen([sys.executable, "-c", TASK_CODE, str(folder_file), str(pid_file)], env=env,
+                            cwd=tmp_path, stdout=subprocess.DEVNULL)
+    child = None
+    try:
+        assert _wait_until(lambda: pid_file.exists() and pid_file.read_text(), 120), "the child did not start"
+        child = int(pid_file.read_text())
+        folder = Path(folder_file.read_text())
+        assert folder.parent == tmpdir and folder.name.startswith("spark-imagenet-rank0-")
+        assert sorted(p.name for p in folder.iterdir()) == ["input.txt", "scratch.txt"]  # TMPDIR is the folder
+        task.send_signal(signal.SIGKILL)
+        task.wait(30)
+        assert _wait_until(lambda: _stat(child) is None or _stat(child)[0] in "ZX", 30), "the child outlived its task"
+        assert _wait_until(lambda: not folder.exists(), 30), "the task's folder was left behind"
+        assert _rank_folders(tmpdir) == []
+    finally:
+        if task.poll() is None:
+            task.kill()
+        if child is not None and _stat(child) is not None:
+            os.kill(child, signal.SIGKILL)
+
+
+def test_run_child_folder_carries_inputs_and_results_and_is_removed(tmp_path, monkeypatch):
+    from spark_imagenet.training.barrier_task import ChildFolder, run_child
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    seen: dict[str, str] = {}
+
+    def prepare(folder: str) -> None:
+        seen["folder"] = folder
+        Path(folder, "in.txt").write_text("41")
+
+    def collect(folder: str) -> None:
+        seen["result"] = Path(folder, "out.txt").read_text()
+
+    code = ("import os, sys\n"
+            "n = int(open(sys.argv[1]).read())\n"
+            "open('out.txt', 'w').write(str(n + 1))\n"  # the working folder is the task's folder
+            "print('tmp', os.environ['TMPDIR'] == os.getcwd())\n")
+    out = io.StringIO()
+    rc, tail = run_child([sys.executable, "-c", code, "{folder}/in.txt"], dict(os.environ), None, "[r] ", out=out,
+                         folder=ChildFolder("spark-imagenet-rank3-", prepare, collect))
+    assert rc == 0, tail
+    assert out.getvalue() == "[r] tmp True\n"
+    assert seen["result"] == "42" and Path(seen["folder"]).parent == tmp_path
+    assert not Path(seen["folder"]).exists()
+
+
+def test_run_child_reports_the_childs_signal(tmp_path):
+    from spark_imagenet.training.barrier_task import run_child
+
+    rc, _tail = run_child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                          dict(os.environ), str(tmp_path), "", out=io.StringIO())
+    assert rc == -signal.SIGKILL
