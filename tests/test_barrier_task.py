@@ -41,9 +41,10 @@ def test_child_env():
     assert env["TF_USE_LEGACY_KERAS"] == "1" and env["TF_CPP_MIN_LOG_LEVEL"] == "2"
     assert env["PYTHONUNBUFFERED"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "6"
     assert env["PATH"] == "/bin"
-    import spark_imagenet.training.barrier_task as bt
+    import spark_imagenet
 
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(bt.__file__)))
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(spark_imagenet.__file__)))
+    assert os.path.isfile(os.path.join(pkg_parent, "spark_imagenet", "__init__.py"))  # the folder above the package
     assert env["PYTHONPATH"].split(os.pathsep) == [pkg_parent, "/x"]
     assert base == {"PATH": "/bin", "PYTHONPATH": "/x", "CUDA_VISIBLE_DEVICES": "4,6"}  # not modified
     # no GPU resource: CUDA_VISIBLE_DEVICES untouched, co-located workers share GPU memory politely
@@ -55,7 +56,8 @@ def test_child_env():
 
 def test_child_env_lets_python_m_find_the_package(tmp_path):
     env = child_env({"PATH": os.environ.get("PATH", "")}, build_tf_config(["h:1"], 0), None, 1)
-    out = subprocess.run([sys.executable, "-c", "import spark_imagenet.training.rendezvous as r; print(r.__name__)"],
+    # -S: no site-packages (no installed copy of the package): only the PYTHONPATH child_env built
+    out = subprocess.run([sys.executable, "-S", "-c", "import spark_imagenet.training.rendezvous as r; print(r.__name__)"],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "spark_imagenet.training.rendezvous"

@@ -162,7 +162,9 @@ def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any], gpu_address
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(gpu_addresses, base.get("CUDA_VISIBLE_DEVICES"))
     elif local_workers > 1:
         env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import spark_imagenet
+
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(spark_imagenet.__file__)))
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([package_parent] + [p for p in paths if p != package_parent])
     return env
