@@ -47,3 +47,21 @@ def gcs_bucket(gcs_emulator, monkeypatch, request):
     gcs_emulator.create_bucket(name)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
     return name
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """A small synthetic Kaggle tree (4 classes x 8 train, 3 val each), shared by a module's tests."""
+    from data_util import small_layout
+
+    return small_layout(tmp_path_factory.mktemp("kaggle") / "src", num_classes=4, train_per_class=8, val_per_class=3)
+
+
+@pytest.fixture(scope="module")
+def local_ds(tree, tmp_path_factory):
+    """A real dataset built by shard() on local disk from ``tree`` (with its quality report): folder, manifest."""
+    from spark_imagenet.dataset.sharding import shard
+
+    out = tmp_path_factory.mktemp("local") / "shards"
+    manifest = shard(tree, out, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
+    return out, manifest

@@ -25,3 +25,24 @@ def small_layout(dest: Path, **kw) -> Path:
     args = dict(num_classes=4, train_per_class=6, val_per_class=3, test_images=2, size=(64, 48), seed=1)
     args.update(kw)
     return generate_kaggle_layout(dest, **args)
+
+
+def build(tree: Path, out: Path, **kw):
+    """``shard`` a tree quietly into ``out`` (4 train and 2 val shards, 2 processes, unless overridden)."""
+    from spark_imagenet.dataset.sharding import shard
+
+    kw.setdefault("train_shards", 4)
+    kw.setdefault("val_shards", 2)
+    return shard(tree, out, processes=2, progress=False, log=lambda m: None, **kw)
+
+
+def all_shards(manifest) -> list:
+    """Every shard of every split of a manifest."""
+    return [s for split in manifest.splits.values() for s in split.shards]
+
+
+def gcs_generations(bucket: str, prefix: str) -> dict[str, int]:
+    """``{object name: generation}`` under ``gs://bucket/prefix``."""
+    from spark_imagenet.storage import GCSStorage
+
+    return {o.name: o.generation for o in GCSStorage(f"gs://{bucket}/{prefix}").list()}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from data_util import small_layout
+from data_util import all_shards, gcs_generations
 from spark_imagenet.dataset.cache import fetch
 from spark_imagenet.training.staging import fetch_rank
 from spark_imagenet.errors import ConfigError, ManifestError, StorageError
@@ -25,36 +25,16 @@ from spark_imagenet.storage import GCSStorage, crc32c_file, open_storage
 from spark_imagenet.dataset.transfer import upload
 
 
-def _shards(m: Manifest):
-    return [s for split in m.splits.values() for s in split.shards]
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory):
-    return small_layout(tmp_path_factory.mktemp("kaggle") / "src", num_classes=4, train_per_class=8, val_per_class=3)
-
-
-@pytest.fixture(scope="module")
-def local_ds(tree, tmp_path_factory):
-    out = tmp_path_factory.mktemp("local") / "shards"
-    manifest = shard(tree, out, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
-    return out, manifest
-
-
-def _generations(bucket: str, prefix: str) -> dict[str, int]:
-    return {o.name: o.generation for o in GCSStorage(f"gs://{bucket}/{prefix}").list()}
-
-
 def test_upload_then_fetch_round_trip_is_verified(local_ds, gcs_bucket, tmp_path):
     """Local shards uploaded to the emulator come back byte-identical into the cache, CRC32C-checked."""
     local, manifest = local_ds
     url = f"gs://{gcs_bucket}/imagenet"
     stats = upload(local, url, transfers=4, log=lambda m: None)
     assert (stats.uploaded, stats.skipped, stats.manifest_written) == (6, 0, True)
-    assert stats.bytes_uploaded == sum(s.bytes for s in _shards(manifest))
+    assert stats.bytes_uploaded == sum(s.bytes for s in all_shards(manifest))
     remote = open_storage(url)
     assert Manifest.load(remote) == manifest
-    for s in _shards(manifest):  # the bucket's own checksum agrees with the manifest
+    for s in all_shards(manifest):  # the bucket's own checksum agrees with the manifest
         assert remote.stat(s.name).crc32c == s.crc32c
 
     train, val = fetch_rank(url, 0, 2, tmp_path / "cache", transfers=4)
@@ -62,7 +42,7 @@ def test_upload_then_fetch_round_trip_is_verified(local_ds, gcs_bucket, tmp_path
     for path in [*train, *val]:
         name = Path(path).name
         assert Path(path).read_bytes() == (local / name).read_bytes()
-        assert crc32c_file(path) == next(s.crc32c for s in _shards(manifest) if s.name == name)
+        assert crc32c_file(path) == next(s.crc32c for s in all_shards(manifest) if s.name == name)
 
 
 def test_rerun_of_upload_and_fetch_transfers_nothing(local_ds, gcs_bucket, tmp_path):
@@ -70,11 +50,11 @@ def test_rerun_of_upload_and_fetch_transfers_nothing(local_ds, gcs_bucket, tmp_p
     local, _ = local_ds
     url = f"gs://{gcs_bucket}/ds"
     upload(local, url, log=lambda m: None)
-    before = _generations(gcs_bucket, "ds")
+    before = gcs_generations(gcs_bucket, "ds")
     again = upload(local, url, log=lambda m: None)
     assert (again.uploaded, again.bytes_uploaded, again.manifest_written) == (0, 0, False)
     assert again.skipped == 6
-    assert _generations(gcs_bucket, "ds") == before
+    assert gcs_generations(gcs_bucket, "ds") == before
 
     first = fetch_rank(url, 1, 2, tmp_path / "cache")
     second = fetch_rank(url, 1, 2, tmp_path / "cache")
@@ -88,11 +68,11 @@ def test_shard_writes_straight_to_gs_and_reruns_as_no_op(tree, gcs_bucket):
     url = f"gs://{gcs_bucket}/built"
     m = shard(tree, url, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
     remote = open_storage(url)
-    assert sorted(o.name for o in remote.list()) == sorted([MANIFEST_NAME, "quality-report.json"] + [s.name for s in _shards(m)])
-    before = _generations(gcs_bucket, "built")
+    assert sorted(o.name for o in remote.list()) == sorted([MANIFEST_NAME, "quality-report.json"] + [s.name for s in all_shards(m)])
+    before = gcs_generations(gcs_bucket, "built")
     again = shard(tree, url, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
     assert again == m
-    assert _generations(gcs_bucket, "built") == before
+    assert gcs_generations(gcs_bucket, "built") == before
 
 
 def test_corrupt_object_in_emulator_storage_is_detected_and_never_used(local_ds, gcs_bucket, gcs_emulator, tmp_path):
@@ -270,12 +250,12 @@ def test_two_concurrent_shard_runs_to_one_prefix(tree, gcs_bucket, gcs_emulator,
         assert len(winners) == 1 and winners[0][1] == final.dataset_id, outcomes
         loser = next(o for o in outcomes if o[0] != "ok")
         assert loser[0] == "ConfigError" and ("another run committed" in loser[1] or "already holds" in loser[1])
-    assert sorted(o.name for o in storage.list()) == sorted([MANIFEST_NAME, "quality-report.json"] + [s.name for s in _shards(final)])
-    got = fetch(storage, _shards(final), tmp_path / "cache", dataset_id=final.dataset_id)
-    assert got.downloaded == len(_shards(final))  # every shard present and matching the manifest
+    assert sorted(o.name for o in storage.list()) == sorted([MANIFEST_NAME, "quality-report.json"] + [s.name for s in all_shards(final)])
+    got = fetch(storage, all_shards(final), tmp_path / "cache", dataset_id=final.dataset_id)
+    assert got.downloaded == len(all_shards(final))  # every shard present and matching the manifest
 
 
-def test_overwrite_replaces_a_dataset_and_removes_its_shards(tree, gcs_bucket):
+def test_overwrite_replaces_a_dataset_and_removes_itsall_shards(tree, gcs_bucket):
     """--overwrite swaps the dataset (compare-and-swap on the manifest) and deletes the replaced shards."""
     url = f"gs://{gcs_bucket}/ow"
     first = shard(tree, url, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
@@ -284,7 +264,7 @@ def test_overwrite_replaces_a_dataset_and_removes_its_shards(tree, gcs_bucket):
     second = shard(tree, url, train_shards=2, val_shards=2, overwrite=True, progress=False, log=lambda m: None)
     assert second.dataset_id != first.dataset_id
     names = sorted(o.name for o in open_storage(url).list())
-    assert names == sorted([MANIFEST_NAME, "quality-report.json"] + [s.name for s in _shards(second)])
+    assert names == sorted([MANIFEST_NAME, "quality-report.json"] + [s.name for s in all_shards(second)])
 
 
 def test_cli_upload_and_fetch(local_ds, gcs_bucket, tmp_path):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from data_util import small_layout
-from spark_imagenet.dataset.sharding import shard
+from data_util import build, small_layout
 from spark_imagenet.errors import ManifestError
 from spark_imagenet.dataset.manifest import Manifest
 
@@ -13,12 +12,6 @@ from spark_imagenet.dataset.manifest import Manifest
 @pytest.fixture
 def tree(tmp_path):
     return small_layout(tmp_path / "src", num_classes=5, train_per_class=9, val_per_class=3)
-
-
-def build(tree, out, **kw):
-    kw.setdefault("train_shards", 4)
-    kw.setdefault("val_shards", 2)
-    return shard(tree, out, processes=2, progress=False, log=lambda m: None, **kw)
 
 
 def test_manifest_validation(tree, tmp_path):

@@ -10,7 +10,7 @@ import os
 import pytest
 from PIL import Image
 
-from data_util import ILSVRC_MINI, requires_shared, small_layout
+from data_util import ILSVRC_MINI, build, requires_shared, small_layout
 from spark_imagenet.errors import ConfigError, ImageError, ManifestError
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
 from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
@@ -45,12 +45,6 @@ def records(path) -> list[dict]:
 @pytest.fixture
 def tree(tmp_path):
     return small_layout(tmp_path / "src", num_classes=5, train_per_class=9, val_per_class=3)
-
-
-def build(tree, out, **kw):
-    kw.setdefault("train_shards", 4)
-    kw.setdefault("val_shards", 2)
-    return shard(tree, out, processes=2, progress=False, log=lambda m: None, **kw)
 
 
 def test_manifest_lists_every_shard_with_counts_sizes_checksums(tree, tmp_path):

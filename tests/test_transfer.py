@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bucket_util import make_bucket
-from data_util import small_layout
+from data_util import all_shards, gcs_generations
 from spark_imagenet.dataset.cache import fetch
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
 from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME, partial_name
@@ -25,28 +25,11 @@ from spark_imagenet.dataset.transfer import (
     upload,
 )
 from spark_imagenet.errors import ConfigError, ManifestError, StorageError
-from spark_imagenet.storage import GCSStorage, LocalStorage, crc32c_bytes, open_storage
-
-
-def _shards(m: Manifest):
-    return [s for split in m.splits.values() for s in split.shards]
+from spark_imagenet.storage import LocalStorage, crc32c_bytes, open_storage
 
 
 def _quiet(msg: str) -> None:
     pass
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory):
-    return small_layout(tmp_path_factory.mktemp("kaggle") / "src", num_classes=4, train_per_class=8, val_per_class=3)
-
-
-@pytest.fixture(scope="module")
-def local_ds(tree, tmp_path_factory):
-    """A real dataset built by shard() on local disk (with its quality report): its folder and manifest."""
-    out = tmp_path_factory.mktemp("local") / "shards"
-    manifest = shard(tree, out, train_shards=4, val_shards=2, progress=False, log=_quiet)
-    return out, manifest
 
 
 @pytest.fixture
@@ -54,10 +37,6 @@ def fake_ds(tmp_path):
     """A small dataset of random-bytes shards (bucket_util.make_bucket: 4 train + 1 val): folder, manifest."""
     root = make_bucket(tmp_path / "a", train=4, val=1)
     return root, Manifest.load(LocalStorage(root))
-
-
-def _generations(bucket: str, prefix: str) -> dict[str, int]:
-    return {o.name: o.generation for o in GCSStorage(f"gs://{bucket}/{prefix}").list()}
 
 
 def _state(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -75,11 +54,11 @@ def test_upload_local_to_local_copies_the_dataset_and_its_report(local_ds, tmp_p
     lines = []
     stats = upload(local, dest, transfers=3, log=lines.append)
     assert (stats.uploaded, stats.skipped, stats.manifest_written) == (6, 0, True)
-    assert stats.bytes_uploaded == sum(s.bytes for s in _shards(manifest))
+    assert stats.bytes_uploaded == sum(s.bytes for s in all_shards(manifest))
     assert Manifest.load(LocalStorage(dest)) == manifest
     assert sorted(p.name for p in dest.iterdir()) == sorted(
-        [MANIFEST_NAME, QUALITY_REPORT_NAME] + [s.name for s in _shards(manifest)])
-    for name in [QUALITY_REPORT_NAME] + [s.name for s in _shards(manifest)]:
+        [MANIFEST_NAME, QUALITY_REPORT_NAME] + [s.name for s in all_shards(manifest)])
+    for name in [QUALITY_REPORT_NAME] + [s.name for s in all_shards(manifest)]:
         assert (dest / name).read_bytes() == (local / name).read_bytes()
     assert f"{dest / MANIFEST_NAME} written" in lines[-1] and "uploaded 6 shard(s)" in lines[-1]
 
@@ -104,7 +83,7 @@ def test_upload_reuploads_a_corrupted_or_missing_destination_object(fake_ds, tmp
     src, manifest = fake_ds
     dest = tmp_path / "dest"
     upload(src, dest, log=_quiet)
-    names = [s.name for s in _shards(manifest)]
+    names = [s.name for s in all_shards(manifest)]
     data = bytearray((dest / names[1]).read_bytes())
     data[7] ^= 0x01
     (dest / names[1]).write_bytes(bytes(data))
@@ -114,7 +93,7 @@ def test_upload_reuploads_a_corrupted_or_missing_destination_object(fake_ds, tmp
     assert (stats.uploaded, stats.skipped, stats.manifest_written) == (2, 3, False)
     after = _state(dest)
     assert sorted(n for n in after if after[n] != before.get(n)) == sorted([names[1], names[3]])
-    for s in _shards(manifest):
+    for s in all_shards(manifest):
         assert crc32c_bytes((dest / s.name).read_bytes()) == s.crc32c
     assert after[MANIFEST_NAME] == before[MANIFEST_NAME]
 
@@ -124,7 +103,7 @@ def test_upload_resumes_a_run_interrupted_before_the_commit(fake_ds, tmp_path):
     src, manifest = fake_ds
     dest = tmp_path / "dest"
     dest.mkdir()
-    for s in _shards(manifest)[:3]:
+    for s in all_shards(manifest)[:3]:
         shutil.copyfile(src / s.name, dest / s.name)
     stats = upload(src, dest, log=_quiet)
     assert (stats.uploaded, stats.skipped, stats.manifest_written) == (2, 3, True)
@@ -138,7 +117,7 @@ def test_upload_refuses_a_different_dataset_unless_overwrite(fake_ds, tmp_path):
     dest = make_bucket(tmp_path / "old", train=3, val=1)
     old = Manifest.load(LocalStorage(dest))
     assert old.dataset_id != new.dataset_id
-    (dest / partial_name(_shards(new)[0].name, "123-abc")).write_bytes(b"half")
+    (dest / partial_name(all_shards(new)[0].name, "123-abc")).write_bytes(b"half")
     before = _state(dest)
     with pytest.raises(ConfigError, match=rf"upload DEST {dest} already holds a different dataset \(id "
                                           rf"{old.dataset_id}, 2 classes, 15 train images.*pass --overwrite"):
@@ -148,8 +127,8 @@ def test_upload_refuses_a_different_dataset_unless_overwrite(fake_ds, tmp_path):
     stats = upload(src, dest, overwrite=True, log=_quiet)
     assert (stats.uploaded, stats.manifest_written) == (5, True)
     assert Manifest.load(LocalStorage(dest)) == new
-    assert sorted(p.name for p in dest.iterdir()) == sorted([MANIFEST_NAME] + [s.name for s in _shards(new)])
-    for s in _shards(new):  # the val shard's name is the same in both datasets: its bytes are the new ones
+    assert sorted(p.name for p in dest.iterdir()) == sorted([MANIFEST_NAME] + [s.name for s in all_shards(new)])
+    for s in all_shards(new):  # the val shard's name is the same in both datasets: its bytes are the new ones
         assert (dest / s.name).read_bytes() == (src / s.name).read_bytes()
 
 
@@ -179,9 +158,9 @@ def test_upload_checks_its_arguments_before_touching_anything(fake_ds, tmp_path)
     assert not (tmp_path / "d").exists()
 
 
-def test_upload_refuses_missing_or_resized_local_shards(fake_ds, tmp_path):
+def test_upload_refuses_missing_or_resized_localall_shards(fake_ds, tmp_path):
     src, manifest = fake_ds
-    first, second = _shards(manifest)[:2]
+    first, second = all_shards(manifest)[:2]
     (src / first.name).unlink()
     with open(src / second.name, "ab") as f:
         f.write(b"x")
@@ -201,7 +180,7 @@ def test_a_repair_upload_brings_the_quality_report_back_in_line(local_ds, tmp_pa
     dest = tmp_path / "dest"
     upload(local, dest, log=_quiet)
     (dest / QUALITY_REPORT_NAME).write_text("{}")
-    (dest / _shards(manifest)[0].name).unlink()
+    (dest / all_shards(manifest)[0].name).unlink()
     stats = upload(local, dest, log=_quiet)
     assert (stats.uploaded, stats.manifest_written) == (1, False)
     assert (dest / QUALITY_REPORT_NAME).read_bytes() == (local / QUALITY_REPORT_NAME).read_bytes()
@@ -236,9 +215,9 @@ def test_check_destination_of_the_same_dataset(fake_ds):
     d = check_destination(storage, manifest.dataset_id, overwrite=False)
     assert d.existing == manifest and d.committed == manifest and d.replaced is None
     assert d.generation == storage.stat(MANIFEST_NAME).generation != 0
-    assert set(d.objects) == {MANIFEST_NAME} | {s.name for s in _shards(manifest)}
+    assert set(d.objects) == {MANIFEST_NAME} | {s.name for s in all_shards(manifest)}
     # one shard damaged: not intact (existing None), but still committed (no new manifest needed)
-    victim = _shards(manifest)[0]
+    victim = all_shards(manifest)[0]
     (root / victim.name).write_bytes(b"\0" * victim.bytes)
     d = check_destination(storage, manifest.dataset_id, overwrite=False)
     assert d.existing is None and d.committed == manifest and d.generation != 0
@@ -266,7 +245,7 @@ def test_check_destination_of_another_or_an_unreadable_dataset(fake_ds):
 def test_publish_uploads_verifies_and_skips_what_is_there(fake_ds, tmp_path):
     src, manifest = fake_ds
     dest = LocalStorage(tmp_path / "dest")
-    files = [(src / s.name, s) for s in _shards(manifest)]
+    files = [(src / s.name, s) for s in all_shards(manifest)]
     dest.put_file(src / files[0][1].name, files[0][1].name)  # already there, intact
     dest.write_bytes(files[1][1].name, b"wrong")  # there, damaged
     stats = publish(dest, files, transfers=2)  # present=None: publish lists the destination itself
@@ -283,9 +262,9 @@ def test_publish_uploads_verifies_and_skips_what_is_there(fake_ds, tmp_path):
 def test_publish_retries_a_mismatch_once_then_fails_naming_it(fake_ds, tmp_path):
     """An object whose bytes do not match its manifest entry is uploaded twice, then deleted and reported."""
     src, manifest = fake_ds
-    good, bad = _shards(manifest)[:2]
+    good, bad = all_shards(manifest)[:2]
     wrong_crc = dataclasses.replace(bad, crc32c=crc32c_bytes(b"something else"))
-    wrong_size = dataclasses.replace(_shards(manifest)[2], bytes=1)
+    wrong_size = dataclasses.replace(all_shards(manifest)[2], bytes=1)
     dest = LocalStorage(tmp_path / "dest")
     lines = []
     with pytest.raises(StorageError) as err:
@@ -295,7 +274,7 @@ def test_publish_retries_a_mismatch_once_then_fails_naming_it(fake_ds, tmp_path)
     assert msg.startswith(f"2 shard(s) could not be uploaded intact to {dest.url}: ")
     assert (f"{bad.name} (attempt 1: the bucket reports crc32c {bad.crc32c}, the manifest says "
             f"{wrong_crc.crc32c}, attempt 2: the bucket reports crc32c {bad.crc32c}") in msg
-    assert (f"{wrong_size.name} (attempt 1: the bucket holds {_shards(manifest)[2].bytes} bytes, the manifest "
+    assert (f"{wrong_size.name} (attempt 1: the bucket holds {all_shards(manifest)[2].bytes} bytes, the manifest "
             "says 1, attempt 2: ") in msg
     assert "Nothing was committed" in msg
     assert [o.name for o in dest.list()] == [good.name]  # the bad objects are deleted again
@@ -304,7 +283,7 @@ def test_publish_retries_a_mismatch_once_then_fails_naming_it(fake_ds, tmp_path)
 
 def test_publish_stops_at_once_on_a_failure_that_is_not_a_mismatch(fake_ds, tmp_path):
     src, manifest = fake_ds
-    a, b = _shards(manifest)[:2]
+    a, b = all_shards(manifest)[:2]
     dest = LocalStorage(tmp_path / "dest")
     lines = []
     with pytest.raises(StorageError, match=rf"^1 shard\(s\) could not be uploaded to {dest.url}; nothing was "
@@ -351,20 +330,20 @@ def test_commit_manifest_when_someone_committed_first(fake_ds, tmp_path):
     assert Manifest.load(dest) == manifest
 
 
-def test_commit_manifest_loser_removes_only_its_own_shards(fake_ds, tmp_path):
+def test_commit_manifest_loser_removes_only_its_ownall_shards(fake_ds, tmp_path):
     winner_root, winner = fake_ds
     loser_root = make_bucket(tmp_path / "loser", train=3, val=1)
     loser = Manifest.load(LocalStorage(loser_root))
     dest = LocalStorage(tmp_path / "dest")
-    publish(dest, [(winner_root / s.name, s) for s in _shards(winner)])
-    publish(dest, [(loser_root / s.name, s) for s in _shards(loser)])
+    publish(dest, [(winner_root / s.name, s) for s in all_shards(winner)])
+    publish(dest, [(loser_root / s.name, s) for s in all_shards(loser)])
     winner.save(dest)
     with pytest.raises(ConfigError, match=rf"another run committed a different dataset \(id {winner.dataset_id}, "
                                           rf"built .*\) to {dest.url} while this one \(id {loser.dataset_id}\)"):
         commit_manifest(dest, loser, 0)
     # the loser's train shards are gone; the val shard's name is the winner's too (make_bucket's names carry
     # no dataset id, real builds' names do), so it stays
-    assert sorted(o.name for o in dest.list()) == sorted([MANIFEST_NAME] + [s.name for s in _shards(winner)])
+    assert sorted(o.name for o in dest.list()) == sorted([MANIFEST_NAME] + [s.name for s in all_shards(winner)])
     assert Manifest.load(dest) == winner
 
 
@@ -381,7 +360,7 @@ def test_commit_manifest_reports_an_unreadable_winner(fake_ds, tmp_path):
 def test_remove_replaced_deletes_old_shards_and_partials_seen_before(fake_ds, tmp_path):
     _src, manifest = fake_ds
     dest = LocalStorage(tmp_path / "dest")
-    current = [s.name for s in _shards(manifest)]
+    current = [s.name for s in all_shards(manifest)]
     old = ["train-00000-of-00009-deadbeef.tfrecord", "val-00000-of-00009-deadbeef.tfrecord"]
     partial = partial_name(current[0], "7-abc")
     for name in current + old + [partial, "notes.txt", QUALITY_REPORT_NAME]:
@@ -402,16 +381,16 @@ def test_upload_reuploads_only_missing_or_damaged_objects(local_ds, gcs_bucket):
     url = f"gs://{gcs_bucket}/ds"
     upload(local, url, log=lambda m: None)
     remote = open_storage(url)
-    names = [s.name for s in _shards(manifest)]
+    names = [s.name for s in all_shards(manifest)]
     remote.delete(names[0])
     remote.write_bytes(names[1], b"not the shard")
-    before = _generations(gcs_bucket, "ds")
+    before = gcs_generations(gcs_bucket, "ds")
     stats = upload(local, url, log=lambda m: None)
     assert (stats.uploaded, stats.skipped) == (2, 4)
-    after = _generations(gcs_bucket, "ds")
+    after = gcs_generations(gcs_bucket, "ds")
     changed = sorted(n for n in after if after[n] != before.get(n))
     assert changed == sorted(names[:2])
-    assert remote.stat(names[1]).crc32c == _shards(manifest)[1].crc32c
+    assert remote.stat(names[1]).crc32c == all_shards(manifest)[1].crc32c
 
 
 def test_upload_refuses_corrupt_local_shards_and_uploads_nothing(local_ds, gcs_bucket, tmp_path):
@@ -442,15 +421,15 @@ def test_concurrent_commits_leave_exactly_one_dataset(tree, gcs_bucket, tmp_path
     # both look before either writes
     da = check_destination(storage, ma.dataset_id, overwrite=False)
     db = check_destination(storage, mb.dataset_id, overwrite=False)
-    publish(storage, [(a_dir / s.name, s) for s in _shards(ma)], present=da.objects)
-    publish(storage, [(b_dir / s.name, s) for s in _shards(mb)], present=db.objects)
+    publish(storage, [(a_dir / s.name, s) for s in all_shards(ma)], present=da.objects)
+    publish(storage, [(b_dir / s.name, s) for s in all_shards(mb)], present=db.objects)
     assert commit_manifest(storage, mb, db.generation) == mb  # b commits first
     with pytest.raises(ConfigError, match=rf"another run committed a different dataset \(id {mb.dataset_id}"):
         commit_manifest(storage, ma, da.generation)
     assert Manifest.load(storage) == mb
-    assert sorted(o.name for o in storage.list()) == sorted([MANIFEST_NAME] + [s.name for s in _shards(mb)])
-    got = fetch(storage, _shards(mb), tmp_path / "cache", dataset_id=mb.dataset_id)
-    assert got.downloaded == len(_shards(mb))
+    assert sorted(o.name for o in storage.list()) == sorted([MANIFEST_NAME] + [s.name for s in all_shards(mb)])
+    got = fetch(storage, all_shards(mb), tmp_path / "cache", dataset_id=mb.dataset_id)
+    assert got.downloaded == len(all_shards(mb))
 
 
 def test_repair_never_deletes_a_concurrent_overwrite(tree, local_ds, gcs_bucket, tmp_path):
@@ -463,17 +442,17 @@ def test_repair_never_deletes_a_concurrent_overwrite(tree, local_ds, gcs_bucket,
     storage.delete(mx.splits["train"].shards[3].name)
     my = shard(tree, tmp_path / "y", train_shards=2, val_shards=2, progress=False, log=lambda m: None)
     dy = check_destination(storage, my.dataset_id, overwrite=True)
-    publish(storage, [(tmp_path / "y" / s.name, s) for s in _shards(my)], present=dy.objects)
+    publish(storage, [(tmp_path / "y" / s.name, s) for s in all_shards(my)], present=dy.objects)
     repair = upload(local, url, log=lambda m: None)  # the repair runs while Y is not committed yet
     assert (repair.uploaded, repair.manifest_written) == (1, False)
     names = {o.name for o in storage.list()}
-    assert {s.name for s in _shards(my)} <= names  # Y's shards untouched
+    assert {s.name for s in all_shards(my)} <= names  # Y's shards untouched
     assert commit_manifest(storage, my, dy.generation) is my
     from spark_imagenet.dataset.transfer import remove_replaced
 
-    assert remove_replaced(storage, my, dy.objects) == len(_shards(mx)) - 1  # X's shards seen before Y began
+    assert remove_replaced(storage, my, dy.objects) == len(all_shards(mx)) - 1  # X's shards seen before Y began
     # The shard the repair re-uploaded after Y began is left (unreferenced, never read); a later --overwrite
     # of this prefix removes it.
     assert sorted(o.name for o in storage.list()) == sorted(
-        [MANIFEST_NAME, "quality-report.json", mx.splits["train"].shards[3].name] + [s.name for s in _shards(my)])
+        [MANIFEST_NAME, "quality-report.json", mx.splits["train"].shards[3].name] + [s.name for s in all_shards(my)])
     assert Manifest.load(storage) == my
