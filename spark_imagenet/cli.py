@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import select
 import signal
@@ -64,16 +65,16 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} must be greater than 0")
+    if not math.isfinite(value) or not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number greater than 0")
     return value
 
 
 def _conf_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
-    if not sep or not key:
+    if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. spark.executor.memory=4g")
-    return key.strip(), value
+    return key.strip(), value.strip()
 
 
 def _option_type(rule):
@@ -102,7 +103,8 @@ def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
     g.add_argument("--config", metavar="JOB.toml", help="read the job's settings from this TOML file; options given "
                    "on the command line override it (conf/job.example.toml lists every key)")
     g.add_argument("--print-config", action="store_true",
-                   help="print the fully resolved job as TOML and exit (without starting Spark)")
+                   help="print the fully resolved job as TOML and exit (without starting Spark)"
+                   + ("; the demo's own --workdir and --classes are not part of it" if "workers" in defaults else ""))
     for f in dataclasses.fields(TrainConfig):
         rule = f.metadata["rule"]
         default = defaults.get(f.name, f.default)
@@ -129,16 +131,18 @@ def _resolve_job(args: argparse.Namespace, defaults: dict):
     Raises:
         ConfigError: a bad job file or value (naming the key, the option or the file).
     """
-    from spark_imagenet.training.config import TrainConfig, load_job_file, resolve_job
+    from spark_imagenet.training.config import TrainConfig, absolute_paths, load_job_file, resolve_job
 
     file_values = load_job_file(args.config) if args.config else {}
-    given = {key: getattr(args, key) for key in TrainConfig.keys() if getattr(args, key, None) is not None}
+    given = {key: getattr(args, key) for key in (*TrainConfig.keys(), "url") if getattr(args, key, None) is not None}
+    given = absolute_paths(given, os.getcwd())
     try:
-        config = resolve_job([defaults, {k: v for k, v in file_values.items() if k != "url"}, given])
+        config = resolve_job([defaults, file_values, given])
     except ConfigError as e:
-        raise ConfigError(f"{e} (job file {args.config})" if args.config else str(e)) from None
-    url = getattr(args, "url", None) or file_values.get("url")
-    return config, url
+        key = getattr(e, "key", None)
+        from_file = args.config and key in file_values and key not in given
+        raise ConfigError(f"{e} (from the job file {args.config})" if from_file else str(e)) from None
+    return config, given.get("url") or file_values.get("url")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,12 +231,13 @@ def _spark_reason(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _session(config, command: str):
+def _session(config, command: str, *, warn_oversubscription: bool = True):
     """The SparkSession for a job's ``master`` and ``conf``, or one clear error."""
     from spark_imagenet.training.spark_session import session_for
 
     try:
-        return session_for(config.master, config.workers, conf=config.spark_conf, app_name=f"spark-imagenet {command}")
+        return session_for(config.master, config.workers, conf=config.spark_conf, app_name=f"spark-imagenet {command}",
+                           warn_oversubscription=warn_oversubscription)
     except SparkImagenetError:
         raise
     except Exception as e:  # Py4J / JVM start-up failures
@@ -268,11 +273,15 @@ def _demo(args: argparse.Namespace) -> int:
     from spark_imagenet.demo import run_demo
     from spark_imagenet.training.config import dump_job
 
-    config, _url = _resolve_job(args, DEMO_TRAIN_DEFAULTS)
+    config, url = _resolve_job(args, DEMO_TRAIN_DEFAULTS)
+    if url is not None:
+        raise ConfigError(f"the demo makes its own dataset: remove url from the job file {args.config} (or run "
+                          "`spark-imagenet train` on that dataset)")
     if args.print_config:
         print(dump_job(config), end="")
         return 0
-    spark = _session_interruptibly(config, "demo")
+    # the demo's own local[4] on a small machine is by design: warn only about --workers the user gave
+    spark = _session_interruptibly(config, "demo", warn_oversubscription=args.workers is not None)
     with _stopped_at_end(spark):
         run_demo(spark, config, workdir=args.workdir, num_classes=args.classes)
     return 0
@@ -282,7 +291,7 @@ def _demo(args: argparse.Namespace) -> int:
 SESSION_START_WAIT_S = 120
 
 
-def _session_interruptibly(config, command: str):
+def _session_interruptibly(config, command: str, **options):
     """:func:`_session`, started in a helper thread while this one waits.
 
     A Ctrl-C during Spark's start-up then raises KeyboardInterrupt here, not
@@ -301,7 +310,7 @@ def _session_interruptibly(config, command: str):
 
     def start() -> None:
         try:
-            box["spark"] = _session(config, command)
+            box["spark"] = _session(config, command, **options)
         except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
             box["error"] = e
         finally:

@@ -17,7 +17,8 @@ IMAGENET_SAMPLE = SHARED_DATA / "imagenet-sample"
 
 def requires_shared(path: Path):
     """Skip marker for tests that need ../shared/data (absent on a fresh clone elsewhere)."""
-    return pytest.mark.skipif(not path.is_dir(), reason=f"real ILSVRC data not found at {path} (../shared/data)")
+    return pytest.mark.skipif(not path.is_dir(), reason=f"real ILSVRC data not found at {path} (../shared/data; "
+                                                        "set SPARK_IMAGENET_SHARED_DATA to its data folder)")
 
 
 def small_layout(dest: Path, **kw) -> Path:

@@ -132,6 +132,13 @@ def test_bad_job_file_and_settings_are_reported_before_spark_starts(tree, tmp_pa
     assert_clean_error(cli("train", str(tmp_path), "--config", str(job)), "workers (--workers) must be an integer",
                        str(job))
     assert_clean_error(cli("train", "--workers", "2"), "no dataset URL")
+    job.write_text("workers = 2\nimage_size = 32\n")  # the file's value is blamed on the file, an option's not
+    assert_clean_error(cli("train", str(tmp_path), "--config", str(job)), f"(from the job file {job})")
+    p = cli("train", str(tmp_path), "--config", str(job), "--image-size", "48")
+    assert_clean_error(p, "image_size (--image-size) 48 is too small")
+    assert "from the job file" not in p.stderr
+    job.write_text(f'url = "{tmp_path}"\n')
+    assert_clean_error(cli("demo", "--config", str(job)), "the demo makes its own dataset")
     for out in (p,):
         assert not any(s in out.stderr for s in SPARK_START_UP), out.stderr
 

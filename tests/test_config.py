@@ -175,3 +175,30 @@ def test_worker_spec_from_json_names_missing_and_unknown_keys():
     data["config"]["model"] = "vgg16"
     with pytest.raises(ConfigError, match="'vgg16' is not a known model"):
         WorkerSpec.from_json(data)
+
+
+def test_conf_tables_flatten_dotted_keys_and_bad_conf_is_a_config_error():
+    c = TrainConfig(workers=2, conf={"spark": {"executor": {"memory": "4g"}}, "spark.task.cpus": 1})
+    assert c.spark_conf == {"spark.executor.memory": "4g", "spark.task.cpus": "1"}
+    for bad in ("spark.x=1", 5, {"a": None}, {"a": [1]}):
+        with pytest.raises(ConfigError, match=r"conf \(--conf\)"):
+            TrainConfig(workers=2, conf=bad)
+
+
+def test_seed_leaves_room_for_every_rank():
+    assert TrainConfig(workers=1, seed=2**32 - 1).seed == 2**32 - 1
+    with pytest.raises(ConfigError, match="at most 4294967292") as e:
+        TrainConfig(workers=4, seed=2**32 - 1)
+    assert e.value.key == "seed"
+
+
+def test_job_file_paths_are_relative_to_the_file(tmp_path):
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    path = folder / "job.toml"
+    path.write_text('url = "data/shards"\nworkers = 2\ncache = "/abs/cache"\nresults = "r.json"\n')
+    values = load_job_file(path)
+    assert values["url"] == str(folder / "data" / "shards") and values["results"] == str(folder / "r.json")
+    assert values["cache"] == "/abs/cache"
+    path.write_text('url = "gs://b/p"\nworkers = 2\n')
+    assert load_job_file(path)["url"] == "gs://b/p"

@@ -209,7 +209,10 @@ def test_interrupted_download_resumes_on_the_next_run(fake, api_key, served, tmp
     partial = tmp_path / "dl" / ARCHIVE
     assert str(partial) in msg and partial.stat().st_size == CHUNK
     assert Path(str(partial) + ".kaggle-partial").exists()
-    assert len(fake.file_requests()) == 6
+    # the first attempt and the client's 5 retries, every one cut (under load the HTTP layer may send one
+    # more on a connection the server had just closed: the count is the client's business, the cuts ours)
+    first = fake.file_requests()
+    assert len(first) >= 6 and all(s.sent < len(served[0]) for s in first), [(s.status, s.sent) for s in first]
 
     path, lines = run(tmp_path / "dl")
     assert sha256(path.read_bytes()) == sha256(served[0])

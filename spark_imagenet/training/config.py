@@ -44,6 +44,8 @@ WORKER_FORMAT_VERSION = 1
 #: Default limit, in seconds, on waiting for the other workers while the
 #: strategy is built (0 = no limit).
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
+#: The largest seed TensorFlow and NumPy take (2**32 - 1).
+MAX_SEED = 2**32 - 1
 
 
 # ------------------------------------------------------------- field rules
@@ -66,6 +68,13 @@ def _setting(default: Any = dataclasses.MISSING, *, kind: str, help: str = "", m
     return dataclasses.field(default=default, metadata={"rule": rule})
 
 
+def _error(key: str, message: str) -> ConfigError:
+    """A ConfigError about setting ``key`` (kept as ``.key``, so callers can say where the value came from)."""
+    error = ConfigError(message)
+    error.key = key
+    return error
+
+
 def _label(name: str, rule: _Rule) -> str:
     return f"{name} ({rule.option})" if rule.option else name
 
@@ -74,9 +83,32 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _bound(value: float, rule: _Rule, label: str, what: str) -> None:
+def _bound(name: str, value: float, rule: _Rule, label: str, what: str) -> None:
     if rule.minimum is not None and value < rule.minimum:
-        raise ConfigError(f"{label} must be {what} >= {rule.minimum:g}, got {value!r}")
+        raise _error(name, f"{label} must be {what} >= {rule.minimum:g}, got {value!r}")
+
+
+def _flat_conf(value: Any, label: str, name: str, prefix: str = "") -> list[tuple[str, str]]:
+    """Spark settings as ``(key, value)`` pairs from a mapping or pairs; nested tables (TOML's
+    unquoted dotted keys: ``spark.executor.memory = "4g"``) are joined with dots."""
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)) and all(isinstance(i, (list, tuple)) and len(i) == 2 for i in value):
+        items = [tuple(i) for i in value]
+    else:
+        raise _error(name, f"{label} must be a table of Spark settings (KEY = \"VALUE\"), got {value!r:.200}")
+    pairs = []
+    for key, val in items:
+        if not isinstance(key, str) or not key.strip():
+            raise _error(name, f"{label}: {key!r} is not a Spark setting name")
+        full = f"{prefix}{key.strip()}"
+        if isinstance(val, Mapping):
+            pairs.extend(_flat_conf(val, label, name, f"{full}."))
+        elif isinstance(val, (list, tuple, set)) or val is None:
+            raise _error(name, f"{label}: {full} = {val!r} is not a Spark setting value (a string, number or boolean)")
+        else:
+            pairs.append((full, str(val).lower() if isinstance(val, bool) else str(val).strip()))
+    return pairs
 
 
 def _checked(name: str, rule: _Rule, value: Any) -> Any:
@@ -85,45 +117,38 @@ def _checked(name: str, rule: _Rule, value: Any) -> Any:
     if value is None:
         if rule.optional:
             return None
-        raise ConfigError(f"{label} is required")
+        raise _error(name, f"{label} is required")
     if rule.kind == "int":
         if not _is_int(value):
-            raise ConfigError(f"{label} must be an integer, got {value!r}")
-        _bound(value, rule, label, "an integer")
+            raise _error(name, f"{label} must be an integer, got {value!r}")
+        _bound(name, value, rule, label, "an integer")
         return int(value)
     if rule.kind == "float":
         if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
-            raise ConfigError(f"{label} must be a number, got {value!r}")
+            raise _error(name, f"{label} must be a number, got {value!r}")
         if rule.positive and not value > 0:
-            raise ConfigError(f"{label} must be a positive number, got {value!r}")
-        _bound(value, rule, label, "a number")
+            raise _error(name, f"{label} must be a positive number, got {value!r}")
+        _bound(name, value, rule, label, "a number")
         return float(value)
     if rule.kind == "path":
         if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-            raise ConfigError(f"{label} must be a path, got {value!r}")
+            raise _error(name, f"{label} must be a path, got {value!r}")
         return os.fspath(value)
     if rule.kind == "str":
         if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{label} must be a non-empty string, got {value!r}")
+            raise _error(name, f"{label} must be a non-empty string, got {value!r}")
         return value
     if rule.kind == "files":
         if isinstance(value, (str, bytes)) or not all(isinstance(f, str) and f for f in value):
-            raise ConfigError(f"{label} must be a list of file paths, got {value!r:.200}")
+            raise _error(name, f"{label} must be a list of file paths, got {value!r:.200}")
         return tuple(value)
     if rule.kind == "pair":
         if isinstance(value, (str, bytes)) or len(value) != 2 or not all(_is_int(v) for v in value) \
                 or not 0 <= value[1] < value[0]:
-            raise ConfigError(f"{label} must be null or [n, i] with 0 <= i < n, got {value!r}")
+            raise _error(name, f"{label} must be null or [n, i] with 0 <= i < n, got {value!r}")
         return (int(value[0]), int(value[1]))
     if rule.kind == "conf":
-        items = value.items() if isinstance(value, Mapping) else value
-        pairs = []
-        for item in items:
-            key, val = item
-            if not isinstance(key, str) or not key or isinstance(val, (dict, list, tuple)):
-                raise ConfigError(f"{label}: {key!r} = {val!r} is not a Spark setting (KEY = \"VALUE\")")
-            pairs.append((key, str(val).lower() if isinstance(val, bool) else str(val)))
-        return tuple(sorted(dict(pairs).items()))
+        return tuple(sorted(dict(_flat_conf(value, label, name)).items()))
     raise AssertionError(rule.kind)
 
 
@@ -213,17 +238,20 @@ class TrainConfig:
         _validate_fields(self)
         known = _known_models()
         if self.model not in known:
-            close = difflib.get_close_matches(self.model, known, n=1)
-            raise ConfigError(f"model (--model) {self.model!r} is not a known model"
+            close = difflib.get_close_matches(self.model, known, n=1, cutoff=0.8)
+            raise _error("model", f"model (--model) {self.model!r} is not a known model"
                               + (f" (did you mean {close[0]!r}?)" if close else "")
                               + f"; choose one of: {', '.join(known)}")
         from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE
 
         if self.image_size < MIN_IMAGE_SIZE[self.model]:
-            raise ConfigError(
+            raise _error("image_size", 
                 f"image_size (--image-size) {self.image_size} is too small for {self.model}: its layers need at "
                 f"least {MIN_IMAGE_SIZE[self.model]} px"
             )
+        if self.seed + self.workers - 1 > MAX_SEED:  # each worker seeds with seed + rank
+            raise _error("seed", f"seed (--seed) {self.seed} is too large: with {self.workers} worker(s) it must be at "
+                                 f"most {MAX_SEED - self.workers + 1} (worker seeds are seed + rank, at most 2**32 - 1)")
 
     # ---------------------------------------------------------- building
     @classmethod
@@ -295,13 +323,38 @@ def _unwrap(data: Any, fmt: str, version: int, where: str) -> dict[str, Any]:
 # ---------------------------------------------------------- job files
 #: Keys of a job file besides the :class:`TrainConfig` fields.
 JOB_FILE_EXTRA_KEYS = ("url",)
+#: Keys whose value is a local path (``url`` only when it has no scheme such as ``gs://``).
+PATH_KEYS = ("url", "cache", "results")
+
+
+def absolute_paths(values: Mapping[str, Any], base: str | os.PathLike) -> dict[str, Any]:
+    """``values`` with the local paths of :data:`PATH_KEYS` made absolute against ``base``.
+
+    Args:
+        values: settings by key (a job file's, or the command line's).
+        base: the folder relative paths are relative to (a job file's own
+            folder, or the working directory for the command line).
+
+    Returns:
+        dict: a copy; ``gs://`` and ``file://`` URLs and non-strings unchanged.
+    """
+    out = dict(values)
+    for key in PATH_KEYS:
+        value = out.get(key)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, str) and value and "://" not in value:
+            out[key] = str(Path(base, Path(value).expanduser()).absolute())
+    return out
 
 
 def load_job_file(path: str | os.PathLike) -> dict[str, Any]:
     """Read a TOML job file into ``{key: value}``, every key checked.
 
     Values are checked later, when the :class:`TrainConfig` is built (the
-    command line merges its options over these first).
+    command line merges its options over these first). Relative paths
+    (``url``, ``cache``, ``results``) are relative to the job file's folder,
+    and are returned absolute.
 
     Args:
         path: the job file.
@@ -329,7 +382,7 @@ def load_job_file(path: str | os.PathLike) -> dict[str, Any]:
     if "conf" in data and not isinstance(data["conf"], dict):
         raise ConfigError(f"job file {path}: conf must be a table ([conf] with \"spark.key\" = \"value\" lines), "
                           f"got {data['conf']!r}")
-    return data
+    return absolute_paths(data, p.absolute().parent)
 
 
 def dump_job(config: TrainConfig, url: str | None = None) -> str:

@@ -199,7 +199,7 @@ def oversubscription_warning(workers: int, cores: int) -> str | None:
 
 
 def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None = None,
-                app_name: str = "spark-imagenet"):
+                app_name: str = "spark-imagenet", *, warn_oversubscription: bool = True):
     """The SparkSession the command line trains with.
 
     Args:
@@ -210,6 +210,9 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
             ``local[N]``).
         conf: extra Spark configuration.
         app_name: application name.
+        warn_oversubscription: warn on stderr when the default
+            ``local[workers]`` has more workers than this machine has cores
+            (:func:`oversubscription_warning`).
 
     Returns:
         pyspark.sql.SparkSession
@@ -221,7 +224,7 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if master is None and not under_submit:
         master = f"local[{max(1, int(workers))}]"
-        warning = oversubscription_warning(workers, os.cpu_count() or 1)
+        warning = oversubscription_warning(workers, os.cpu_count() or 1) if warn_oversubscription else None
         if warning:
             print(f"spark-imagenet: warning: {warning}", file=sys.stderr, flush=True)
     if master is not None and is_local_master(master):

@@ -81,6 +81,7 @@ SHARED_SETTINGS = ("workers", "steps_per_epoch", "val_steps", "config.epochs", "
 
 # Stages reported in the failure line.
 STAGE_SPEC = "reading its spec"
+STAGE_SETUP = "setting up TensorFlow (threads, seed)"
 STAGE_STRATEGY = "building the strategy"
 STAGE_DATA = "reading data"
 STAGE_MODEL = "building the model"
@@ -366,6 +367,7 @@ def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
             print(line, flush=True)
     status = {} if status is None else status
     config = spec.config
+    status["stage"] = STAGE_SETUP
     _configure(spec)
     status["stage"] = STAGE_STRATEGY
     strategy, val_total = _build_strategy(spec, log)
