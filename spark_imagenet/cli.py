@@ -115,6 +115,10 @@ def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
             g.add_argument(rule.option, type=_conf_pair, action="append", default=None, metavar="KEY=VALUE",
                            help=text + ", repeatable")
             continue
+        if rule.kind == "bool":
+            g.add_argument(rule.option, action="store_const", const=True, default=None, dest=f.name,
+                           help=text + (" (default: off)" if not default else ""))
+            continue
         if default is not None:
             text += f" (default: {default})"
         elif not rule.optional:

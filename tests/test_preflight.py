@@ -10,7 +10,12 @@ import pytest
 from bucket_util import make_bucket
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.training.driver import train
-from spark_imagenet.training.preflight import available_slots, check_results_path, slots_from_master
+from spark_imagenet.training.preflight import (
+    available_slots,
+    check_dataset_reachable,
+    check_results_path,
+    slots_from_master,
+)
 from spark_imagenet.training.spark_session import local_session
 
 
@@ -68,3 +73,14 @@ def test_results_path_checks(tmp_path):
         check_results_path(tmp_path / "no" / "such" / "r.json")
     with pytest.raises(ConfigError, match="is a folder"):
         check_results_path(tmp_path)
+
+
+def test_a_dataset_on_the_drivers_disk_needs_a_local_master_or_a_shared_filesystem():
+    check_dataset_reachable("/data/shards", "local[4]", False)
+    check_dataset_reachable("gs://b/shards", "spark://h:7077", False)
+    check_dataset_reachable("/nfs/shards", "yarn", True)
+    for master in ("spark://h:7077", "yarn", "k8s://https://h:6443"):
+        with pytest.raises(ConfigError) as e:
+            check_dataset_reachable("/data/shards", master, False)
+        assert "/data/shards is a path on the driver's disk" in str(e.value) and master in str(e.value)
+        assert "--shared-filesystem" in str(e.value) and "gs://" in str(e.value)

@@ -53,7 +53,7 @@ MAX_SEED = 2**32 - 1
 class _Rule:
     """How one field is checked: its kind, bounds and the option that sets it."""
 
-    kind: str  # "int", "float", "str", "path", "files", "pair", "conf"
+    kind: str  # "int", "float", "str", "bool", "path", "files", "pair", "conf"
     minimum: float | None = None
     positive: bool = False
     optional: bool = False
@@ -130,6 +130,10 @@ def _checked(name: str, rule: _Rule, value: Any) -> Any:
             raise _error(name, f"{label} must be a positive number, got {value!r}")
         _bound(name, value, rule, label, "a number")
         return float(value)
+    if rule.kind == "bool":
+        if not isinstance(value, bool):
+            raise _error(name, f"{label} must be true or false, got {value!r}")
+        return value
     if rule.kind == "path":
         if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
             raise _error(name, f"{label} must be a path, got {value!r}")
@@ -196,6 +200,8 @@ class TrainConfig:
         transfers: parallel shard downloads per task (>= 1).
         cache: shard cache folder on every executor host; None = under Spark's local dir.
         results: local file to write the results JSON to; None = none written.
+        shared_filesystem: a local dataset path is one every host mounts, so
+            a cluster master's executors can read it (else refused).
         master: Spark master URL for the command line's session; None = the one
             ``spark-submit`` gives, else ``local[workers]``. :func:`train` with a
             session of your own ignores it.
@@ -229,6 +235,9 @@ class TrainConfig:
                                  help="local folder for fetched shards (default: under Spark's local dir)")
     results: str | None = _setting(None, kind="path", optional=True, option="--results",
                                    help="write the results as JSON to this file")
+    shared_filesystem: bool = _setting(False, kind="bool", option="--shared-filesystem",
+                                       help="a local dataset path is mounted on every host (NFS and the like), so a "
+                                            "cluster master may read it")
     master: str | None = _setting(None, kind="str", optional=True, option="--master",
                                   help="Spark master URL (default: the one spark-submit gives, else local[WORKERS])")
     conf: tuple[tuple[str, str], ...] = _setting((), kind="conf", option="--conf",

@@ -35,7 +35,12 @@ from spark_imagenet.storage import open_storage
 from spark_imagenet.training.assignment import Assignment, assign
 from spark_imagenet.training.barrier_task import TaskSpec, run_task
 from spark_imagenet.training.config import TrainConfig
-from spark_imagenet.training.preflight import check_results_path, check_spark, spark_context
+from spark_imagenet.training.preflight import (
+    check_dataset_reachable,
+    check_results_path,
+    check_spark,
+    spark_context,
+)
 from spark_imagenet.training.results import build_results, format_table, write_json_atomic
 
 
@@ -261,6 +266,7 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
     if job.config.master is not None and job.config.master != sc.master:
         log(f"warning: the job's master {job.config.master!r} is not used: this session runs on {sc.master!r} "
             "(master and conf choose the command line's session; a session of your own keeps its own)")
+    check_dataset_reachable(job.url, sc.master, job.config.shared_filesystem)
     check_spark(sc, job.config.workers)
     _announce(job, log)
     start = time.monotonic()

@@ -148,3 +148,26 @@ def check_spark(sc, workers: int, wait_seconds: float = EXECUTOR_WAIT_SECONDS) -
             f"(local[{workers}], more executors or spark.executor.cores)."
         )
     return slots
+
+
+def check_dataset_reachable(url: str, master: str, shared_filesystem: bool) -> None:
+    """Refuse a dataset on the driver's own disk when executors run on other hosts.
+
+    Args:
+        url: the dataset's storage URL (a local path, ``file://`` or ``gs://``).
+        master: the session's master URL.
+        shared_filesystem: the user says every host mounts that path.
+
+    Raises:
+        ConfigError: a local path with a cluster master, and ``shared_filesystem`` false.
+    """
+    from spark_imagenet.training.spark_session import is_local_master
+
+    if shared_filesystem or is_local_master(master) or url.startswith("gs://"):
+        return
+    raise ConfigError(
+        f"the dataset {url} is a path on the driver's disk, but master {master} runs the barrier tasks on "
+        "executors that may be on other hosts, which cannot read it. Put the dataset in a bucket "
+        "(spark-imagenet upload LOCAL gs://BUCKET/PREFIX) or on a path every host mounts, and then add "
+        "--shared-filesystem (shared_filesystem = true in a job file)"
+    )

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from spark_imagenet.errors import EnvironmentSetupError
+from spark_imagenet.errors import ConfigError, EnvironmentSetupError
 
 #: Oldest Java major version PySpark 4.x runs on (Spark 4.0 release notes:
 #: "Java 17 and 21"; Java 8 and 11 support was removed).
@@ -220,8 +220,14 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     Raises:
         EnvironmentSetupError: Java missing or too old (only checked when this
             process starts the JVM itself).
+        ConfigError: a ``master`` given under ``spark-submit`` (whose own
+            ``--master`` decides).
     """
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if under_submit and master is not None:
+        raise ConfigError(f"--master {master} (or master in the job file): under spark-submit the master is "
+                          "spark-submit's own option; give it there (spark-submit --master MASTER ...) and leave it "
+                          "out of the job, which would otherwise replace it")
     if master is None and not under_submit:
         master = f"local[{max(1, int(workers))}]"
         warning = oversubscription_warning(workers, os.cpu_count() or 1) if warn_oversubscription else None
