@@ -205,7 +205,8 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     Args:
         master: a Spark master URL; None means the master ``spark-submit``
             passed (when this driver was launched by ``spark-submit``, which
-            sets ``PYSPARK_GATEWAY_PORT``), else ``local[workers]``.
+            sets ``PYSPARK_GATEWAY_PORT``, or runs on a Databricks cluster,
+            which sets ``DATABRICKS_RUNTIME_VERSION``), else ``local[workers]``.
         workers: barrier tasks the job will run (sizes the default
             ``local[N]``).
         conf: extra Spark configuration.
@@ -223,7 +224,9 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
         ConfigError: a ``master`` given under ``spark-submit`` (whose own
             ``--master`` decides).
     """
-    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    # spark-submit passes its JVM's port; a Databricks cluster's Python (a job's wheel task) runs beside its own
+    # session and says so with DATABRICKS_RUNTIME_VERSION: either way, use that session, never a local one.
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ or "DATABRICKS_RUNTIME_VERSION" in os.environ
     if under_submit and master is not None:
         raise ConfigError(f"--master {master} (or master in the job file): under spark-submit the master is "
                           "spark-submit's own option; give it there (spark-submit --master MASTER ...) and leave it "
