@@ -48,11 +48,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from spark_imagenet.training.assignment import Assignment
 from spark_imagenet.training.config import TrainConfig, WorkerSpec
+from spark_imagenet.training.interrupts import sigint_handler
 from spark_imagenet.errors import ConfigError, SparkImagenetError, TrainingError
 from spark_imagenet.training.supervisor import EXIT_SUPERVISOR_FAILED, set_death_signal
 
@@ -384,27 +384,6 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: 
     return got["result"]
 
 
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ignore SIGINT in this Python worker for the block, then restore the previous handler.
-
-    PySpark's forked Python workers get Python's default SIGINT handler, so a
-    terminal's Ctrl-C that reaches them (workers started without the daemon
-    share the JVM's process group) would crash the task with a traceback; the
-    driver cancels the job instead. A no-op outside the main thread (where
-    signal handlers cannot be set).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        if previous is not None:  # None: a handler set from C, which cannot be restored
-            signal.signal(signal.SIGINT, previous)
-
-
 def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     """Body of one barrier task (see the module docstring); SIGINT is ignored while it runs.
 
@@ -425,7 +404,10 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
 
     from spark_imagenet.training.rendezvous import build_tf_config, local_worker_count, rendezvous, split_host_port
 
-    with _sigint_ignored():
+    # PySpark's forked workers have Python's default SIGINT handler: a terminal's Ctrl-C that reaches
+    # them (workers started without the daemon share the JVM's process group) would crash the task;
+    # the driver cancels the job instead.
+    with sigint_handler(signal.SIG_IGN):
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
         host = split_host_port(ctx.getTaskInfos()[rank].address)[0]

@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.errors import SparkImagenetError, TrainingError
@@ -35,6 +35,7 @@ from spark_imagenet.storage import open_storage
 from spark_imagenet.training.assignment import Assignment, assign
 from spark_imagenet.training.barrier_task import TaskSpec, run_task
 from spark_imagenet.training.config import TrainConfig
+from spark_imagenet.training.interrupts import sigint_handler
 from spark_imagenet.training.preflight import (
     check_dataset_reachable,
     check_results_path,
@@ -158,7 +159,9 @@ def _launch(sc, job: JobPlan) -> list[dict[str, Any]]:
 
     thread = InheritableThread(collect, name="spark-imagenet barrier job", daemon=True)
     try:
-        with _sigint_raises():
+        # Python's default handler, not PySpark's: that one cancels every job from inside the signal
+        # handler, which breaks a Py4J call in progress ("reentrant call") and prints its tracebacks.
+        with sigint_handler(signal.default_int_handler):
             thread.start()
             while not done.wait(0.5):
                 pass
@@ -175,25 +178,6 @@ def _launch(sc, job: JobPlan) -> list[dict[str, Any]]:
     return [json.loads(s) for s in outcome["lines"]]
 
 
-@contextlib.contextmanager
-def _sigint_raises() -> Iterator[None]:
-    """In the main thread, make SIGINT raise KeyboardInterrupt for the block (Python's default).
-
-    PySpark's own handler cancels every job of the context from inside the
-    signal handler, which breaks a Py4J call in progress ("reentrant call")
-    and prints its tracebacks. Outside the main thread, a no-op.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-
-
 def _cancel_quietly(sc, group: str, done: threading.Event, wait_s: float = CANCEL_WAIT_S) -> None:
     """Cancel the job group after Ctrl-C without Spark's log noise; wait for it to end.
 
@@ -208,9 +192,7 @@ def _cancel_quietly(sc, group: str, done: threading.Event, wait_s: float = CANCE
         done: set when the thread running the job has ended (waited for, at most ``wait_s``).
         wait_s: the bound on the whole wait, in seconds.
     """
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-    try:
+    with sigint_handler(signal.SIG_IGN):
         level = None
         with contextlib.suppress(Exception):
             level = str(sc._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
@@ -227,9 +209,6 @@ def _cancel_quietly(sc, group: str, done: threading.Event, wait_s: float = CANCE
         if level:
             with contextlib.suppress(Exception):
                 sc.setLogLevel(level)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
 
 
 def _active_tasks(tracker, group: str) -> int:
