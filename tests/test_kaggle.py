@@ -190,9 +190,14 @@ def test_dropped_connection_resumes_within_the_call(fake, api_key, served, tmp_p
     fake.cut_file_responses(1_500_000)  # 1 MiB reaches the disk, then the connection drops
     path, lines = run(tmp_path / "dl", progress=True)  # the client waits 2-3 s, then resumes by itself
     assert sha256(path.read_bytes()) == sha256(served[0])
-    first, second = fake.file_requests()
+    # the cut request, then the client's resume; under load the HTTP layer may send one more request on a
+    # connection the server had just closed (seen in CI): the count is the client's business, the resume ours
+    seen = fake.file_requests()
+    first, second = seen[0], seen[-1]
+    assert 2 <= len(seen) <= 3, [(s.status, s.sent, s.headers.get("Range")) for s in seen]
     assert first.sent == 1_500_000 and "Range" not in first.headers
     assert second.headers["Range"] == f"bytes={CHUNK}-" and second.status == 206
+    assert second.sent == len(served[0]) - CHUNK
     assert second.headers["If-Range"] == fake.etags[ARCHIVE]
     assert any("Resuming from" in ln for ln in lines), lines
 
