@@ -14,7 +14,9 @@ from spark_imagenet.training.preflight import (
     available_slots,
     check_dataset_reachable,
     check_results_path,
+    executor_wait_seconds,
     slots_from_master,
+    spark_seconds,
 )
 from spark_imagenet.training.spark_session import local_session
 
@@ -84,3 +86,18 @@ def test_a_dataset_on_the_drivers_disk_needs_a_local_master_or_a_shared_filesyst
             check_dataset_reachable("/data/shards", master, False)
         assert "/data/shards is a path on the driver's disk" in str(e.value) and master in str(e.value)
         assert "--shared-filesystem" in str(e.value) and "gs://" in str(e.value)
+
+
+def test_spark_time_settings_are_read_in_seconds():
+    assert spark_seconds("900s") == 900 and spark_seconds("5min") == 300 and spark_seconds("2h") == 7200
+    assert spark_seconds("30000") == 30 and spark_seconds("1500ms") == 1.5 and spark_seconds("1", "s") == 1
+    with pytest.raises(ConfigError, match="'soon' is not a Spark time"):
+        spark_seconds("soon")
+
+
+def test_the_wait_for_executors_follows_sparks_own_wait_and_is_at_least_a_minute():
+    assert executor_wait_seconds({}) == 60
+    assert executor_wait_seconds({"spark.scheduler.maxRegisteredResourcesWaitingTime": "900s"}) == 900
+    assert executor_wait_seconds({"spark.scheduler.maxRegisteredResourcesWaitingTime": "10s"}) == 60
+    with pytest.raises(ConfigError, match="spark.scheduler.maxRegisteredResourcesWaitingTime: '10 parsecs'"):
+        executor_wait_seconds({"spark.scheduler.maxRegisteredResourcesWaitingTime": "10 parsecs"})

@@ -111,14 +111,56 @@ def available_slots(sc) -> tuple[int, str]:
         return slots, f"estimated from master {sc.master} and spark.task.cpus={task_cpus}"
 
 
-def check_spark(sc, workers: int, wait_seconds: float = EXECUTOR_WAIT_SECONDS) -> int:
+#: Spark's time suffixes (JavaUtils.timeStringAs), in seconds; a bare number is Spark's default unit.
+_TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def spark_seconds(value: str, default_unit: str = "ms") -> float:
+    """A Spark time setting (``"900s"``, ``"5min"``, ``"30000"``) in seconds.
+
+    Args:
+        value: the setting's text.
+        default_unit: the unit of a bare number (``ms`` for
+            ``spark.scheduler.maxRegisteredResourcesWaitingTime``).
+
+    Raises:
+        ConfigError: not a number with one of Spark's time units.
+    """
+    text = value.strip().lower()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number):] or default_unit
+    try:
+        return float(number) * _TIME_UNITS[unit]
+    except (ValueError, KeyError):
+        raise ConfigError(f"{value!r} is not a Spark time (a number and one of {', '.join(_TIME_UNITS)})") from None
+
+
+def executor_wait_seconds(conf) -> float:
+    """How long the driver waits for executors to register before counting slots.
+
+    Spark's own wait, ``spark.scheduler.maxRegisteredResourcesWaitingTime``
+    (30 s by default; submit/'s YARN and Kubernetes settings raise it: their
+    containers first unpack an environment or pull an image), and at least
+    :data:`EXECUTOR_WAIT_SECONDS`.
+    """
+    key = "spark.scheduler.maxRegisteredResourcesWaitingTime"
+    text = conf.get(key, "30s")
+    try:
+        spark_wait = spark_seconds(text)
+    except ConfigError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    return max(EXECUTOR_WAIT_SECONDS, spark_wait)
+
+
+def check_spark(sc, workers: int, wait_seconds: float | None = None) -> int:
     """Check that a barrier stage of ``workers`` tasks can start now.
 
     Args:
         sc: the SparkContext.
         workers: barrier tasks wanted.
         wait_seconds: on a cluster master, how long to wait for executors
-            to register before giving up (0 under ``local``).
+            to register before giving up (0 under ``local``; None: see
+            :func:`executor_wait_seconds`).
 
     Returns:
         int: the barrier task slots found (executor cores / ``spark.task.cpus``, limited by
@@ -137,15 +179,20 @@ def check_spark(sc, workers: int, wait_seconds: float = EXECUTOR_WAIT_SECONDS) -
     slots, how = available_slots(sc)
     from spark_imagenet.training.spark_session import is_local_master
 
-    deadline = time.monotonic() + (0 if is_local_master(sc.master) else wait_seconds)
+    local = is_local_master(sc.master)
+    if wait_seconds is None:
+        wait_seconds = 0.0 if local else executor_wait_seconds(conf)
+    deadline = time.monotonic() + wait_seconds
     while slots < workers and time.monotonic() < deadline:
         time.sleep(1.0)
         slots, how = available_slots(sc)
     if slots < workers:
+        waited = "" if local else (f" after waiting {wait_seconds:.0f} s for executors to register "
+                                   "(spark.scheduler.maxRegisteredResourcesWaitingTime)")
         raise ConfigError(
-            f"--workers {workers} needs {workers} barrier task slots, only {slots} available "
+            f"--workers {workers} needs {workers} barrier task slots, only {slots} available{waited} "
             f"(master {sc.master}; {how}). Use --workers <= {slots}, or give Spark more cores "
-            f"(local[{workers}], more executors or spark.executor.cores)."
+            f"(local[{workers}], more executors: spark.executor.instances, or spark.executor.cores)."
         )
     return slots
 
