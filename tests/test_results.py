@@ -11,7 +11,7 @@ from spark_imagenet.training.results import combine, format_table, write_json_at
 
 
 def record(rank: int, top1: float = 0.5, **extra) -> dict:
-    return {"rank": rank, "host": f"10.0.0.{rank + 1}", "train_images": 64, "steps": 4, "images_per_sec": 10.0 + rank,
+    return {"rank": rank, "host": f"10.0.0.{rank + 1}", "python": "/env/bin/python", "train_images": 64, "steps": 4, "images_per_sec": 10.0 + rank,
             "train_loss": 1.5, "train_top1": 0.4, "train_seconds": 6.0, "history": {"loss": [2.0, 1.5]},
             "val": {"images": 30, "top1": top1, "top5": 0.9, "loss": 1.2}, "params": 123, **extra}
 
@@ -20,7 +20,7 @@ def test_combine_orders_by_rank_and_keeps_the_per_worker_fields():
     lines = []
     per_worker, val = combine([record(1), record(0)], 2, lines.append)
     assert [w["rank"] for w in per_worker] == [0, 1]
-    assert set(per_worker[0]) == {"rank", "host", "train_images", "steps", "images_per_sec", "train_loss",
+    assert set(per_worker[0]) == {"rank", "host", "python", "train_images", "steps", "images_per_sec", "train_loss",
                                   "train_top1", "train_seconds"}
     assert val == {"images": 30, "top1": 0.5, "top5": 0.9, "loss": 1.2} and lines == []
 

@@ -392,7 +392,8 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
         _partition: the partition's items (ignored; one partition per worker).
 
     Yields:
-        str: one JSON object: the worker's result plus ``"host"``.
+        str: one JSON object: the worker's result plus ``"host"`` and
+        ``"python"`` (the task's interpreter, e.g. a shipped environment's).
 
     Raises:
         TrainingError: the child failed (message: rank, host, exit status and
@@ -424,4 +425,5 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
                    f"cluster {addresses}")
         result = _run_worker(spec, message, env, host)
     result["host"] = host
+    result["python"] = sys.executable
     yield json.dumps(result)

@@ -276,7 +276,7 @@ def train(spark, url: str | os.PathLike, config: TrainConfig | int | None = None
             ...); with a config object they override its fields.
 
     Returns:
-        dict: ``{"workers", "per_worker": [{"rank", "host", "train_images",
+        dict: ``{"workers", "per_worker": [{"rank", "host", "python", "train_images",
         "steps", "images_per_sec", "train_loss", "train_top1",
         "train_seconds"}], "val": {"images", "top1", "top5", "loss"},
         "images_per_sec" (sum over workers), "history" (rank 0's Keras
