@@ -3,7 +3,12 @@
 # PYTHON: the Python that has spark-imagenet installed (default: python3 on PATH).
 
 PYTHON="${PYTHON:-python3}"
-if ! DRIVER="$("$PYTHON" -m spark_imagenet.submit --path 2>/dev/null)"; then
+if ! PYTHON_EXE="$("$PYTHON" -c 'import sys; print(sys.executable)' 2>/dev/null)"; then
+    echo "$(basename "$0"): cannot run PYTHON=$PYTHON (set PYTHON to the Python that has spark-imagenet installed)" >&2
+    exit 2
+fi
+# PYTHONSAFEPATH (Python 3.11+): a checkout in the current folder must not shadow the installed package.
+if ! DRIVER="$(PYTHONSAFEPATH=1 "$PYTHON_EXE" -m spark_imagenet.submit --path 2>/dev/null)"; then
     echo "$(basename "$0"): spark-imagenet is not installed for $PYTHON (pip install . in a virtualenv, then activate it, or set PYTHON)" >&2
     exit 2
 fi
@@ -14,7 +19,7 @@ if [ -z "${SPARK_SUBMIT:-}" ]; then
     fi
 fi
 # The Python workers run the same interpreter as the driver (a virtualenv's packages).
-PYSPARK_PYTHON="${PYSPARK_PYTHON:-$("$PYTHON" -c 'import sys; print(sys.executable)')}"
+PYSPARK_PYTHON="${PYSPARK_PYTHON:-$PYTHON_EXE}"
 export PYSPARK_PYTHON PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$PYSPARK_PYTHON}"
 
 need_url() {
@@ -22,4 +27,30 @@ need_url() {
         echo "usage: $(basename "$0") URL [spark-imagenet train options ...]" >&2
         exit 2
     fi
+}
+
+# job_workers URL [train options ...]: print the job's worker count (its --workers, or its job file's), as
+# `spark-imagenet train --print-config` resolves it; a bad option is reported here, before spark-submit.
+job_workers() {
+    local resolved
+    if ! resolved="$(PYTHONSAFEPATH=1 "$PYTHON_EXE" -m spark_imagenet train "$@" --print-config)"; then
+        exit 2
+    fi
+    printf '%s\n' "$resolved" | sed -n 's/^workers = \([0-9][0-9]*\)$/\1/p'
+}
+
+# no_local_job_file HINT URL [train options ...]: in cluster deploy mode the driver runs on a cluster host,
+# which cannot read a job file on this machine, so --config is refused there (before spark-submit).
+no_local_job_file() {
+    local hint="$1" arg
+    shift
+    for arg in "$@"; do
+        case "$arg" in
+            --config|--config=*)
+                echo "$(basename "$0"): --config: in cluster deploy mode the driver runs on a cluster host, which" \
+                     "cannot read this machine's job file. Give its settings as options instead (spark-imagenet" \
+                     "train URL --config FILE --print-config lists them)$hint" >&2
+                exit 2 ;;
+        esac
+    done
 }

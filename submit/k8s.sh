@@ -7,8 +7,8 @@
 # service account, which must be allowed to create, watch and delete pods, services and configmaps there.
 # Settings: conf/spark-defaults.k8s.conf; pod templates: conf/k8s-driver-pod-template.yaml and
 # conf/k8s-executor-pod-template.yaml (shard cache volume, /dev/shm, one GPU per executor).
-# spark.executor.instances is the job's `--workers N` (a barrier stage needs all N executors at once); when
-# the options do not say it (a job file gives it), add --conf spark.executor.instances=N yourself.
+# spark.executor.instances is the job's --workers (a barrier stage needs all N executors at once). The driver
+# runs in the cluster: a job file (--config) on this machine is refused, give its settings as options.
 # The driver program is the image's /opt/spark-imagenet/submit.py; the URL must be one the pods can read
 # (a bucket). Everything after URL goes to the job unchanged; SPARK_SUBMIT_OPTS_EXTRA adds spark-submit
 # options (after this script's, so they win), e.g. --conf spark.kubernetes.submission.waitAppCompletion=false.
@@ -28,21 +28,10 @@ conf="$(cd "$here/../conf" && pwd)"
 # Where docker/Dockerfile puts the driver program inside the image.
 driver_in_image=/opt/spark-imagenet/submit.py
 
-# The job's --workers N (or --workers=N; the last one given counts, as for the job itself).
-workers=""
-previous=""
-for arg in "$@"; do
-    if [ "$previous" = "--workers" ]; then workers="$arg"; fi
-    case "$arg" in --workers=*) workers="${arg#--workers=}" ;; esac
-    previous="$arg"
-done
-instances=()
-if [ -n "$workers" ]; then
-    case "$workers" in
-        *[!0-9]*|0*) echo "k8s.sh: --workers needs a whole number >= 1 (got '$workers')" >&2; exit 2 ;;
-    esac
-    instances=(--conf "spark.executor.instances=$workers")
-fi
+# One executor pod per worker (a barrier stage needs all of them at once): the job's workers, as
+# `spark-imagenet train --print-config` resolves them (a bad option is reported here, before spark-submit).
+no_local_job_file "" "$@"
+workers="$(job_workers "$@")"
 
 # shellcheck disable=SC2086
 exec "$SPARK_SUBMIT" --master "$MASTER" --deploy-mode cluster --name spark-imagenet \
@@ -52,4 +41,4 @@ exec "$SPARK_SUBMIT" --master "$MASTER" --deploy-mode cluster --name spark-image
     --conf "spark.kubernetes.authenticate.driver.serviceAccountName=${SERVICE_ACCOUNT:-spark}" \
     --conf "spark.kubernetes.driver.podTemplateFile=$conf/k8s-driver-pod-template.yaml" \
     --conf "spark.kubernetes.executor.podTemplateFile=$conf/k8s-executor-pod-template.yaml" \
-    "${instances[@]}" ${SPARK_SUBMIT_OPTS_EXTRA:-} "local://$driver_in_image" "$@"
+    --conf "spark.executor.instances=$workers" ${SPARK_SUBMIT_OPTS_EXTRA:-} "local://$driver_in_image" "$@"

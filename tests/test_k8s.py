@@ -118,7 +118,7 @@ def submitted_defaults() -> Submission:
     merges it into the pod it posts, which shows the template's parts as Kubernetes gets them. (The
     template's path goes through SPARK_SUBMIT_OPTS_EXTRA, split on spaces as the scripts do: a checkout
     path with a space in it would break it.)"""
-    return Submission(URL, "--epochs", "1", NAMESPACE=None, SERVICE_ACCOUNT=None,
+    return Submission(URL, "--workers", "4", "--epochs", "1", NAMESPACE=None, SERVICE_ACCOUNT=None,
                       extra=f"--conf spark.executor.instances=5 "
                             f"--conf spark.kubernetes.driver.podTemplateFile={EXECUTOR_TEMPLATE}")
 
@@ -191,7 +191,7 @@ def test_the_spark_conf_the_driver_reads_has_what_a_barrier_job_needs(submitted,
     # the driver finds the executor pod template where Spark mounts it from its configmap
     assert conf["spark.kubernetes.executor.podTemplateFile"] == TEMPLATE_IN_DRIVER
     assert submitted.mounts()["pod-template-volume"] == str(Path(TEMPLATE_IN_DRIVER).parent)
-    # and SPARK_SUBMIT_OPTS_EXTRA's spark.executor.instances when the job options give no --workers
+    # and SPARK_SUBMIT_OPTS_EXTRA's spark.executor.instances wins over --workers (it comes later)
     assert submitted_defaults.conf["spark.executor.instances"] == "5"
 
 
@@ -246,8 +246,11 @@ def test_the_gpu_amounts_agree_between_the_template_and_the_spark_conf():
      "set IMAGE to the spark-imagenet image the cluster pulls"),
     ({"MASTER": "k8s://https://h:443", "IMAGE": ""}, (URL,), "set IMAGE"),
     ({"MASTER": "k8s://https://h:443", "IMAGE": IMAGE}, (URL, "--workers=two"),
-     "--workers needs a whole number >= 1 (got 'two')"),
-    ({"MASTER": "k8s://https://h:443", "IMAGE": IMAGE}, (URL, "--workers", "0"), "(got '0')"),
+     "argument --workers: 'two' is not an integer"),
+    ({"MASTER": "k8s://https://h:443", "IMAGE": IMAGE}, (URL, "--workers", "0"), "0 must be at least 1"),
+    ({"MASTER": "k8s://https://h:443", "IMAGE": IMAGE}, (URL,), "workers (--workers) is required"),
+    ({"MASTER": "k8s://https://h:443", "IMAGE": IMAGE}, (URL, "--config", "job.toml"),
+     "--config: in cluster deploy mode the driver runs on a cluster host, which cannot read this machine's job"),
     ({"MASTER": "k8s://https://h:443", "IMAGE": IMAGE}, (), "usage: k8s.sh URL [spark-imagenet train options ...]"),
     ({"MASTER": "k8s://https://h:443", "IMAGE": IMAGE}, ("--workers", "2"), "usage: k8s.sh URL"),
 ])
