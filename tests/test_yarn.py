@@ -1,0 +1,132 @@
+"""submit/yarn.sh on a real YARN cluster: Hadoop's MiniYARNCluster (a ResourceManager and two NodeManagers,
+see tests/yarn_cluster.py), the virtualenv packed with venv-pack and shipped with --archives, two executors,
+barrier training to the end, in client and in cluster deploy mode."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from data_util import build, small_layout
+from yarn_cluster import CACHE, Unavailable, mini_yarn_cluster, shippable_python
+
+REPO = Path(__file__).resolve().parents[1]
+YARN_SH = REPO / "submit" / "yarn.sh"
+#: Bounded wait (seconds) for one job: packing the environment (about a minute, once), the containers'
+#: start and unpacking, training; this only stops a hang.
+JOB_TIMEOUT_S = 900
+TRAIN = ("--workers", "2", "--epochs", "1", "--image-size", "72", "--width", "0.25", "--batch-size", "4",
+         "--shared-filesystem")
+
+
+def yarn_env(conf_dir: Path | None, python: str, work: Path, **extra: str) -> dict:
+    """The environment yarn.sh gets: the cluster's configuration, the Python to ship, nothing from this
+    checkout (spark-submit would pass PYTHONPATH on to the containers)."""
+    drop = ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYSPARK_GATEWAY_PORT", "HADOOP_CONF_DIR",
+            "YARN_CONF_DIR", "SPARK_HOME")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update({"PYTHON": python, "ENV_ARCHIVE": str(CACHE / "yarn-env.tar.gz"),
+                "SPARK_SUBMIT_OPTS_EXTRA": f"--conf spark.yarn.stagingDir=file://{work}/staging", **extra})
+    if conf_dir is not None:
+        env["HADOOP_CONF_DIR"] = str(conf_dir)
+    return env
+
+
+def run_yarn_sh(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(YARN_SH), *args], capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                          env=env, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def yarn(tmp_path_factory):
+    """A running MiniYARNCluster with two NodeManagers; yields (HADOOP_CONF_DIR, work folder)."""
+    work = tmp_path_factory.mktemp("yarn")
+    with contextlib.ExitStack() as stack:
+        try:
+            conf = stack.enter_context(mini_yarn_cluster(work, node_managers=2))
+        except Unavailable as e:
+            pytest.skip(f"no YARN test cluster on this machine: {e}")
+        yield conf, work
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    """(python, dataset): a Python yarn.sh can ship, and a small sharded dataset on the shared disk."""
+    base = tmp_path_factory.mktemp("yarn-data")
+    out = base / "shards"
+    build(small_layout(base / "src"), out)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return shippable_python(), out
+
+
+def test_yarn_sh_checks_its_settings_before_submitting(tmp_path):
+    p = run_yarn_sh(yarn_env(None, "python3", tmp_path), "gs://b/imagenet", "--workers", "2")
+    assert p.returncode == 2 and "set HADOOP_CONF_DIR to the folder with the cluster's yarn-site.xml" in p.stderr
+    p = run_yarn_sh(yarn_env(tmp_path, "python3", tmp_path, DEPLOY_MODE="both"), "gs://b/imagenet")
+    assert p.returncode == 2 and "DEPLOY_MODE must be client or cluster (got 'both')" in p.stderr
+    p = run_yarn_sh(yarn_env(tmp_path, "python3", tmp_path, PACK="0", ENV_ARCHIVE=str(tmp_path / "no.tar.gz")),
+                    "gs://b/imagenet", "--workers", "2")
+    assert p.returncode == 2 and f"ENV_ARCHIVE {tmp_path / 'no.tar.gz'} does not exist" in p.stderr
+
+
+def test_yarn_sh_refuses_a_local_job_file_in_cluster_mode(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("workers = 2\n")
+    p = run_yarn_sh(yarn_env(tmp_path, "python3", tmp_path, DEPLOY_MODE="cluster"), "gs://b/i", "--config", str(job))
+    assert p.returncode == 2 and "cannot read this machine's job file" in p.stderr and "DEPLOY_MODE=client" in p.stderr
+
+
+def test_yarn_sh_reports_a_bad_job_option_before_submitting(tmp_path):
+    p = run_yarn_sh(yarn_env(tmp_path, "python3", tmp_path), "gs://b/imagenet", "--workers", "0")
+    assert p.returncode == 2 and "argument --workers: 0 must be at least 1" in p.stderr
+
+
+def test_yarn_sh_refuses_a_package_the_archive_would_not_hold(tmp_path):
+    # With the checkout on PYTHONPATH (as with `pip install -e`), the package lies outside the virtualenv.
+    import sys
+
+    env = yarn_env(tmp_path, sys.executable, tmp_path)
+    env["PYTHONPATH"] = str(REPO)
+    p = run_yarn_sh(env, "gs://b/imagenet", "--workers", "2")
+    assert p.returncode == 2 and "the archive would lack it: pip install . (not -e)" in p.stderr
+
+
+def check_results(results: Path, out: str) -> dict:
+    """The results JSON of a 2-worker job whose tasks ran the shipped environment's Python."""
+    r = json.loads(results.read_text())
+    assert r["workers"] == 2 and r["config"]["master"] == "yarn" and r["val"]["images"] == 12, out[-3000:]
+    assert [w["rank"] for w in r["per_worker"]] == [0, 1]
+    for w in r["per_worker"]:
+        # Each executor unpacked the archive in its container as ./environment and ran its Python.
+        assert w["python"].endswith("/environment/bin/python") and "/appcache/application_" in w["python"], w
+    return r
+
+
+@pytest.mark.slow
+def test_yarn_sh_client_mode_ships_the_environment_and_trains(yarn, shipped, tmp_path):
+    conf, work = yarn
+    python, dataset = shipped
+    results = tmp_path / "client.json"
+    p = run_yarn_sh(yarn_env(conf, python, work), str(dataset), *TRAIN, "--results", str(results))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-6000:]
+    check_results(results, out)
+    assert "spark.yarn.Client" in out or "YarnClientSchedulerBackend" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_yarn_sh_cluster_mode_runs_the_driver_in_the_application_master(yarn, shipped, tmp_path):
+    conf, work = yarn
+    python, dataset = shipped
+    results = tmp_path / "cluster.json"
+    p = run_yarn_sh(yarn_env(conf, python, work, DEPLOY_MODE="cluster"), str(dataset), *TRAIN,
+                    "--results", str(results))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-6000:]
+    assert "final status: SUCCEEDED" in out, out[-3000:]
+    check_results(results, out)

@@ -1,0 +1,68 @@
+// A real YARN cluster for the tests: one ResourceManager and N NodeManagers in this JVM (Hadoop's
+// MiniYARNCluster), with the local file system as the default file system.
+//
+//   java -cp "$(classpath of tests/yarn/pom.xml)" tests/yarn/MiniYarnCluster.java CONF_DIR [NODE_MANAGERS]
+//
+// Writes CONF_DIR/yarn-site.xml and CONF_DIR/core-site.xml (point HADOOP_CONF_DIR at CONF_DIR), then prints
+// one line "READY <resourcemanager address>" and runs until its standard input closes or it is killed.
+// The NodeManagers' memory checks are off: the containers run TensorFlow processes on a small machine.
+// Needs Java 11+ (a single source file runs without a separate compile step).
+import java.io.File;
+import java.io.FileOutputStream;
+import java.io.OutputStream;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.log4j.BasicConfigurator;
+import org.apache.log4j.ConsoleAppender;
+import org.apache.log4j.Level;
+import org.apache.log4j.Logger;
+import org.apache.log4j.PatternLayout;
+import org.apache.hadoop.yarn.conf.YarnConfiguration;
+import org.apache.hadoop.yarn.server.MiniYARNCluster;
+
+public class MiniYarnCluster {
+    public static void main(String[] args) throws Exception {
+        File confDir = new File(args[0]);
+        int nodeManagers = args.length > 1 ? Integer.parseInt(args[1]) : 2;
+        // The servers' own log: warnings and errors on standard error.
+        BasicConfigurator.configure(new ConsoleAppender(new PatternLayout("%d %p %c: %m%n"), "System.err"));
+        Logger.getRootLogger().setLevel(Level.WARN);
+        YarnConfiguration conf = new YarnConfiguration();
+        // A nearly full test disk must not mark the NodeManagers unhealthy.
+        conf.set("yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage", "100.0");
+        conf.setBoolean("yarn.nodemanager.pmem-check-enabled", false);
+        conf.setBoolean("yarn.nodemanager.vmem-check-enabled", false);
+        // Memory and vcores are only YARN's accounting here: room for conf/spark-defaults.yarn.conf's
+        // executors (14 GiB, 4 vcores each), one per NodeManager, and an application master.
+        conf.setInt("yarn.nodemanager.resource.memory-mb", 32768);
+        // (MiniYARNCluster gives its NodeManagers this one, 4096 by default, instead of the one above.)
+        conf.setInt("yarn.minicluster.yarn.nodemanager.resource.memory-mb", 32768);
+        conf.setInt("yarn.nodemanager.resource.cpu-vcores", 8);
+        conf.setInt("yarn.scheduler.minimum-allocation-mb", 256);
+        conf.setInt("yarn.scheduler.maximum-allocation-mb", 32768);
+        // The capacity scheduler's default gives application masters 10% of the memory: too little here.
+        conf.set("yarn.scheduler.capacity.maximum-am-resource-percent", "0.5");
+        // The capacity scheduler's one queue (a real cluster reads these from capacity-scheduler.xml).
+        conf.set("yarn.scheduler.capacity.root.queues", "default");
+        conf.set("yarn.scheduler.capacity.root.default.capacity", "100");
+        MiniYARNCluster cluster = new MiniYARNCluster("spark-imagenet-tests", nodeManagers, 1, 1);
+        cluster.init(conf);
+        cluster.start();
+        Configuration started = cluster.getConfig();
+        // start() may return before the ResourceManager has written its bound port into the configuration.
+        while (started.get(YarnConfiguration.RM_ADDRESS, "").endsWith(":0")) {
+            Thread.sleep(100);
+        }
+        confDir.mkdirs();
+        for (String name : new String[] {"yarn-site.xml", "core-site.xml"}) {
+            try (OutputStream out = new FileOutputStream(new File(confDir, name))) {
+                started.writeXml(out);
+            }
+        }
+        System.out.println("READY " + started.get(YarnConfiguration.RM_ADDRESS));
+        System.out.flush();
+        while (System.in.read() != -1) {
+            // Runs until the test closes the pipe (or the process is killed).
+        }
+        cluster.stop();
+    }
+}
