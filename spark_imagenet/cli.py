@@ -123,7 +123,8 @@ def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
             text += f" (default: {default})"
         elif not rule.optional:
             text += " (required, here or in the job file)"
-        g.add_argument(rule.option, type=_option_type(rule), default=None, dest=f.name, help=text)
+        g.add_argument(rule.option, type=_option_type(rule), default=None, dest=f.name, help=text,
+                       choices=rule.choices or None)
 
 
 def _resolve_job(args: argparse.Namespace, defaults: dict):

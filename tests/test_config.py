@@ -202,3 +202,15 @@ def test_job_file_paths_are_relative_to_the_file(tmp_path):
     assert values["cache"] == "/abs/cache"
     path.write_text('url = "gs://b/p"\nworkers = 2\n')
     assert load_job_file(path)["url"] == "gs://b/p"
+
+
+def test_strategy_and_all_reduce_choices_are_checked_with_the_option_named():
+    assert TrainConfig(workers=1, strategy="mirrored", cross_device_ops="reduction-to-one").strategy == "mirrored"
+    with pytest.raises(ConfigError, match=r"strategy \(--strategy\) must be one of multiworker, mirrored, default"):
+        TrainConfig(workers=1, strategy="horovod")
+    with pytest.raises(ConfigError, match=r"runs one worker .* but workers \(--workers\) is 4: use --workers 1"):
+        TrainConfig(workers=4, strategy="mirrored")
+    with pytest.raises(ConfigError, match="reduction-to-one does not apply to --strategy multiworker"):
+        TrainConfig(workers=2, cross_device_ops="reduction-to-one")
+    with pytest.raises(ConfigError, match=r"gpus_per_worker \(--gpus-per-worker\) must be an integer >= 0"):
+        TrainConfig(workers=2, gpus_per_worker=-1)

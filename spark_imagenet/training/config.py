@@ -46,6 +46,11 @@ WORKER_FORMAT_VERSION = 1
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 #: The largest seed TensorFlow and NumPy take (2**32 - 1).
 MAX_SEED = 2**32 - 1
+#: ``--strategy`` values (see :class:`TrainConfig`).
+STRATEGIES = ("multiworker", "mirrored", "default")
+#: ``--cross-device-ops`` values: MultiWorkerMirroredStrategy's communication (auto, nccl, ring) and
+#: MirroredStrategy's cross_device_ops (nccl, reduction-to-one; auto = TensorFlow's choice).
+CROSS_DEVICE_OPS = ("auto", "nccl", "ring", "reduction-to-one")
 
 
 # ------------------------------------------------------------- field rules
@@ -59,12 +64,14 @@ class _Rule:
     optional: bool = False
     option: str | None = None
     help: str = ""
+    choices: tuple[str, ...] = ()  # for kind "str": the allowed values (empty = any)
 
 
 def _setting(default: Any = dataclasses.MISSING, *, kind: str, help: str = "", minimum: float | None = None,
-             positive: bool = False, optional: bool = False, option: str | None = None) -> Any:
+             positive: bool = False, optional: bool = False, option: str | None = None,
+             choices: tuple[str, ...] = ()) -> Any:
     """A dataclass field carrying its :class:`_Rule` in ``metadata["rule"]``."""
-    rule = _Rule(kind, minimum, positive, optional, option, help)
+    rule = _Rule(kind, minimum, positive, optional, option, help, choices)
     return dataclasses.field(default=default, metadata={"rule": rule})
 
 
@@ -141,6 +148,8 @@ def _checked(name: str, rule: _Rule, value: Any) -> Any:
     if rule.kind == "str":
         if not isinstance(value, str) or not value.strip():
             raise _error(name, f"{label} must be a non-empty string, got {value!r}")
+        if rule.choices and value not in rule.choices:
+            raise _error(name, f"{label} must be one of {', '.join(rule.choices)}, got {value!r}")
         return value
     if rule.kind == "files":
         if isinstance(value, (str, bytes)) or not all(isinstance(f, str) and f for f in value):
@@ -176,6 +185,14 @@ def _unknown_keys(given: Mapping[str, Any], known: list[str], where: str) -> Non
     raise ConfigError(f"{where}: unknown key(s) {', '.join(parts)}; the known keys are: {', '.join(known)}")
 
 
+#: Which ``cross_device_ops`` each strategy takes.
+_CROSS_DEVICE_HINT = {
+    "multiworker": "MultiWorkerMirroredStrategy takes auto, nccl or ring",
+    "mirrored": "MirroredStrategy takes auto, nccl or reduction-to-one",
+    "default": "one device has no all-reduce: leave it at auto",
+}
+
+
 # -------------------------------------------------------------- the job
 def _known_models() -> tuple[str, ...]:
     from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE
@@ -202,6 +219,16 @@ class TrainConfig:
         results: local file to write the results JSON to; None = none written.
         shared_filesystem: a local dataset path is one every host mounts, so
             a cluster master's executors can read it (else refused).
+        gpus_per_worker: GPUs per worker (>= 0), Spark's task GPU resource
+            amount; each task trains on the GPUs Spark assigned it.
+        strategy: ``"multiworker"`` (MultiWorkerMirroredStrategy across the
+            barrier tasks), ``"mirrored"`` (one worker, MirroredStrategy over
+            its GPUs) or ``"default"`` (one worker, one device); the last two
+            need ``workers == 1``.
+        cross_device_ops: the all-reduce: ``"auto"``, ``"nccl"``, ``"ring"``
+            (multiworker) or ``"reduction-to-one"`` (mirrored).
+        allow_unencrypted: train although Spark's network encryption or SSL
+            is on (TensorFlow's gRPC between workers is plaintext).
         master: Spark master URL for the command line's session; None = the one
             ``spark-submit`` gives, else ``local[workers]``. :func:`train` with a
             session of your own ignores it.
@@ -238,6 +265,16 @@ class TrainConfig:
     shared_filesystem: bool = _setting(False, kind="bool", option="--shared-filesystem",
                                        help="a local dataset path is mounted on every host (NFS and the like), so a "
                                             "cluster master may read it")
+    gpus_per_worker: int = _setting(0, kind="int", minimum=0, option="--gpus-per-worker",
+                                    help="GPUs each worker trains on (Spark's task GPU resource; 0 = CPU only)")
+    strategy: str = _setting("multiworker", kind="str", option="--strategy", choices=STRATEGIES,
+                             help="multiworker: MultiWorkerMirroredStrategy over the barrier tasks; mirrored: one "
+                                  "worker on all its GPUs (MirroredStrategy); default: one worker, one device")
+    cross_device_ops: str = _setting("auto", kind="str", option="--cross-device-ops", choices=CROSS_DEVICE_OPS,
+                                     help="all-reduce: auto, nccl, ring (multiworker) or reduction-to-one (mirrored)")
+    allow_unencrypted: bool = _setting(False, kind="bool", option="--allow-unencrypted",
+                                       help="train although Spark's network encryption or SSL is on: TensorFlow's "
+                                            "gRPC between the workers (gradients, weights) is not encrypted")
     master: str | None = _setting(None, kind="str", optional=True, option="--master",
                                   help="Spark master URL (default: the one spark-submit gives, else local[WORKERS])")
     conf: tuple[tuple[str, str], ...] = _setting((), kind="conf", option="--conf",
@@ -258,6 +295,16 @@ class TrainConfig:
                 f"image_size (--image-size) {self.image_size} is too small for {self.model}: its layers need at "
                 f"least {MIN_IMAGE_SIZE[self.model]} px"
             )
+        if self.strategy != "multiworker" and self.workers != 1:
+            raise _error("strategy", f"strategy (--strategy) {self.strategy} runs one worker (all of its GPUs in one "
+                                     f"process), but workers (--workers) is {self.workers}: use --workers 1, or "
+                                     "--strategy multiworker for several workers")
+        if (self.strategy, self.cross_device_ops) in (("multiworker", "reduction-to-one"), ("mirrored", "ring"),
+                                                      ("default", "nccl"), ("default", "ring"),
+                                                      ("default", "reduction-to-one")):
+            raise _error("cross_device_ops", f"cross_device_ops (--cross-device-ops) {self.cross_device_ops} does "
+                                             f"not apply to --strategy {self.strategy}; "
+                                             + _CROSS_DEVICE_HINT[self.strategy])
         if self.seed + self.workers - 1 > MAX_SEED:  # each worker seeds with seed + rank
             raise _error("seed", f"seed (--seed) {self.seed} is too large: with {self.workers} worker(s) it must be at "
                                  f"most {MAX_SEED - self.workers + 1} (worker seeds are seed + rank, at most 2**32 - 1)")
