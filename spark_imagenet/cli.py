@@ -14,6 +14,7 @@ command       function
 ``train``     :func:`spark_imagenet.training.driver.plan_job`, then ``run_job``
 ``download``  :func:`spark_imagenet.source.kaggle.download`
 ``extract``   :func:`spark_imagenet.source.extract.extract`
+``doctor``    :func:`spark_imagenet.doctor.run_doctor`
 ============  ==========================================================
 
 ``train`` and ``demo`` take every :class:`~spark_imagenet.training.config.TrainConfig`
@@ -227,6 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace files in DIR that differ from the archive although extract did not write them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("doctor", help="print the versions, GPUs, bucket credentials and Spark preflight checks "
+                       "found here and on a master; exit 1 when a check fails")
+    p.add_argument("url", nargs="?", help="a dataset URL whose manifest to read (optional)")
+    p.add_argument("--master", help="the Spark master to check (default: the session train would get)")
+    p.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark setting, repeatable (as for train)")
+    p.add_argument("--workers", type=_positive_int,
+                   help="check for this many barrier tasks (default: as many as the master has slots)")
+    p.add_argument("--allow-unencrypted", action="store_true",
+                   help="check as train --allow-unencrypted would (Spark's encryption or SSL on is then a warning)")
     return parser
 
 
@@ -474,6 +486,11 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "demo":
         return _demo(args)
+    if args.command == "doctor":
+        from spark_imagenet.doctor import run_doctor
+
+        return run_doctor(master=args.master, conf=args.conf, workers=args.workers, url=args.url,
+                          allow_unencrypted=args.allow_unencrypted)
     raise ConfigError(f"unknown command {args.command!r}")  # argparse prevents this
 
 

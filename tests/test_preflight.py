@@ -1,5 +1,6 @@
 """The driver's checks before a barrier launch: dynamic allocation, task slots, the
-results path (spark_imagenet.training.preflight), on real local Spark."""
+results path, network encryption, train shards per worker, and that
+spark.python.worker.reuse is not needed (spark_imagenet.training.preflight), on real local Spark."""
 
 from __future__ import annotations
 
@@ -9,11 +10,16 @@ import pytest
 
 from bucket_util import make_bucket
 from spark_imagenet.errors import ConfigError
-from spark_imagenet.training.driver import train
+from spark_imagenet.training.config import TrainConfig
+from spark_imagenet.training.driver import plan_job, train
 from spark_imagenet.training.preflight import (
+    NETWORK_ENCRYPTION_KEYS,
     available_slots,
+    check_cluster_conf,
     check_dataset_reachable,
+    check_encryption,
     check_results_path,
+    check_train_shards,
     executor_wait_seconds,
     slots_from_master,
     spark_seconds,
@@ -41,6 +47,86 @@ def test_dynamic_allocation_is_refused_before_launch(tmp_path):
         assert len(sc.statusTracker().getJobIdsForGroup()) == jobs  # nothing launched
     finally:
         session.stop()
+
+
+def test_network_encryption_is_refused_unless_allowed(tmp_path):
+    # before the shared `spark` fixture, like the test above: a session of its own with the conf set (the JVM
+    # already runs, so the conf does not become JVM system properties that later sessions would inherit)
+    from pyspark import SparkContext
+
+    SparkContext._ensure_initialized()
+    session = local_session("local[2]", app_name="crypto-test",
+                            conf={"spark.ui.enabled": "false", "spark.network.crypto.enabled": "true",
+                                  "spark.authenticate": "true"})  # Spark refuses crypto without authentication
+    try:
+        sc = session.sparkContext
+        assert sc.getConf().get("spark.network.crypto.enabled") == "true", "got a session started elsewhere"
+        # the classic getter and the Connect-shaped one (RuntimeConfig.get) read the same setting
+        for get in (sc.getConf().get, session.conf.get):
+            with pytest.raises(ConfigError) as e:
+                check_cluster_conf(get, TrainConfig(workers=2), train_shards=4)
+            text = str(e.value)
+            assert "spark.network.crypto.enabled=true" in text and "2 workers" in text
+            assert "gradients" in text and "weights" in text and "plaintext" in text
+            assert "--allow-unencrypted" in text and "allow_unencrypted = true" in text
+            warnings = check_cluster_conf(get, TrainConfig(workers=2, allow_unencrypted=True), train_shards=4)
+            assert len(warnings) == 1 and warnings[0].startswith("warning: ")
+            assert "spark.network.crypto.enabled=true" in warnings[0] and "gradients" in warnings[0]
+            assert "--allow-unencrypted" in warnings[0]
+            assert check_cluster_conf(get, TrainConfig(workers=1)) == []  # one worker: nothing between workers
+    finally:
+        session.stop()
+
+
+def test_ssl_settings_are_refused_too():
+    from pyspark import SparkConf
+
+    for key in ("spark.ssl.enabled", "spark.ssl.rpc.enabled"):
+        conf = SparkConf(loadDefaults=False).set(key, " TRUE ")
+        with pytest.raises(ConfigError) as e:
+            check_encryption(conf.get, 3, False)
+        assert f"{key}=true" in str(e.value) and "3 workers" in str(e.value) and "--allow-unencrypted" in str(e.value)
+    off = SparkConf(loadDefaults=False).set("spark.ssl.enabled", "false").set("spark.network.crypto.enabled", "false")
+    assert check_encryption(off.get, 3, False) == []
+    assert set(NETWORK_ENCRYPTION_KEYS) >= {"spark.network.crypto.enabled", "spark.ssl.enabled"}
+
+
+def test_fewer_train_shards_than_workers_is_refused_with_the_numbers_and_the_fix(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        check_cluster_conf({}.get, TrainConfig(workers=5), train_shards=3)
+    assert "3 train shard(s) but --workers is 5" in str(e.value)
+    assert "--train-shards >= 5" in str(e.value) and "--workers <= 3" in str(e.value)
+    check_train_shards(5, 5)
+    # the same rule on a real manifest, in plan_job (before Spark starts)
+    with pytest.raises(ConfigError) as e:
+        plan_job(str(make_bucket(tmp_path / "b", train=2)), TrainConfig(workers=3))
+    assert "2 train shard(s) but --workers is 3" in str(e.value)
+    assert "--train-shards >= 3" in str(e.value) and "--workers <= 2" in str(e.value)
+
+
+class _RecordingConf:
+    """A conf getter over a real SparkConf that remembers every key read."""
+
+    def __init__(self, conf):
+        self.conf, self.keys = conf, []
+
+    def get(self, key, default=None):
+        self.keys.append(key)
+        return self.conf.get(key, default)
+
+
+def test_the_checks_do_not_depend_on_python_worker_reuse(spark):
+    # each task runs TensorFlow in a child process, so spark.python.worker.reuse may be true or false
+    from pyspark import SparkConf
+
+    base = _RecordingConf(spark.sparkContext.getConf())
+    assert check_cluster_conf(base.get, TrainConfig(workers=2), train_shards=2) == []
+    assert base.keys and "spark.python.worker.reuse" not in base.keys
+    for reuse in ("true", "false"):
+        conf = SparkConf(loadDefaults=False).set("spark.python.worker.reuse", reuse)
+        assert check_cluster_conf(conf.get, TrainConfig(workers=2), train_shards=2) == []
+        with pytest.raises(ConfigError, match="spark.ssl.enabled=true"):
+            check_cluster_conf(conf.set("spark.ssl.enabled", "true").get, TrainConfig(workers=2), train_shards=2)
 
 
 def test_available_slots_of_local_2(spark):
@@ -101,3 +187,28 @@ def test_the_wait_for_executors_follows_sparks_own_wait_and_is_at_least_a_minute
     assert executor_wait_seconds({"spark.scheduler.maxRegisteredResourcesWaitingTime": "10s"}) == 60
     with pytest.raises(ConfigError, match="spark.scheduler.maxRegisteredResourcesWaitingTime: '10 parsecs'"):
         executor_wait_seconds({"spark.scheduler.maxRegisteredResourcesWaitingTime": "10 parsecs"})
+
+
+@pytest.mark.slow
+def test_training_runs_with_python_worker_reuse_off(tmp_path):
+    """A real 2-worker run with spark.python.worker.reuse=false (reuse on, Spark's default, is what
+    test_train_e2e runs): TensorFlow lives in a child process of each task, so neither is required."""
+    import json
+    import subprocess
+    import sys
+
+    from data_util import small_layout
+    from spark_imagenet.dataset.sharding import shard
+
+    tree = small_layout(tmp_path / "kaggle")  # 4 classes x 6 train, 3 val each
+    shard(tree, tmp_path / "bucket", train_shards=2, val_shards=1, processes=1, progress=False, log=lambda m: None)
+    results = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "spark_imagenet", "train", str(tmp_path / "bucket"), "--workers", "2",
+                        "--master", "local[2]", "--epochs", "1", "--batch-size", "4", "--image-size", "72",
+                        "--width", "0.25", "--cache", str(tmp_path / "cache"), "--results", str(results),
+                        "--conf", "spark.python.worker.reuse=false", "--conf", "spark.ui.enabled=false"],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = json.loads(results.read_text())
+    assert out["workers"] == 2 and [w["rank"] for w in out["per_worker"]] == [0, 1]
+    assert out["val"]["images"] == 12

@@ -6,7 +6,10 @@ numbers and the setting to change, instead of a late failure or a hang:
 * the session is a classic one with a ``SparkContext`` (:func:`spark_context`);
 * ``spark.dynamicAllocation.enabled`` is not true, and there are at least N
   barrier task slots (:func:`check_spark`);
-* the results file can be written (:func:`check_results_path`).
+* the results file can be written (:func:`check_results_path`);
+* Spark's network encryption or SSL is not on while TensorFlow's gRPC is
+  plaintext, unless allowed, and every worker has a train shard
+  (:func:`check_cluster_conf`, through a conf getter: classic or Spark Connect).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Callable
 
 from spark_imagenet.errors import ConfigError
 
@@ -218,3 +222,110 @@ def check_dataset_reachable(url: str, master: str, shared_filesystem: bool) -> N
         "(spark-imagenet upload LOCAL gs://BUCKET/PREFIX) or on a path every host mounts, and then add "
         "--shared-filesystem (shared_filesystem = true in a job file)"
     )
+
+
+# ------------------------------------------------- checks of the Spark conf (classic and Connect)
+#: A conf getter: ``get(key, default)`` returns the setting's text or ``default``. Both
+#: ``sc.getConf().get`` (classic) and ``spark.conf.get`` (Spark Connect) have this shape.
+ConfGetter = Callable[[str, "str | None"], "str | None"]
+
+#: Spark settings that encrypt traffic between Spark's processes, and what each one is.
+NETWORK_ENCRYPTION_KEYS = {
+    "spark.network.crypto.enabled": "AES-based encryption of Spark's RPC",
+    "spark.ssl.enabled": "SSL for Spark's protocols",
+    "spark.ssl.rpc.enabled": "SSL for Spark's RPC",
+}
+
+#: What crosses the network in the clear between TensorFlow workers (said in every message).
+UNENCRYPTED_TRAFFIC = ("TensorFlow's gRPC between the workers (MultiWorkerMirroredStrategy's collective all-reduce "
+                       "of the gradients, the model's variables and weights broadcast at start-up, the "
+                       "rendezvous addresses) is plaintext, not encrypted")
+
+
+def conf_true(get: ConfGetter, key: str) -> bool:
+    """Whether a boolean Spark setting is on (``true`` in any case, blanks ignored; unset = off)."""
+    value = get(key, None)
+    return value is not None and str(value).strip().lower() == "true"
+
+
+def encryption_settings_on(get: ConfGetter) -> list[str]:
+    """The settings of :data:`NETWORK_ENCRYPTION_KEYS` that are on, as ``key=true`` (in that order)."""
+    return [f"{key}=true" for key in NETWORK_ENCRYPTION_KEYS if conf_true(get, key)]
+
+
+def check_encryption(get: ConfGetter, workers: int, allow_unencrypted: bool) -> list[str]:
+    """Refuse to train in the clear on a cluster whose Spark traffic is encrypted.
+
+    A cluster set up with Spark's network encryption or SSL expects its
+    traffic encrypted; TensorFlow's gRPC between the workers is not (PySpark's
+    TorchDistributor refuses the same way). One worker exchanges nothing with
+    other workers, so ``workers == 1`` passes.
+
+    Args:
+        get: a conf getter (:data:`ConfGetter`).
+        workers: TensorFlow workers of the job.
+        allow_unencrypted: the user's ``allow_unencrypted`` (``--allow-unencrypted``).
+
+    Returns:
+        list[str]: one warning line when encryption is on and ``allow_unencrypted`` is true, else none.
+
+    Raises:
+        ConfigError: encryption or SSL is on, ``workers > 1`` and ``allow_unencrypted`` is false;
+            the message names the settings found, what travels unencrypted and how to allow it.
+    """
+    found = encryption_settings_on(get)
+    if not found or workers <= 1:
+        return []
+    what = f"Spark's network encryption or SSL is on ({', '.join(found)}), but {UNENCRYPTED_TRAFFIC}"
+    if allow_unencrypted:
+        return [f"warning: {what}; training anyway because allow_unencrypted is set (--allow-unencrypted)"]
+    raise ConfigError(
+        f"{what}: {workers} workers would send it across the network unencrypted. Run on a private network "
+        "and add --allow-unencrypted (allow_unencrypted = true in a job file) to train anyway, "
+        "or use --workers 1 (nothing travels between workers)."
+    )
+
+
+def check_train_shards(train_shards: int, workers: int) -> None:
+    """Check that every worker gets a train shard of its own.
+
+    The same rule as :func:`spark_imagenet.training.assignment.assign` (which
+    :func:`~spark_imagenet.training.driver.plan_job` applies to a manifest),
+    for a shard count known without the manifest (``doctor``).
+
+    Raises:
+        ConfigError: ``train_shards < workers``, naming both numbers and the fix.
+    """
+    if train_shards < workers:
+        raise ConfigError(
+            f"the dataset has {train_shards} train shard(s) but --workers is {workers}: every worker needs at "
+            f"least one train shard of its own. Reshard with --train-shards >= {workers} (a multiple of "
+            f"{workers} balances best) or use --workers <= {train_shards}."
+        )
+
+
+def check_cluster_conf(get: ConfGetter, config, train_shards: int | None = None) -> list[str]:
+    """The checks of a job against its session's conf that need no SparkContext.
+
+    Serves a classic session (``sc.getConf().get``) and a Spark Connect
+    session (``spark.conf.get``) alike. It never reads
+    ``spark.python.worker.reuse``: each task runs TensorFlow in a child
+    process of its own, so reused and fresh Python workers both work.
+    Dynamic allocation and task slots need the SparkContext: :func:`check_spark`.
+
+    Args:
+        get: a conf getter (:data:`ConfGetter`).
+        config: the job's :class:`~spark_imagenet.training.config.TrainConfig`
+            (``workers``, ``allow_unencrypted``).
+        train_shards: the dataset's train shard count, when known.
+
+    Returns:
+        list[str]: warning lines for the log (``allow_unencrypted`` used).
+
+    Raises:
+        ConfigError: see :func:`check_encryption` and :func:`check_train_shards`.
+    """
+    warnings = check_encryption(get, config.workers, config.allow_unencrypted)
+    if train_shards is not None:
+        check_train_shards(train_shards, config.workers)
+    return warnings
