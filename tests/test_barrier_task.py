@@ -54,6 +54,13 @@ def test_child_env():
     assert "TF_FORCE_GPU_ALLOW_GROWTH" not in child_env({}, tf_config, None, local_workers=1)
 
 
+def test_child_env_of_a_one_worker_strategy_has_no_tf_config():
+    """mirrored / default: no cluster, and a TF_CONFIG the executor inherited is dropped."""
+    env = child_env({"TF_CONFIG": '{"cluster": {}}', "CUDA_VISIBLE_DEVICES": "2,3"}, None, ["0", "1"], 1)
+    assert "TF_CONFIG" not in env and env["CUDA_VISIBLE_DEVICES"] == "2,3"  # both of its GPUs
+    assert env["TF_USE_LEGACY_KERAS"] == "1"
+
+
 def test_child_env_lets_python_m_find_the_package(tmp_path):
     env = child_env({"PATH": os.environ.get("PATH", "")}, build_tf_config(["h:1"], 0), None, 1)
     # -S: no site-packages (no installed copy of the package): only the PYTHONPATH child_env built

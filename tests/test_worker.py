@@ -86,6 +86,8 @@ def shards(tmp_path_factory) -> dict:
 
 #: The settings of the job (TrainConfig); the other keys of base_config belong to the worker.
 JOB_KEYS = ("workers", "model", "epochs", "batch_size", "image_size", "width", "learning_rate", "seed")
+#: Job keys a test may set (TrainConfig's defaults otherwise).
+OPTIONAL_JOB_KEYS = ("strategy", "cross_device_ops", "gpus_per_worker")
 
 
 def base_config(shards: dict, **overrides) -> dict:
@@ -119,6 +121,7 @@ def base_config(shards: dict, **overrides) -> dict:
     }
     cfg.update(overrides)
     job = {k: cfg[k] if k == "workers" else cfg.pop(k) for k in JOB_KEYS}
+    job.update({k: cfg.pop(k) for k in OPTIONAL_JOB_KEYS if k in cfg})
     return {"format": "spark-imagenet-worker-spec", "format_version": 1,
             "config": {"format": "spark-imagenet-train-config", "format_version": 1, **job}, **cfg}
 
@@ -311,7 +314,8 @@ def test_two_worker_mwms_run_agrees_on_global_metrics(shards, tmp_path):
         assert r0["val"][key] == pytest.approx(r1["val"][key], rel=1e-6), key
     for key in ("top1", "xent"):
         assert r0["history"][key] == pytest.approx(r1["history"][key], rel=1e-6), key
-    assert "strategy: 2 worker(s), 2 replica(s) in sync" in outcomes[0][1]
+    assert "strategy: multiworker (MultiWorkerMirroredStrategy), 2 worker(s), 2 replica(s) in sync" in outcomes[0][1]
+    assert "all-reduce collective AUTO" in outcomes[0][1]
 
 
 @pytest.mark.slow
@@ -347,3 +351,36 @@ def test_lone_worker_gives_up_after_startup_timeout(shards, tmp_path):
     assert "strategy: waiting for 2 worker(s) (at most 5 s)" in stdout
     assert "Timeout (0:00:05)!" in stderr
     assert "collective_all_reduce_strategy.py" in stderr  # the stack shows where it waited
+
+
+# --------------------------------------------------------------------------- strategies
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, ops, kind, all_reduce", [
+    ("mirrored", "reduction-to-one", "MirroredStrategy", "ReductionToOneDevice"),
+    ("mirrored", "auto", "MirroredStrategy", "auto"),
+    ("default", "auto", "the default strategy", "none (one device)"),
+    ("multiworker", "ring", "MultiWorkerMirroredStrategy", "collective RING"),
+])
+def test_each_strategy_trains_one_worker_on_cpu(shards, tmp_path, strategy, ops, kind, all_reduce):
+    """One epoch per strategy; the one-worker strategies also get a stray 2-worker TF_CONFIG, which they drop."""
+    cfg = base_config(shards, epochs=1, strategy=strategy, cross_device_ops=ops)
+    stray = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+    proc, result_path = start_worker(tmp_path, cfg, strategy, tf_config=None if strategy == "multiworker" else stray)
+    [(rc, stdout, stderr)] = finish([proc])
+    assert rc == 0, stderr
+    result = json.loads(result_path.read_text())
+    assert result["strategy"] == strategy and result["all_reduce"].startswith(all_reduce)
+    assert result["workers"] == 1 and result["replicas_in_sync"] == 1
+    assert len(result["devices"]) == 1 and result["devices"][0].endswith("CPU:0")
+    assert result["steps"] == 8 and result["val"]["images"] == 18
+    assert f"strategy: {strategy} ({kind}), 1 worker(s), 1 replica(s) in sync on " in stdout
+    assert f"all-reduce {all_reduce}" in stdout
+
+
+def test_mirrored_nccl_without_gpus_is_a_clear_error(shards, tmp_path):
+    cfg = base_config(shards, epochs=1, strategy="mirrored", cross_device_ops="nccl")
+    proc, _ = start_worker(tmp_path, cfg, "nccl")
+    [(rc, stdout, stderr)] = finish([proc])
+    assert rc == 1
+    assert "failed while building the strategy: TrainingError: cross_device_ops (--cross-device-ops) nccl needs " \
+           "GPUs, but this worker sees none" in stderr

@@ -13,9 +13,11 @@
 3. runs ``python -m spark_imagenet.training.worker WORKER_SPEC_JSON RESULT_JSON`` in a
    fresh child process (TensorFlow's collective ops can be configured once
    per process, and PySpark reuses its Python workers: tensorflow#34568),
-   with TF_CONFIG, TF_USE_LEGACY_KERAS=1 and the task's GPUs in its
-   environment (set here, inside the executor: the driver's environment does
-   not reach executors on a cluster). The child runs under a supervisor
+   with TF_CONFIG (``--strategy multiworker`` only: the one-worker strategies
+   skip the rendezvous and have no cluster), TF_USE_LEGACY_KERAS=1 and the
+   task's GPUs (all of them, :func:`task_gpus`) in its environment (set
+   here, inside the executor: the driver's environment does not reach
+   executors on a cluster). The child runs under a supervisor
    (:mod:`spark_imagenet.training.supervisor`) in a session of its own, with
    a per-task temporary folder that the supervisor creates and removes: the
    child's working folder and ``TMPDIR``, holding WORKER_SPEC_JSON (the
@@ -93,6 +95,13 @@ class TaskSpec:
 def cuda_visible_devices(addresses: Sequence[str], existing: str | None) -> str:
     """The CUDA_VISIBLE_DEVICES value for the GPUs Spark gave a task.
 
+    The rule (the one PySpark's TorchDistributor follows): Spark's addresses
+    are what the discovery script reported, CUDA device indices as the
+    executor sees them. Without an executor CUDA_VISIBLE_DEVICES they are used
+    as they are; with one, address ``i`` means the executor's ``i``-th visible
+    device, so ``["0", "1"]`` under ``CUDA_VISIBLE_DEVICES=3,5,7`` is ``"3,5"``
+    (docs/design.md, 'GPUs and CUDA_VISIBLE_DEVICES').
+
     Args:
         addresses: ``TaskContext.resources()["gpu"].addresses``, GPU indices
             as strings (``["0", "2"]``).
@@ -128,19 +137,21 @@ def cuda_visible_devices(addresses: Sequence[str], existing: str | None) -> str:
     return ",".join(visible[i] for i in indices)
 
 
-def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any], gpu_addresses: Sequence[str] | None,
+def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any] | None, gpu_addresses: Sequence[str] | None,
               local_workers: int) -> dict[str, str]:
     """The environment of the TensorFlow worker process.
 
     Args:
         base: the task's environment (``os.environ``).
-        tf_config: from :func:`spark_imagenet.training.rendezvous.build_tf_config`.
+        tf_config: from :func:`spark_imagenet.training.rendezvous.build_tf_config`;
+            None for the one-worker strategies (``mirrored``, ``default``):
+            no cluster, and a ``TF_CONFIG`` inherited from ``base`` is dropped.
         gpu_addresses: the task's GPU addresses from Spark, or None when Spark
             assigned no GPU resource.
         local_workers: workers sharing this host.
 
     Returns:
-        dict: ``base`` plus TF_CONFIG (JSON), TF_USE_LEGACY_KERAS=1 (docs/design.md,
+        dict: ``base`` plus TF_CONFIG (JSON; none without ``tf_config``), TF_USE_LEGACY_KERAS=1 (docs/design.md,
         'Keras 2 (tf-keras) under MultiWorkerMirroredStrategy'),
         TF_CPP_MIN_LOG_LEVEL=2 unless set, PYTHONUNBUFFERED=1,
         CUDA_VISIBLE_DEVICES from ``gpu_addresses`` (see
@@ -154,7 +165,10 @@ def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any], gpu_address
         ConfigError: see :func:`cuda_visible_devices`.
     """
     env = dict(base)
-    env["TF_CONFIG"] = json.dumps(tf_config)
+    if tf_config is None:
+        env.pop("TF_CONFIG", None)
+    else:
+        env["TF_CONFIG"] = json.dumps(tf_config)
     env["TF_USE_LEGACY_KERAS"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
@@ -168,6 +182,52 @@ def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any], gpu_address
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([package_parent] + [p for p in paths if p != package_parent])
     return env
+
+
+def task_gpus(addresses: Sequence[str] | None, gpus_per_worker: int, rank: int, host: str) -> list[str] | None:
+    """Check the GPU addresses Spark gave a task against ``--gpus-per-worker``.
+
+    Args:
+        addresses: ``TaskContext.resources()["gpu"].addresses``, None when the
+            task has no GPU resource.
+        gpus_per_worker: K from the job's config (0 = no GPUs asked for).
+        rank, host: named in the message.
+
+    Returns:
+        The addresses (all of them: a worker trains on every GPU it is
+        given), or None when there are none.
+
+    Raises:
+        ConfigError: K > 0 and fewer than K addresses; the message names
+            ``spark.task.resource.gpu.amount`` and the executor settings.
+    """
+    got = [str(a) for a in addresses] if addresses else []
+    if gpus_per_worker > 0 and len(got) < gpus_per_worker:
+        raise ConfigError(
+            f"rank {rank} on {host}: --gpus-per-worker {gpus_per_worker} but Spark gave this task "
+            f"{len(got)} GPU(s) {got}; set spark.task.resource.gpu.amount={gpus_per_worker} (with "
+            f"spark.executor.resource.gpu.amount >= {gpus_per_worker} and a GPU discovery script, "
+            "conf/gpu-discovery.sh)"
+        )
+    return got or None
+
+
+def gpu_sharing_warning(addresses: Sequence[str] | None, local_workers: int, host_has_gpus: bool) -> str | None:
+    """A warning when several workers on a GPU host would all see every GPU.
+
+    Args:
+        addresses: the task's GPU addresses (None: no GPU resource configured).
+        local_workers: workers sharing this host.
+        host_has_gpus: :func:`spark_imagenet.training.gpus.host_has_gpus` of this host.
+
+    Returns:
+        The warning line, or None.
+    """
+    if addresses or local_workers <= 1 or not host_has_gpus:
+        return None
+    return (f"warning: this host has GPUs but Spark assigned this task none (no spark.task.resource.gpu.amount): "
+            f"all {local_workers} workers on it see every GPU and share their memory; pass --gpus-per-worker K "
+            "and set Spark's GPU resources to give each worker its own")
 
 
 def host_cpus() -> int:
@@ -398,11 +458,15 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     Raises:
         TrainingError: the child failed (message: rank, host, exit status and
             its last output lines), or the rendezvous failed.
+        ConfigError: ``gpus_per_worker`` K > 0 and Spark gave the task fewer
+            than K GPUs (names ``spark.task.resource.gpu.amount``), or a GPU
+            address that does not map (:func:`cuda_visible_devices`).
         StorageError: a shard could not be staged (message names rank, host
             and shard).
     """
     from pyspark import BarrierTaskContext
 
+    from spark_imagenet.training.gpus import host_has_gpus
     from spark_imagenet.training.rendezvous import build_tf_config, local_worker_count, rendezvous, split_host_port
 
     # PySpark's forked workers have Python's default SIGINT handler: a terminal's Ctrl-C that reaches
@@ -412,17 +476,27 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
         host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
+        resources = ctx.resources()  # checked before any download
+        gpus = task_gpus(resources["gpu"].addresses if "gpu" in resources else None,
+                         spec.config.gpus_per_worker, rank, host)
         train_files, val_files = _stage(spec, rank, host)
 
-        rank, addresses, host = rendezvous(ctx)
-        local_workers = local_worker_count(addresses, host)
+        if spec.config.strategy == "multiworker":
+            rank, addresses, host = rendezvous(ctx)
+            local_workers = local_worker_count(addresses, host)
+            tf_config: dict[str, Any] | None = build_tf_config(addresses, rank)
+            where = f"cluster {addresses}"
+        else:  # one worker, no cluster: no TF_CONFIG, no ports
+            local_workers, tf_config, where = 1, None, f"strategy {spec.config.strategy}, no cluster"
         threads = max(1, host_cpus() // max(1, local_workers))
-        resources = ctx.resources()
-        gpus = list(resources["gpu"].addresses) if "gpu" in resources else None
+        warning = gpu_sharing_warning(gpus, local_workers, host_has_gpus() if local_workers > 1 else False)
+        if warning:
+            _log(rank, warning)
         message = worker_spec(spec, rank, train_files, val_files, threads)
-        env = child_env(os.environ, build_tf_config(addresses, rank), gpus, local_workers)
+        env = child_env(os.environ, tf_config, gpus, local_workers)
+        devices = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if gpus else "no GPU resource"
         _log(rank, f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "
-                   f"cluster {addresses}")
+                   f"{devices}, {where}")
         result = _run_worker(spec, message, env, host)
     result["host"] = host
     result["python"] = sys.executable

@@ -1,4 +1,9 @@
-"""The TensorFlow worker process of one barrier task: one MultiWorkerMirroredStrategy worker.
+"""The TensorFlow worker process of one barrier task: one worker of the job's strategy.
+
+The strategy is ``config.strategy`` (docs/design.md, 'Strategies'):
+``multiworker`` (MultiWorkerMirroredStrategy, every local GPU of the worker),
+``mirrored`` (MirroredStrategy over every local GPU, one worker, no cluster)
+or ``default`` (one device); the all-reduce is ``config.cross_device_ops``.
 
 Usage::
 
@@ -28,6 +33,8 @@ validation examples of all workers.
 Output: RESULT_JSON::
 
     {"rank": 0, "workers": 4, "replicas_in_sync": 4,
+     "strategy": "multiworker", "all_reduce": "collective AUTO",
+     "devices": ["/job:worker/replica:0/task:0/device:CPU:0"],   # this worker's replicas
      "train_examples": 150,        # examples in this worker's train shards
      "train_images": 288,          # images this worker trained on = steps * batch_size
      "steps": 18,                  # epochs * steps_per_epoch
@@ -219,8 +226,67 @@ def _configure(spec: WorkerSpec) -> None:
     keras.utils.set_random_seed(spec.seed)
 
 
-def _build_strategy(spec: WorkerSpec, log: Callable[[str], None]) -> tuple[tf.distribute.Strategy, int]:
-    """The strategy, once every worker is up and agrees; returns it and the total val examples.
+#: The TensorFlow strategy each ``--strategy`` builds (named in the log line).
+_STRATEGY_CLASS = {"multiworker": "MultiWorkerMirroredStrategy", "mirrored": "MirroredStrategy",
+                   "default": "the default strategy"}
+#: ``--cross-device-ops`` of MultiWorkerMirroredStrategy: its collective implementation.
+_MWMS_IMPLEMENTATION = {"auto": "AUTO", "nccl": "NCCL", "ring": "RING"}
+
+
+def _make_strategy(spec: WorkerSpec) -> tuple[tf.distribute.Strategy, str]:
+    """The strategy ``spec.config.strategy`` names, with its all-reduce; and a description of that all-reduce.
+
+    ``multiworker``: ``MultiWorkerMirroredStrategy`` (cluster from
+    ``TF_CONFIG``; every local GPU of this worker, else its CPU) with
+    ``CommunicationOptions(implementation=AUTO|NCCL|RING)``. ``mirrored``:
+    ``MirroredStrategy`` over every local GPU (the CPU if none) with
+    ``cross_device_ops`` ``NcclAllReduce()``, ``ReductionToOneDevice()`` or
+    None (auto: TensorFlow's choice). ``default``: ``tf.distribute.get_strategy()``,
+    one device, no all-reduce. The one-worker strategies drop an inherited
+    ``TF_CONFIG`` (they have no cluster).
+
+    Raises:
+        TrainingError: ``mirrored`` with ``nccl`` on a worker that sees no GPU.
+    """
+    config = spec.config
+    ops = config.cross_device_ops
+    if config.strategy == "multiworker":
+        implementation = getattr(tf.distribute.experimental.CommunicationImplementation, _MWMS_IMPLEMENTATION[ops])
+        options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options), f"collective {implementation.name}"
+    os.environ.pop("TF_CONFIG", None)
+    if config.strategy == "default":
+        return tf.distribute.get_strategy(), "none (one device)"
+    gpus = tf.config.list_physical_devices("GPU")  # does not start the runtime
+    if ops == "nccl" and not gpus:
+        raise TrainingError("cross_device_ops (--cross-device-ops) nccl needs GPUs, but this worker sees none "
+                            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use auto or "
+                            "reduction-to-one on CPU")
+    cross = {"auto": None, "nccl": tf.distribute.NcclAllReduce,
+             "reduction-to-one": tf.distribute.ReductionToOneDevice}[ops]
+    strategy = tf.distribute.MirroredStrategy(cross_device_ops=cross() if cross else None)
+    if cross is not None:
+        return strategy, cross.__name__
+    # TensorFlow's choice for auto (a private attribute of TF 2.21's MirroredExtended; read only when present)
+    chosen = getattr(strategy.extended, "_inferred_cross_device_ops", None)
+    return strategy, f"auto ({type(chosen).__name__})" if chosen is not None else "auto"
+
+
+def _strategy_devices(strategy: tf.distribute.Strategy) -> list[str]:
+    """The devices of this worker's replicas (``extended.worker_devices``; the default strategy's one device)."""
+    try:
+        return [str(d) for d in strategy.extended.worker_devices]
+    except RuntimeError:  # the default strategy has no worker_devices: its one device is TF's first choice
+        gpus = tf.config.list_logical_devices("GPU")
+        return [gpus[0].name if gpus else tf.config.list_logical_devices("CPU")[0].name]
+
+
+def _build_strategy(spec: WorkerSpec, log: Callable[[str], None]) -> tuple[tf.distribute.Strategy, int, dict]:
+    """The strategy, once every worker is up and agrees; returns it, the total val examples and its description.
+
+    The description is ``{"strategy", "all_reduce", "devices"}`` (put into
+    the result). The one-worker strategies (``mirrored``, ``default``) need no
+    all-gather: this worker's settings are the only ones.
 
     Raises:
         TrainingError: TF_CONFIG's cluster size differs from the spec, or the
@@ -228,6 +294,7 @@ def _build_strategy(spec: WorkerSpec, log: Callable[[str], None]) -> tuple[tf.di
     """
     t0 = time.perf_counter()
     timeout = spec.startup_timeout_s
+    multiworker = spec.config.strategy == "multiworker"
     if spec.workers > 1:
         limit = f"at most {timeout:g} s" if timeout > 0 else "no time limit"
         log(f"strategy: waiting for {spec.workers} worker(s) ({limit})")
@@ -235,22 +302,28 @@ def _build_strategy(spec: WorkerSpec, log: Callable[[str], None]) -> tuple[tf.di
         # A C-level watchdog: the strategy blocks holding the GIL (docs/design.md, 'Waiting for peers at start-up').
         faulthandler.dump_traceback_later(timeout, exit=True, file=sys.stderr)
     try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        strategy, all_reduce = _make_strategy(spec)
         cluster_workers = _num_workers(strategy)
         if cluster_workers != spec.workers:
             raise TrainingError(
                 f"TF_CONFIG describes {cluster_workers} worker(s) but the worker spec says workers = {spec.workers}"
             )
-        gathered = _gather_worker_settings(strategy, spec)
+        if multiworker:
+            gathered = _gather_worker_settings(strategy, spec)
+        else:
+            keys = ("train_examples", "val_examples") + SHARED_SETTINGS
+            gathered = {spec.rank: {k: int(_setting(spec, k)) for k in keys}}
     finally:
         if timeout > 0:
             faulthandler.cancel_dump_traceback_later()
     val_total = _check_workers(spec, gathered)
+    devices = _strategy_devices(strategy)
     log(
-        f"strategy: {cluster_workers} worker(s), {strategy.num_replicas_in_sync} replica(s) in sync, "
+        f"strategy: {spec.config.strategy} ({_STRATEGY_CLASS[spec.config.strategy]}), {cluster_workers} worker(s), "
+        f"{strategy.num_replicas_in_sync} replica(s) in sync on {', '.join(devices)}; all-reduce {all_reduce}; "
         f"{time.perf_counter() - t0:.1f} s; threads {spec.threads or 'default'}"
     )
-    return strategy, val_total
+    return strategy, val_total, {"strategy": spec.config.strategy, "all_reduce": all_reduce, "devices": devices}
 
 
 def _datasets(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> tuple[Any, Any]:
@@ -370,7 +443,7 @@ def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
     status["stage"] = STAGE_SETUP
     _configure(spec)
     status["stage"] = STAGE_STRATEGY
-    strategy, val_total = _build_strategy(spec, log)
+    strategy, val_total, described = _build_strategy(spec, log)
     status["stage"] = STAGE_DATA
     train_ds, val_ds = _datasets(strategy, spec)
     log(f"data: {len(spec.train_files)} train file(s), {spec.train_examples} examples; "
@@ -386,7 +459,7 @@ def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
     val, eval_seconds = _evaluate(model, val_ds, spec, val_total, log)
     return {"rank": spec.rank, "workers": spec.workers, "replicas_in_sync": int(strategy.num_replicas_in_sync),
             "train_examples": spec.train_examples, "batch_size": config.batch_size, "epochs": config.epochs,
-            **trained, "val": val, "eval_seconds": eval_seconds, "params": params}
+            **described, **trained, "val": val, "eval_seconds": eval_seconds, "params": params}
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,0 +1,156 @@
+"""GPUs per worker: the driver's check of Spark's GPU settings, and a cheap host probe.
+
+Spark gives each task its GPU addresses (``TaskContext.resources()["gpu"]``)
+only when the task, the executor and the GPU discovery all ask for GPUs
+(docs/design.md, 'GPUs and CUDA_VISIBLE_DEVICES'). :func:`check_gpu_conf`
+checks the settings the driver can see, before any task starts, and says
+exactly which ones to add, with the numbers. :func:`host_has_gpus` is the
+task side's TensorFlow-free probe for GPUs on a host.
+
+No TensorFlow import here (the driver and the barrier tasks stay light).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from typing import Callable
+
+from spark_imagenet.errors import ConfigError
+
+TASK_AMOUNT = "spark.task.resource.gpu.amount"
+EXECUTOR_AMOUNT = "spark.executor.resource.gpu.amount"
+EXECUTOR_SCRIPT = "spark.executor.resource.gpu.discoveryScript"
+WORKER_AMOUNT = "spark.worker.resource.gpu.amount"
+WORKER_SCRIPT = "spark.worker.resource.gpu.discoveryScript"
+WORKER_FILE = "spark.worker.resourcesFile"
+#: The discovery script of this repository (prints the GPUs nvidia-smi sees).
+DISCOVERY_SCRIPT = "conf/gpu-discovery.sh"
+
+
+def _amount(get: Callable[[str], str | None], key: str) -> float | None:
+    """``float(get(key))``; None when unset or empty.
+
+    Raises:
+        ConfigError: a value that is not a number (names the key).
+    """
+    raw = get(key)
+    if raw is None or not str(raw).strip():
+        return None
+    try:
+        return float(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not a number") from None
+
+
+def _master_kind(master: str | None) -> str:
+    """``"local"``, ``"local-cluster"``, ``"standalone"`` or ``"other"`` (YARN, Kubernetes, unknown)."""
+    m = (master or "").strip()
+    if m.startswith("local-cluster"):
+        return "local-cluster"
+    if m == "local" or m.startswith("local["):
+        return "local"
+    if m.startswith("spark://"):
+        return "standalone"
+    return "other"
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def _missing_settings(get: Callable[[str], str | None], k: int, kind: str) -> list[str]:
+    """One line per setting that must be added or raised for ``k`` GPUs per task on this kind of master."""
+    missing = []
+    task = _amount(get, TASK_AMOUNT)
+    if task is None or task < k:
+        now = "unset" if task is None else f"is {_fmt(task)}"
+        missing.append(f"{TASK_AMOUNT}={k} (now {now}): the GPUs Spark gives each task (= each worker)")
+    executor = _amount(get, EXECUTOR_AMOUNT)
+    if executor is None or executor < k:
+        now = "unset" if executor is None else f"is {_fmt(executor)}"
+        missing.append(f"{EXECUTOR_AMOUNT}={k} or more (now {now}; a multiple of {k} to run several workers "
+                       "per executor)")
+    if kind in ("local-cluster", "standalone"):
+        worker = _amount(get, WORKER_AMOUNT)
+        has_discovery = get(WORKER_SCRIPT) or get(WORKER_FILE)
+        if kind == "local-cluster" and (worker is None or worker < k or not has_discovery):
+            missing.append(f"{WORKER_AMOUNT}={k} or more and {WORKER_SCRIPT}=/path/to/{DISCOVERY_SCRIPT} "
+                           f"(or {WORKER_FILE}): each local-cluster worker's GPUs (now {WORKER_AMOUNT} "
+                           f"{'unset' if worker is None else _fmt(worker)})")
+    elif not get(EXECUTOR_SCRIPT):
+        missing.append(f"{EXECUTOR_SCRIPT}=/path/to/{DISCOVERY_SCRIPT} (now unset): the script that lists an "
+                       "executor's GPUs, at the same path on every host (or shipped with --files)")
+    return missing
+
+
+def check_gpu_conf(get: Callable[[str], str | None], gpus_per_worker: int, workers: int,
+                   master: str | None = None) -> str | None:
+    """Check that Spark's settings give each of ``workers`` tasks ``gpus_per_worker`` GPUs.
+
+    Args:
+        get: reads one Spark setting, None when unset (e.g.
+            ``lambda k: sc.getConf().get(k)`` or ``spark.conf.get(k, None)``).
+        gpus_per_worker: K, GPUs each worker asks for (``--gpus-per-worker``; 0 = none).
+        workers: N, the barrier tasks (named in the message).
+        master: the Spark master URL; it decides where the GPUs are
+            discovered: ``local-cluster[...]`` and ``spark://`` by the
+            standalone workers (``spark.worker.resource.gpu.*``, for
+            ``spark://`` in each worker's own configuration, which the driver
+            cannot see), YARN, Kubernetes and others by the executors'
+            discovery script. ``local[N]`` cannot give tasks GPUs.
+
+    Returns:
+        None when all is well; with K = 0 but a GPU task resource configured,
+        a warning line (the tasks get GPUs anyway and train on them).
+
+    Raises:
+        ConfigError: K > 0 and a setting is missing or too small (the message
+            lists every setting to add with its value, and the discovery
+            script ``conf/gpu-discovery.sh``), K > 0 on ``local[N]``, or a
+            GPU amount that is not a number.
+    """
+    kind = _master_kind(master)
+    if gpus_per_worker <= 0:
+        task = _amount(get, TASK_AMOUNT)
+        if task:
+            return (f"warning: {TASK_AMOUNT}={_fmt(task)} gives each task GPUs but --gpus-per-worker is 0: the "
+                    f"workers train on the GPUs Spark assigns them; pass --gpus-per-worker {max(1, int(task))} "
+                    "to have the settings checked")
+        return None
+    k = gpus_per_worker
+    if kind == "local":
+        raise ConfigError(
+            f"--gpus-per-worker {k}: Spark's local mode ({master}) does not hand GPUs to tasks; use "
+            f"--master 'local-cluster[1,{workers},2048]' with {WORKER_AMOUNT}={k * workers} and "
+            f"{WORKER_SCRIPT}=/path/to/{DISCOVERY_SCRIPT}, {EXECUTOR_AMOUNT}={k * workers} and {TASK_AMOUNT}={k}, "
+            "or a cluster"
+        )
+    missing = _missing_settings(get, k, kind)
+    if not missing:
+        return None
+    where = ""
+    if kind == "standalone":
+        where = (f"\nAlso give every standalone worker its GPUs in its own configuration (the driver cannot check "
+                 f"it): SPARK_WORKER_OPTS=\"-D{WORKER_AMOUNT}=<GPUs on the host> -D{WORKER_SCRIPT}=/path/to/"
+                 f"{DISCOVERY_SCRIPT}\" (or {WORKER_FILE}).")
+    lines = "\n".join(f"  --conf {m}" for m in missing)
+    raise ConfigError(
+        f"--gpus-per-worker {k} with {workers} worker(s) needs {k * workers} GPU(s) in all, {k} per task, but "
+        f"Spark is not configured to hand GPUs to tasks. Add:\n{lines}{where}"
+    )
+
+
+def host_has_gpus(dev: str = "/dev") -> bool:
+    """Whether this host looks like it has NVIDIA GPUs, without starting CUDA or TensorFlow.
+
+    Args:
+        dev: the device folder to look in (tests point it at a folder of their own).
+
+    Returns:
+        bool: ``dev/nvidia0``, ``dev/nvidia1``, ... exist, or ``nvidia-smi`` is on PATH.
+    """
+    if glob.glob(os.path.join(dev, "nvidia[0-9]*")):
+        return True
+    return shutil.which("nvidia-smi") is not None
