@@ -20,8 +20,8 @@ def test_combine_orders_by_rank_and_keeps_the_per_worker_fields():
     lines = []
     per_worker, val = combine([record(1), record(0)], 2, lines.append)
     assert [w["rank"] for w in per_worker] == [0, 1]
-    assert set(per_worker[0]) == {"rank", "host", "python", "train_images", "steps", "images_per_sec", "train_loss",
-                                  "train_top1", "train_seconds"}
+    assert set(per_worker[0]) == {"rank", "host", "python", "strategy", "all_reduce", "devices", "train_images",
+                                  "steps", "images_per_sec", "train_loss", "train_top1", "train_seconds"}
     assert val == {"images": 30, "top1": 0.5, "top5": 0.9, "loss": 1.2} and lines == []
 
 

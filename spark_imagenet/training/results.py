@@ -33,8 +33,8 @@ def combine(records: list[dict[str, Any]], workers: int, log: Callable[[str], No
     ranks = [r.get("rank") for r in records]
     if ranks != list(range(workers)):
         raise TrainingError(f"expected results from ranks 0..{workers - 1}, got ranks {ranks}")
-    keys = ("rank", "host", "python", "train_images", "steps", "images_per_sec", "train_loss", "train_top1",
-            "train_seconds")
+    keys = ("rank", "host", "python", "strategy", "all_reduce", "devices", "train_images", "steps", "images_per_sec",
+            "train_loss", "train_top1", "train_seconds")
     per_worker = [{k: r.get(k) for k in keys} for r in records]
     val = dict(records[0].get("val") or {})
     for r in records[1:]:
