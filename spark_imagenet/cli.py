@@ -32,6 +32,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import select
 import signal
 import sys
@@ -212,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model on a sharded dataset with Spark barrier tasks")
     p.add_argument("url", nargs="?", help="bucket URL of a sharded dataset (or the job file's url)")
     _add_train_options(p, {})
+    # For the submit/ scripts: check the job for spark-submit with this master, print its worker count, exit.
+    p.add_argument("--check-for-master", metavar="MASTER", default=None, help=argparse.SUPPRESS)
 
     p = sub.add_parser("download", help="download the ImageNet archive from Kaggle with the official kaggle client "
                        "(resumable; needs Kaggle credentials and the competition's rules accepted)")
@@ -243,9 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _spark_reason(exc: BaseException) -> str:
-    """First line of a Py4J/PySpark error that is not a JVM stack frame."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("at ")]
-    return lines[0] if lines else type(exc).__name__
+    """The reason in a Py4J/PySpark error: the first line that is neither a JVM stack frame nor Py4J's
+    "An error occurred while calling ..." preamble (a Java exception's line loses its package name)."""
+    lines = [ln.strip().removeprefix(": ") for ln in str(exc).splitlines()
+             if ln.strip() and not ln.strip().startswith("at ")]
+    reasons = [ln for ln in lines if not ln.startswith("An error occurred while calling")]
+    if not reasons:
+        return lines[0] if lines else type(exc).__name__
+    first = reasons[0]
+    java = re.match(r"^(?:[a-z_$][\w$]*\.)+([A-Z][\w$]*(?:Exception|Error)): (.*)$", first)
+    return f"{java.group(1)}: {java.group(2)}" if java else first
 
 
 def _session(config, command: str, *, warn_oversubscription: bool = True):
@@ -260,11 +270,37 @@ def _session(config, command: str, *, warn_oversubscription: bool = True):
     except Exception as e:  # Py4J / JVM start-up failures
         reason = _spark_reason(e)
         keys = ", ".join(k for k, _ in config.conf)
+        if config.master:
+            master = f"--master {config.master}"
+        elif "PYSPARK_GATEWAY_PORT" in os.environ:
+            master = "spark-submit's master"
+        else:
+            master = f"the default master local[{config.workers}]"
         raise ConfigError(
-            f"Spark could not start with --master {config.master or '(default)'}"
+            f"Spark could not start with {master}"
             f"{' and --conf ' + keys if keys else ''}: {reason[:300]}. "
             "Check the master URL (spark://HOST:PORT, yarn, k8s://..., local[N]) and that the cluster is reachable."
         ) from None
+
+
+def _check_for_master(config, url: str | None, master: str) -> int:
+    """What the submit/ scripts ask before spark-submit starts: print the job's worker count.
+
+    Raises:
+        ConfigError: no URL; a job ``master`` (spark-submit's ``--master``
+            decides); a dataset on this machine's disk with a cluster master
+            and no ``--shared-filesystem``.
+    """
+    from spark_imagenet.training.preflight import check_dataset_reachable
+
+    if url is None:
+        raise ConfigError("no dataset URL: give it as the first argument (or as url in the job file)")
+    if config.master is not None:
+        raise ConfigError(f"--master {config.master} (or master in the job file): the script submits to {master} "
+                          "(set its MASTER, or use the script of another platform) and leaves the job's master out")
+    check_dataset_reachable(url, master, config.shared_filesystem)
+    print(config.workers)
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -276,6 +312,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_job(config, url), end="")
         return 0
+    if args.check_for_master is not None:
+        return _check_for_master(config, url, args.check_for_master)
     if url is None:
         raise ConfigError("no dataset URL: give it as the first argument of train (or as url in the job file)")
     job = plan_job(url, config)  # a dataset or setting mistake is reported before Spark starts

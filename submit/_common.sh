@@ -29,14 +29,13 @@ need_url() {
     fi
 }
 
-# job_workers URL [train options ...]: print the job's worker count (its --workers, or its job file's), as
-# `spark-imagenet train --print-config` resolves it; a bad option is reported here, before spark-submit.
+# job_workers MASTER URL [train options ...]: print the job's worker count (its --workers, or its job file's),
+# after the checks that need no cluster: the options themselves, no job --master (spark-submit's decides), and
+# a dataset the executors of MASTER can read (a path on this machine's disk needs --shared-filesystem).
 job_workers() {
-    local resolved
-    if ! resolved="$(PYTHONSAFEPATH=1 "$PYTHON_EXE" -m spark_imagenet train "$@" --print-config)"; then
-        exit 2
-    fi
-    printf '%s\n' "$resolved" | sed -n 's/^workers = \([0-9][0-9]*\)$/\1/p'
+    local master="$1"
+    shift
+    PYTHONSAFEPATH=1 "$PYTHON_EXE" -m spark_imagenet train --check-for-master "$master" "$@" || exit 2
 }
 
 # no_local_job_file HINT URL [train options ...]: in cluster deploy mode the driver runs on a cluster host,

@@ -31,7 +31,7 @@ driver_in_image=/opt/spark-imagenet/submit.py
 # One executor pod per worker (a barrier stage needs all of them at once): the job's workers, as
 # `spark-imagenet train --print-config` resolves them (a bad option is reported here, before spark-submit).
 no_local_job_file "" "$@"
-workers="$(job_workers "$@")"
+workers="$(job_workers "$MASTER" "$@")"
 
 # shellcheck disable=SC2086
 exec "$SPARK_SUBMIT" --master "$MASTER" --deploy-mode cluster --name spark-imagenet \

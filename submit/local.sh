@@ -8,6 +8,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/_common.sh"
 need_url "$@"
 MASTER="${MASTER:-local[4]}"
+job_workers "$MASTER" "$@" >/dev/null
 # shellcheck disable=SC2086
 exec "$SPARK_SUBMIT" --master "$MASTER" --properties-file "$here/../conf/spark-defaults.conf" \
     --conf "spark.pyspark.python=$PYSPARK_PYTHON" ${SPARK_SUBMIT_OPTS_EXTRA:-} "$DRIVER" "$@"

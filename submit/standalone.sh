@@ -13,6 +13,7 @@ case "${MASTER:-}" in
     spark://*) ;;
     *) echo "standalone.sh: set MASTER to the cluster's spark://HOST:PORT (got '${MASTER:-}')" >&2; exit 2 ;;
 esac
+job_workers "$MASTER" "$@" >/dev/null
 # shellcheck disable=SC2086
 exec "$SPARK_SUBMIT" --master "$MASTER" --deploy-mode client \
     --properties-file "$here/../conf/spark-defaults.conf" \

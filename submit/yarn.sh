@@ -13,13 +13,20 @@
 # PYTHON_PREFIX: where the virtualenv's base Python lives on the cluster's hosts, if not where it lives
 #   here (venv-pack --python-prefix): venv-pack ships the packages, not the interpreter.
 # Executors: one per worker (--workers, or the job file's workers), one barrier task each.
-# Everything after URL goes to the job unchanged; SPARK_SUBMIT_OPTS_EXTRA adds spark-submit options.
+# Everything after URL goes to the job unchanged; SPARK_SUBMIT_OPTS_EXTRA adds spark-submit options (split on
+# spaces: no option value with a space in it).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/_common.sh"
 need_url "$@"
 if [ -z "${HADOOP_CONF_DIR:-}${YARN_CONF_DIR:-}" ]; then
     echo "yarn.sh: set HADOOP_CONF_DIR to the folder with the cluster's yarn-site.xml" >&2
+    exit 2
+fi
+yarn_conf="${HADOOP_CONF_DIR:-$YARN_CONF_DIR}"
+if [ ! -f "$yarn_conf/yarn-site.xml" ]; then
+    echo "yarn.sh: no yarn-site.xml in $yarn_conf (HADOOP_CONF_DIR): point it at the folder with the cluster's" \
+         "yarn-site.xml and core-site.xml (often /etc/hadoop/conf on a cluster node)" >&2
     exit 2
 fi
 DEPLOY_MODE="${DEPLOY_MODE:-client}"
@@ -30,7 +37,7 @@ esac
 if [ "$DEPLOY_MODE" = cluster ]; then
     no_local_job_file ", or use DEPLOY_MODE=client" "$@"
 fi
-WORKERS="$(job_workers "$@")"
+WORKERS="$(job_workers yarn "$@")"
 ENV_ARCHIVE="${ENV_ARCHIVE:-$here/../build/yarn/spark-imagenet-env.tar.gz}"
 
 # The archive: the virtualenv that runs this script, packed with venv-pack (see the README, "YARN").
@@ -52,13 +59,13 @@ pack_env() {
         return 0
     fi
     if ! "$PYTHON" -m venv_pack --version >/dev/null 2>&1; then
-        echo "yarn.sh: venv-pack is not installed in $venv (pip install venv-pack)" >&2
+        echo "yarn.sh: venv-pack is not installed in $venv (pip install 'spark-imagenet[yarn]', or pip install venv-pack)" >&2
         exit 2
     fi
     mkdir -p "$(dirname "$ENV_ARCHIVE")"
     echo "yarn.sh: packing $venv into $ENV_ARCHIVE (once per change of the virtualenv) ..." >&2
     # Left out: Spark's jars (the cluster's Spark brings its own JVM side) and TensorFlow's C++ headers
-    # (only for building custom ops): 900 MB of the 2.4 GB.
+    # (only for building custom ops): about 0.9 GB of 2.4 GB; the rest packs into a tar.gz of about 0.7 GB.
     "$PYTHON" -m venv_pack -p "$venv" -o "$ENV_ARCHIVE.partial" --format tar.gz --compress-level 1 --force --quiet \
         --exclude 'lib/python*/site-packages/pyspark/jars/*' \
         --exclude 'lib/python*/site-packages/tensorflow/include/*' \
@@ -82,11 +89,18 @@ else
     mode_conf+=(--conf "spark.yarn.appMasterEnv.PYSPARK_DRIVER_PYTHON=$SHIPPED_PYTHON")
 fi
 # shellcheck disable=SC2086
-exec "$SPARK_SUBMIT" --master yarn --deploy-mode "$DEPLOY_MODE" \
+"$SPARK_SUBMIT" --master yarn --deploy-mode "$DEPLOY_MODE" \
     --properties-file "$here/../conf/spark-defaults.yarn.conf" \
     --archives "$ENV_ARCHIVE#environment" \
     --conf "spark.executor.instances=$WORKERS" \
     --conf "spark.pyspark.python=$SHIPPED_PYTHON" \
     --conf "spark.executorEnv.PYSPARK_PYTHON=$SHIPPED_PYTHON" \
     "${mode_conf[@]}" \
-    ${SPARK_SUBMIT_OPTS_EXTRA:-} "$DRIVER" "$@"
+    ${SPARK_SUBMIT_OPTS_EXTRA:-} "$DRIVER" "$@" || {
+    status=$?
+    if [ "$DEPLOY_MODE" = cluster ]; then
+        echo "yarn.sh: the application failed; in cluster mode the driver's own message is in its log:" \
+             "yarn logs -applicationId APPLICATION_ID (the application_... id above), container 01_000001" >&2
+    fi
+    exit "$status"
+}

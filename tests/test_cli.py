@@ -171,3 +171,13 @@ def test_demo_command(tmp_path):
     assert r["config"]["num_classes"] == 10 and r["val"]["images"] == 120
     assert r["val"]["top1"] > 0.25, r["val"]  # chance is 0.1; 2 workers x 10 epochs gave 0.44-0.77 in 4 runs
     assert "[rank 1]" in p.stderr + p.stdout  # the children's output reaches the driver's console
+
+
+def test_a_spark_start_up_failure_is_told_by_its_java_reason():
+    from spark_imagenet.cli import _spark_reason
+
+    e = Exception("An error occurred while calling None.org.apache.spark.api.java.JavaSparkContext.\n"
+                  ": java.lang.IllegalArgumentException: Required executor memory (2048 MB) is above the max\n"
+                  "\tat org.apache.spark.deploy.yarn.Client.verifyClusterResources(Client.scala:1)")
+    assert _spark_reason(e) == "IllegalArgumentException: Required executor memory (2048 MB) is above the max"
+    assert _spark_reason(Exception("Could not parse Master URL: 'x'")) == "Could not parse Master URL: 'x'"

@@ -82,13 +82,41 @@ def test_local_sh_trains_through_spark_submit(dataset, tmp_path):
     assert "[rank 1]" in p.stderr + p.stdout
 
 
+def test_the_scripts_refuse_the_jobs_master_before_spark_submit(dataset):
+    p = run_script("local.sh", str(dataset), *TRAIN, "--master", "local[2]", MASTER="local[2]")
+    assert p.returncode == 2 and p.stdout == ""  # spark-submit never started
+    assert "--master local[2] (or master in the job file): the script submits to local[2]" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_the_scripts_refuse_a_dataset_on_this_disk_for_a_cluster_before_spark_submit(dataset):
+    p = run_script("standalone.sh", str(dataset), *TRAIN, MASTER="spark://127.0.0.1:1")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "is a path on the driver's disk" in p.stderr and "--shared-filesystem" in p.stderr
+
+
 @pytest.mark.slow
 def test_the_jobs_master_is_refused_under_spark_submit(dataset):
-    p = run_script("local.sh", str(dataset), *TRAIN, "--master", "local[2]", MASTER="local[2]")
+    # spark-submit run by hand (not through a script): the driver program refuses it
+    import pyspark
+
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    driver = REPO / "spark_imagenet" / "submit.py"
+    p = subprocess.run([str(submit), "--master", "local[2]", str(driver), str(dataset), *TRAIN, "--master", "local[2]"],
+                       capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=script_env(), cwd=REPO)
     out = p.stdout + p.stderr  # spark-submit merges the Python driver's stderr into its stdout
     assert p.returncode == 2
     assert "under spark-submit the master is spark-submit's own option" in out
     assert "Traceback" not in out
+
+
+def test_every_script_is_executable_in_the_repository():
+    p = subprocess.run(["git", "ls-files", "-s", "submit"], capture_output=True, text=True, cwd=REPO)
+    if p.returncode != 0 or not p.stdout:
+        pytest.skip("not a git checkout: no file modes to check")
+    modes = {line.split("\t")[1]: line.split()[0] for line in p.stdout.splitlines()}
+    scripts = {path: mode for path, mode in modes.items() if path.endswith(".sh") and not path.endswith("/_common.sh")}
+    assert scripts and all(mode == "100755" for mode in scripts.values()), scripts
 
 
 # ---------------------------------------------------------------- a standalone cluster

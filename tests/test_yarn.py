@@ -67,6 +67,9 @@ def shipped(tmp_path_factory):
 def test_yarn_sh_checks_its_settings_before_submitting(tmp_path):
     p = run_yarn_sh(yarn_env(None, "python3", tmp_path), "gs://b/imagenet", "--workers", "2")
     assert p.returncode == 2 and "set HADOOP_CONF_DIR to the folder with the cluster's yarn-site.xml" in p.stderr
+    p = run_yarn_sh(yarn_env(tmp_path / "nowhere", "python3", tmp_path), "gs://b/imagenet", "--workers", "2")
+    assert p.returncode == 2 and f"no yarn-site.xml in {tmp_path / 'nowhere'} (HADOOP_CONF_DIR)" in p.stderr
+    (tmp_path / "yarn-site.xml").write_text("<configuration/>\n")
     p = run_yarn_sh(yarn_env(tmp_path, "python3", tmp_path, DEPLOY_MODE="both"), "gs://b/imagenet")
     assert p.returncode == 2 and "DEPLOY_MODE must be client or cluster (got 'both')" in p.stderr
     p = run_yarn_sh(yarn_env(tmp_path, "python3", tmp_path, PACK="0", ENV_ARCHIVE=str(tmp_path / "no.tar.gz")),
@@ -74,7 +77,14 @@ def test_yarn_sh_checks_its_settings_before_submitting(tmp_path):
     assert p.returncode == 2 and f"ENV_ARCHIVE {tmp_path / 'no.tar.gz'} does not exist" in p.stderr
 
 
+def test_yarn_sh_refuses_a_local_dataset_without_shared_filesystem_before_submitting(tmp_path):
+    (tmp_path / "yarn-site.xml").write_text("<configuration/>\n")
+    p = run_yarn_sh(yarn_env(tmp_path, "python3", tmp_path), str(tmp_path), "--workers", "2")
+    assert p.returncode == 2 and "is a path on the driver's disk" in p.stderr and p.stdout == ""
+
+
 def test_yarn_sh_refuses_a_local_job_file_in_cluster_mode(tmp_path):
+    (tmp_path / "yarn-site.xml").write_text("<configuration/>\n")
     job = tmp_path / "job.toml"
     job.write_text("workers = 2\n")
     p = run_yarn_sh(yarn_env(tmp_path, "python3", tmp_path, DEPLOY_MODE="cluster"), "gs://b/i", "--config", str(job))
@@ -82,6 +92,7 @@ def test_yarn_sh_refuses_a_local_job_file_in_cluster_mode(tmp_path):
 
 
 def test_yarn_sh_reports_a_bad_job_option_before_submitting(tmp_path):
+    (tmp_path / "yarn-site.xml").write_text("<configuration/>\n")
     p = run_yarn_sh(yarn_env(tmp_path, "python3", tmp_path), "gs://b/imagenet", "--workers", "0")
     assert p.returncode == 2 and "argument --workers: 0 must be at least 1" in p.stderr
 
@@ -90,6 +101,7 @@ def test_yarn_sh_refuses_a_package_the_archive_would_not_hold(tmp_path):
     # With the checkout on PYTHONPATH (as with `pip install -e`), the package lies outside the virtualenv.
     import sys
 
+    (tmp_path / "yarn-site.xml").write_text("<configuration/>\n")
     env = yarn_env(tmp_path, sys.executable, tmp_path)
     env["PYTHONPATH"] = str(REPO)
     p = run_yarn_sh(env, "gs://b/imagenet", "--workers", "2")
