@@ -1,4 +1,5 @@
-"""submit/databricks-job.json: a Jobs API 2.1 jobs/create body that the databricks-sdk classes read in full.
+"""submit/databricks-job.json (a GPU cluster) and submit/databricks-serverless-job.json (serverless compute, Spark
+Connect): Jobs API 2.1 jobs/create bodies that the databricks-sdk classes read in full.
 
 No Databricks workspace is reachable here, so the job is checked against the SDK's own model of the API:
 ``JobSettings.from_dict`` silently drops keys it does not know (a misspelt ``spark_conf`` or
@@ -19,6 +20,7 @@ import pytest
 jobs = pytest.importorskip("databricks.sdk.service.jobs", reason="databricks-sdk is not installed (the test extra)")
 
 JOB_FILE = Path(__file__).resolve().parent.parent / "submit" / "databricks-job.json"
+SERVERLESS_FILE = JOB_FILE.with_name("databricks-serverless-job.json")
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +110,53 @@ def test_cluster_is_set_up_for_barrier_training_on_gpus(task):
     assert conf["spark.barrier.sync.timeout"].endswith("s")
     # Shared access mode blocks the RDD API that barrier stages need.
     assert cluster["data_security_mode"] == "SINGLE_USER"
+
+
+# ------------------------------------------------------------ serverless compute (Spark Connect)
+@pytest.fixture(scope="module")
+def serverless() -> dict:
+    return json.loads(SERVERLESS_FILE.read_text())
+
+
+def test_serverless_job_round_trips_through_the_sdk_without_losing_a_field(serverless):
+    settings = jobs.JobSettings.from_dict(serverless)
+    back = settings.as_dict()
+    assert _differences(serverless, back) == []
+    assert back == serverless
+    (task,) = settings.tasks
+    assert isinstance(task.python_wheel_task, jobs.PythonWheelTask)
+    (environment,) = settings.environments
+    assert isinstance(environment, jobs.JobEnvironment)
+    assert type(environment.spec).__name__ == "Environment"
+
+
+def test_serverless_job_is_a_jobs_create_body(serverless):
+    accepted = set(inspect.signature(jobs.JobsAPI.create).parameters) - {"self"}
+    assert set(serverless) <= accepted, set(serverless) - accepted
+
+
+def test_serverless_job_has_no_cluster_and_installs_the_wheel_in_its_environment(serverless):
+    (task,) = serverless["tasks"]
+    # serverless: no cluster of any kind; the task names an environment of the job instead
+    assert not {"new_cluster", "existing_cluster_id", "job_cluster_key", "libraries"} & set(task)
+    assert "job_clusters" not in serverless
+    (environment,) = serverless["environments"]
+    assert task["environment_key"] == environment["environment_key"]
+    (wheel,) = environment["spec"]["dependencies"]
+    assert wheel.endswith("/spark_imagenet-0.1.0-py3-none-any.whl")
+    assert environment["spec"]["environment_version"].isdigit()
+    wheel_task = task["python_wheel_task"]
+    assert (wheel_task["package_name"], wheel_task["entry_point"]) == ("spark_imagenet", "spark-imagenet")
+
+
+def test_serverless_parameters_are_a_valid_train_command_without_a_master(serverless):
+    from spark_imagenet.cli import _resolve_job, build_parser
+
+    (task,) = serverless["tasks"]
+    args = build_parser().parse_args(task["python_wheel_task"]["parameters"])
+    assert args.command == "train"
+    config, url = _resolve_job(args, {})
+    assert url.startswith("gs://")  # the serverless executors read a bucket, never the driver's disk
+    assert config.workers == 2
+    assert config.master is None  # the job's own (Spark Connect) session decides
+    assert config.results.startswith("/Volumes/")

@@ -1,8 +1,9 @@
 """The driver side of training: check, plan, launch the barrier stage, report.
 
 :func:`train` runs one MultiWorkerMirroredStrategy job as one Spark barrier
-stage of N tasks (``sc.parallelize(range(N), N).barrier().mapPartitions``),
-one TensorFlow worker per task (the task side is
+stage of N tasks (``sc.parallelize(range(N), N).barrier().mapPartitions``; on
+Spark Connect ``spark.range(N, numPartitions=N).mapInArrow(..., barrier=True)``,
+:mod:`spark_imagenet.training.connect`), one TensorFlow worker per task (the task side is
 :mod:`spark_imagenet.training.barrier_task`). It is two steps, which the
 command line runs apart so that mistakes needing no cluster are reported
 before Spark starts:
@@ -28,6 +29,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
 
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.errors import SparkImagenetError, TrainingError
@@ -35,6 +37,7 @@ from spark_imagenet.storage import open_storage
 from spark_imagenet.training.assignment import Assignment, assign
 from spark_imagenet.training.barrier_task import TaskSpec, run_task
 from spark_imagenet.training.config import TrainConfig
+from spark_imagenet.training.connect import cancel_connect_job, check_connect, connect_job, connect_url
 from spark_imagenet.training.interrupts import sigint_handler
 from spark_imagenet.training.preflight import (
     check_dataset_reachable,
@@ -126,38 +129,74 @@ def _announce(job: JobPlan, log: Callable[[str], None]) -> None:
 CANCEL_WAIT_S = 60
 
 
-def _launch(sc, job: JobPlan) -> list[dict[str, Any]]:
+def _task_spec(job: JobPlan) -> TaskSpec:
+    """The description every barrier task of the job receives (pickled)."""
+    return TaskSpec(url=job.url, dataset_id=job.manifest.dataset_id, num_classes=job.manifest.num_classes,
+                    assignment=job.assignment, config=job.config, storage_options=dict(job.storage_options))
+
+
+def _launch(spark, sc, job: JobPlan) -> list[dict[str, Any]]:
     """Run the barrier stage; return every rank's record.
 
-    The job runs in a thread of its own (in its own job group) while this
-    thread waits, so a Ctrl-C (KeyboardInterrupt) arrives here and never in
-    the middle of a Py4J call; the job is then cancelled quietly
-    (:func:`_cancel_quietly`) and the KeyboardInterrupt re-raised.
+    A classic session (``sc`` given) runs ``sc.parallelize(range(N), N).barrier().mapPartitions``
+    in a job group of its own; a Spark Connect session (``sc`` None) runs
+    ``spark.range(N, numPartitions=N).mapInArrow(..., barrier=True)`` under a tag of its own
+    (:func:`~spark_imagenet.training.connect.connect_job`). Both tasks run the same
+    :func:`~spark_imagenet.training.barrier_task.run_task`; see :func:`_run_interruptibly`
+    for Ctrl-C.
 
     Raises:
         SparkImagenetError: a task's error, rebuilt on the driver (:func:`task_error`).
         KeyboardInterrupt: Ctrl-C; the job has been cancelled.
     """
-    from pyspark import InheritableThread
+    spec, workers = _task_spec(job), job.config.workers
+    if sc is None:
+        run, interrupt = connect_job(spark, spec, workers)
+        lines = _run_interruptibly(run, lambda done: cancel_connect_job(interrupt, done, CANCEL_WAIT_S),
+                                   threading.Thread)
+    else:
+        from pyspark import InheritableThread
 
-    spec = TaskSpec(url=job.url, dataset_id=job.manifest.dataset_id, num_classes=job.manifest.num_classes,
-                    assignment=job.assignment, config=job.config, storage_options=dict(job.storage_options))
-    workers = job.config.workers
-    group = f"spark-imagenet-{uuid.uuid4().hex}"
+        group = f"spark-imagenet-{uuid.uuid4().hex}"
+
+        def run() -> list[str]:
+            sc.setJobGroup(group, f"spark-imagenet train {job.config.model} x{workers}", interruptOnCancel=True)
+            return sc.parallelize(range(workers), workers).barrier().mapPartitions(
+                functools.partial(run_task, spec)).collect()
+
+        lines = _run_interruptibly(run, functools.partial(_cancel_quietly, sc, group), InheritableThread)
+    return [json.loads(s) for s in lines]
+
+
+def _run_interruptibly(run: Callable[[], list[str]], cancel: Callable[[threading.Event], None],
+                       thread_class: Callable[..., threading.Thread]) -> list[str]:
+    """``run()`` in a thread of its own while this thread waits; Ctrl-C cancels it.
+
+    A Ctrl-C (KeyboardInterrupt) thus arrives here and never in the middle of
+    a Py4J or gRPC call; ``cancel(done)`` then stops the job (``done`` is set
+    when the job's thread has ended) and the KeyboardInterrupt is re-raised.
+
+    Args:
+        run: the blocking job; returns the tasks' JSON lines.
+        cancel: cancels the job quietly and waits, bounded, for ``done``.
+        thread_class: ``threading.Thread`` or PySpark's ``InheritableThread``.
+
+    Raises:
+        SparkImagenetError: the job's error, rebuilt by :func:`task_error`.
+        KeyboardInterrupt: Ctrl-C; the job has been cancelled.
+    """
     outcome: dict[str, Any] = {}
     done = threading.Event()  # not Thread.join: an interrupted join marks a live thread ended (Python 3.11)
 
     def collect() -> None:
         try:
-            sc.setJobGroup(group, f"spark-imagenet train {job.config.model} x{workers}", interruptOnCancel=True)
-            rdd = sc.parallelize(range(workers), workers).barrier().mapPartitions(functools.partial(run_task, spec))
-            outcome["lines"] = rdd.collect()
+            outcome["lines"] = run()
         except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
             outcome["error"] = e
         finally:
             done.set()
 
-    thread = InheritableThread(collect, name="spark-imagenet barrier job", daemon=True)
+    thread = thread_class(target=collect, name="spark-imagenet barrier job", daemon=True)
     try:
         # Python's default handler, not PySpark's: that one cancels every job from inside the signal
         # handler, which breaks a Py4J call in progress ("reentrant call") and prints its tracebacks.
@@ -168,14 +207,14 @@ def _launch(sc, job: JobPlan) -> list[dict[str, Any]]:
     except KeyboardInterrupt:
         if thread.ident is None:  # interrupted before the job's thread began
             done.set()
-        _cancel_quietly(sc, group, done)
+        cancel(done)
         raise
     error = outcome.get("error")
     if isinstance(error, Exception):
         raise task_error(str(error)) from None
     if error is not None:
         raise error
-    return [json.loads(s) for s in outcome["lines"]]
+    return outcome["lines"]
 
 
 def _cancel_quietly(sc, group: str, done: threading.Event, wait_s: float = CANCEL_WAIT_S) -> None:
@@ -222,11 +261,46 @@ def _active_tasks(tracker, group: str) -> int:
     return active
 
 
+def _check_session(spark, sc, job: JobPlan, log: Callable[[str], None]) -> str:
+    """The preflight checks of the session; returns the master to report (``sc.master`` or ``sc://HOST:PORT``).
+
+    A classic session gets :func:`check_spark`; a Spark Connect session (``sc``
+    None) gets :func:`~spark_imagenet.training.connect.check_connect`, whose
+    warning line (the checks Connect cannot make) is logged. A local dataset
+    path is refused for executors that may be elsewhere (:func:`check_dataset_reachable`;
+    under Connect a local path passes only for a server on this machine's loopback
+    address with a local master).
+
+    Raises:
+        ConfigError: see :func:`run_job`.
+    """
+    config = job.config
+    if sc is None:
+        url = connect_url(spark, config.master)
+        if config.master is not None and not config.master.startswith("sc://"):
+            log(f"warning: the job's master {config.master!r} is not used: this Spark Connect session talks to {url}")
+        server_master, warnings = check_connect(spark, config.workers, url)
+        for line in warnings:
+            log(line)
+        host = urlsplit(url).hostname if url.startswith("sc://") else None
+        on_this_machine = host in ("127.0.0.1", "localhost", "::1") and server_master is not None
+        check_dataset_reachable(job.url, server_master if on_this_machine else url, config.shared_filesystem)
+        return url
+    if config.master is not None and config.master != sc.master:
+        log(f"warning: the job's master {config.master!r} is not used: this session runs on {sc.master!r} "
+            "(master and conf choose the command line's session; a session of your own keeps its own)")
+    check_dataset_reachable(job.url, sc.master, config.shared_filesystem)
+    check_spark(sc, config.workers)
+    return sc.master
+
+
 def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Check Spark, run the planned job's barrier stage, report and return the results.
 
     Args:
-        spark: a classic SparkSession (not Spark Connect).
+        spark: a SparkSession: classic, or Spark Connect (``builder.remote("sc://...")``,
+            Databricks shared or serverless compute), which launches through
+            ``mapInArrow(..., barrier=True)``; see :mod:`spark_imagenet.training.connect`.
         job: from :func:`plan_job`.
         log: called with each line of the summary.
 
@@ -234,23 +308,21 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
         dict: see :func:`train`.
 
     Raises:
-        ConfigError: Spark Connect, dynamic allocation, too few task slots.
+        ConfigError: dynamic allocation, too few task slots (under Connect:
+            a local master's slots only; the checks not made are named in a
+            ``warning:`` line), an unreachable Connect server.
         StorageError: a shard cannot be staged intact (from a task).
         TrainingError: a TensorFlow worker failed.
         KeyboardInterrupt: Ctrl-C during the barrier job, which has been
             cancelled without Spark's log noise (its tasks' TensorFlow
             processes and temporary folders are gone).
     """
-    sc = spark_context(spark)
-    if job.config.master is not None and job.config.master != sc.master:
-        log(f"warning: the job's master {job.config.master!r} is not used: this session runs on {sc.master!r} "
-            "(master and conf choose the command line's session; a session of your own keeps its own)")
-    check_dataset_reachable(job.url, sc.master, job.config.shared_filesystem)
-    check_spark(sc, job.config.workers)
+    sc = spark_context(spark)  # None: a Spark Connect session
+    master = _check_session(spark, sc, job, log)
     _announce(job, log)
     start = time.monotonic()
-    records = _launch(sc, job)
-    out = build_results(records, job, master=sc.master, wall_seconds=time.monotonic() - start, log=log)
+    records = _launch(spark, sc, job)
+    out = build_results(records, job, master=master, wall_seconds=time.monotonic() - start, log=log)
     for line in format_table(out).splitlines():
         log(line)
     if job.config.results is not None:
@@ -267,7 +339,7 @@ def train(spark, url: str | os.PathLike, config: TrainConfig | int | None = None
     form ``train(spark, url, 8, epochs=90)`` / ``train(spark, url, workers=8)``.
 
     Args:
-        spark: a classic SparkSession (not Spark Connect).
+        spark: a SparkSession, classic or Spark Connect (see :func:`run_job`).
         url: the dataset bucket URL (holding ``manifest.json`` and shards).
         config: a :class:`~spark_imagenet.training.config.TrainConfig`, or
             the worker count N.
@@ -280,12 +352,12 @@ def train(spark, url: str | os.PathLike, config: TrainConfig | int | None = None
         "steps", "images_per_sec", "train_loss", "train_top1",
         "train_seconds"}], "val": {"images", "top1", "top5", "loss"},
         "images_per_sec" (sum over workers), "history" (rank 0's Keras
-        history), "config": {...}, "wall_seconds"}`` where ``wall_seconds``
+        history), "config": {..., "master"}, "wall_seconds"}`` where ``wall_seconds``
         is the barrier job's wall time (shard staging, TensorFlow start-up,
         training and evaluation).
 
     Raises:
-        ConfigError: a bad setting, Spark Connect, dynamic allocation, too few
+        ConfigError: a bad setting, dynamic allocation, too few
             task slots, too few train shards, an unwritable ``results`` path.
         ManifestError: no or invalid manifest at ``url``.
         StorageError: a shard cannot be staged intact (from a task).

@@ -45,24 +45,31 @@ def check_results_path(results: str | os.PathLike | None) -> None:
 
 
 def spark_context(spark):
-    """The SparkContext of a session, or a clear error for Spark Connect.
+    """The SparkContext of a classic session; None for a Spark Connect session.
+
+    A Spark Connect session (``pyspark.sql.connect``: ``builder.remote(...)``,
+    Databricks shared or serverless compute) has no SparkContext and no RDD
+    API; the driver then launches through ``DataFrame.mapInArrow(...,
+    barrier=True)`` (:mod:`spark_imagenet.training.connect`).
+
+    Returns:
+        pyspark.SparkContext | None: None exactly for a Spark Connect session.
 
     Raises:
-        ConfigError: the session is a Spark Connect session (no RDD API).
+        ConfigError: neither: an object with no usable ``sparkContext`` that
+            is not a Connect session either.
     """
-    why = (
-        "this is a Spark Connect session (e.g. Databricks shared or serverless compute), which has no "
-        "SparkContext or RDD barrier API. Use a classic session (local[N], standalone, YARN, Kubernetes). "
-        "Barrier training through DataFrame.mapInArrow(..., barrier=True) on Spark Connect is future work."
-    )
     if type(spark).__module__.startswith("pyspark.sql.connect"):
-        raise ConfigError(why)
+        return None
     try:
         sc = spark.sparkContext
-    except Exception as e:  # Connect raises a PySpark error here
-        raise ConfigError(why) from e
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"{type(spark).__name__} is neither a classic SparkSession (its sparkContext failed: "
+                          f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}) nor a Spark Connect "
+                          "session; pass a pyspark.sql.SparkSession") from e
     if sc is None:
-        raise ConfigError(why)
+        raise ConfigError(f"{type(spark).__name__} has no SparkContext and is not a Spark Connect session; "
+                          "pass a pyspark.sql.SparkSession")
     return sc
 
 

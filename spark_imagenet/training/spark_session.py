@@ -13,6 +13,7 @@ clear Java error even where importing pyspark would be slow.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -181,7 +182,8 @@ def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
     for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    if not type(spark).__module__.startswith("pyspark.sql.connect"):  # e.g. Databricks serverless: Connect
+        spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
@@ -198,12 +200,53 @@ def oversubscription_warning(workers: int, cores: int) -> str | None:
             f"so training is slower than with --workers {cores}). Give --master to use a cluster.")
 
 
+def connect_session(url: str, app_name: str = "spark-imagenet", conf: Mapping[str, Any] | None = None):
+    """A Spark Connect session (``SparkSession.builder.remote(url)``); no Java or JVM needed here.
+
+    The session connects on first use, so an unreachable server is reported
+    by the first call (:func:`spark_imagenet.training.connect.check_connect`
+    names the URL).
+
+    Args:
+        url: ``sc://HOST:PORT`` (with optional ``/;token=...`` parameters).
+        app_name: application name.
+        conf: session settings sent to the server (``builder.config``).
+
+    Returns:
+        pyspark.sql.connect.session.SparkSession
+
+    Raises:
+        EnvironmentSetupError: the Spark Connect client's packages are missing
+            (``pip install 'spark-imagenet[connect]'``).
+    """
+    try:  # what pyspark[connect] adds (pyspark.sql.connect.utils.check_dependencies, which may sys.exit)
+        for module in ("pandas", "pyarrow", "grpc", "grpc_status", "google.rpc", "zstandard"):
+            importlib.import_module(module)
+    except ImportError as e:
+        raise EnvironmentSetupError(
+            f"--master {url} needs the Spark Connect client, which is missing: {e}. Install it with "
+            "pip install 'spark-imagenet[connect]' (or 'pyspark[connect]')") from None
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(url).appName(app_name)
+    for key, value in dict(conf or {}).items():
+        builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
+    return builder.getOrCreate()
+
+
+def is_connect_url(master: str | None) -> bool:
+    """Whether a ``master`` is a Spark Connect URL (``sc://HOST:PORT``)."""
+    return master is not None and master.strip().startswith("sc://")
+
+
 def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None = None,
                 app_name: str = "spark-imagenet", *, warn_oversubscription: bool = True):
     """The SparkSession the command line trains with.
 
     Args:
-        master: a Spark master URL; None means the master ``spark-submit``
+        master: a Spark master URL, or ``sc://HOST:PORT`` for a Spark Connect
+            session (:func:`connect_session`; also when ``master`` is None and
+            ``SPARK_REMOTE`` is set outside spark-submit); None means the master ``spark-submit``
             passed (when this driver was launched by ``spark-submit``, which
             sets ``PYSPARK_GATEWAY_PORT``, or runs on a Databricks cluster,
             which sets ``DATABRICKS_RUNTIME_VERSION``), else ``local[workers]``.
@@ -231,6 +274,10 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
         raise ConfigError(f"--master {master} (or master in the job file): under spark-submit the master is "
                           "spark-submit's own option; give it there (spark-submit --master MASTER ...) and leave it "
                           "out of the job, which would otherwise replace it")
+    if master is None and not under_submit and os.environ.get("SPARK_REMOTE"):
+        master = os.environ["SPARK_REMOTE"]
+    if is_connect_url(master):
+        return connect_session(master.strip(), app_name, conf)
     if master is None and not under_submit:
         master = f"local[{max(1, int(workers))}]"
         warning = oversubscription_warning(workers, os.cpu_count() or 1) if warn_oversubscription else None
@@ -248,5 +295,6 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     for key, value in dict(conf or {}).items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    if not type(spark).__module__.startswith("pyspark.sql.connect"):  # e.g. Databricks serverless: Connect
+        spark.sparkContext.setLogLevel("WARN")
     return spark

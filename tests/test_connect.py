@@ -1,0 +1,251 @@
+"""Spark Connect: barrier training through ``mapInArrow(..., barrier=True)`` against a real local Connect server.
+
+The server is the installed pyspark's own ``SparkConnectServer`` (``spark-submit --class ...``, which execs the
+JVM, so the pid started here is the server's; ``sbin/start-connect-server.sh`` would daemonize), on ``local[2]``
+and a free port, started once for the module and killed at its end. Its Python workers run this interpreter
+(``PYSPARK_PYTHON``), as a cluster's would run a shipped environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow", reason="the Spark Connect client (the connect extra) is not installed")
+pytest.importorskip("grpc_status", reason="the Spark Connect client (the connect extra) is not installed")
+
+from data_util import build, small_layout  # noqa: E402
+from spark_imagenet.errors import ConfigError, StorageError  # noqa: E402
+from spark_imagenet.training.config import TrainConfig  # noqa: E402
+
+SMALL = dict(workers=2, epochs=1, image_size=72, width=0.25, batch_size=4)
+SMALL_ARGS = ["--workers", "2", "--epochs", "1", "--image-size", "72", "--width", "0.25", "--batch-size", "4"]
+#: The running server's pid (set by the ``connect_url`` fixture): its descendants are the tasks' processes.
+SERVER: dict[str, int] = {}
+WARNING = "warning: Spark Connect session: not checked before launch: the scheduler's barrier task slot count"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def connect_url(tmp_path_factory):
+    """``sc://127.0.0.1:P`` of a Spark Connect server (local[2]) this module starts and kills."""
+    import pyspark
+
+    spark_home = Path(pyspark.__file__).parent
+    port = _free_port()
+    log = tmp_path_factory.mktemp("connect-server") / "server.log"
+    env = {**_clean_env(), "SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(spark_home / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+             "--master", "local[2]", "--conf", f"spark.connect.grpc.binding.port={port}",
+             "--conf", "spark.ui.enabled=false", "--conf", f"spark.pyspark.python={sys.executable}"],
+            stdout=out, stderr=subprocess.STDOUT, env=env)
+    SERVER["pid"] = proc.pid
+    try:
+        deadline = time.monotonic() + 240
+        while not _accepts(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the Connect server did not start (exit {proc.poll()}):\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+
+
+#: What pyspark sets in os.environ when it creates a Connect session (and then refuses classic sessions in this
+#: process and its children); the tests after this module, and the CLI runs here, must not inherit it.
+CONNECT_MARK = "SPARK_CONNECT_MODE_ENABLED"
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYSPARK_GATEWAY_PORT", "SPARK_REMOTE", CONNECT_MARK)}
+
+
+@pytest.fixture(scope="module")
+def remote(connect_url):
+    from spark_imagenet.training.spark_session import session_for
+
+    had_mark = CONNECT_MARK in os.environ
+    session = session_for(connect_url, 2)
+    try:
+        yield session
+    finally:
+        session.stop()
+        if not had_mark:
+            os.environ.pop(CONNECT_MARK, None)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("connect-data") / "bucket"
+    build(small_layout(out.parent / "src"), out)  # 4 train shards, 2 val shards, 12 val images
+    return out
+
+
+def test_a_connect_session_has_no_spark_context_and_is_checked_through_its_conf(remote, connect_url):
+    from spark_imagenet.training.connect import check_connect, connect_url as url_of, is_connect_session
+    from spark_imagenet.training.preflight import spark_context
+
+    assert is_connect_session(remote) and spark_context(remote) is None
+    assert url_of(remote) == connect_url
+    master, warnings = check_connect(remote, 2, connect_url)
+    assert master == "local[2]"
+    (line,) = warnings
+    assert line.startswith(WARNING) and "estimated instead from spark.master local[2]" in line
+    with pytest.raises(ConfigError) as e:
+        check_connect(remote, 3, connect_url)  # the server's local[2] gives 2 slots
+    assert "--workers 3 needs 3 barrier task slots" in str(e.value) and "local[2]" in str(e.value)
+
+
+@pytest.mark.slow
+def test_train_through_connect(remote, connect_url, dataset, tmp_path):
+    from spark_imagenet.training.driver import train
+
+    lines: list[str] = []
+    start = time.monotonic()
+    out = train(remote, str(dataset), TrainConfig(**SMALL, cache=str(tmp_path / "cache")), log=lines.append)
+    print(f"\nConnect train() wall time: {time.monotonic() - start:.1f} s (barrier job {out['wall_seconds']:.1f} s)")
+    assert out["workers"] == 2 and [w["rank"] for w in out["per_worker"]] == [0, 1]
+    assert all(w["host"] and w["steps"] > 0 and w["images_per_sec"] > 0 for w in out["per_worker"])
+    assert out["val"]["images"] == 12 and 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1
+    assert out["config"]["master"] == connect_url
+    assert set(out) == {"workers", "per_worker", "val", "images_per_sec", "history", "config", "wall_seconds"}
+    assert sum(line.startswith(WARNING) for line in lines) == 1
+    assert any(line.startswith("val: 12 images") for line in lines)
+
+
+@pytest.mark.slow
+def test_a_task_error_reaches_the_driver_as_our_error(remote, dataset, tmp_path):
+    """A shard the tasks cannot read (removed after planning): the task's StorageError, rebuilt on the driver."""
+    from spark_imagenet.training.driver import plan_job, run_job
+
+    copy = tmp_path / "bucket"
+    shutil.copytree(dataset, copy)
+    job = plan_job(str(copy), TrainConfig(**SMALL, cache=str(tmp_path / "cache")))
+    victim = job.assignment.workers[1].train_shards[0].name
+    (copy / victim).unlink()
+    with pytest.raises(StorageError) as e:
+        run_job(remote, job, log=lambda line: None)
+    message = str(e.value)
+    assert "rank 1" in message and Path(victim).name in message
+    assert "\tat " not in message and "JVM stacktrace" not in message
+
+
+def _cli(*args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, float]:
+    cli = Path(sys.executable).with_name("spark-imagenet")
+    env = _clean_env()
+    start = time.monotonic()
+    p = subprocess.run([str(cli), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return p, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_cli_trains_through_connect_and_compares_with_classic(connect_url, dataset, tmp_path):
+    connect, connect_s = _cli("train", str(dataset), "--master", connect_url, *SMALL_ARGS,
+                              "--results", str(tmp_path / "connect.json"))
+    assert connect.returncode == 0, connect.stdout[-3000:] + connect.stderr[-3000:]
+    assert WARNING in connect.stdout + connect.stderr
+    out = json.loads((tmp_path / "connect.json").read_text())
+    assert out["workers"] == 2 and [w["rank"] for w in out["per_worker"]] == [0, 1]
+    assert out["val"]["images"] == 12 and out["config"]["master"] == connect_url
+
+    classic, classic_s = _cli("train", str(dataset), *SMALL_ARGS, "--results", str(tmp_path / "classic.json"))
+    assert classic.returncode == 0, classic.stdout[-3000:] + classic.stderr[-3000:]
+    base = json.loads((tmp_path / "classic.json").read_text())
+    assert base["config"]["master"] == "local[2]" and base["val"]["images"] == 12
+    assert WARNING not in classic.stdout + classic.stderr
+    print(f"\nsame job, CLI wall time: Connect {connect_s:.1f} s (barrier job {out['wall_seconds']:.1f} s, "
+          f"server already running) vs classic local[2] {classic_s:.1f} s (barrier job {base['wall_seconds']:.1f} s, "
+          "JVM start-up included)")
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """Live (not zombie) processes below ``root``, by pid, with their command lines (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry.name))
+    found, todo = {}, [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            try:
+                found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            todo.append(pid)
+    return found
+
+
+def _tensorflow_workers() -> list[int]:
+    """The TensorFlow worker processes below the server (not their supervisors, whose command line holds theirs)."""
+    return [pid for pid, cmd in _descendants(SERVER["pid"]).items()
+            if cmd.split(" -- ")[0].split()[1:3] == ["-m", "spark_imagenet.training.worker"]]
+
+
+def _wait_until(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.5)
+    return bool(condition())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_interrupts_the_connect_job_and_its_tensorflow_workers(connect_url, dataset, tmp_path):
+    """Ctrl-C of the CLI: exit 130 with one line, and the server's TensorFlow workers end (spark.interruptTag)."""
+    import signal
+
+    cli = Path(sys.executable).with_name("spark-imagenet")
+    args = [*SMALL_ARGS[:2], "--epochs", "500", *SMALL_ARGS[4:]]
+    env = _clean_env()
+    proc = subprocess.Popen([str(cli), "train", str(dataset), "--master", connect_url, *args], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        assert _wait_until(lambda: len(_tensorflow_workers()) == 2 or proc.poll() is not None, 600), "no training"
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(3)
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 130, output[-3000:]
+        assert output.rstrip().splitlines()[-1] == "spark-imagenet: interrupted", output[-3000:]
+        assert "Traceback" not in output, output[-3000:]
+        assert _wait_until(lambda: not _tensorflow_workers(), 120), f"left running: {_tensorflow_workers()}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
