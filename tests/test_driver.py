@@ -93,6 +93,12 @@ def test_missing_manifest_and_bad_results_path(spark, tmp_path):
         train(spark, str(make_bucket(tmp_path / "one", train=1)), 2)
 
 
+def test_gpus_the_session_cannot_give_are_refused_before_launch(spark, tmp_path):
+    # local[2] has no GPU resources: refused by the driver's checks, not by a task or a stuck stage
+    with pytest.raises(ConfigError, match="spark.task.resource.gpu.amount|local"):
+        train(spark, str(make_bucket(tmp_path / "b")), 1, gpus_per_worker=1)
+
+
 def test_task_failure_reaches_the_driver_as_a_clear_error(spark, tmp_path):
     # rank 1's train shard is corrupted in the bucket: its barrier task fails while staging it,
     # rank 0 is waiting in the rendezvous and gets killed; the driver re-raises the task's error.

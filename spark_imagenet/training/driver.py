@@ -38,8 +38,10 @@ from spark_imagenet.training.assignment import Assignment, assign
 from spark_imagenet.training.barrier_task import TaskSpec, run_task
 from spark_imagenet.training.config import TrainConfig
 from spark_imagenet.training.connect import cancel_connect_job, check_connect, connect_job, connect_url
+from spark_imagenet.training.gpus import check_gpu_conf
 from spark_imagenet.training.interrupts import sigint_handler
 from spark_imagenet.training.preflight import (
+    check_cluster_conf,
     check_dataset_reachable,
     check_results_path,
     check_spark,
@@ -285,13 +287,44 @@ def _check_session(spark, sc, job: JobPlan, log: Callable[[str], None]) -> str:
         host = urlsplit(url).hostname if url.startswith("sc://") else None
         on_this_machine = host in ("127.0.0.1", "localhost", "::1") and server_master is not None
         check_dataset_reachable(job.url, server_master if on_this_machine else url, config.shared_filesystem)
+        _check_conf(_connect_getter(spark), server_master, job, log)
         return url
     if config.master is not None and config.master != sc.master:
         log(f"warning: the job's master {config.master!r} is not used: this session runs on {sc.master!r} "
             "(master and conf choose the command line's session; a session of your own keeps its own)")
     check_dataset_reachable(job.url, sc.master, config.shared_filesystem)
     check_spark(sc, config.workers)
+    _check_conf(sc.getConf().get, sc.master, job, log)
     return sc.master
+
+
+def _connect_getter(spark) -> Callable[[str, str | None], str | None]:
+    """``get(key, default)`` over a Spark Connect session's conf (a setting the server will not show: default)."""
+
+    def get(key: str, default: str | None = None) -> str | None:
+        try:
+            return spark.conf.get(key, default)
+        except Exception:  # noqa: BLE001 - a server that hides a setting; check_connect names what it cannot read
+            return default
+
+    return get
+
+
+def _check_conf(get: Callable[[str, str | None], str | None], master: str | None, job: JobPlan,
+                log: Callable[[str], None]) -> None:
+    """The checks over the session's settings: encryption, train shards (:func:`check_cluster_conf`) and the
+    GPU settings --gpus-per-worker needs (:func:`~spark_imagenet.training.gpus.check_gpu_conf`); logs their
+    warnings.
+
+    Raises:
+        ConfigError: a setting to change (named, with the numbers).
+    """
+    config = job.config
+    for line in check_cluster_conf(get, config, len(job.manifest.splits["train"].shards)):
+        log(line)
+    warning = check_gpu_conf(lambda key: get(key, None), config.gpus_per_worker, config.workers, master)
+    if warning:
+        log(warning)
 
 
 def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -310,7 +343,9 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
     Raises:
         ConfigError: dynamic allocation, too few task slots (under Connect:
             a local master's slots only; the checks not made are named in a
-            ``warning:`` line), an unreachable Connect server.
+            ``warning:`` line), an unreachable Connect server, Spark's network
+            encryption or SSL without ``allow_unencrypted``, GPU settings that
+            cannot give each task ``gpus_per_worker`` GPUs.
         StorageError: a shard cannot be staged intact (from a task).
         TrainingError: a TensorFlow worker failed.
         KeyboardInterrupt: Ctrl-C during the barrier job, which has been
