@@ -3,7 +3,8 @@
 Each check raises a :class:`~spark_imagenet.errors.ConfigError` with the
 numbers and the setting to change, instead of a late failure or a hang:
 
-* the session is a classic one with a ``SparkContext`` (:func:`spark_context`);
+* the session's ``SparkContext`` (:func:`spark_context`; None for a Spark
+  Connect session, whose checks live in :mod:`spark_imagenet.training.connect`);
 * ``spark.dynamicAllocation.enabled`` is not true, and there are at least N
   barrier task slots (:func:`check_spark`);
 * the results file can be written (:func:`check_results_path`);
