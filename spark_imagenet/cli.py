@@ -235,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="print the versions, GPUs, bucket credentials and Spark preflight checks "
                        "found here and on a master; exit 1 when a check fails")
     p.add_argument("url", nargs="?", help="a dataset URL whose manifest to read (optional)")
-    p.add_argument("--master", help="the Spark master to check (default: the session train would get)")
+    p.add_argument("--master", help="the Spark master to check (default: the session train would get); classic masters "
+                   "only: a Spark Connect sc:// server is reported as not checked")
     p.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark setting, repeatable (as for train)")
     p.add_argument("--workers", type=_positive_int,

@@ -260,6 +260,11 @@ def check_master(report: Report, master: str | None, conf: Sequence[tuple[str, s
                        "is reachable")
         return None
     try:
+        if type(spark).__module__.startswith("pyspark.sql.connect"):
+            report.problem("spark session", f"{where} is a Spark Connect server (Spark {spark.version}): doctor "
+                           "checks classic masters only for now; spark-imagenet train checks a Connect session "
+                           "itself before launch and names the checks Connect cannot make")
+            return None
         sc = spark.sparkContext
         report.ok("spark session", f"master {sc.master}, Spark {spark.version}")
         slots = _run_checks(report, sc, workers, allow_unencrypted)

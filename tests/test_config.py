@@ -214,3 +214,10 @@ def test_strategy_and_all_reduce_choices_are_checked_with_the_option_named():
         TrainConfig(workers=2, cross_device_ops="reduction-to-one")
     with pytest.raises(ConfigError, match=r"gpus_per_worker \(--gpus-per-worker\) must be an integer >= 0"):
         TrainConfig(workers=2, gpus_per_worker=-1)
+
+
+def test_the_default_strategy_refuses_gpus_it_would_leave_idle():
+    with pytest.raises(ConfigError, match=r"--gpus-per-worker\) 2 with --strategy default.*--strategy mirrored"):
+        TrainConfig(workers=1, strategy="default", gpus_per_worker=2)
+    with pytest.raises(ConfigError, match=r"default runs one worker \(on one device\)"):
+        TrainConfig(workers=2, strategy="default")

@@ -249,3 +249,15 @@ def test_ctrl_c_interrupts_the_connect_job_and_its_tensorflow_workers(connect_ur
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_doctor_says_it_checks_classic_masters_only(connect_url):
+    p, _ = _cli("doctor", "--master", connect_url, "--workers", "2", timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "doctor checks classic masters only for now" in p.stdout and "Traceback" not in p.stderr
+
+
+def test_an_unreachable_server_is_reported_at_once(dataset):
+    port = _free_port()
+    p, _ = _cli("train", str(dataset), "--workers", "1", "--master", f"sc://127.0.0.1:{port}", timeout=120)
+    assert p.returncode == 2 and f"cannot reach the Spark Connect server at sc://127.0.0.1:{port}" in p.stderr

@@ -64,6 +64,11 @@ def test_config_object_and_keyword_forms_agree():
         as_config(2, {"epoch": 3})
 
 
+def test_plan_job_refuses_gpus_of_a_local_master_before_spark(tmp_path):
+    with pytest.raises(ConfigError, match="local"):
+        plan_job(str(make_bucket(tmp_path / "b")), TrainConfig(workers=1, gpus_per_worker=1, master="local[2]"))
+
+
 def test_plan_job_needs_no_spark(tmp_path):
     bucket = make_bucket(tmp_path / "b", train=4)
     job = plan_job(str(bucket), TrainConfig(workers=2, cache="rel-cache"))

@@ -92,3 +92,22 @@ def test_more_workers_than_cores_without_a_master_is_named():
     text = oversubscription_warning(8, 2)
     assert "--workers 8" in text and "local[8]" in text and "2 core(s)" in text and "--workers 2" in text
     assert "--master" in text
+
+
+def test_an_unreachable_connect_server_is_named_at_once():
+    import socket
+
+    from spark_imagenet.errors import ConfigError
+    from spark_imagenet.training.spark_session import check_connect_reachable
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"cannot reach the Spark Connect server at sc://127.0.0.1:{port}"):
+            check_connect_reachable(f"sc://127.0.0.1:{port}", timeout_s=5)
+    with pytest.raises(ConfigError, match="not a Spark Connect URL"):
+        check_connect_reachable("sc:///;token=x")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        check_connect_reachable(f"sc://127.0.0.1:{s.getsockname()[1]}/;token=abc", timeout_s=5)

@@ -276,7 +276,8 @@ class TrainConfig:
                                        help="train although Spark's network encryption or SSL is on: TensorFlow's "
                                             "gRPC between the workers (gradients, weights) is not encrypted")
     master: str | None = _setting(None, kind="str", optional=True, option="--master",
-                                  help="Spark master URL (default: the one spark-submit gives, else local[WORKERS])")
+                                  help="Spark master URL, or sc://HOST:PORT for a Spark Connect server (default: the one "
+                                       "spark-submit gives, else SPARK_REMOTE, else local[WORKERS])")
     conf: tuple[tuple[str, str], ...] = _setting((), kind="conf", option="--conf",
                                                  help="extra Spark configuration")
 
@@ -296,9 +297,15 @@ class TrainConfig:
                 f"least {MIN_IMAGE_SIZE[self.model]} px"
             )
         if self.strategy != "multiworker" and self.workers != 1:
-            raise _error("strategy", f"strategy (--strategy) {self.strategy} runs one worker (all of its GPUs in one "
-                                     f"process), but workers (--workers) is {self.workers}: use --workers 1, or "
-                                     "--strategy multiworker for several workers")
+            what = "all of its GPUs in one process" if self.strategy == "mirrored" else "on one device"
+            raise _error("strategy", f"strategy (--strategy) {self.strategy} runs one worker ({what}), but workers "
+                                     f"(--workers) is {self.workers}: use --workers 1, or --strategy multiworker "
+                                     "for several workers")
+        if self.strategy == "default" and self.gpus_per_worker > 1:
+            raise _error("gpus_per_worker", f"gpus_per_worker (--gpus-per-worker) {self.gpus_per_worker} with "
+                                            "--strategy default, which trains on one device: the other GPUs would "
+                                            "sit idle; use --strategy mirrored to train on all of them, or "
+                                            "--gpus-per-worker 1")
         if (self.strategy, self.cross_device_ops) in (("multiworker", "reduction-to-one"), ("mirrored", "ring"),
                                                       ("default", "nccl"), ("default", "ring"),
                                                       ("default", "reduction-to-one")):

@@ -101,11 +101,15 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
         JobPlan: with ``config.cache`` made absolute.
 
     Raises:
-        ConfigError: an unwritable ``results`` path, too few train shards for the workers.
+        ConfigError: an unwritable ``results`` path, too few train shards for the workers,
+            GPUs asked of a ``local[N]`` master (which never gives tasks GPUs).
         ManifestError: no or invalid manifest at ``url``.
         StorageError: the storage cannot be read.
     """
     check_results_path(config.results)
+    master = (config.master or "").strip()
+    if config.gpus_per_worker and (master == "local" or master.startswith("local[")):
+        check_gpu_conf(lambda key: None, config.gpus_per_worker, config.workers, master)
     if config.cache is not None:  # the executors' folder, as the driver's working directory names it
         config = config.replace(cache=str(Path(config.cache).expanduser().absolute()))
     storage = open_storage(url)

@@ -226,12 +226,49 @@ def connect_session(url: str, app_name: str = "spark-imagenet", conf: Mapping[st
         raise EnvironmentSetupError(
             f"--master {url} needs the Spark Connect client, which is missing: {e}. Install it with "
             "pip install 'spark-imagenet[connect]' (or 'pyspark[connect]')") from None
+    check_connect_reachable(url)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.remote(url).appName(app_name)
     for key, value in dict(conf or {}).items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     return builder.getOrCreate()
+
+
+#: Seconds to wait for a Spark Connect server's port to accept a connection (the client's own retries
+#: would otherwise wait about 10 minutes before saying anything).
+CONNECT_REACH_TIMEOUT_S = 10.0
+#: The port of an ``sc://HOST`` URL without one (Spark Connect's default).
+CONNECT_DEFAULT_PORT = 15002
+
+
+def check_connect_reachable(url: str, timeout_s: float = CONNECT_REACH_TIMEOUT_S) -> None:
+    """Check that a Spark Connect server's port accepts a TCP connection, within ``timeout_s`` seconds.
+
+    Args:
+        url: ``sc://HOST[:PORT][/;params]``.
+        timeout_s: how long to wait for the connection.
+
+    Raises:
+        ConfigError: the URL has no host, or nothing accepts connections there.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    try:
+        host, port = parts.hostname, parts.port or CONNECT_DEFAULT_PORT
+    except ValueError as e:  # a port that is not a number
+        raise ConfigError(f"--master {url}: not a Spark Connect URL sc://HOST:PORT ({e})") from None
+    if not host:
+        raise ConfigError(f"--master {url}: not a Spark Connect URL sc://HOST:PORT (no host)")
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"cannot reach the Spark Connect server at {url} ({host}:{port}: {e.strerror or e}) within "
+            f"{timeout_s:.0f} s. Start the server (for a local test: spark-submit --class "
+            "org.apache.spark.sql.connect.service.SparkConnectServer ...), or check the host and port") from None
 
 
 def is_connect_url(master: str | None) -> bool:
