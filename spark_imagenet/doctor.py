@@ -243,7 +243,7 @@ def check_master(report: Report, master: str | None, conf: Sequence[tuple[str, s
     Returns:
         int | None: the barrier task slots found, or None when Spark did not start.
     """
-    from spark_imagenet.training.spark_session import session_for
+    from spark_imagenet.training.spark_session import is_connect_session, session_for
 
     where = f"master {master or '(default)'}"
     try:
@@ -260,7 +260,7 @@ def check_master(report: Report, master: str | None, conf: Sequence[tuple[str, s
                        "is reachable")
         return None
     try:
-        if type(spark).__module__.startswith("pyspark.sql.connect"):
+        if is_connect_session(spark):
             report.problem("spark session", f"{where} is a Spark Connect server (Spark {spark.version}): doctor "
                            "checks classic masters only for now; spark-imagenet train checks a Connect session "
                            "itself before launch and names the checks Connect cannot make")

@@ -37,17 +37,13 @@ from urllib.parse import urlsplit
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.training.barrier_task import TaskSpec, run_task
 from spark_imagenet.training.preflight import slots_from_master
+from spark_imagenet.training.spark_session import is_connect_session  # noqa: F401 - part of this module's API
 
 #: The schema of the batches a task returns: one JSON result line per row.
 RESULT_SCHEMA = "line string"
 
 #: What the warning says about the slot check Connect cannot make.
 _SLOTS_NOT_CHECKED = "the scheduler's barrier task slot count (SparkContext.maxNumConcurrentTasks needs the JVM)"
-
-
-def is_connect_session(spark) -> bool:
-    """Whether ``spark`` is a Spark Connect session (``pyspark.sql.connect``), not a classic one."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def connect_url(spark, master: str | None = None) -> str:

@@ -60,7 +60,9 @@ def spark_context(spark):
         ConfigError: neither: an object with no usable ``sparkContext`` that
             is not a Connect session either.
     """
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
+    from spark_imagenet.training.spark_session import is_connect_session
+
+    if is_connect_session(spark):
         return None
     try:
         sc = spark.sparkContext

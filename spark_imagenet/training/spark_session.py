@@ -182,7 +182,7 @@ def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
     for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
-    if not type(spark).__module__.startswith("pyspark.sql.connect"):  # e.g. Databricks serverless: Connect
+    if not is_connect_session(spark):  # e.g. Databricks serverless: Connect
         spark.sparkContext.setLogLevel("WARN")
     return spark
 
@@ -271,6 +271,11 @@ def check_connect_reachable(url: str, timeout_s: float = CONNECT_REACH_TIMEOUT_S
             "org.apache.spark.sql.connect.service.SparkConnectServer ...), or check the host and port") from None
 
 
+def is_connect_session(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (``pyspark.sql.connect``), not a classic one."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def is_connect_url(master: str | None) -> bool:
     """Whether a ``master`` is a Spark Connect URL (``sc://HOST:PORT``)."""
     return master is not None and master.strip().startswith("sc://")
@@ -332,6 +337,6 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     for key, value in dict(conf or {}).items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
-    if not type(spark).__module__.startswith("pyspark.sql.connect"):  # e.g. Databricks serverless: Connect
+    if not is_connect_session(spark):  # e.g. Databricks serverless: Connect
         spark.sparkContext.setLogLevel("WARN")
     return spark
