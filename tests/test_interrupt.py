@@ -25,6 +25,7 @@ SIGKILLed, as PySpark kills the Python worker of a cancelled task.
 from __future__ import annotations
 
 import io
+import contextlib
 import os
 import re
 import signal
@@ -86,6 +87,12 @@ def _run_processes(sid: int, marker: str) -> dict[int, str]:
         if stat[1] == sid or needle in _environ(pid).split(b"\0"):
             found[pid] = _cmdline(pid)
     return found
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` has exited (no /proc entry, or a zombie); one read, so no race with its reaping."""
+    stat = _stat(pid)
+    return stat is None or stat[0] in "ZX"
 
 
 def _wait_until(condition, timeout: float, step: float = 0.2) -> bool:
@@ -231,14 +238,15 @@ def test_a_killed_task_leaves_no_child_and_no_folder(tmp_path):
         assert sorted(p.name for p in folder.iterdir()) == ["input.txt", "scratch.txt"]  # TMPDIR is the folder
         task.send_signal(signal.SIGKILL)
         task.wait(30)
-        assert _wait_until(lambda: _stat(child) is None or _stat(child)[0] in "ZX", 30), "the child outlived its task"
+        assert _wait_until(lambda: _gone(child), 30), "the child outlived its task"
         assert _wait_until(lambda: not folder.exists(), 30), "the task's folder was left behind"
         assert _rank_folders(tmpdir) == []
     finally:
         if task.poll() is None:
             task.kill()
-        if child is not None and _stat(child) is not None:
-            os.kill(child, signal.SIGKILL)
+        if child is not None and not _gone(child):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
 
 
 def test_run_child_folder_carries_inputs_and_results_and_is_removed(tmp_path, monkeypatch):
