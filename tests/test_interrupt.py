@@ -24,8 +24,8 @@ SIGKILLed, as PySpark kills the Python worker of a cancelled task.
 
 from __future__ import annotations
 
-import io
 import contextlib
+import io
 import os
 import re
 import signal
