@@ -32,7 +32,6 @@ import contextlib
 import logging
 import math
 import os
-import re
 import select
 import signal
 import sys
@@ -41,7 +40,7 @@ from typing import Iterator, Sequence
 
 from spark_imagenet import __version__
 from spark_imagenet.demo import DEMO_TRAIN_DEFAULTS
-from spark_imagenet.errors import ConfigError, SparkImagenetError
+from spark_imagenet.errors import ConfigError, SparkImagenetError, spark_reason
 
 
 def _int_at_least(minimum: int):
@@ -235,28 +234,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="print the versions, GPUs, bucket credentials and Spark preflight checks "
                        "found here and on a master; exit 1 when a check fails")
     p.add_argument("url", nargs="?", help="a dataset URL whose manifest to read (optional)")
-    p.add_argument("--master", help="the Spark master to check (default: the session train would get); classic masters "
-                   "only: a Spark Connect sc:// server is reported as not checked")
+    p.add_argument("--master", help="the Spark master to check: spark://, yarn, k8s://, local[N], or a Spark Connect "
+                   "sc://HOST:PORT (default: the session train would get)")
     p.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark setting, repeatable (as for train)")
     p.add_argument("--workers", type=_positive_int,
                    help="check for this many barrier tasks (default: as many as the master has slots)")
     p.add_argument("--allow-unencrypted", action="store_true",
                    help="check as train --allow-unencrypted would (Spark's encryption or SSL on is then a warning)")
+    p.add_argument("--gpus-per-worker", type=_nonnegative_int, default=0, metavar="K",
+                   help="check the GPU settings as train --gpus-per-worker K would (default 0)")
     return parser
-
-
-def _spark_reason(exc: BaseException) -> str:
-    """The reason in a Py4J/PySpark error: the first line that is neither a JVM stack frame nor Py4J's
-    "An error occurred while calling ..." preamble (a Java exception's line loses its package name)."""
-    lines = [ln.strip().removeprefix(": ") for ln in str(exc).splitlines()
-             if ln.strip() and not ln.strip().startswith("at ")]
-    reasons = [ln for ln in lines if not ln.startswith("An error occurred while calling")]
-    if not reasons:
-        return lines[0] if lines else type(exc).__name__
-    first = reasons[0]
-    java = re.match(r"^(?:[a-z_$][\w$]*\.)+([A-Z][\w$]*(?:Exception|Error)): (.*)$", first)
-    return f"{java.group(1)}: {java.group(2)}" if java else first
 
 
 def _session(config, command: str, *, warn_oversubscription: bool = True):
@@ -269,7 +257,7 @@ def _session(config, command: str, *, warn_oversubscription: bool = True):
     except SparkImagenetError:
         raise
     except Exception as e:  # Py4J / JVM start-up failures
-        reason = _spark_reason(e)
+        reason = spark_reason(e)
         keys = ", ".join(k for k, _ in config.conf)
         if config.master:
             master = f"--master {config.master}"
@@ -529,7 +517,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         from spark_imagenet.doctor import run_doctor
 
         return run_doctor(master=args.master, conf=args.conf, workers=args.workers, url=args.url,
-                          allow_unencrypted=args.allow_unencrypted)
+                          allow_unencrypted=args.allow_unencrypted, gpus_per_worker=args.gpus_per_worker)
     raise ConfigError(f"unknown command {args.command!r}")  # argparse prevents this
 
 
@@ -583,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Spark itself failed (e.g. its context was stopped because the master is
         # unreachable): one message instead of a Py4J stack.
         print(
-            f"spark-imagenet: error: Spark failed: {_spark_reason(e)[:400]}\n"
+            f"spark-imagenet: error: Spark failed: {spark_reason(e)[:400]}\n"
             "Check --master and that the cluster has free executors (the Spark log above says more).",
             file=sys.stderr,
         )

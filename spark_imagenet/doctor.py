@@ -15,10 +15,13 @@
   application default credentials file), by name and path only, never content;
 * the preflight checks against the master: a session is started
   (:func:`~spark_imagenet.training.spark_session.session_for`), then
-  :func:`~spark_imagenet.training.preflight.check_spark` and
-  :func:`~spark_imagenet.training.preflight.check_cluster_conf` run for the
-  given ``--workers`` (else for as many workers as there are slots), and the
-  session is stopped;
+  :func:`~spark_imagenet.training.preflight.check_spark` (a Spark Connect
+  server: :func:`~spark_imagenet.training.connect.check_connect`, whose
+  ``warn not checked`` line names what Connect cannot check),
+  :func:`~spark_imagenet.training.preflight.check_cluster_conf` and
+  :func:`~spark_imagenet.training.gpus.check_gpu_conf` (for
+  ``--gpus-per-worker``) run for the given ``--workers`` (else for as many
+  workers as there are slots), and the session is stopped;
 * with a dataset URL: whether its manifest is readable, and its train shards
   enough for ``--workers``.
 
@@ -30,13 +33,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from spark_imagenet.errors import SparkImagenetError
+from spark_imagenet.errors import SparkImagenetError, spark_reason
 
 #: Seconds allowed for the child Python that imports TensorFlow.
 TENSORFLOW_PROBE_TIMEOUT_S = 300
@@ -237,11 +241,16 @@ def check_credentials(report: Report, url: str | None) -> None:
 
 
 def check_master(report: Report, master: str | None, conf: Sequence[tuple[str, str]], workers: int | None,
-                 allow_unencrypted: bool) -> int | None:
+                 allow_unencrypted: bool, gpus_per_worker: int = 0) -> int | None:
     """Start a session for ``master``, run the preflight checks, stop it.
 
+    A classic master gets :func:`_run_checks`; a Spark Connect server
+    (``sc://HOST:PORT``, or ``SPARK_REMOTE``) gets :func:`_run_connect_checks`.
+
     Returns:
-        int | None: the barrier task slots found, or None when Spark did not start.
+        int | None: the barrier task slots found (under Connect: the slots its
+        local master gives, else the workers checked for), or None when no
+        session started.
     """
     from spark_imagenet.training.spark_session import is_connect_session, session_for
 
@@ -253,30 +262,23 @@ def check_master(report: Report, master: str | None, conf: Sequence[tuple[str, s
         report.problem("spark session", f"{where}: {e}")
         return None
     except Exception as e:  # Py4J / JVM start-up failures: one line, no JVM stack
-        reason = next((ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().startswith("at ")),
-                      type(e).__name__)
-        report.problem("spark session", f"{where}: Spark could not start: {reason[:300]}. Check the master URL "
-                       "(spark://HOST:PORT, yarn, k8s://..., local[N]), the --conf settings, and that the cluster "
-                       "is reachable")
+        report.problem("spark session", f"{where}: Spark could not start: {spark_reason(e)[:300]}. Check the "
+                       "master URL (spark://HOST:PORT, yarn, k8s://..., local[N], sc://HOST:PORT), the --conf "
+                       "settings, and that the cluster is reachable")
         return None
     try:
         if is_connect_session(spark):
-            report.problem("spark session", f"{where} is a Spark Connect server (Spark {spark.version}): doctor "
-                           "checks classic masters only for now; spark-imagenet train checks a Connect session "
-                           "itself before launch and names the checks Connect cannot make")
-            return None
+            return _run_connect_checks(report, spark, master, workers, allow_unencrypted, gpus_per_worker)
         sc = spark.sparkContext
         report.ok("spark session", f"master {sc.master}, Spark {spark.version}")
-        slots = _run_checks(report, sc, workers, allow_unencrypted)
+        return _run_checks(report, sc, workers, allow_unencrypted, gpus_per_worker)
     finally:
         spark.stop()
-    return slots
 
 
-def _run_checks(report: Report, sc, workers: int | None, allow_unencrypted: bool) -> int:
-    """check_spark (slots, dynamic allocation), then check_cluster_conf, each reported; returns the slots."""
-    from spark_imagenet.training.config import TrainConfig
-    from spark_imagenet.training.preflight import available_slots, check_cluster_conf, check_spark
+def _run_checks(report: Report, sc, workers: int | None, allow_unencrypted: bool, gpus_per_worker: int) -> int:
+    """check_spark (slots, dynamic allocation), then the conf checks, each reported; returns the slots."""
+    from spark_imagenet.training.preflight import available_slots, check_spark
 
     slots, how = available_slots(sc)
     n = workers or max(1, slots)
@@ -285,9 +287,50 @@ def _run_checks(report: Report, sc, workers: int | None, allow_unencrypted: bool
         report.ok("barrier slots", f"{slots} ({how}); enough for --workers {n}; dynamic allocation off")
     except SparkImagenetError as e:
         report.problem("barrier slots", str(e))
+    _check_conf(report, sc.getConf().get, sc.master, n, allow_unencrypted, gpus_per_worker)
+    return slots
+
+
+def _run_connect_checks(report: Report, spark, master: str | None, workers: int | None, allow_unencrypted: bool,
+                        gpus_per_worker: int) -> int:
+    """What ``train`` checks of a Spark Connect session before launch, each reported, and the warning line
+    naming what Connect cannot check; returns the slots a local server master gives (else the workers checked)."""
+    from spark_imagenet.training.connect import check_connect, conf_getter, connect_url
+    from spark_imagenet.training.preflight import slots_from_master
+
+    url = connect_url(spark, master)
+    get = conf_getter(spark)
+    server_master = get("spark.master", None)
+    report.ok("spark session", f"Spark Connect server {url}, Spark {spark.version}, the server's master "
+              f"{server_master or '(not readable)'}")
+    slots = None
+    if server_master and re.fullmatch(r"local(\[\d+(,\s*\d+)?\])?|local-cluster\[.*\]", server_master.strip()):
+        slots = slots_from_master(server_master, int(get("spark.task.cpus", None) or "1"), 0)
+    n = workers or max(1, slots or 1)
     try:
-        config = TrainConfig(workers=n, allow_unencrypted=allow_unencrypted)
-        warnings = check_cluster_conf(sc.getConf().get, config)
+        _, warnings = check_connect(spark, n, url)
+    except SparkImagenetError as e:
+        report.problem("barrier slots", str(e))
+    else:
+        for line in warnings:
+            report.warn("not checked", line.removeprefix("warning: ").removeprefix("Spark Connect session: "))
+        found = f"{slots} (from the server's master)" if slots is not None else "not known through Connect"
+        report.ok("barrier slots", f"{found}; --workers {n} checked as far as Connect allows; dynamic allocation off")
+    _check_conf(report, get, server_master, n, allow_unencrypted, gpus_per_worker, server=url)
+    return slots if slots is not None else n
+
+
+def _check_conf(report: Report, get, master: str | None, workers: int, allow_unencrypted: bool,
+                gpus_per_worker: int, server: str | None = None) -> None:
+    """Encryption (:func:`~spark_imagenet.training.preflight.check_cluster_conf`) and the GPU settings
+    (:func:`~spark_imagenet.training.gpus.check_gpu_conf`) over one conf getter, each reported."""
+    from spark_imagenet.training.config import TrainConfig
+    from spark_imagenet.training.gpus import check_gpu_conf
+    from spark_imagenet.training.preflight import check_cluster_conf
+
+    try:
+        config = TrainConfig(workers=workers, allow_unencrypted=allow_unencrypted)
+        warnings = check_cluster_conf(get, config)
     except SparkImagenetError as e:
         report.problem("encryption", str(e))
     else:
@@ -295,7 +338,18 @@ def _run_checks(report: Report, sc, workers: int | None, allow_unencrypted: bool
             report.warn("encryption", line.removeprefix("warning: "))
         if not warnings:
             report.ok("encryption", "Spark's network encryption and SSL are off (or one worker): nothing to refuse")
-    return slots
+    try:
+        warning = check_gpu_conf(lambda key: get(key, None), gpus_per_worker, workers, master, server=server)
+    except SparkImagenetError as e:
+        report.problem("gpu settings", str(e))
+        return
+    if warning:
+        report.warn("gpu settings", warning.removeprefix("warning: "))
+    elif gpus_per_worker:
+        report.ok("gpu settings", f"Spark gives each of {workers} task(s) {gpus_per_worker} GPU(s) "
+                  "(task, executor and discovery settings present)")
+    else:
+        report.ok("gpu settings", "no GPUs asked for (--gpus-per-worker 0) and none configured")
 
 
 def check_dataset(report: Report, url: str, workers: int | None) -> None:
@@ -319,7 +373,7 @@ def check_dataset(report: Report, url: str, workers: int | None) -> None:
 
 
 def run_doctor(*, master: str | None = None, conf: Sequence[tuple[str, str]] = (), workers: int | None = None,
-               url: str | None = None, allow_unencrypted: bool = False,
+               url: str | None = None, allow_unencrypted: bool = False, gpus_per_worker: int = 0,
                out: Callable[[str], None] | None = None) -> int:
     """Run every check of this module and print its findings.
 
@@ -329,6 +383,8 @@ def run_doctor(*, master: str | None = None, conf: Sequence[tuple[str, str]] = (
         workers: the hypothetical ``--workers`` to check for (None: as many as there are slots).
         url: a dataset URL whose manifest to read.
         allow_unencrypted: check as ``train --allow-unencrypted`` would.
+        gpus_per_worker: check the GPU settings as ``train --gpus-per-worker`` would (0: only warn
+            when tasks get GPUs anyway).
         out: called with each line (default: print it to stdout at once).
 
     Returns:
@@ -339,7 +395,7 @@ def run_doctor(*, master: str | None = None, conf: Sequence[tuple[str, str]] = (
     check_gpu_mapping(report)
     check_credentials(report, url)
     if java_ok:
-        check_master(report, master, conf, workers, allow_unencrypted)
+        check_master(report, master, conf, workers, allow_unencrypted, gpus_per_worker)
     else:
         report.problem("preflight", "not run: Spark needs Java (see the java line)")
     if url is not None:

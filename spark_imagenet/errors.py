@@ -8,6 +8,8 @@ traceback; library callers can catch the subclasses.
 
 from __future__ import annotations
 
+import re
+
 
 class SparkImagenetError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -71,3 +73,24 @@ class DownloadError(SparkImagenetError):
     missing or rejected, competition rules not accepted, unknown competition,
     not enough disk space, or a transfer the client could not complete (run
     the same command again to resume)."""
+
+
+def spark_reason(exc: BaseException) -> str:
+    """The reason in a Py4J/PySpark error, for a one-line message.
+
+    Args:
+        exc: the exception PySpark or Py4J raised.
+
+    Returns:
+        str: the first line that is neither a JVM stack frame nor Py4J's
+        "An error occurred while calling ..." preamble; a Java exception's
+        line loses its package name (``IllegalArgumentException: ...``).
+    """
+    lines = [ln.strip().removeprefix(": ") for ln in str(exc).splitlines()
+             if ln.strip() and not ln.strip().startswith("at ")]
+    reasons = [ln for ln in lines if not ln.startswith("An error occurred while calling")]
+    if not reasons:
+        return lines[0] if lines else type(exc).__name__
+    first = reasons[0]
+    java = re.match(r"^(?:[a-z_$][\w$]*\.)+([A-Z][\w$]*(?:Exception|Error)): (.*)$", first)
+    return f"{java.group(1)}: {java.group(2)}" if java else first

@@ -174,10 +174,10 @@ def test_demo_command(tmp_path):
 
 
 def test_a_spark_start_up_failure_is_told_by_its_java_reason():
-    from spark_imagenet.cli import _spark_reason
+    from spark_imagenet.errors import spark_reason
 
     e = Exception("An error occurred while calling None.org.apache.spark.api.java.JavaSparkContext.\n"
                   ": java.lang.IllegalArgumentException: Required executor memory (2048 MB) is above the max\n"
                   "\tat org.apache.spark.deploy.yarn.Client.verifyClusterResources(Client.scala:1)")
-    assert _spark_reason(e) == "IllegalArgumentException: Required executor memory (2048 MB) is above the max"
-    assert _spark_reason(Exception("Could not parse Master URL: 'x'")) == "Could not parse Master URL: 'x'"
+    assert spark_reason(e) == "IllegalArgumentException: Required executor memory (2048 MB) is above the max"
+    assert spark_reason(Exception("Could not parse Master URL: 'x'")) == "Could not parse Master URL: 'x'"

@@ -251,10 +251,28 @@ def test_ctrl_c_interrupts_the_connect_job_and_its_tensorflow_workers(connect_ur
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_doctor_says_it_checks_classic_masters_only(connect_url):
+def test_doctor_checks_a_connect_server_and_names_what_it_cannot(connect_url):
     p, _ = _cli("doctor", "--master", connect_url, "--workers", "2", timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert f"ok       spark session: Spark Connect server {connect_url}, Spark " in out
+    assert "the server's master local[2]" in out
+    assert "ok       barrier slots: 2 (from the server's master)" in out
+    assert "warn     not checked: " in out and "estimated instead from spark.master local[2]" in out
+    assert "ok       encryption: " in out and "ok       gpu settings: no GPUs asked for" in out
+    assert out.rstrip().endswith("no problems found") and "Traceback" not in p.stderr
+
+
+def test_doctor_reports_a_connect_servers_problems_as_the_servers_settings(connect_url):
+    p, _ = _cli("doctor", "--master", connect_url, "--workers", "3", "--gpus-per-worker", "1", timeout=300)
     assert p.returncode == 1, p.stdout + p.stderr
-    assert "doctor checks classic masters only for now" in p.stdout and "Traceback" not in p.stderr
+    slots = next(ln for ln in p.stdout.splitlines() if ln.startswith("PROBLEM  barrier slots"))
+    assert "--workers 3 needs 3 barrier task slots" in slots and "--workers <= 2" in slots
+    gpus = next(ln for ln in p.stdout.splitlines() if ln.startswith("PROBLEM  gpu settings"))
+    assert f"the Spark Connect server {connect_url} runs Spark's local mode (local[2])" in gpus
+    assert "start the server with --master 'local-cluster[1,3,2048]'" in gpus
+    assert "--conf spark.task.resource.gpu.amount=1" in gpus
+    assert "2 problem(s) found" in p.stdout and "Traceback" not in p.stderr
 
 
 def test_an_unreachable_server_is_reported_at_once(dataset):

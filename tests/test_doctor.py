@@ -48,6 +48,7 @@ def test_doctor_on_local_2_finds_nothing_wrong(tmp_path):
     assert "ok       spark session: master local[2]" in out
     assert lines_of(p, "barrier slots")[0].startswith("ok       barrier slots: 2 ")
     assert lines_of(p, "encryption")[0].startswith("ok ")
+    assert lines_of(p, "gpu settings")[0].startswith("ok       gpu settings: no GPUs asked for")
     assert out.rstrip().endswith("no problems found")
     assert "PROBLEM" not in out
 
@@ -61,7 +62,7 @@ def test_doctor_reports_each_problem_with_its_fix_and_never_a_secret(tmp_path):
     (gcloud / "application_default_credentials.json").write_text('{"refresh_token": "%s"}' % SECRET)
     bucket = make_bucket(tmp_path / "b", train=4)
     p = doctor("--master", "local[2]", "--workers", "8", "--conf", "spark.network.crypto.enabled=true",
-               "--conf", "spark.authenticate=true", str(bucket),
+               "--conf", "spark.authenticate=true", "--gpus-per-worker", "1", str(bucket),
                env={"CUDA_VISIBLE_DEVICES": "4,6", "GOOGLE_APPLICATION_CREDENTIALS": str(key),
                     "CLOUDSDK_CONFIG": str(gcloud)})
     assert p.returncode == 1, p.stdout + p.stderr[-3000:]
@@ -74,6 +75,9 @@ def test_doctor_reports_each_problem_with_its_fix_and_never_a_secret(tmp_path):
     crypto = lines_of(p, "encryption")[0]
     assert crypto.startswith("PROBLEM") and "spark.network.crypto.enabled=true" in crypto
     assert "gradients" in crypto and "--allow-unencrypted" in crypto
+    gpus = lines_of(p, "gpu settings")[0]
+    assert gpus.startswith("PROBLEM") and "Spark's local mode (local[2]) does not hand GPUs to tasks" in gpus
+    assert "--master 'local-cluster[1,8,2048]'" in gpus and "--conf spark.worker.resource.gpu.amount=8" in gpus
     shards = lines_of(p, "train shards")[0]
     assert shards.startswith("PROBLEM") and "4 train shard(s) but --workers is 8" in shards
     assert "--train-shards >= 8" in shards
@@ -82,7 +86,7 @@ def test_doctor_reports_each_problem_with_its_fix_and_never_a_secret(tmp_path):
     creds = "\n".join(lines_of(p, "bucket credentials"))
     assert f"GOOGLE_APPLICATION_CREDENTIALS={key} (the file exists" in creds
     assert str(gcloud / "application_default_credentials.json") in creds
-    assert out.rstrip().endswith("3 problem(s) found")
+    assert out.rstrip().endswith("4 problem(s) found")
 
 
 def test_bad_options_exit_2():

@@ -86,6 +86,18 @@ def test_local_mode_cannot_hand_out_gpus():
         check_gpu_conf(conf(**COMPLETE), 2, 2, "local[2]")
 
 
+def test_under_connect_the_settings_are_named_as_the_servers():
+    with pytest.raises(ConfigError) as e:
+        check_gpu_conf(conf(), 1, 2, "yarn", server="sc://spark.example:15002")
+    message = str(e.value)
+    assert "the Spark Connect server's (sc://spark.example:15002), not this client's" in message
+    assert "\n  spark.task.resource.gpu.amount 1 (now unset)" in message and "--conf" not in message
+    with pytest.raises(ConfigError) as e:
+        check_gpu_conf(conf(), 1, 2, "local[4]", server="sc://127.0.0.1:15002")
+    assert "the Spark Connect server sc://127.0.0.1:15002 runs Spark's local mode (local[4])" in str(e.value)
+    assert "start the server with --master 'local-cluster[1,2,2048]'" in str(e.value)
+
+
 def test_gpus_configured_but_not_asked_for_is_a_warning():
     warning = check_gpu_conf(conf(**COMPLETE), 0, 2, "yarn")
     assert warning.startswith("warning: spark.task.resource.gpu.amount=2")

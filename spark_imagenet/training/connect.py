@@ -129,15 +129,31 @@ def cancel_connect_job(interrupt: Callable[[], None], done: threading.Event, wai
     done.wait(wait_s)
 
 
-def _conf(spark, key: str, unreadable: list[str]) -> str | None:
-    """``spark.conf.get(key, None)``; a conf the server will not show is added to ``unreadable``."""
+def _conf(spark, key: str, unreadable: list[str] | None = None) -> str | None:
+    """``spark.conf.get(key, None)`` as a string; a setting the server will not show is None, and named in
+    ``unreadable`` (when given)."""
     try:
         value = spark.conf.get(key, None)
     except Exception as e:  # noqa: BLE001 - e.g. a serverless workspace hiding the setting
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        unreadable.append(f"{key} (not readable: {first[:120]})")
+        if unreadable is not None:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            unreadable.append(f"{key} (not readable: {first[:120]})")
         return None
     return None if value is None else str(value)
+
+
+def conf_getter(spark) -> Callable[[str, str | None], str | None]:
+    """``get(key, default)`` over a Spark Connect session's settings, the shape preflight's checks take.
+
+    A setting the server will not show reads as ``default`` (:func:`check_connect`'s
+    warning names the settings it could not read).
+    """
+
+    def get(key: str, default: str | None = None) -> str | None:
+        value = _conf(spark, key)
+        return default if value is None else value
+
+    return get
 
 
 def check_connect(spark, workers: int, url: str) -> tuple[str | None, list[str]]:

@@ -37,7 +37,7 @@ from spark_imagenet.storage import open_storage
 from spark_imagenet.training.assignment import Assignment, assign
 from spark_imagenet.training.barrier_task import TaskSpec, run_task
 from spark_imagenet.training.config import TrainConfig
-from spark_imagenet.training.connect import cancel_connect_job, check_connect, connect_job, connect_url
+from spark_imagenet.training.connect import cancel_connect_job, check_connect, conf_getter, connect_job, connect_url
 from spark_imagenet.training.gpus import check_gpu_conf
 from spark_imagenet.training.interrupts import sigint_handler
 from spark_imagenet.training.preflight import (
@@ -291,7 +291,7 @@ def _check_session(spark, sc, job: JobPlan, log: Callable[[str], None]) -> str:
         host = urlsplit(url).hostname if url.startswith("sc://") else None
         on_this_machine = host in ("127.0.0.1", "localhost", "::1") and server_master is not None
         check_dataset_reachable(job.url, server_master if on_this_machine else url, config.shared_filesystem)
-        _check_conf(_connect_getter(spark), server_master, job, log)
+        _check_conf(conf_getter(spark), server_master, job, log, server=url)
         return url
     if config.master is not None and config.master != sc.master:
         log(f"warning: the job's master {config.master!r} is not used: this session runs on {sc.master!r} "
@@ -302,20 +302,8 @@ def _check_session(spark, sc, job: JobPlan, log: Callable[[str], None]) -> str:
     return sc.master
 
 
-def _connect_getter(spark) -> Callable[[str, str | None], str | None]:
-    """``get(key, default)`` over a Spark Connect session's conf (a setting the server will not show: default)."""
-
-    def get(key: str, default: str | None = None) -> str | None:
-        try:
-            return spark.conf.get(key, default)
-        except Exception:  # noqa: BLE001 - a server that hides a setting; check_connect names what it cannot read
-            return default
-
-    return get
-
-
 def _check_conf(get: Callable[[str, str | None], str | None], master: str | None, job: JobPlan,
-                log: Callable[[str], None]) -> None:
+                log: Callable[[str], None], server: str | None = None) -> None:
     """The checks over the session's settings: encryption, train shards (:func:`check_cluster_conf`) and the
     GPU settings --gpus-per-worker needs (:func:`~spark_imagenet.training.gpus.check_gpu_conf`); logs their
     warnings.
@@ -326,7 +314,8 @@ def _check_conf(get: Callable[[str, str | None], str | None], master: str | None
     config = job.config
     for line in check_cluster_conf(get, config, len(job.manifest.splits["train"].shards)):
         log(line)
-    warning = check_gpu_conf(lambda key: get(key, None), config.gpus_per_worker, config.workers, master)
+    warning = check_gpu_conf(lambda key: get(key, None), config.gpus_per_worker, config.workers, master,
+                             server=server)
     if warning:
         log(warning)
 

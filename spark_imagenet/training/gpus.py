@@ -86,7 +86,7 @@ def _missing_settings(get: Callable[[str], str | None], k: int, kind: str) -> li
 
 
 def check_gpu_conf(get: Callable[[str], str | None], gpus_per_worker: int, workers: int,
-                   master: str | None = None) -> str | None:
+                   master: str | None = None, *, server: str | None = None) -> str | None:
     """Check that Spark's settings give each of ``workers`` tasks ``gpus_per_worker`` GPUs.
 
     Args:
@@ -99,7 +99,12 @@ def check_gpu_conf(get: Callable[[str], str | None], gpus_per_worker: int, worke
             standalone workers (``spark.worker.resource.gpu.*``, for
             ``spark://`` in each worker's own configuration, which the driver
             cannot see), YARN, Kubernetes and others by the executors'
-            discovery script. ``local[N]`` cannot give tasks GPUs.
+            discovery script. ``local[N]`` cannot give tasks GPUs. Under
+            Spark Connect: the server's ``spark.master``.
+        server: the ``sc://HOST:PORT`` of a Spark Connect session, else
+            None. The settings are then the server's (or the Databricks
+            cluster's), not this client's, and the message says to set them
+            there (``key value`` lines) instead of as ``--conf`` options.
 
     Returns:
         None when all is well; with K = 0 but a GPU task resource configured,
@@ -121,12 +126,7 @@ def check_gpu_conf(get: Callable[[str], str | None], gpus_per_worker: int, worke
         return None
     k = gpus_per_worker
     if kind == "local":
-        raise ConfigError(
-            f"--gpus-per-worker {k}: Spark's local mode ({master}) does not hand GPUs to tasks; use "
-            f"--master 'local-cluster[1,{workers},2048]' with {WORKER_AMOUNT}={k * workers} and "
-            f"{WORKER_SCRIPT}=/path/to/{DISCOVERY_SCRIPT}, {EXECUTOR_AMOUNT}={k * workers} and {TASK_AMOUNT}={k}, "
-            "or a cluster"
-        )
+        raise ConfigError(_local_mode_refusal(k, workers, master, server))
     missing = _missing_settings(get, k, kind)
     if not missing:
         return None
@@ -135,11 +135,29 @@ def check_gpu_conf(get: Callable[[str], str | None], gpus_per_worker: int, worke
         where = (f"\nAlso give every standalone worker its GPUs in its own configuration (the driver cannot check "
                  f"it): SPARK_WORKER_OPTS=\"-D{WORKER_AMOUNT}=<GPUs on the host> -D{WORKER_SCRIPT}=/path/to/"
                  f"{DISCOVERY_SCRIPT}\" (or {WORKER_FILE}).")
-    lines = "\n".join(f"  --conf {m}" for m in missing)
+    if server is None:
+        add = "Add:\n" + "\n".join(f"  --conf {m}" for m in missing)
+    else:
+        add = (f"The settings are the Spark Connect server's ({server}), not this client's: set them in the "
+               "server's Spark config (on Databricks: the cluster's Spark config) and restart it:\n"
+               + "\n".join(f"  {m.replace('=', ' ', 1)}" for m in missing))
     raise ConfigError(
         f"--gpus-per-worker {k} with {workers} worker(s) needs {k * workers} GPU(s) in all, {k} per task, but "
-        f"Spark is not configured to hand GPUs to tasks. Add:\n{lines}{where}"
+        f"Spark is not configured to hand GPUs to tasks. {add}{where}"
     )
+
+
+def _local_mode_refusal(k: int, workers: int, master: str | None, server: str | None) -> str:
+    """Why ``local[N]`` cannot give GPUs, and the local-cluster master and ``--conf`` settings that can."""
+    settings = [f"{WORKER_AMOUNT}={k * workers}", f"{WORKER_SCRIPT}=/path/to/{DISCOVERY_SCRIPT}",
+                f"{EXECUTOR_AMOUNT}={k * workers}", f"{TASK_AMOUNT}={k}"]
+    conf = " ".join(f"--conf {s}" for s in settings)
+    if server is None:
+        return (f"--gpus-per-worker {k}: Spark's local mode ({master}) does not hand GPUs to tasks; use "
+                f"--master 'local-cluster[1,{workers},2048]' {conf}, or a cluster")
+    return (f"--gpus-per-worker {k}: the Spark Connect server {server} runs Spark's local mode ({master}), which "
+            f"does not hand GPUs to tasks; start the server with --master 'local-cluster[1,{workers},2048]' "
+            f"{conf} (or on a cluster with GPUs), or train without --gpus-per-worker")
 
 
 def host_has_gpus(dev: str = "/dev") -> bool:
