@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,91 @@ def test_an_unreachable_connect_server_is_named_at_once():
         s.bind(("127.0.0.1", 0))
         s.listen()
         check_connect_reachable(f"sc://127.0.0.1:{s.getsockname()[1]}/;token=abc", timeout_s=5)
+
+
+# ------------------------------------------------------------------ the quiet log4j2 configuration
+#: What the driver JVM prints on stderr while it starts with Spark's default logging.
+START_UP_CHATTER = ("Using Spark's default log4j profile", "NativeCodeLoader", "Setting default log level",
+                    "To adjust logging level", "WARN Utils:")
+
+
+@pytest.fixture
+def clean_logging_env(tmp_path, monkeypatch):
+    """No user logging in the environment: an empty SPARK_CONF_DIR, no JVM options, no running SparkContext."""
+    from pyspark import SparkContext
+
+    for name in ("PYSPARK_GATEWAY_PORT", "DATABRICKS_RUNTIME_VERSION", "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS",
+                 "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS"):
+        monkeypatch.delenv(name, raising=False)
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    return conf_dir
+
+
+def test_quiet_logging_names_the_shipped_config(clean_logging_env):
+    from spark_imagenet.resources import QUIET_LOG4J2, resource_path
+    from spark_imagenet.training.spark_session import quiet_logging_conf
+
+    (clean_logging_env / "log4j2.properties.template").write_text("rootLogger.level = info\n")  # ignored
+    assert quiet_logging_conf({"spark.ui.enabled": "false"}) == {
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={resource_path(QUIET_LOG4J2).resolve().as_uri()}"}
+
+
+@pytest.mark.parametrize("where", ["conf", "log4j2 file", "spark-defaults", "submit args", "java options",
+                                   "spark-submit", "databricks"])
+def test_quiet_logging_gives_way_to_the_users_logging(clean_logging_env, monkeypatch, where):
+    from spark_imagenet.training.spark_session import quiet_logging_conf
+
+    conf = {"spark.driver.extraJavaOptions": "-Dx=1"} if where == "conf" else {}
+    if where == "log4j2 file":
+        (clean_logging_env / "log4j2.properties").write_text("rootLogger.level = info\n")
+    elif where == "spark-defaults":
+        (clean_logging_env / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions  -Dx=1\n")
+    elif where == "submit args":
+        monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--driver-java-options -Dx=1 pyspark-shell")
+    elif where == "java options":
+        monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Dlog4j2.configurationFile=/etc/mine.properties")
+    elif where == "spark-submit":
+        monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
+    elif where == "databricks":
+        monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "16.4")
+    assert quiet_logging_conf(conf) == {}
+
+
+def session_child(code: str, conf_dir: Path) -> subprocess.CompletedProcess:
+    """Run ``code`` after ``spark = local_session("local[1]", conf=CONF)`` in a fresh Python (its own JVM)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYSPARK_GATEWAY_PORT", "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS")}
+    env["SPARK_CONF_DIR"] = str(conf_dir)
+    program = ("from spark_imagenet.training.spark_session import local_session\n" + code + "\nspark.stop()\n")
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                          cwd=conf_dir, env=env)
+
+
+def test_a_local_session_starts_without_the_start_up_chatter(clean_logging_env):
+    p = session_child(
+        "spark = local_session('local[1]', conf={'spark.ui.enabled': 'false'})\n"
+        "assert spark.range(5).count() == 5\n"
+        "log4j = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager\n"
+        "print('scheduler-warn', log4j.getLogger('org.apache.spark.scheduler.TaskSchedulerImpl').isWarnEnabled())\n"
+        "print('utils-warn', log4j.getLogger('org.apache.spark.util.Utils').isWarnEnabled())",
+        clean_logging_env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert not [s for s in START_UP_CHATTER if s in p.stderr], p.stderr
+    assert "scheduler-warn True" in p.stdout and "utils-warn False" in p.stdout  # the quiet config is the one in use
+
+
+def test_the_users_driver_java_options_are_kept(clean_logging_env):
+    p = session_child(
+        "spark = local_session('local[1]', conf={'spark.driver.extraJavaOptions': '-Dspark_imagenet.test=kept'})\n"
+        "print('options', spark.sparkContext.getConf().get('spark.driver.extraJavaOptions'))\n"
+        "print('property', spark.sparkContext._jvm.java.lang.System.getProperty('spark_imagenet.test'))",
+        clean_logging_env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    options = next(ln for ln in p.stdout.splitlines() if ln.startswith("options "))
+    # Spark adds its own module options before the user's; ours are not added
+    assert options.endswith(" -Dspark_imagenet.test=kept") and "log4j2.configurationFile" not in options
+    assert "property kept" in p.stdout
+    assert "Using Spark's default log4j profile" in p.stderr  # the user's options: Spark's logging, not ours

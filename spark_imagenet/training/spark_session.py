@@ -5,7 +5,9 @@ and 11). Without it PySpark only says "Java gateway process exited before
 sending its port number", so :func:`check_java` looks first and says what to
 install. :func:`local_session` builds a ``local[N]`` session whose Python
 workers run this very interpreter (``sys.executable``), so a virtualenv's
-packages (TensorFlow, this package) are what the tasks see.
+packages (TensorFlow, this package) are what the tasks see. A driver JVM
+started here logs through the package's quiet log4j2 configuration unless the
+user configures logging (:func:`quiet_logging_conf`).
 
 Nothing here imports pyspark at module import time: the CLI can print a
 clear Java error even where importing pyspark would be slow.
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from spark_imagenet.errors import ConfigError, EnvironmentSetupError
+from spark_imagenet.resources import QUIET_LOG4J2, resource_path
 
 #: Oldest Java major version PySpark 4.x runs on (Spark 4.0 release notes:
 #: "Java 17 and 21"; Java 8 and 11 support was removed).
@@ -142,6 +145,69 @@ def is_local_master(master: str) -> bool:
     return m == "local" or m.startswith("local[") or m.startswith("local-cluster[")
 
 
+#: The driver JVM's options setting, where the quiet log4j2 configuration is named.
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+#: Environment variables whose JVM options reach the driver JVM spark-submit starts; one that names a log4j
+#: configuration is the user's own logging.
+_JVM_OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS")
+
+
+def quiet_logging_conf(conf: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The setting that makes a driver JVM this process starts log quietly, unless the user set up logging.
+
+    The setting is ``spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=FILE_URL``
+    with the package's ``log4j2-quiet.properties``
+    (:data:`spark_imagenet.resources.QUIET_LOG4J2`): warnings and errors as
+    before, minus Spark's start-up chatter (docs/design.md, 'Preflight and
+    doctor'). PySpark passes the builder's settings to the ``spark-submit``
+    that starts the JVM, so only a JVM not yet started is affected. Nothing is
+    returned (the user's logging wins) when:
+
+    * this process did not start the JVM: under ``spark-submit``
+      (``PYSPARK_GATEWAY_PORT``), on Databricks (``DATABRICKS_RUNTIME_VERSION``),
+      or a SparkContext is already running;
+    * ``conf`` or ``PYSPARK_SUBMIT_ARGS`` sets the driver's Java options;
+      ``SPARK_SUBMIT_OPTS``, ``JAVA_TOOL_OPTIONS`` or ``JDK_JAVA_OPTIONS``
+      names a log4j configuration; or Spark's conf folder (``SPARK_CONF_DIR``,
+      else ``$SPARK_HOME/conf``, else pyspark's own) holds a ``log4j2*`` file
+      or a ``spark-defaults.conf`` that sets the driver's Java options;
+    * the configuration file is missing from the installation.
+
+    Args:
+        conf: the Spark settings the session will be built with.
+
+    Returns:
+        dict[str, str]: ``{"spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=file:..."}``,
+        or ``{}``.
+    """
+    env = os.environ
+    if "PYSPARK_GATEWAY_PORT" in env or "DATABRICKS_RUNTIME_VERSION" in env or DRIVER_JAVA_OPTIONS in (conf or {}):
+        return {}
+    submit_args = env.get("PYSPARK_SUBMIT_ARGS", "")
+    if DRIVER_JAVA_OPTIONS in submit_args or "--driver-java-options" in submit_args:
+        return {}
+    if any("log4j" in env.get(name, "") for name in _JVM_OPTION_VARIABLES):
+        return {}
+    import pyspark
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        return {}
+    spark_home = Path(env.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+    conf_dir = Path(env.get("SPARK_CONF_DIR") or spark_home / "conf")
+    if conf_dir.is_dir():
+        if any(p.name.startswith("log4j2") and not p.name.endswith(".template") for p in conf_dir.iterdir()):
+            return {}
+        defaults = conf_dir / "spark-defaults.conf"
+        if defaults.is_file() and DRIVER_JAVA_OPTIONS in defaults.read_text(errors="replace"):
+            return {}
+    try:
+        path = resource_path(QUIET_LOG4J2)
+    except EnvironmentSetupError:
+        return {}  # a broken installation only loses the quiet logging
+    return {DRIVER_JAVA_OPTIONS: f"-Dlog4j2.configurationFile={path.resolve().as_uri()}"}
+
+
 def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
                   conf: Mapping[str, Any] | None = None):
     """Create (or get) a SparkSession, ready for barrier training.
@@ -154,6 +220,8 @@ def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
     ``conf`` sets it), since the tasks print ``[rank R]`` progress lines.
     ``spark.python.worker.reuse`` keeps Spark's default: each barrier task runs
     TensorFlow in a fresh child process (see :mod:`spark_imagenet.training.barrier_task`).
+    A JVM started here gets the quiet log4j2 configuration unless the user
+    configures logging (:func:`quiet_logging_conf`).
 
     Args:
         master: Spark master URL (default ``local[4]``).
@@ -179,6 +247,7 @@ def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
     # the tasks' "[rank R] ..." lines are the progress report; Spark's console
     # progress bar would be drawn over them
     conf.setdefault("spark.ui.showConsoleProgress", "false")
+    conf.update(quiet_logging_conf(conf))
     for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
@@ -327,14 +396,16 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
             print(f"spark-imagenet: warning: {warning}", file=sys.stderr, flush=True)
     if master is not None and is_local_master(master):
         return local_session(master, app_name, conf)
+    conf = dict(conf or {})
     if not under_submit:
         check_java()
+        conf.update(quiet_logging_conf(conf))
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    for key, value in dict(conf or {}).items():
+    for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
     if not is_connect_session(spark):  # e.g. Databricks serverless: Connect

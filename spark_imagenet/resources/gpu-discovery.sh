@@ -1,0 +1,1 @@
+../../conf/gpu-discovery.sh
