@@ -76,7 +76,7 @@ def _missing_settings(get: Callable[[str], str | None], k: int, kind: str) -> li
         worker = _amount(get, WORKER_AMOUNT)
         has_discovery = get(WORKER_SCRIPT) or get(WORKER_FILE)
         if kind == "local-cluster" and (worker is None or worker < k or not has_discovery):
-            missing.append(f"{WORKER_AMOUNT}={k} or more and {WORKER_SCRIPT}=/path/to/{DISCOVERY_SCRIPT} "
+            missing.append(f"{WORKER_AMOUNT}={k} or more and {WORKER_SCRIPT}={installed_script()} "
                            f"(or {WORKER_FILE}): each local-cluster worker's GPUs (now {WORKER_AMOUNT} "
                            f"{'unset' if worker is None else _fmt(worker)})")
     elif not get(EXECUTOR_SCRIPT):
@@ -141,15 +141,31 @@ def check_gpu_conf(get: Callable[[str], str | None], gpus_per_worker: int, worke
         add = (f"The settings are the Spark Connect server's ({server}), not this client's: set them in the "
                "server's Spark config (on Databricks: the cluster's Spark config) and restart it:\n"
                + "\n".join(f"  {m.replace('=', ' ', 1)}" for m in missing))
+    if any(DISCOVERY_SCRIPT in m for m in missing) or where:
+        where += ("\nThe discovery script comes with the package (executable): `python -m spark_imagenet.submit "
+                  "--gpu-discovery-script` prints its path here; the Docker image has it at "
+                  "/opt/spark-imagenet/conf/gpu-discovery.sh.")
     raise ConfigError(
         f"--gpus-per-worker {k} with {workers} worker(s) needs {k * workers} GPU(s) in all, {k} per task, but "
         f"Spark is not configured to hand GPUs to tasks. {add}{where}"
     )
 
 
+def installed_script() -> str:
+    """The installed package's discovery script's path (``/path/to/conf/gpu-discovery.sh`` where it is missing)."""
+    from spark_imagenet.errors import EnvironmentSetupError
+    from spark_imagenet.resources import gpu_discovery_script
+
+    try:
+        return str(gpu_discovery_script())
+    except EnvironmentSetupError:
+        return f"/path/to/{DISCOVERY_SCRIPT}"
+
+
 def _local_mode_refusal(k: int, workers: int, master: str | None, server: str | None) -> str:
-    """Why ``local[N]`` cannot give GPUs, and the local-cluster master and ``--conf`` settings that can."""
-    settings = [f"{WORKER_AMOUNT}={k * workers}", f"{WORKER_SCRIPT}=/path/to/{DISCOVERY_SCRIPT}",
+    """Why ``local[N]`` cannot give GPUs, and the local-cluster master and ``--conf`` settings that can (the
+    discovery script named by its installed path: a local-cluster's workers run on this machine)."""
+    settings = [f"{WORKER_AMOUNT}={k * workers}", f"{WORKER_SCRIPT}={installed_script()}",
                 f"{EXECUTOR_AMOUNT}={k * workers}", f"{TASK_AMOUNT}={k}"]
     conf = " ".join(f"--conf {s}" for s in settings)
     if server is None:
