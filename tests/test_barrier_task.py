@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from spark_imagenet.training.barrier_task import child_env, cuda_visible_devices, run_child
+from spark_imagenet.training.barrier_task import CpuStartupFilter, child_env, cuda_visible_devices, run_child
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.training.rendezvous import build_tf_config
 
@@ -82,6 +82,28 @@ def test_run_child_streams_prefixed_lines_and_keeps_the_tail(tmp_path):
     echoed = out.getvalue().splitlines()
     assert echoed[0] == "[rank 1] line 0" and echoed[-1] == "[rank 1] to stderr" and len(echoed) == 51
     assert len(tail) == 40 and tail[-1] == "to stderr" and tail[0] == "line 11"
+
+
+#: What TensorFlow 2.21 printed at start-up per rank on this CPU-only machine (copied from a run).
+TF_CPU_STARTUP = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1796136656.600754   13016 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
+    "GPU will not be used.",
+    "E0000 00:00:1796136662.682967   13016 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: "
+    "Failed call to cuInit: UNKNOWN ERROR (303)",
+]
+
+
+def test_cpu_startup_lines_become_one_notice_and_stay_in_the_tail(tmp_path):
+    lines = ["strategy: waiting", *TF_CPU_STARTUP, *TF_CPU_STARTUP, "Epoch 1/1: 3 steps", "Traceback (most recent"]
+    code = "import sys\nfor line in sys.argv[1:]: print(line)\nsys.exit(1)\n"
+    out, shown = io.StringIO(), CpuStartupFilter()
+    rc, tail = run_child([sys.executable, "-c", code, *lines], dict(os.environ), str(tmp_path), "[rank 0] ", out=out,
+                         shown=shown)
+    assert rc == 1 and tail == lines  # a failure's message keeps every line
+    assert out.getvalue().splitlines() == ["[rank 0] strategy: waiting", f"[rank 0] {CpuStartupFilter.NOTICE}",
+                                           "[rank 0] Epoch 1/1: 3 steps", "[rank 0] Traceback (most recent"]
+    assert shown.hidden == 6
 
 
 def _alive(pid: int) -> bool:

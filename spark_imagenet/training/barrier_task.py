@@ -46,6 +46,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import re
 import os
 import signal
 import subprocess
@@ -275,16 +276,59 @@ class ChildFolder:
     collect: Callable[[str], None]
 
 
-def _echo(raw: bytes, prefix: str, tail: collections.deque, out) -> None:
+#: TensorFlow's start-up lines on a host without a CUDA driver: true, but they read like failures
+#: ("failed call to cuInit: ... CUDA error") on every CPU-only rank.
+_CPU_STARTUP_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|Could not find cuda drivers on your machine, GPU will not be used"
+    r"|failed call to cuInit"
+    r"|Unable to register cu(DNN|FFT|BLAS) factory"
+    r"|computation placer already registered"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+    r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags"
+)
+
+
+class CpuStartupFilter:
+    """Hides TensorFlow's CUDA start-up lines of a worker that has no GPU, on a host without one.
+
+    Called with each output line; returns the line to echo, or None. The first
+    hidden line is replaced by one line saying that TensorFlow trains on the CPU
+    and that its CUDA start-up lines are not shown; the hidden lines stay in
+    :func:`run_child`'s tail, so a failure's message still carries them.
+    Use it only where no GPU was asked for or found (a GPU worker's CUDA
+    errors are real).
+
+    Attributes:
+        hidden: how many lines were hidden.
+    """
+
+    NOTICE = "TensorFlow found no CUDA driver or GPU here: training on the CPU (its CUDA start-up lines not shown)"
+
+    def __init__(self) -> None:
+        self.hidden = 0
+
+    def __call__(self, line: str) -> str | None:
+        if not _CPU_STARTUP_NOISE.search(line):
+            return line
+        self.hidden += 1
+        return self.NOTICE if self.hidden == 1 else None
+
+
+def _echo(raw: bytes, prefix: str, tail: collections.deque, out,
+          shown: Callable[[str], str | None] | None = None) -> None:
     line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
     line = line.rsplit("\r", 1)[-1]  # a progress bar redraws with \r: keep what the terminal would show
     tail.append(line)
-    out.write(f"{prefix}{line}\n")
-    out.flush()
+    echo = line if shown is None else shown(line)
+    if echo is not None:
+        out.write(f"{prefix}{echo}\n")
+        out.flush()
 
 
 def run_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, prefix: str,
-              tail_lines: int = TAIL_LINES, out=None, folder: ChildFolder | None = None) -> tuple[int, list[str]]:
+              tail_lines: int = TAIL_LINES, out=None, folder: ChildFolder | None = None,
+              shown: Callable[[str], str | None] | None = None) -> tuple[int, list[str]]:
     """Run a child process under the supervisor, echoing its output line by line.
 
     The child and its supervisor (:mod:`spark_imagenet.training.supervisor`)
@@ -300,6 +344,8 @@ def run_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, pref
         tail_lines: how many of the last lines to keep.
         out: text stream to echo to (default ``sys.stderr``).
         folder: a temporary folder for the child (see :class:`ChildFolder`).
+        shown: called with each line, returns what to echo instead (None: nothing), e.g.
+            :class:`CpuStartupFilter`; every line is kept in the tail either way.
 
     Returns:
         ``(exit_code, last_lines)``; a negative code is the killing signal,
@@ -328,9 +374,9 @@ def run_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, pref
                     proc.stdin.write(b"run\n")
                     proc.stdin.flush()
             elif first:
-                _echo(first, prefix, tail, out)  # the supervisor failed: its message
+                _echo(first, prefix, tail, out, shown)  # the supervisor failed: its message
         for raw in proc.stdout:
-            _echo(raw, prefix, tail, out)
+            _echo(raw, prefix, tail, out, shown)
         if path is not None:
             folder.collect(path)
         with contextlib.suppress(OSError):
@@ -401,7 +447,8 @@ def worker_spec(spec: TaskSpec, rank: int, train_files: Sequence[str], val_files
     )
 
 
-def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: str) -> dict[str, Any]:
+def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: str,
+                shown: Callable[[str], str | None] | None = None) -> dict[str, Any]:
     """Run the TensorFlow worker process with its own temporary folder; return its result.
 
     The folder (``spark-imagenet-rank<R>-*`` in the task's temporary
@@ -430,7 +477,7 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: 
 
     argv = [sys.executable, "-m", spec.child_module, "{folder}/worker.json", "{folder}/result.json"]
     code, tail = run_child(argv, env, None, f"[rank {rank}] ",
-                           folder=ChildFolder(f"spark-imagenet-rank{rank}-", prepare, collect))
+                           folder=ChildFolder(f"spark-imagenet-rank{rank}-", prepare, collect), shown=shown)
     if code != 0:
         shown = "\n".join(f"  | {line}" for line in tail) or "  | (no output)"
         raise TrainingError(
@@ -497,7 +544,8 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
         devices = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if gpus else "no GPU resource"
         _log(rank, f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "
                    f"{devices}, {where}")
-        result = _run_worker(spec, message, env, host)
+        cpu_only = not gpus and not host_has_gpus()
+        result = _run_worker(spec, message, env, host, CpuStartupFilter() if cpu_only else None)
     result["host"] = host
     result["python"] = sys.executable
     yield json.dumps(result)

@@ -105,21 +105,55 @@ def _setting(spec: WorkerSpec, path: str) -> Any:
     return value
 
 
-class _EpochTimer(keras.callbacks.Callback):
-    """Records the wall seconds of each training epoch (``time.perf_counter``)."""
+class _EpochProgress(keras.callbacks.Callback):
+    """Records the wall seconds of each training epoch (``time.perf_counter``) and, when ``log`` is given (the
+    chief), logs one line per epoch with our exact training metrics instead of Keras' own progress lines.
 
-    def __init__(self) -> None:
+    The line, counting epochs from 1 as Keras does: ``Epoch E/N: S steps in T s, xent X, top1 A, top5 B,
+    lr L, R images/s on this worker, ETA Q s`` (``xent``: the mean cross-entropy without weight decay; the
+    ETA from the mean epoch time, the first epoch left out once there are two).
+
+    Args:
+        epochs: N, the epochs ``fit`` runs.
+        steps: S, steps per epoch.
+        batch_size: examples per step on this worker.
+        log: called with each epoch's line; None logs nothing (the other ranks).
+    """
+
+    def __init__(self, epochs: int = 0, steps: int = 0, batch_size: int = 0,
+                 log: Callable[[str], None] | None = None) -> None:
         super().__init__()
         self.seconds: list[float] = []
         self._start = 0.0
+        self._epochs, self._steps, self._batch, self._log = epochs, steps, batch_size, log
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """Start the clock of epoch ``epoch`` (0-based)."""
         self._start = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        """Append the seconds since ``on_epoch_begin`` to :attr:`seconds`."""
+        """Append the seconds since ``on_epoch_begin`` to :attr:`seconds`; log the epoch's line."""
         self.seconds.append(time.perf_counter() - self._start)
+        if self._log is not None:
+            self._log(self.line(epoch, logs or {}))
+
+    def _learning_rate(self) -> float | None:
+        try:
+            return float(keras.backend.get_value(self.model.optimizer.learning_rate))
+        except Exception:  # noqa: BLE001 - a schedule object or no optimizer: leave it out
+            return None
+
+    def line(self, epoch: int, logs: dict) -> str:
+        """The progress line of epoch ``epoch`` (0-based) from its Keras ``logs``."""
+        seconds = self.seconds[-1]
+        timed = self.seconds[1:] if len(self.seconds) > 1 else self.seconds
+        eta = (self._epochs - epoch - 1) * (sum(timed) / len(timed))
+        metrics = ", ".join(f"{k} {float(logs[k]):.4f}" for k in ("xent", "top1", "top5") if k in logs)
+        lr = self._learning_rate()
+        rate = self._steps * self._batch / seconds if seconds > 0 else 0.0
+        return (f"Epoch {epoch + 1}/{self._epochs}: {self._steps} steps in {seconds:.1f} s, {metrics}"
+                + (f", lr {lr:.4g}" if lr is not None else "")
+                + f", {rate:.1f} images/s on this worker, ETA {eta:.0f} s")
 
 
 def _num_workers(strategy: tf.distribute.Strategy) -> int:
@@ -372,11 +406,12 @@ def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec, log: Callable[[str
     from spark_imagenet.training import pipeline
 
     config = spec.config
-    timer = _EpochTimer()
+    # one progress stream: the chief logs our epoch lines; Keras' own per-rank lines are off
+    timer = _EpochProgress(config.epochs, spec.steps_per_epoch, config.batch_size, log if spec.rank == 0 else None)
     t0 = time.perf_counter()
     with pipeline.naming_bad_records(list(spec.train_files), parallel=spec.parallel):
         history = model.fit(train_ds, epochs=config.epochs, steps_per_epoch=spec.steps_per_epoch,
-                            callbacks=[timer], verbose=2)
+                            callbacks=[timer], verbose=0)
     train_seconds = time.perf_counter() - t0
     steps = config.epochs * spec.steps_per_epoch
     timed = timer.seconds[1:] if len(timer.seconds) > 1 else timer.seconds
@@ -404,11 +439,13 @@ def _evaluate(model: keras.Model, val_ds: Any, spec: WorkerSpec, val_total: int,
         return val, 0.0
     t0 = time.perf_counter()
     with pipeline.naming_bad_records(list(spec.val_files), parallel=spec.parallel):
-        scores = model.evaluate(val_ds, steps=spec.val_steps, return_dict=True, verbose=2)
+        # verbose=0: Keras' line would show its "loss", diluted by the zero-weight padding rows; we log the exact one
+        scores = model.evaluate(val_ds, steps=spec.val_steps, return_dict=True, verbose=0)
     seconds = time.perf_counter() - t0
     val.update(top1=float(scores["top1"]), top5=float(scores["top5"]), loss=float(scores["xent"]))
-    log(f"val: {val_total} images, top1 {val['top1']:.4f}, top5 {val['top5']:.4f}, "
-        f"loss {val['loss']:.4f} ({seconds:.1f} s)")
+    if spec.rank == 0:  # the same global numbers on every rank: one line
+        log(f"val: {val_total} images, top1 {val['top1']:.4f}, top5 {val['top5']:.4f}, "
+            f"loss {val['loss']:.4f} ({seconds:.1f} s)")
     return val, seconds
 
 
@@ -452,7 +489,8 @@ def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
     status["stage"] = STAGE_MODEL
     model = _build_model(strategy, spec)
     params = int(model.count_params())
-    log(f"model: {config.model} width {config.width:g}, {params:,} parameters, {spec.num_classes} classes")
+    if spec.rank == 0:  # the same model on every rank: one line
+        log(f"model: {config.model} width {config.width:g}, {params:,} parameters, {spec.num_classes} classes")
     status["stage"] = STAGE_FIT
     trained = _fit(model, train_ds, spec, log)
     status["stage"] = STAGE_EVALUATE
