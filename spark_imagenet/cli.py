@@ -521,6 +521,16 @@ def run(argv: Sequence[str] | None = None) -> int:
     raise ConfigError(f"unknown command {args.command!r}")  # argparse prevents this
 
 
+def _name_spark_log() -> None:
+    """After an error: name the file of Spark's log where this process's Spark session wrote one."""
+    from spark_imagenet.training.spark_session import spark_log_written
+
+    path = spark_log_written()
+    if path is not None:
+        print(f"spark-imagenet: Spark's log of this run (its warnings and the stack traces of failed tasks): {path}",
+              file=sys.stderr)
+
+
 def _debug_traceback() -> None:
     """With ``SPARK_IMAGENET_DEBUG`` set (non-empty, not 0), print the traceback of the error being handled."""
     if os.environ.get("SPARK_IMAGENET_DEBUG", "") not in ("", "0"):
@@ -559,6 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SparkImagenetError as e:
         _debug_traceback()
         print(f"spark-imagenet: error: {e}", file=sys.stderr)
+        _name_spark_log()
         return 2
     except KeyboardInterrupt:
         _ignore_sigint()  # a second Ctrl-C while exiting prints nothing more
@@ -575,6 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "Check --master and that the cluster has free executors (the Spark log above says more).",
             file=sys.stderr,
         )
+        _name_spark_log()
         return 1
 
 

@@ -18,9 +18,9 @@ def cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess
                           timeout=timeout, env=None if env is None else {**os.environ, **env})
 
 
-#: What Spark prints while it starts (a mistake that needs no cluster must be reported before this).
-#: Lines a JVM start prints: the JVM's own module warning (printed even with the quiet log4j config the command line
-#: gives its sessions) and Spark's start-up lines (printed without it).
+#: What Spark prints while it starts (a mistake that needs no cluster must be reported before this): the JVM's own
+#: module warning (printed even with the quiet log4j config the command line gives its sessions) and Spark's
+#: start-up lines (printed without it).
 SPARK_START_UP = ("Using incubator modules", "Setting default log level", "NativeCodeLoader", "SparkContext",
                   "Using Spark's default log4j")
 
@@ -174,6 +174,31 @@ def test_demo_command(tmp_path):
     assert r["config"]["num_classes"] == 10 and r["val"]["images"] == 120
     assert r["val"]["top1"] > 0.25, r["val"]  # chance is 0.1; 2 workers x 10 epochs gave 0.44-0.77 in 4 runs
     assert "[rank 1]" in p.stderr + p.stdout  # the children's output reaches the driver's console
+
+
+@pytest.mark.slow
+def test_a_failed_task_is_one_message_and_spark_keeps_its_stack_traces_in_its_log(tree, tmp_path):
+    """A shard that changed after sharding fails its task's fetch: the console shows our error once and names
+    Spark's log, which holds the task's stack traces (Spark's console would print them twice, 80+ lines)."""
+    out = tmp_path / "bucket"
+    shard(tree, out, train_shards=2, val_shards=1)
+    victim = sorted(out.glob("train-*.tfrecord"))[0]
+    data = bytearray(victim.read_bytes())
+    data[100:110] = b"x" * 10  # same size, other content: the CRC32C check refuses it
+    victim.write_bytes(bytes(data))
+    p = cli("train", str(out), "--workers", "2", "--master", "local[2]", "--image-size", "72", "--width", "0.25",
+            "--epochs", "1", "--cache", str(tmp_path / "cache"))
+    assert p.returncode == 2, p.stderr[-3000:]
+    console = (p.stdout + p.stderr).splitlines()
+    assert len(console) <= 30, "\n".join(console)
+    errors = [ln for ln in console if ln.startswith("spark-imagenet: error: ")]
+    assert len(errors) == 1 and victim.name in errors[0] and "could not be fetched intact" in errors[0], console
+    assert not any(ln.startswith("\tat ") or "PythonException" in ln for ln in console), console
+    named = [ln for ln in console if ln.startswith("spark-imagenet: Spark's log of this run")]
+    assert len(named) == 1, console
+    log = named[0].rsplit(": ", 1)[1]
+    text = open(log).read()
+    assert "Lost task" in text and victim.name in text and "\tat org.apache.spark" in text
 
 
 def test_a_spark_start_up_failure_is_told_by_its_java_reason():

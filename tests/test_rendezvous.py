@@ -84,3 +84,23 @@ def test_rendezvous_in_a_local_barrier_stage(spark):
     # a second job picks its ports afresh and still agrees
     again = [json.loads(s) for s in sc.parallelize(range(2), 2).barrier().mapPartitions(task).collect()]
     assert again[0]["addresses"] == again[1]["addresses"]
+
+
+def test_a_task_that_failed_before_the_rendezvous_ends_it_for_all(spark):
+    """Rank 1 comes with a failure: both tasks raise PeerFailed naming it, none is left waiting in allGather."""
+    from spark_imagenet.training.rendezvous import PeerFailed, rendezvous
+
+    def task(_):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        try:
+            rendezvous(ctx, "shard train-1 is corrupt" if ctx.partitionId() == 1 else None)
+        except PeerFailed as e:
+            yield json.dumps({"rank": ctx.partitionId(), "failures": e.failures, "message": str(e)})
+
+    out = [json.loads(s) for s in spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(task).collect()]
+    assert sorted(o["rank"] for o in out) == [0, 1]
+    for o in out:
+        assert o["failures"] == {"1": "shard train-1 is corrupt"}
+        assert o["message"] == "1 task(s) failed before the rendezvous: rank 1: shard train-1 is corrupt"

@@ -95,7 +95,16 @@ def test_the_quiet_log4j2_config_keeps_warnings_and_cuts_the_start_up_chatter():
     levels = {props[k]: props[k[: -len(".name")] + ".level"].lower()
               for k in props if k.startswith("logger.") and k.endswith(".name")}
     assert levels == {"org.apache.spark.util.Utils": "error", "org.apache.hadoop.util.NativeCodeLoader": "error",
-                      "org.apache.spark.scheduler": "warn"}
+                      "org.apache.spark.scheduler": "warn", "org.apache.spark.executor.Executor": "warn",
+                      "org.apache.spark.scheduler.TaskSetManager": "warn"}
+    # Spark's whole log goes to a file; a failed task's two stack-trace records go there only
+    assert props["rootLogger.appenderRef.file.ref"] == props["appender.sparklog.name"]
+    assert props["appender.sparklog.fileName"].startswith("${sys:spark_imagenet.spark_log:-")
+    for logger in ("task_error", "lost_task"):
+        assert props[f"logger.{logger}.additivity"] == "false"
+        assert props[f"logger.{logger}.appenderRef.file.ref"] == props["appender.sparklog.name"]
+        assert not any(k.startswith(f"logger.{logger}.appenderRef.") and v == props["appender.console.name"]
+                       for k, v in props.items())
 
 
 def test_the_dockerfile_copies_conf_before_it_installs_the_package():

@@ -139,11 +139,13 @@ def clean_logging_env(tmp_path, monkeypatch):
 
 def test_quiet_logging_names_the_shipped_config(clean_logging_env):
     from spark_imagenet.resources import QUIET_LOG4J2, resource_path
-    from spark_imagenet.training.spark_session import quiet_logging_conf
+    from spark_imagenet.training.spark_session import quiet_logging_conf, spark_log_path
 
     (clean_logging_env / "log4j2.properties.template").write_text("rootLogger.level = info\n")  # ignored
     assert quiet_logging_conf({"spark.ui.enabled": "false"}) == {
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={resource_path(QUIET_LOG4J2).resolve().as_uri()}"}
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={resource_path(QUIET_LOG4J2).resolve().as_uri()} "
+                                         f"-Dspark_imagenet.spark_log={spark_log_path()}"}
+    assert spark_log_path().parent.is_dir() and spark_log_path().name.endswith(f"-{os.getpid()}.log")
 
 
 @pytest.mark.parametrize("where", ["conf", "log4j2 file", "spark-defaults", "submit args", "java options",

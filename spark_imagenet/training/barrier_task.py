@@ -498,9 +498,15 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
         spec: the job's :class:`TaskSpec`.
         _partition: the partition's items (ignored; one partition per worker).
 
+    A task whose preparation fails (its GPUs, its shards) still joins the
+    rendezvous with its reason and then raises its own error; the other tasks
+    learn of it there and end without training (their result says
+    ``"peer_failed"``), so none is killed while blocked in ``allGather``.
+
     Yields:
         str: one JSON object: the worker's result plus ``"host"`` and
-        ``"python"`` (the task's interpreter, e.g. a shipped environment's).
+        ``"python"`` (the task's interpreter, e.g. a shipped environment's);
+        ``{"rank", "host", "python", "peer_failed"}`` when a peer failed before the rendezvous.
 
     Raises:
         TrainingError: the child failed (message: rank, host, exit status and
@@ -514,7 +520,8 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     from pyspark import BarrierTaskContext
 
     from spark_imagenet.training.gpus import host_has_gpus
-    from spark_imagenet.training.rendezvous import build_tf_config, local_worker_count, rendezvous, split_host_port
+    from spark_imagenet.training.rendezvous import (PeerFailed, build_tf_config, local_worker_count, rendezvous,
+                                                     split_host_port)
 
     # PySpark's forked workers have Python's default SIGINT handler: a terminal's Ctrl-C that reaches
     # them (workers started without the daemon share the JVM's process group) would crash the task;
@@ -523,16 +530,29 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
         host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
-        resources = ctx.resources()  # checked before any download
-        gpus = task_gpus(resources["gpu"].addresses if "gpu" in resources else None,
-                         spec.config.gpus_per_worker, rank, host)
-        train_files, val_files = _stage(spec, rank, host)
+        failed: SparkImagenetError | None = None
+        try:
+            resources = ctx.resources()  # checked before any download
+            gpus = task_gpus(resources["gpu"].addresses if "gpu" in resources else None,
+                             spec.config.gpus_per_worker, rank, host)
+            train_files, val_files = _stage(spec, rank, host)
+        except SparkImagenetError as e:
+            failed = e
 
         if spec.config.strategy == "multiworker":
-            rank, addresses, host = rendezvous(ctx)
+            try:  # a failed task still comes to the rendezvous, so no peer is killed while it waits there
+                rank, addresses, host = rendezvous(ctx, None if failed is None else " ".join(str(failed).split()))
+            except PeerFailed as e:
+                if failed is not None:
+                    raise failed from None  # the stage fails with this task's own error
+                _log(rank, f"not training: {e}")
+                yield json.dumps({"rank": rank, "host": host, "python": sys.executable, "peer_failed": str(e)})
+                return
             local_workers = local_worker_count(addresses, host)
             tf_config: dict[str, Any] | None = build_tf_config(addresses, rank)
             where = f"cluster {addresses}"
+        elif failed is not None:
+            raise failed
         else:  # one worker, no cluster: no TF_CONFIG, no ports
             local_workers, tf_config, where = 1, None, f"strategy {spec.config.strategy}, no cluster"
         threads = max(1, host_cpus() // max(1, local_workers))

@@ -27,6 +27,7 @@ every task has gathered, and the child starts right after.
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import Any, Sequence
 
@@ -150,20 +151,40 @@ def _probe_port(host: str) -> socket.socket:
     raise TrainingError(f"cannot bind any TCP port on this executor ({'; '.join(errors)})")
 
 
-def rendezvous(ctx) -> tuple[int, list[str], str]:
-    """Agree on rank and worker addresses inside a barrier task.
+class PeerFailed(TrainingError):
+    """Raised by :func:`rendezvous` on every task when a task of the stage came to it with a failure.
+
+    Attributes:
+        failures: ``{rank: reason}`` of the tasks that failed before the rendezvous.
+    """
+
+    def __init__(self, failures: dict[int, str]):
+        self.failures = dict(failures)
+        listed = "; ".join(f"rank {r}: {why}" for r, why in sorted(failures.items()))
+        super().__init__(f"{len(failures)} task(s) failed before the rendezvous: {listed}")
+
+
+def rendezvous(ctx, failure: str | None = None) -> tuple[int, list[str], str]:
+    """Agree on rank and worker addresses inside a barrier task, or on the failure of one.
 
     Must be called exactly once by every task of the barrier stage (it calls
-    ``allGather``, which blocks until all tasks reach it).
+    ``allGather``, which blocks until all tasks reach it), also by a task
+    whose preparation failed: it passes ``failure`` and every task then raises
+    :class:`PeerFailed`. So no task is still blocked in ``allGather`` when a
+    peer fails (Spark would kill it there, and the JVM prints that kill's
+    ``TaskKilledException`` stack trace on the driver's console).
 
     Args:
         ctx: the task's ``pyspark.BarrierTaskContext``.
+        failure: None, or this task's one-line reason for not training (its
+            shards could not be staged, its GPUs are missing).
 
     Returns:
         ``(rank, addresses, host)``: this task's rank (its partition id),
         every worker's ``host:port`` in rank order, and this task's host.
 
     Raises:
+        PeerFailed: a task (this one included) came with a failure.
         TrainingError: the gathered list is inconsistent (wrong length, or
             this task's entry not at its rank), or no port can be bound.
     """
@@ -172,15 +193,26 @@ def rendezvous(ctx) -> tuple[int, list[str], str]:
     if not 0 <= rank < len(infos):
         raise TrainingError(f"barrier task partition {rank} is outside the {len(infos)} task infos")
     host, _ = split_host_port(infos[rank].address)
+    if failure is not None:
+        entries = [json.loads(e) for e in ctx.allGather(json.dumps({"failed": failure}))]
+        raise PeerFailed(_failures(entries))
     sock = _probe_port(host)
     try:
         mine = join_host_port(host, sock.getsockname()[1])
-        addresses = list(ctx.allGather(mine))
+        entries = [json.loads(e) for e in ctx.allGather(json.dumps({"address": mine}))]
     finally:
         sock.close()
+    if any("failed" in e for e in entries):
+        raise PeerFailed(_failures(entries))
+    addresses = [e.get("address") for e in entries]
     if len(addresses) != len(infos) or addresses[rank] != mine:
         raise TrainingError(
             f"rendezvous of rank {rank} got an inconsistent address list {addresses} (own address {mine}): "
             "allGather did not return one entry per task in partition order"
         )
     return rank, addresses, host
+
+
+def _failures(entries: list[dict]) -> dict[int, str]:
+    """``{rank: reason}`` of the gathered entries that carry a failure."""
+    return {r: str(e["failed"]) for r, e in enumerate(entries) if "failed" in e}

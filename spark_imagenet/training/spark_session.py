@@ -15,12 +15,15 @@ clear Java error even where importing pyspark would be slow.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -176,9 +179,15 @@ def quiet_logging_conf(conf: Mapping[str, Any] | None = None) -> dict[str, str]:
     Args:
         conf: the Spark settings the session will be built with.
 
+    The configuration also writes Spark's whole log to :func:`spark_log_path`
+    (``-Dspark_imagenet.spark_log=PATH``), including the two records of a failed
+    task (the executor's "Exception in task" and the scheduler's "Lost task",
+    each a Python traceback inside a JVM stack trace), which it keeps off the
+    console: the driver prints the task's own error once.
+
     Returns:
-        dict[str, str]: ``{"spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=file:..."}``,
-        or ``{}``.
+        dict[str, str]: ``{"spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=file:...
+        -Dspark_imagenet.spark_log=..."}``, or ``{}``.
     """
     env = os.environ
     if "PYSPARK_GATEWAY_PORT" in env or "DATABRICKS_RUNTIME_VERSION" in env or DRIVER_JAVA_OPTIONS in (conf or {}):
@@ -205,7 +214,48 @@ def quiet_logging_conf(conf: Mapping[str, Any] | None = None) -> dict[str, str]:
         path = resource_path(QUIET_LOG4J2)
     except EnvironmentSetupError:
         return {}  # a broken installation only loses the quiet logging
-    return {DRIVER_JAVA_OPTIONS: f"-Dlog4j2.configurationFile={path.resolve().as_uri()}"}
+    options = f"-Dlog4j2.configurationFile={path.resolve().as_uri()}"
+    log_file = str(spark_log_path())
+    if not any(c.isspace() for c in log_file):  # Spark splits the Java options at white space
+        options += f" -D{SPARK_LOG_PROPERTY}={log_file}"
+    return {DRIVER_JAVA_OPTIONS: options}
+
+
+#: The JVM system property naming the file of Spark's log under the quiet configuration.
+SPARK_LOG_PROPERTY = "spark_imagenet.spark_log"
+
+
+@functools.lru_cache(maxsize=1)
+def spark_log_path() -> Path:
+    """Where a driver JVM this process starts with :func:`quiet_logging_conf` writes Spark's log.
+
+    One file per process: ``$TMPDIR/spark-imagenet-logs/spark-YYYYmmdd-HHMMSS-PID.log``, made by log4j on
+    its first record (the folder is made here). It holds every warning and error Spark logs, with the
+    stack traces of failed tasks that the console leaves out.
+
+    Returns:
+        pathlib.Path: the file's path (it may not exist yet).
+    """
+    folder = Path(tempfile.gettempdir()) / "spark-imagenet-logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"spark-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+
+
+def spark_log_written() -> Path | None:
+    """:func:`spark_log_path` when this process's Spark wrote to it (non-empty), else None."""
+    if spark_log_path.cache_info().currsize == 0:
+        return None  # no quiet session was started here
+    path = spark_log_path()
+    try:
+        return path if path.stat().st_size > 0 else None
+    except OSError:
+        return None
+
+
+def _after_start(spark) -> None:
+    """Log level WARN on a classic session (a Connect session, e.g. Databricks serverless, has no SparkContext)."""
+    if not is_connect_session(spark):
+        spark.sparkContext.setLogLevel("WARN")
 
 
 def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
@@ -251,8 +301,7 @@ def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
     for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
-    if not is_connect_session(spark):  # e.g. Databricks serverless: Connect
-        spark.sparkContext.setLogLevel("WARN")
+    _after_start(spark)
     return spark
 
 
@@ -408,6 +457,5 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
-    if not is_connect_session(spark):  # e.g. Databricks serverless: Connect
-        spark.sparkContext.setLogLevel("WARN")
+    _after_start(spark)
     return spark
