@@ -68,6 +68,19 @@ class TrainingError(SparkImagenetError):
     """A barrier task or its TensorFlow child process failed."""
 
 
+class PeerFailed(TrainingError):
+    """Raised inside every barrier task when a task of the stage came to the rendezvous with a failure
+    (:func:`spark_imagenet.training.rendezvous.rendezvous`); the failing task then raises its own error.
+
+    Attributes:
+        failures: ``{rank: reason}`` of the tasks that failed before the rendezvous.
+    """
+
+    def __init__(self, message: str, failures: dict[int, str] | None = None):
+        super().__init__(message)
+        self.failures = dict(failures or {})
+
+
 class DownloadError(SparkImagenetError):
     """A download from Kaggle cannot start or did not finish: credentials
     missing or rejected, competition rules not accepted, unknown competition,

@@ -88,7 +88,8 @@ def test_rendezvous_in_a_local_barrier_stage(spark):
 
 def test_a_task_that_failed_before_the_rendezvous_ends_it_for_all(spark):
     """Rank 1 comes with a failure: both tasks raise PeerFailed naming it, none is left waiting in allGather."""
-    from spark_imagenet.training.rendezvous import PeerFailed, rendezvous
+    from spark_imagenet.errors import PeerFailed
+    from spark_imagenet.training.rendezvous import rendezvous
 
     def task(_):
         from pyspark import BarrierTaskContext

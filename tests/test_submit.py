@@ -286,3 +286,7 @@ def test_standalone_sh_trains_across_two_hosts(dataset, two_host_cluster, tmp_pa
     r = json.loads(results.read_text())
     assert sorted(w["host"] for w in r["per_worker"]) == sorted(addresses)
     assert r["config"]["master"] == master and r["val"]["images"] == 12
+    # the tasks' lines reach the driver's stdout through the log channel, from both hosts
+    hosts = {w["rank"]: w["host"] for w in r["per_worker"]}
+    assert f"[rank 0 on {hosts[0]}] Epoch 1/1: " in p.stdout, p.stdout[-3000:]
+    assert f"[rank 1 on {hosts[1]}] {hosts[1]}: " in p.stdout, p.stdout[-3000:]

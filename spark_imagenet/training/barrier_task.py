@@ -45,6 +45,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import io
 import json
 import re
 import os
@@ -56,7 +57,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from spark_imagenet.training.assignment import Assignment
 from spark_imagenet.training.config import TrainConfig, WorkerSpec
 from spark_imagenet.training.interrupts import sigint_handler
-from spark_imagenet.errors import ConfigError, SparkImagenetError, TrainingError
+from spark_imagenet.training.logchannel import ChannelSpec, LogSender
+from spark_imagenet.errors import ConfigError, PeerFailed, SparkImagenetError, TrainingError
 from spark_imagenet.training.supervisor import EXIT_SUPERVISOR_FAILED, set_death_signal
 
 #: The module run in the child process: the TensorFlow worker (reads a :class:`WorkerSpec`).
@@ -82,6 +84,9 @@ class TaskSpec:
         storage_options: :meth:`Storage.reopen_options` of the driver's
             storage (e.g. the emulator endpoint), to reopen it in the task.
         child_module: module run with ``python -m`` in the child.
+        log_channel: where to send the task's output lines besides its own
+            stderr (the driver's :class:`~spark_imagenet.training.logchannel.LogServer`),
+            or None (local mode, where the stderr is the console, and Spark Connect).
     """
 
     url: str
@@ -91,6 +96,43 @@ class TaskSpec:
     config: TrainConfig
     storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     child_module: str = WORKER_MODULE
+    log_channel: ChannelSpec | None = None
+
+
+class _ChannelTee(io.TextIOBase):
+    """A text stream that writes to ``out`` and sends each complete line to the driver's log channel.
+
+    Lines are sent without ``prefix`` (the driver puts its own rank prefix); the channel never blocks.
+    """
+
+    def __init__(self, out, sender: LogSender, prefix: str) -> None:
+        super().__init__()
+        self._out, self._sender, self._prefix, self._partial = out, sender, prefix, ""
+
+    def write(self, text: str) -> int:
+        """Write ``text`` to the stream; send its complete lines."""
+        self._out.write(text)
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()[-4096:]  # an unfinished line waits for its end (bounded)
+        for line in lines:
+            self._sender.send(line.removeprefix(self._prefix))
+        return len(text)
+
+    def flush(self) -> None:
+        """Flush the stream."""
+        self._out.flush()
+
+
+@contextlib.contextmanager
+def _output_to_driver(channel: ChannelSpec | None, rank: int, host: str) -> Iterator[None]:
+    """While inside, this task's stderr (its ``[rank R]`` lines and its TensorFlow process's output) also goes
+    to the driver through ``channel``; nothing changes when ``channel`` is None."""
+    if channel is None:
+        yield
+        return
+    with LogSender(channel, rank, host) as sender, contextlib.redirect_stderr(
+            _ChannelTee(sys.stderr, sender, f"[rank {rank}] ")):
+        yield
 
 
 def cuda_visible_devices(addresses: Sequence[str], existing: str | None) -> str:
@@ -520,16 +562,15 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     from pyspark import BarrierTaskContext
 
     from spark_imagenet.training.gpus import host_has_gpus
-    from spark_imagenet.training.rendezvous import (PeerFailed, build_tf_config, local_worker_count, rendezvous,
-                                                     split_host_port)
+    from spark_imagenet.training.rendezvous import build_tf_config, local_worker_count, rendezvous, split_host_port
 
+    ctx = BarrierTaskContext.get()
+    rank = ctx.partitionId()
+    host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
     # PySpark's forked workers have Python's default SIGINT handler: a terminal's Ctrl-C that reaches
     # them (workers started without the daemon share the JVM's process group) would crash the task;
     # the driver cancels the job instead.
-    with sigint_handler(signal.SIG_IGN):
-        ctx = BarrierTaskContext.get()
-        rank = ctx.partitionId()
-        host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
+    with sigint_handler(signal.SIG_IGN), _output_to_driver(spec.log_channel, rank, host):
         failed: SparkImagenetError | None = None
         try:
             resources = ctx.resources()  # checked before any download

@@ -24,11 +24,12 @@ import json
 import os
 import re
 import signal
+import socket
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 from spark_imagenet.dataset.manifest import Manifest
@@ -40,6 +41,7 @@ from spark_imagenet.training.config import TrainConfig
 from spark_imagenet.training.connect import cancel_connect_job, check_connect, conf_getter, connect_job, connect_url
 from spark_imagenet.training.gpus import check_gpu_conf
 from spark_imagenet.training.interrupts import sigint_handler
+from spark_imagenet.training.logchannel import ChannelSpec, LogServer
 from spark_imagenet.training.preflight import (
     check_cluster_conf,
     check_dataset_reachable,
@@ -135,13 +137,41 @@ def _announce(job: JobPlan, log: Callable[[str], None]) -> None:
 CANCEL_WAIT_S = 60
 
 
-def _task_spec(job: JobPlan) -> TaskSpec:
+def _task_spec(job: JobPlan, log_channel: ChannelSpec | None = None) -> TaskSpec:
     """The description every barrier task of the job receives (pickled)."""
     return TaskSpec(url=job.url, dataset_id=job.manifest.dataset_id, num_classes=job.manifest.num_classes,
-                    assignment=job.assignment, config=job.config, storage_options=dict(job.storage_options))
+                    assignment=job.assignment, config=job.config, storage_options=dict(job.storage_options),
+                    log_channel=log_channel)
 
 
-def _launch(spark, sc, job: JobPlan) -> list[dict[str, Any]]:
+@contextlib.contextmanager
+def _log_server(sc, log: Callable[[str], None]) -> Iterator[ChannelSpec | None]:
+    """A :class:`~spark_imagenet.training.logchannel.LogServer` on the driver's address for the tasks' output,
+    for a classic session whose executors' stderr is not this console (every master but ``local[N]``); its lines
+    are logged as ``[rank R on HOST] ...``. Yields its spec, or None (``local[N]``, Spark Connect, or no
+    address to bind: the tasks' lines then stay in the executors' logs only, and a warning says so)."""
+    master = (sc.master if sc is not None else "") or ""
+    if sc is None or master == "local" or master.startswith("local["):
+        yield None
+        return
+
+    def on_line(rank: int, host: str, text: str) -> None:
+        log(f"[rank {rank} on {host}] {text}")
+
+    host = sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+    try:
+        server = LogServer(host, on_line).start()
+    except SparkImagenetError as e:
+        log(f"warning: no log channel to the driver ({e}); the tasks' lines stay in the executors' logs")
+        yield None
+        return
+    try:
+        yield server.spec
+    finally:
+        server.close()
+
+
+def _launch(spark, sc, job: JobPlan, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Run the barrier stage; return every rank's record.
 
     A classic session (``sc`` given) runs ``sc.parallelize(range(N), N).barrier().mapPartitions``
@@ -155,15 +185,17 @@ def _launch(spark, sc, job: JobPlan) -> list[dict[str, Any]]:
         SparkImagenetError: a task's error, rebuilt on the driver (:func:`task_error`).
         KeyboardInterrupt: Ctrl-C; the job has been cancelled.
     """
-    spec, workers = _task_spec(job), job.config.workers
+    workers = job.config.workers
     if sc is None:
-        run, interrupt = connect_job(spark, spec, workers)
+        run, interrupt = connect_job(spark, _task_spec(job), workers)
         lines = _run_interruptibly(run, lambda done: cancel_connect_job(interrupt, done, CANCEL_WAIT_S),
                                    threading.Thread)
-    else:
-        from pyspark import InheritableThread
+        return [json.loads(s) for s in lines]
+    from pyspark import InheritableThread
 
-        group = f"spark-imagenet-{uuid.uuid4().hex}"
+    group = f"spark-imagenet-{uuid.uuid4().hex}"
+    with _log_server(sc, log) as channel:
+        spec = _task_spec(job, channel)
 
         def run() -> list[str]:
             sc.setJobGroup(group, f"spark-imagenet train {job.config.model} x{workers}", interruptOnCancel=True)
@@ -349,7 +381,7 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
     master = _check_session(spark, sc, job, log)
     _announce(job, log)
     start = time.monotonic()
-    records = _launch(spark, sc, job)
+    records = _launch(spark, sc, job, log)
     out = build_results(records, job, master=master, wall_seconds=time.monotonic() - start, log=log)
     for line in format_table(out).splitlines():
         log(line)

@@ -31,7 +31,7 @@ import json
 import socket
 from typing import Any, Sequence
 
-from spark_imagenet.errors import ConfigError, TrainingError
+from spark_imagenet.errors import ConfigError, PeerFailed, TrainingError
 
 
 def split_host_port(address: str) -> tuple[str, int | None]:
@@ -151,19 +151,6 @@ def _probe_port(host: str) -> socket.socket:
     raise TrainingError(f"cannot bind any TCP port on this executor ({'; '.join(errors)})")
 
 
-class PeerFailed(TrainingError):
-    """Raised by :func:`rendezvous` on every task when a task of the stage came to it with a failure.
-
-    Attributes:
-        failures: ``{rank: reason}`` of the tasks that failed before the rendezvous.
-    """
-
-    def __init__(self, failures: dict[int, str]):
-        self.failures = dict(failures)
-        listed = "; ".join(f"rank {r}: {why}" for r, why in sorted(failures.items()))
-        super().__init__(f"{len(failures)} task(s) failed before the rendezvous: {listed}")
-
-
 def rendezvous(ctx, failure: str | None = None) -> tuple[int, list[str], str]:
     """Agree on rank and worker addresses inside a barrier task, or on the failure of one.
 
@@ -195,7 +182,7 @@ def rendezvous(ctx, failure: str | None = None) -> tuple[int, list[str], str]:
     host, _ = split_host_port(infos[rank].address)
     if failure is not None:
         entries = [json.loads(e) for e in ctx.allGather(json.dumps({"failed": failure}))]
-        raise PeerFailed(_failures(entries))
+        raise _failures(entries)
     sock = _probe_port(host)
     try:
         mine = join_host_port(host, sock.getsockname()[1])
@@ -203,7 +190,7 @@ def rendezvous(ctx, failure: str | None = None) -> tuple[int, list[str], str]:
     finally:
         sock.close()
     if any("failed" in e for e in entries):
-        raise PeerFailed(_failures(entries))
+        raise _failures(entries)
     addresses = [e.get("address") for e in entries]
     if len(addresses) != len(infos) or addresses[rank] != mine:
         raise TrainingError(
@@ -213,6 +200,8 @@ def rendezvous(ctx, failure: str | None = None) -> tuple[int, list[str], str]:
     return rank, addresses, host
 
 
-def _failures(entries: list[dict]) -> dict[int, str]:
-    """``{rank: reason}`` of the gathered entries that carry a failure."""
-    return {r: str(e["failed"]) for r, e in enumerate(entries) if "failed" in e}
+def _failures(entries: list[dict]) -> PeerFailed:
+    """The :class:`PeerFailed` for the gathered entries that carry a failure."""
+    failures = {r: str(e["failed"]) for r, e in enumerate(entries) if "failed" in e}
+    listed = "; ".join(f"rank {r}: {why}" for r, why in sorted(failures.items()))
+    return PeerFailed(f"{len(failures)} task(s) failed before the rendezvous: {listed}", failures)
