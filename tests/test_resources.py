@@ -64,7 +64,15 @@ def test_submit_prints_the_installed_script_path():
     p = subprocess.run([sys.executable, "-m", "spark_imagenet.submit", "--gpu-discovery-script"],
                        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert p.returncode == 0 and p.stderr == "", p.stderr
-    assert p.stdout == f"{gpu_discovery_script()}\n"
+    # the package that python -m finds with PYTHONSAFEPATH=1 (the installed one, editable or not), not
+    # necessarily the one this test imported (python -m pytest puts the checkout first on sys.path)
+    seen = subprocess.run([sys.executable, "-c", "from spark_imagenet.resources import gpu_discovery_script as g; "
+                           "print(g())"], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert seen.returncode == 0, seen.stderr
+    assert p.stdout == seen.stdout
+    printed = Path(p.stdout.strip())
+    assert printed.is_file() and os.access(printed, os.X_OK)
+    assert printed.read_bytes() == (REPO / "conf" / "gpu-discovery.sh").read_bytes()
     p = subprocess.run([sys.executable, "-m", "spark_imagenet.submit", "--help"],
                        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -77,7 +85,9 @@ def test_an_unknown_resource_is_named_with_what_is_shipped():
     with pytest.raises(EnvironmentSetupError) as e:
         resource_path("no-such-file.sh")
     msg = str(e.value)
-    assert "'no-such-file.sh'" in msg and str(PACKAGE_DATA) in msg
+    import spark_imagenet.resources as imported  # the checkout's or the installed copy, as sys.path has it
+
+    assert "'no-such-file.sh'" in msg and str(Path(imported.__file__).parent) in msg
     assert GPU_DISCOVERY_SCRIPT in msg and QUIET_LOG4J2 in msg and "reinstall" in msg
 
 
