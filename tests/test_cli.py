@@ -201,6 +201,18 @@ def test_a_failed_task_is_one_message_and_spark_keeps_its_stack_traces_in_its_lo
     assert "Lost task" in text and victim.name in text and "\tat org.apache.spark" in text
 
 
+def test_a_local_dataset_for_a_cluster_master_is_refused_before_spark_starts(tmp_path):
+    p = cli("train", str(tmp_path / "nowhere"), "--workers", "2", "--master", "spark://127.0.0.1:1")
+    assert_clean_error(p, "manifest.json does not exist")
+    bucket = tmp_path / "bucket"
+    shard(small_layout(tmp_path / "kaggle"), bucket, train_shards=2, val_shards=1)
+    p = cli("train", str(bucket), "--workers", "2", "--master", "spark://127.0.0.1:1")
+    assert_clean_error(p, f"the dataset {bucket} is a path on the driver's disk", "--shared-filesystem")
+    p = cli("train", str(bucket), "--workers", "2", "--master", "spark://127.0.0.1:1", "--shared-filesystem")
+    assert_clean_error(p, "cannot reach the Spark standalone master spark://127.0.0.1:1")
+    assert not any(s in p.stderr for s in SPARK_START_UP), p.stderr
+
+
 def test_a_spark_start_up_failure_is_told_by_its_java_reason():
     from spark_imagenet.errors import spark_reason
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_imagenet.errors import EnvironmentSetupError
+from spark_imagenet.errors import ConfigError, EnvironmentSetupError
 from spark_imagenet.training.spark_session import (
     check_java,
     is_local_master,
@@ -204,3 +204,22 @@ def test_the_users_driver_java_options_are_kept(clean_logging_env):
     assert options.endswith(" -Dspark_imagenet.test=kept") and "log4j2.configurationFile" not in options
     assert "property kept" in p.stdout
     assert "Using Spark's default log4j profile" in p.stderr  # the user's options: Spark's logging, not ours
+
+
+def test_an_unreachable_standalone_master_is_named_before_spark_starts():
+    import socket
+
+    from spark_imagenet.training.spark_session import check_standalone_reachable, session_for
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: connections are refused
+        with pytest.raises(ConfigError) as e:
+            session_for(f"spark://127.0.0.1:{port}", 2)
+        assert f"cannot reach the Spark standalone master spark://127.0.0.1:{port} (127.0.0.1:{port}: " in str(e.value)
+        assert "Connection refused" in str(e.value) and "start-master.sh" in str(e.value)
+        with socket.socket() as listening:
+            listening.bind(("127.0.0.1", 0))
+            listening.listen()
+            good = listening.getsockname()[1]
+            check_standalone_reachable(f"spark://127.0.0.1:{port},127.0.0.1:{good}")  # HA: one that answers

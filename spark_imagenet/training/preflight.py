@@ -191,9 +191,10 @@ def check_spark(sc, workers: int, wait_seconds: float | None = None) -> int:
             f"{workers} task slots, e.g. spark.executor.instances x spark.executor.cores)."
         )
     slots, how = available_slots(sc)
-    from spark_imagenet.training.spark_session import is_local_master
-
-    local = is_local_master(sc.master)
+    master = sc.master.strip()
+    # local[N] runs its tasks in the driver's JVM: its slots are there at once. local-cluster[...] starts
+    # executor JVMs that register a few seconds after the context, like a cluster's.
+    local = master == "local" or master.startswith("local[")
     if wait_seconds is None:
         wait_seconds = 0.0 if local else executor_wait_seconds(conf)
     deadline = time.monotonic() + wait_seconds
@@ -205,10 +206,23 @@ def check_spark(sc, workers: int, wait_seconds: float | None = None) -> int:
                                    "(spark.scheduler.maxRegisteredResourcesWaitingTime)")
         raise ConfigError(
             f"--workers {workers} needs {workers} barrier task slots, only {slots} available{waited} "
-            f"(master {sc.master}; {how}). Use --workers <= {slots}, or give Spark more cores "
-            f"(local[{workers}], more executors: spark.executor.instances, or spark.executor.cores)."
+            f"(master {sc.master}; {how}). Use --workers <= {max(1, slots)}, or give Spark more slots: "
+            f"{_more_slots(master, workers)}."
         )
     return slots
+
+
+def _more_slots(master: str, workers: int) -> str:
+    """How to get ``workers`` slots on this kind of master (for the message of :func:`check_spark`)."""
+    if master == "local" or master.startswith("local["):
+        return f"--master local[{workers}]"
+    if master.startswith("local-cluster"):
+        return (f"--master 'local-cluster[{workers},1,2048]' (executors x cores each), and with GPU task resources "
+                "enough GPUs per executor (spark.executor.resource.gpu.amount / spark.task.resource.gpu.amount "
+                "tasks each)")
+    return ("more executors (spark.executor.instances) or cores each (spark.executor.cores); with GPU task "
+            "resources, enough GPUs per executor (spark.executor.resource.gpu.amount / "
+            "spark.task.resource.gpu.amount tasks each)")
 
 
 def check_dataset_reachable(url: str, master: str, shared_filesystem: bool) -> None:

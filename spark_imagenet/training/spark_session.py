@@ -380,13 +380,55 @@ def check_connect_reachable(url: str, timeout_s: float = CONNECT_REACH_TIMEOUT_S
         raise ConfigError(f"--master {url}: not a Spark Connect URL sc://HOST:PORT ({e})") from None
     if not host:
         raise ConfigError(f"--master {url}: not a Spark Connect URL sc://HOST:PORT (no host)")
+    why = tcp_unreachable(host, port, timeout_s)
+    if why is not None:
+        raise ConfigError(
+            f"cannot reach the Spark Connect server at {url} ({host}:{port}: {why}). Start the server (for a "
+            "local test: spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer ...; it "
+            "takes 20-30 s to accept connections), or check the host and port") from None
+
+
+def tcp_unreachable(host: str, port: int, timeout_s: float) -> str | None:
+    """Why ``host:port`` does not accept a TCP connection within ``timeout_s`` seconds, or None when it does."""
+    import socket
+
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
+    except socket.timeout:
+        return f"no answer within {timeout_s:.0f} s"
     except OSError as e:
-        raise ConfigError(
-            f"cannot reach the Spark Connect server at {url} ({host}:{port}: {e.strerror or e}) within "
-            f"{timeout_s:.0f} s. Start the server (for a local test: spark-submit --class "
-            "org.apache.spark.sql.connect.service.SparkConnectServer ...), or check the host and port") from None
+        return str(e.strerror or e)
+    return None
+
+
+#: Seconds allowed for a standalone master's port to accept a TCP connection before Spark starts.
+MASTER_REACH_TIMEOUT_S = 10.0
+
+
+def check_standalone_reachable(master: str, timeout_s: float = MASTER_REACH_TIMEOUT_S) -> None:
+    """Check that a standalone master ``spark://HOST:PORT[,HOST:PORT...]`` accepts TCP connections.
+
+    Spark itself retries an unreachable master for about a minute and then reports only "Cannot call
+    methods on a stopped SparkContext"; this says what is wrong at once. With several masters (high
+    availability) one that answers is enough.
+
+    Raises:
+        ConfigError: no listed master accepts a connection (each named, with the reason).
+    """
+    from spark_imagenet.training.rendezvous import split_host_port
+
+    failures = []
+    for address in master.strip()[len("spark://"):].split(","):
+        host, port = split_host_port(address.strip())
+        if not host:
+            raise ConfigError(f"--master {master}: not a standalone master URL spark://HOST:PORT (no host)")
+        why = tcp_unreachable(host, port or 7077, timeout_s)
+        if why is None:
+            return
+        failures.append(f"{host}:{port or 7077}: {why}")
+    raise ConfigError(f"cannot reach the Spark standalone master {master} ({'; '.join(failures)}). Start the "
+                      "master (sbin/start-master.sh) or check the host and port of --master (its web UI, port "
+                      "8080 by default, shows the spark:// URL to use)")
 
 
 def is_connect_session(spark) -> bool:
@@ -448,6 +490,8 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     conf = dict(conf or {})
     if not under_submit:
         check_java()
+        if master is not None and master.strip().startswith("spark://"):
+            check_standalone_reachable(master)
         conf.update(quiet_logging_conf(conf))
     from pyspark.sql import SparkSession
 
