@@ -370,7 +370,6 @@ def check_connect_reachable(url: str, timeout_s: float = CONNECT_REACH_TIMEOUT_S
     Raises:
         ConfigError: the URL has no host, or nothing accepts connections there.
     """
-    import socket
     from urllib.parse import urlsplit
 
     parts = urlsplit(url.strip())
