@@ -75,9 +75,22 @@ def test_standalone_and_local_cluster_name_the_worker_resources():
     # local-cluster: the worker resources are in the application's conf, so they are checked
     with pytest.raises(ConfigError) as e:
         check_gpu_conf(conf(**amounts), 1, 2, "local-cluster[1,2,1024]")
-    assert "spark.worker.resource.gpu.amount=1 or more and spark.worker.resource.gpu.discoveryScript=" in str(e.value)
+    assert "\n  --conf spark.worker.resource.gpu.amount=2 (now unset)" in str(e.value)
+    assert "\n  --conf spark.worker.resource.gpu.discoveryScript=" in str(e.value)
     worker = {"spark.worker.resource.gpu.amount": "2", "spark.worker.resource.gpu.discoveryScript": "/x.sh"}
     assert check_gpu_conf(conf(**amounts, **worker), 1, 2, "local-cluster[1,2,1024]") is None
+
+
+def test_local_cluster_amounts_count_the_workers_per_executor():
+    """Spark runs executor amount // K tasks on an executor: 2 workers on 1 executor need 2 GPUs there."""
+    one_each = {"spark.task.resource.gpu.amount": "1", "spark.executor.resource.gpu.amount": "1",
+                "spark.worker.resource.gpu.amount": "1", "spark.worker.resource.gpu.discoveryScript": "/x.sh"}
+    with pytest.raises(ConfigError) as e:
+        check_gpu_conf(conf(**one_each), 1, 2, "local-cluster[1,2,1024]")
+    message = str(e.value)
+    assert "--conf spark.executor.resource.gpu.amount=2 (now is 1): 2 worker(s) on 1 executor(s)" in message
+    assert "--conf spark.worker.resource.gpu.amount=2 (now is 1)" in message
+    assert check_gpu_conf(conf(**one_each), 1, 2, "local-cluster[2,1,1024]") is None  # one worker per executor
 
 
 def test_local_mode_cannot_hand_out_gpus():

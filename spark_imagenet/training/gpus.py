@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 from typing import Callable
 
@@ -60,25 +61,44 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def _missing_settings(get: Callable[[str], str | None], k: int, kind: str) -> list[str]:
-    """One line per setting that must be added or raised for ``k`` GPUs per task on this kind of master."""
+def _local_cluster_executors(master: str | None) -> int | None:
+    """E of ``local-cluster[E,C,M]`` (its executors), else None."""
+    m = re.fullmatch(r"\s*local-cluster\[\s*(\d+)\s*,\s*\d+\s*,\s*\d+\s*\]\s*", master or "")
+    return int(m.group(1)) if m else None
+
+
+def _missing_settings(get: Callable[[str], str | None], k: int, kind: str, workers: int = 1,
+                      master: str | None = None) -> list[str]:
+    """One line per setting that must be added or raised for ``k`` GPUs per task on this kind of master.
+
+    On ``local-cluster[E,C,M]`` the amounts are exact: each executor (and its worker) needs
+    ``k * ceil(workers / E)`` GPUs, since Spark runs only ``executor amount // k`` tasks on an executor.
+    """
     missing = []
     task = _amount(get, TASK_AMOUNT)
     if task is None or task < k:
         now = "unset" if task is None else f"is {_fmt(task)}"
         missing.append(f"{TASK_AMOUNT}={k} (now {now}): the GPUs Spark gives each task (= each worker)")
+    executors = _local_cluster_executors(master) if kind == "local-cluster" else None
+    need = k * -(-workers // executors) if executors else k
     executor = _amount(get, EXECUTOR_AMOUNT)
-    if executor is None or executor < k:
+    if executor is None or executor < need:
         now = "unset" if executor is None else f"is {_fmt(executor)}"
-        missing.append(f"{EXECUTOR_AMOUNT}={k} or more (now {now}; a multiple of {k} to run several workers "
-                       "per executor)")
+        if executors:
+            missing.append(f"{EXECUTOR_AMOUNT}={need} (now {now}): {workers} worker(s) on {executors} "
+                           f"executor(s) of local-cluster, {k} GPU(s) each")
+        else:
+            missing.append(f"{EXECUTOR_AMOUNT}={k} or more (now {now}; {k} x the workers an executor runs: "
+                           "spark.executor.cores / spark.task.cpus)")
     if kind in ("local-cluster", "standalone"):
         worker = _amount(get, WORKER_AMOUNT)
         has_discovery = get(WORKER_SCRIPT) or get(WORKER_FILE)
-        if kind == "local-cluster" and (worker is None or worker < k or not has_discovery):
-            missing.append(f"{WORKER_AMOUNT}={k} or more and {WORKER_SCRIPT}={installed_script()} "
-                           f"(or {WORKER_FILE}): each local-cluster worker's GPUs (now {WORKER_AMOUNT} "
-                           f"{'unset' if worker is None else _fmt(worker)})")
+        if kind == "local-cluster" and (worker is None or worker < need):
+            now = "unset" if worker is None else f"is {_fmt(worker)}"
+            missing.append(f"{WORKER_AMOUNT}={need} (now {now}): each local-cluster worker's GPUs")
+        if kind == "local-cluster" and not has_discovery:
+            missing.append(f"{WORKER_SCRIPT}={installed_script()} (or {WORKER_FILE}; now unset): lists each "
+                           f"local-cluster worker's GPUs{_no_gpus_here()}")
     elif not get(EXECUTOR_SCRIPT):
         missing.append(f"{EXECUTOR_SCRIPT}=/path/to/{DISCOVERY_SCRIPT} (now unset): the script that lists an "
                        "executor's GPUs, at the same path on every host (or shipped with --files)")
@@ -127,7 +147,7 @@ def check_gpu_conf(get: Callable[[str], str | None], gpus_per_worker: int, worke
     k = gpus_per_worker
     if kind == "local":
         raise ConfigError(_local_mode_refusal(k, workers, master, server))
-    missing = _missing_settings(get, k, kind)
+    missing = _missing_settings(get, k, kind, workers, master)
     if not missing:
         return None
     where = ""
@@ -151,6 +171,14 @@ def check_gpu_conf(get: Callable[[str], str | None], gpus_per_worker: int, worke
     )
 
 
+def _no_gpus_here() -> str:
+    """A note for advice that runs the discovery script on this host, when it has no GPUs to list."""
+    if host_has_gpus():
+        return ""
+    return ("; this host has no NVIDIA GPUs (no /dev/nvidia*, no nvidia-smi): the script lists none, and Spark "
+            "then refuses to start (\"Resource: gpu, with addresses: is less than what the user requested\")")
+
+
 def installed_script() -> str:
     """The installed package's discovery script's path (``/path/to/conf/gpu-discovery.sh`` where it is missing)."""
     from spark_imagenet.errors import EnvironmentSetupError
@@ -170,7 +198,7 @@ def _local_mode_refusal(k: int, workers: int, master: str | None, server: str | 
     conf = " ".join(f"--conf {s}" for s in settings)
     if server is None:
         return (f"--gpus-per-worker {k}: Spark's local mode ({master}) does not hand GPUs to tasks; use "
-                f"--master 'local-cluster[1,{workers},2048]' {conf}, or a cluster")
+                f"--master 'local-cluster[1,{workers},2048]' {conf}, or a cluster{_no_gpus_here()}")
     return (f"--gpus-per-worker {k}: the Spark Connect server {server} runs Spark's local mode ({master}), which "
             f"does not hand GPUs to tasks; start the server with --master 'local-cluster[1,{workers},2048]' "
             f"{conf} (or on a cluster with GPUs), or train without --gpus-per-worker")
