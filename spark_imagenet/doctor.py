@@ -142,7 +142,8 @@ def _check_tensorflow(report: Report) -> None:
     if "tensorflow" in facts:
         report.ok("tensorflow", facts["tensorflow"])
         gpus = facts.get("gpus") or []
-        report.ok("gpus (TensorFlow)", ", ".join(gpus) if gpus else "none (training runs on CPU)")
+        report.ok("gpus (TensorFlow, this machine)", ", ".join(gpus) if gpus else
+                  "none here (a worker on this machine trains on the CPU; executors elsewhere have their own)")
     else:
         report.problem("tensorflow", f"cannot import tensorflow ({facts.get('tensorflow_error')}): "
                        "pip install the TensorFlow version this package names")
@@ -163,18 +164,19 @@ def _check_nvidia_smi(report: Report) -> None:
     """The GPUs ``nvidia-smi -L`` lists, where nvidia-smi is installed."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        report.ok("gpus (nvidia-smi)", "nvidia-smi not installed")
+        report.ok("gpus (nvidia-smi, this machine)", "nvidia-smi not installed")
         return
     try:
         p = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
-        report.warn("gpus (nvidia-smi)", f"{smi} -L failed: {e}")
+        report.warn("gpus (nvidia-smi, this machine)", f"{smi} -L failed: {e}")
         return
     lines = [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]
     if p.returncode != 0:
-        report.warn("gpus (nvidia-smi)", f"{smi} -L exited with {p.returncode}: {(p.stderr or '').strip()[:200]}")
+        report.warn("gpus (nvidia-smi, this machine)",
+                    f"{smi} -L exited with {p.returncode}: {(p.stderr or '').strip()[:200]}")
     else:
-        report.ok("gpus (nvidia-smi)", "; ".join(lines) if lines else "none listed")
+        report.ok("gpus (nvidia-smi, this machine)", "; ".join(lines) if lines else "none listed")
 
 
 def check_gpu_mapping(report: Report, environ: dict | None = None) -> None:
@@ -284,7 +286,8 @@ def _run_checks(report: Report, sc, workers: int | None, allow_unencrypted: bool
     n = workers or max(1, slots)
     try:
         check_spark(sc, n)
-        report.ok("barrier slots", f"{slots} ({how}); enough for --workers {n}; dynamic allocation off")
+        wanted = f"--workers {n}" if workers else f"{n} worker(s) (no --workers given: one per slot)"
+        report.ok("barrier slots", f"{slots} ({how}); enough for {wanted}; dynamic allocation off")
     except SparkImagenetError as e:
         report.problem("barrier slots", str(e))
     _check_conf(report, sc.getConf().get, sc.master, n, allow_unencrypted, gpus_per_worker)
@@ -313,7 +316,8 @@ def _run_connect_checks(report: Report, spark, master: str | None, workers: int 
         report.problem("barrier slots", str(e))
     else:
         for line in warnings:
-            report.warn("not checked", line.removeprefix("warning: ").removeprefix("Spark Connect session: "))
+            report.warn("not checked", line.removeprefix("warning: ").removeprefix("Spark Connect session: ")
+                        .removeprefix("not checked before launch: "))
         found = f"{slots} (from the server's master)" if slots is not None else "not known through Connect"
         report.ok("barrier slots", f"{found}; --workers {n} checked as far as Connect allows; dynamic allocation off")
     _check_conf(report, get, server_master, n, allow_unencrypted, gpus_per_worker, server=url)

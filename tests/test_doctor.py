@@ -42,7 +42,7 @@ def test_doctor_on_local_2_finds_nothing_wrong(tmp_path):
     assert f"ok       spark: pyspark {pyspark.__version__}" in out
     assert lines_of(p, "tensorflow")[0].startswith("ok       tensorflow: 2.")
     assert lines_of(p, "tf-keras")[0].startswith("ok       tf-keras: 2.")
-    assert "ok       gpus (TensorFlow): none" in out
+    assert "ok       gpus (TensorFlow, this machine): none here" in out
     assert "a task given addresses ['0', '1'] gets CUDA_VISIBLE_DEVICES=0,1" in out
     assert lines_of(p, "bucket credentials")[0].startswith("ok       bucket credentials: none found")
     assert "ok       spark session: master local[2]" in out

@@ -153,7 +153,7 @@ def test_quiet_logging_names_the_shipped_config(clean_logging_env):
 def test_quiet_logging_gives_way_to_the_users_logging(clean_logging_env, monkeypatch, where):
     from spark_imagenet.training.spark_session import quiet_logging_conf
 
-    conf = {"spark.driver.extraJavaOptions": "-Dx=1"} if where == "conf" else {}
+    conf = {"spark.driver.extraJavaOptions": "-Dx=1 -Dlog4j2.configurationFile=/mine"} if where == "conf" else {}
     if where == "log4j2 file":
         (clean_logging_env / "log4j2.properties").write_text("rootLogger.level = info\n")
     elif where == "spark-defaults":
@@ -200,10 +200,10 @@ def test_the_users_driver_java_options_are_kept(clean_logging_env):
         clean_logging_env)
     assert p.returncode == 0, p.stderr[-3000:]
     options = next(ln for ln in p.stdout.splitlines() if ln.startswith("options "))
-    # Spark adds its own module options before the user's; ours are not added
-    assert options.endswith(" -Dspark_imagenet.test=kept") and "log4j2.configurationFile" not in options
+    # the user's options (not about logging) are kept, the quiet logging's follow them
+    assert " -Dspark_imagenet.test=kept -Dlog4j2.configurationFile=file:" in options
     assert "property kept" in p.stdout
-    assert "Using Spark's default log4j profile" in p.stderr  # the user's options: Spark's logging, not ours
+    assert not [s for s in START_UP_CHATTER if s in p.stderr], p.stderr
 
 
 def test_an_unreachable_standalone_master_is_named_before_spark_starts():

@@ -169,7 +169,9 @@ def quiet_logging_conf(conf: Mapping[str, Any] | None = None) -> dict[str, str]:
     * this process did not start the JVM: under ``spark-submit``
       (``PYSPARK_GATEWAY_PORT``), on Databricks (``DATABRICKS_RUNTIME_VERSION``),
       or a SparkContext is already running;
-    * ``conf`` or ``PYSPARK_SUBMIT_ARGS`` sets the driver's Java options;
+    * ``conf``'s driver Java options name a log4j configuration (other options
+      of the user's are kept, with ours after them), or ``PYSPARK_SUBMIT_ARGS``
+      sets the driver's Java options;
       ``SPARK_SUBMIT_OPTS``, ``JAVA_TOOL_OPTIONS`` or ``JDK_JAVA_OPTIONS``
       names a log4j configuration; or Spark's conf folder (``SPARK_CONF_DIR``,
       else ``$SPARK_HOME/conf``, else pyspark's own) holds a ``log4j2*`` file
@@ -190,7 +192,8 @@ def quiet_logging_conf(conf: Mapping[str, Any] | None = None) -> dict[str, str]:
         -Dspark_imagenet.spark_log=..."}``, or ``{}``.
     """
     env = os.environ
-    if "PYSPARK_GATEWAY_PORT" in env or "DATABRICKS_RUNTIME_VERSION" in env or DRIVER_JAVA_OPTIONS in (conf or {}):
+    users = str((conf or {}).get(DRIVER_JAVA_OPTIONS, "")).strip()
+    if "PYSPARK_GATEWAY_PORT" in env or "DATABRICKS_RUNTIME_VERSION" in env or "log4j" in users:
         return {}
     submit_args = env.get("PYSPARK_SUBMIT_ARGS", "")
     if DRIVER_JAVA_OPTIONS in submit_args or "--driver-java-options" in submit_args:
@@ -218,7 +221,7 @@ def quiet_logging_conf(conf: Mapping[str, Any] | None = None) -> dict[str, str]:
     log_file = str(spark_log_path())
     if not any(c.isspace() for c in log_file):  # Spark splits the Java options at white space
         options += f" -D{SPARK_LOG_PROPERTY}={log_file}"
-    return {DRIVER_JAVA_OPTIONS: options}
+    return {DRIVER_JAVA_OPTIONS: f"{users} {options}".strip()}  # the user's own options first, kept
 
 
 #: The JVM system property naming the file of Spark's log under the quiet configuration.
