@@ -275,6 +275,20 @@ def test_doctor_reports_a_connect_servers_problems_as_the_servers_settings(conne
     assert "2 problem(s) found" in p.stdout and "Traceback" not in p.stderr
 
 
+def test_a_setting_the_server_keeps_is_named_in_one_warning(connect_url):
+    code = ("import sys\nfrom spark_imagenet.training.spark_session import session_for\n"
+            "s = session_for(sys.argv[1], 2, conf={'spark.task.cpus': '2'})\n"
+            "print('task.cpus', s.conf.get('spark.task.cpus', 'unset'))\ns.stop()\n")
+    p = subprocess.run([sys.executable, "-c", code, connect_url], capture_output=True, text=True, timeout=300,
+                       env=_clean_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "task.cpus 2" not in p.stdout  # the server's value holds
+    assert p.stderr.count("spark-imagenet: warning: ") == 1, p.stderr
+    assert (f"spark-imagenet: warning: --conf spark.task.cpus=2 was not applied: the Spark Connect server "
+            f"{connect_url} does not let a client change it (CANNOT_MODIFY_CONFIG)") in p.stderr, p.stderr
+    assert "UserWarning" not in p.stderr
+
+
 def test_an_unreachable_server_is_reported_at_once(dataset):
     port = _free_port()
     p, _ = _cli("train", str(dataset), "--workers", "1", "--master", f"sc://127.0.0.1:{port}", timeout=120)

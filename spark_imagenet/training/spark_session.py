@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -353,7 +354,24 @@ def connect_session(url: str, app_name: str = "spark-imagenet", conf: Mapping[st
     builder = SparkSession.builder.remote(url).appName(app_name)
     for key, value in dict(conf or {}).items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
-    return builder.getOrCreate()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spark = builder.getOrCreate()
+    for message in dict.fromkeys(str(w.message) for w in caught):  # pyspark may warn twice: once each
+        _explain_connect_warning(message, url)
+    return spark
+
+
+def _explain_connect_warning(message: str, url: str) -> None:
+    """Print pyspark's warning from building a Connect session as one line of ours (its refused settings named)."""
+    refused = re.match(r"Failed to set (\S+) to Some\((.*?)\) due to \[?([A-Z_]+)", message)
+    if refused:
+        key, value, why = refused.groups()
+        text = (f"--conf {key}={value} was not applied: the Spark Connect server {url} does not let a client change "
+                f"it ({why}); the server's own value holds. Set it in the server's (the cluster's) Spark config")
+    else:
+        text = " ".join(message.split())[:300]
+    print(f"spark-imagenet: warning: {text}", file=sys.stderr, flush=True)
 
 
 #: Seconds to wait for a Spark Connect server's port to accept a connection (the client's own retries
