@@ -256,8 +256,11 @@ def check_master(report: Report, master: str | None, conf: Sequence[tuple[str, s
     """
     from spark_imagenet.training.spark_session import is_connect_session, session_for
 
+    from spark_imagenet.training.config import TrainConfig
+
     where = f"master {master or '(default)'}"
     try:
+        TrainConfig(workers=1, master=master)  # a master that is no Spark URL: said before Spark starts
         spark = session_for(master, workers or 1, conf=dict(conf), app_name="spark-imagenet doctor",
                             warn_oversubscription=False)
     except SparkImagenetError as e:

@@ -221,3 +221,11 @@ def test_the_default_strategy_refuses_gpus_it_would_leave_idle():
         TrainConfig(workers=1, strategy="default", gpus_per_worker=2)
     with pytest.raises(ConfigError, match=r"default runs one worker \(on one device\)"):
         TrainConfig(workers=2, strategy="default")
+
+
+@pytest.mark.parametrize("master", ["bogus://x", "local[", "spark:/host:7077", "yarn-client", "localhost:7077"])
+def test_a_master_that_is_no_spark_url_is_refused_with_the_forms_spark_takes(master):
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(workers=1, master=master)
+    assert f"master (--master) {master!r} is not a Spark master URL" in str(e.value)
+    assert "spark://HOST:PORT, yarn, k8s://https://HOST:PORT, or sc://HOST:PORT" in str(e.value)

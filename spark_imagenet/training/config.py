@@ -31,6 +31,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
@@ -200,6 +201,10 @@ def _known_models() -> tuple[str, ...]:
     return tuple(sorted(MIN_IMAGE_SIZE))
 
 
+#: The master URLs Spark accepts (SparkContext's master parsing), and Spark Connect's sc://.
+_MASTER_URL = re.compile(r"local(\[[^\]]+\])?|local-cluster\[[^\]]+\]|spark://\S+|yarn|k8s://\S+|sc://\S+")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Every setting of one training job; validated when built.
@@ -312,6 +317,10 @@ class TrainConfig:
             raise _error("cross_device_ops", f"cross_device_ops (--cross-device-ops) {self.cross_device_ops} does "
                                              f"not apply to --strategy {self.strategy}; "
                                              + _CROSS_DEVICE_HINT[self.strategy])
+        if self.master is not None and not _MASTER_URL.fullmatch(self.master.strip()):
+            raise _error("master", f"master (--master) {self.master!r} is not a Spark master URL: use local[N], "
+                                   "local-cluster[E,C,MB], spark://HOST:PORT, yarn, k8s://https://HOST:PORT, or "
+                                   "sc://HOST:PORT for a Spark Connect server")
         if self.seed + self.workers - 1 > MAX_SEED:  # each worker seeds with seed + rank
             raise _error("seed", f"seed (--seed) {self.seed} is too large: with {self.workers} worker(s) it must be at "
                                  f"most {MAX_SEED - self.workers + 1} (worker seeds are seed + rank, at most 2**32 - 1)")
