@@ -307,9 +307,10 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError("no dataset URL: give it as the first argument of train (or as url in the job file)")
     job = plan_job(url, config)  # a dataset or setting mistake is reported before Spark starts
     if config.master is not None and not config.master.strip().startswith("sc://"):
-        from spark_imagenet.training.preflight import check_dataset_reachable
+        from spark_imagenet.training.preflight import check_dataset_reachable, check_output_reachable
 
         check_dataset_reachable(job.url, config.master, config.shared_filesystem)  # also before Spark starts
+        check_output_reachable(job.config.output, config.master, config.shared_filesystem)
     spark = _session_interruptibly(config, "train")
     with _stopped_at_end(spark):
         run_job(spark, job)

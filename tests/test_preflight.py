@@ -212,3 +212,16 @@ def test_training_runs_with_python_worker_reuse_off(tmp_path):
     out = json.loads(results.read_text())
     assert out["workers"] == 2 and [w["rank"] for w in out["per_worker"]] == [0, 1]
     assert out["val"]["images"] == 12
+
+
+def test_a_local_output_for_a_cluster_master_is_refused_unless_every_host_mounts_it():
+    from spark_imagenet.training.preflight import check_output_reachable
+
+    with pytest.raises(ConfigError) as e:
+        check_output_reachable("/data/runs/one", "spark://m:7077", False)
+    assert "--output /data/runs/one is a path on the driver's disk" in str(e.value)
+    assert "--output gs://BUCKET/PREFIX" in str(e.value) and "--shared-filesystem" in str(e.value)
+    check_output_reachable("/data/runs/one", "spark://m:7077", True)
+    check_output_reachable("/data/runs/one", "local-cluster[2,1,1024]", False)  # this machine
+    check_output_reachable("gs://b/runs/one", "yarn", False)
+    check_output_reachable(None, "yarn", False)

@@ -132,3 +132,70 @@ def test_worker_failure_is_reported_with_its_output(spark, bucket):
     # the session survives a failed barrier job
     assert spark.sparkContext.parallelize(range(3), 3).count() == 3
     assert os.path.isdir(bucket / "cache")
+
+
+def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """The TensorBoard scalars in the event files of ``folder``: ``{tag: [(step, value), ...]}``."""
+    import tensorflow as tf
+
+    found: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                found.setdefault(value.tag, []).append((int(event.step), float(tf.make_ndarray(value.tensor))))
+    return found
+
+
+def _check_output(out: Path, result: dict, epochs: int) -> None:
+    """``out`` (a local copy of an --output folder) holds what the run made."""
+    labels = json.loads((out / "labels.json").read_text())
+    assert [c["id"] for c in labels] == list(range(4)) and all(c["wnid"].startswith("n") for c in labels)
+    assert all(isinstance(c["names"], list) and c["names"] for c in labels)
+    assert json.loads((out / "results.json").read_text())["val"] == result["val"]
+    train_scalars = _scalars(out / "tensorboard" / "train")
+    assert set(train_scalars) == {"xent", "top1", "top5", "learning_rate", "images_per_sec"}
+    assert [step for step, _ in train_scalars["top1"]] == list(range(1, epochs + 1))
+    history = result["per_worker"][0]
+    assert train_scalars["xent"][-1][1] == pytest.approx(history["train_loss"], rel=1e-5)
+    assert train_scalars["learning_rate"][0][1] == pytest.approx(SMALL["learning_rate"])
+    val_scalars = _scalars(out / "tensorboard" / "validation")
+    assert val_scalars["top1"] == [(epochs, pytest.approx(result["val"]["top1"]))]
+    assert val_scalars["xent"] == [(epochs, pytest.approx(result["val"]["loss"], rel=1e-5))]
+    import tf_keras as keras
+
+    model = keras.models.load_model(out / "model.keras", compile=False)
+    assert model.output_shape == (None, 4) and model.input_shape == (None, 72, 72, 3)
+
+
+def test_output_holds_the_model_labels_results_and_tensorboard_logs(spark, bucket, tmp_path):
+    out, lines = tmp_path / "run", []
+    result = train(spark, str(bucket / "bucket"), 2, epochs=2, cache=bucket / "cache", output=str(out),
+                   log=lines.append, **SMALL)
+    _check_output(out, result, epochs=2)
+    assert any(line.startswith(f"output: labels.json, results.json written to {out}") for line in lines)
+
+
+def test_output_to_a_bucket_on_the_gcs_emulator(spark, bucket, gcs_bucket, tmp_path):
+    from spark_imagenet.storage import open_storage
+
+    url = f"gs://{gcs_bucket}/runs/one"
+    result = train(spark, str(bucket / "bucket"), 2, epochs=1, cache=bucket / "cache", output=url,
+                   log=lambda line: None, **SMALL)
+    storage, local = open_storage(url), tmp_path / "copy"
+    names = sorted(o.name for o in storage.list())
+    assert {"model.keras", "labels.json", "results.json"} <= set(names)
+    for name in names:
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        storage.get_file(name, local / name)
+    _check_output(local, result, epochs=1)
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_spark(bucket, tmp_path):
+    from spark_imagenet.errors import ConfigError
+    from spark_imagenet.training.config import TrainConfig
+    from spark_imagenet.training.driver import plan_job
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match=rf"--output {re.escape(str(blocker / 'run'))}: cannot write there"):
+        plan_job(str(bucket / "bucket"), TrainConfig(workers=2, output=str(blocker / "run"), **SMALL))

@@ -58,6 +58,7 @@ from spark_imagenet.training.assignment import Assignment
 from spark_imagenet.training.config import TrainConfig, WorkerSpec
 from spark_imagenet.training.interrupts import sigint_handler
 from spark_imagenet.training.logchannel import ChannelSpec, LogSender
+from spark_imagenet.training.outputs import LOCAL_OUTPUT_DIR, MODEL_FILE, TENSORBOARD_DIR, publish
 from spark_imagenet.errors import ConfigError, PeerFailed, SparkImagenetError, TrainingError
 from spark_imagenet.training.supervisor import EXIT_SUPERVISOR_FAILED, set_death_signal
 
@@ -84,6 +85,8 @@ class TaskSpec:
         storage_options: :meth:`Storage.reopen_options` of the driver's
             storage (e.g. the emulator endpoint), to reopen it in the task.
         child_module: module run with ``python -m`` in the child.
+        output_options: :meth:`Storage.reopen_options` of the driver's ``--output``
+            storage, to publish the chief's model and TensorBoard logs there.
         log_channel: where to send the task's output lines besides its own
             stderr (the driver's :class:`~spark_imagenet.training.logchannel.LogServer`),
             or None (local mode, where the stderr is the console, and Spark Connect).
@@ -97,6 +100,7 @@ class TaskSpec:
     storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     child_module: str = WORKER_MODULE
     log_channel: ChannelSpec | None = None
+    output_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class _ChannelTee(io.TextIOBase):
@@ -516,6 +520,14 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: 
                 got["result"] = json.load(f)
         except (OSError, ValueError) as e:
             got["error"] = f"{path}: {e}"
+        local = os.path.join(folder, LOCAL_OUTPUT_DIR)
+        if rank == 0 and spec.config.output and "result" in got and os.path.isdir(local):
+            try:
+                names = publish(local, spec.config.output, spec.output_options)
+            except SparkImagenetError as e:
+                raise type(e)(f"rank 0 on {host}: {e}") from None
+            _log(rank, f"output: {len(names)} file(s) written to {spec.config.output} ({MODEL_FILE}, "
+                       f"{sum(1 for n in names if n.startswith(TENSORBOARD_DIR + '/'))} TensorBoard file(s))")
 
     argv = [sys.executable, "-m", spec.child_module, "{folder}/worker.json", "{folder}/result.json"]
     code, tail = run_child(argv, env, None, f"[rank {rank}] ",

@@ -222,6 +222,9 @@ class TrainConfig:
         transfers: parallel shard downloads per task (>= 1).
         cache: shard cache folder on every executor host; None = under Spark's local dir.
         results: local file to write the results JSON to; None = none written.
+        output: folder or ``gs://`` prefix for the trained model, ``labels.json``,
+            ``results.json`` and TensorBoard logs (:mod:`spark_imagenet.training.outputs`);
+            a local path must be one the chief's host sees; None = none kept.
         shared_filesystem: a local dataset path is one every host mounts, so
             a cluster master's executors can read it (else refused).
         gpus_per_worker: GPUs per worker (>= 0), Spark's task GPU resource
@@ -267,6 +270,9 @@ class TrainConfig:
                                  help="local folder for fetched shards (default: under Spark's local dir)")
     results: str | None = _setting(None, kind="path", optional=True, option="--results",
                                    help="write the results as JSON to this file")
+    output: str | None = _setting(None, kind="str", optional=True, option="--output",
+                                  help="folder or gs://BUCKET/PREFIX for the trained model (model.keras), "
+                                       "labels.json, results.json and TensorBoard logs")
     shared_filesystem: bool = _setting(False, kind="bool", option="--shared-filesystem",
                                        help="a local dataset path is mounted on every host (NFS and the like), so a "
                                             "cluster master may read it")
@@ -396,7 +402,7 @@ def _unwrap(data: Any, fmt: str, version: int, where: str) -> dict[str, Any]:
 #: Keys of a job file besides the :class:`TrainConfig` fields.
 JOB_FILE_EXTRA_KEYS = ("url",)
 #: Keys whose value is a local path (``url`` only when it has no scheme such as ``gs://``).
-PATH_KEYS = ("url", "cache", "results")
+PATH_KEYS = ("url", "cache", "results", "output")
 
 
 def absolute_paths(values: Mapping[str, Any], base: str | os.PathLike) -> dict[str, Any]:

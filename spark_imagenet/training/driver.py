@@ -42,9 +42,11 @@ from spark_imagenet.training.connect import cancel_connect_job, check_connect, c
 from spark_imagenet.training.gpus import check_gpu_conf
 from spark_imagenet.training.interrupts import sigint_handler
 from spark_imagenet.training.logchannel import ChannelSpec, LogServer
+from spark_imagenet.training.outputs import open_output, write_driver_outputs
 from spark_imagenet.training.preflight import (
     check_cluster_conf,
     check_dataset_reachable,
+    check_output_reachable,
     check_results_path,
     check_spark,
     spark_context,
@@ -100,10 +102,10 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
     """Everything about the job that needs no Spark: results path, manifest, assignment.
 
     Returns:
-        JobPlan: with ``config.cache`` made absolute.
+        JobPlan: with ``config.cache`` and a local ``config.output`` made absolute.
 
     Raises:
-        ConfigError: an unwritable ``results`` path, too few train shards for the workers,
+        ConfigError: an unwritable ``results`` path or ``output``, too few train shards for the workers,
             GPUs asked of a ``local[N]`` master (which never gives tasks GPUs).
         ManifestError: no or invalid manifest at ``url``.
         StorageError: the storage cannot be read.
@@ -114,6 +116,10 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
         check_gpu_conf(lambda key: None, config.gpus_per_worker, config.workers, master)
     if config.cache is not None:  # the executors' folder, as the driver's working directory names it
         config = config.replace(cache=str(Path(config.cache).expanduser().absolute()))
+    if config.output is not None:  # written by the chief: refused now if it cannot be written
+        open_output(config.output)
+        if "://" not in config.output:
+            config = config.replace(output=str(Path(config.output).expanduser().absolute()))
     storage = open_storage(url)
     manifest = Manifest.load(storage)
     plan = assign(manifest, config.workers, config.batch_size)
@@ -139,9 +145,10 @@ CANCEL_WAIT_S = 60
 
 def _task_spec(job: JobPlan, log_channel: ChannelSpec | None = None) -> TaskSpec:
     """The description every barrier task of the job receives (pickled)."""
+    output = open_output(job.config.output).reopen_options() if job.config.output else {}
     return TaskSpec(url=job.url, dataset_id=job.manifest.dataset_id, num_classes=job.manifest.num_classes,
                     assignment=job.assignment, config=job.config, storage_options=dict(job.storage_options),
-                    log_channel=log_channel)
+                    log_channel=log_channel, output_options=output)
 
 
 @contextlib.contextmanager
@@ -323,12 +330,14 @@ def _check_session(spark, sc, job: JobPlan, log: Callable[[str], None]) -> str:
         host = urlsplit(url).hostname if url.startswith("sc://") else None
         on_this_machine = host in ("127.0.0.1", "localhost", "::1") and server_master is not None
         check_dataset_reachable(job.url, server_master if on_this_machine else url, config.shared_filesystem)
+        check_output_reachable(config.output, server_master if on_this_machine else url, config.shared_filesystem)
         _check_conf(conf_getter(spark), server_master, job, log, server=url)
         return url
     if config.master is not None and config.master != sc.master:
         log(f"warning: the job's master {config.master!r} is not used: this session runs on {sc.master!r} "
             "(master and conf choose the command line's session; a session of your own keeps its own)")
     check_dataset_reachable(job.url, sc.master, config.shared_filesystem)
+    check_output_reachable(config.output, sc.master, config.shared_filesystem)
     check_spark(sc, config.workers)
     _check_conf(sc.getConf().get, sc.master, job, log)
     return sc.master
@@ -388,6 +397,9 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
     if job.config.results is not None:
         write_json_atomic(Path(job.config.results).expanduser(), out)
         log(f"results written to {job.config.results}")
+    if job.config.output is not None:
+        written = write_driver_outputs(open_output(job.config.output), job.manifest.classes, out)
+        log(f"output: {', '.join(written)} written to {job.config.output}")
     return out
 
 

@@ -248,6 +248,25 @@ def check_dataset_reachable(url: str, master: str, shared_filesystem: bool) -> N
     )
 
 
+def check_output_reachable(output: str | None, master: str, shared_filesystem: bool) -> None:
+    """Refuse an ``--output`` on the driver's own disk when the chief may run on another host.
+
+    The chief's barrier task writes ``model.keras`` and the TensorBoard logs from its executor's host.
+
+    Raises:
+        ConfigError: a local path with a cluster master, and ``shared_filesystem`` false.
+    """
+    from spark_imagenet.training.spark_session import is_local_master
+
+    if output is None or shared_filesystem or is_local_master(master) or output.startswith("gs://"):
+        return
+    raise ConfigError(
+        f"--output {output} is a path on the driver's disk, but master {master} runs the chief (rank 0), which "
+        "writes the model and TensorBoard logs, on an executor that may be on another host. Give a bucket "
+        "(--output gs://BUCKET/PREFIX), or a path every host mounts and --shared-filesystem"
+    )
+
+
 # ------------------------------------------------- checks of the Spark conf (classic and Connect)
 #: A conf getter: ``get(key, default)`` returns the setting's text or ``default``. Both
 #: ``sc.getConf().get`` (classic) and ``spark.conf.get`` (Spark Connect) have this shape.

@@ -69,6 +69,7 @@ import faulthandler
 import json
 import os
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -80,6 +81,7 @@ import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import SparkImagenetError, TrainingError  # noqa: E402
 from spark_imagenet.training.config import WorkerSpec  # noqa: E402
+from spark_imagenet.training.outputs import LOCAL_OUTPUT_DIR, MODEL_FILE, TENSORBOARD_DIR  # noqa: E402
 
 #: Settings every worker must agree on, as ``WorkerSpec`` attribute paths
 #: (order matters: it is the all-gather layout).
@@ -94,6 +96,7 @@ STAGE_DATA = "reading data"
 STAGE_MODEL = "building the model"
 STAGE_FIT = "training (fit)"
 STAGE_EVALUATE = "evaluating"
+STAGE_OUTPUT = "saving the model for --output"
 STAGE_RESULT = "writing the result"
 
 
@@ -121,11 +124,12 @@ class _EpochProgress(keras.callbacks.Callback):
     """
 
     def __init__(self, epochs: int = 0, steps: int = 0, batch_size: int = 0,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, summary_dir: str | None = None) -> None:
         super().__init__()
         self.seconds: list[float] = []
         self._start = 0.0
         self._epochs, self._steps, self._batch, self._log = epochs, steps, batch_size, log
+        self._writer = tf.summary.create_file_writer(summary_dir) if summary_dir else None
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """Start the clock of epoch ``epoch`` (0-based)."""
@@ -136,6 +140,22 @@ class _EpochProgress(keras.callbacks.Callback):
         self.seconds.append(time.perf_counter() - self._start)
         if self._log is not None:
             self._log(self.line(epoch, logs or {}))
+        if self._writer is not None:
+            self._summarize(epoch, logs or {})
+
+    def _summarize(self, epoch: int, logs: dict) -> None:
+        """TensorBoard scalars of epoch ``epoch`` (0-based; step = epoch + 1): xent, top1, top5, learning rate,
+        images/s on this worker."""
+        seconds = self.seconds[-1]
+        lr = self._learning_rate()
+        with self._writer.as_default(step=epoch + 1):
+            for key in ("xent", "top1", "top5"):
+                if key in logs:
+                    tf.summary.scalar(key, float(logs[key]))
+            if lr is not None:
+                tf.summary.scalar("learning_rate", lr)
+            tf.summary.scalar("images_per_sec", self._steps * self._batch / seconds if seconds > 0 else 0.0)
+        self._writer.flush()
 
     def _learning_rate(self) -> float | None:
         try:
@@ -401,13 +421,16 @@ def _build_model(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> keras.Mo
     return model
 
 
-def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec, log: Callable[[str], None]) -> dict[str, Any]:
-    """Train; return the result fields about training."""
+def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec, log: Callable[[str], None],
+         summary_dir: str | None = None) -> dict[str, Any]:
+    """Train; return the result fields about training. The chief writes TensorBoard scalars to ``summary_dir``."""
     from spark_imagenet.training import pipeline
 
     config = spec.config
     # one progress stream: the chief logs our epoch lines; Keras' own per-rank lines are off
-    timer = _EpochProgress(config.epochs, spec.steps_per_epoch, config.batch_size, log if spec.rank == 0 else None)
+    chief = spec.rank == 0
+    timer = _EpochProgress(config.epochs, spec.steps_per_epoch, config.batch_size, log if chief else None,
+                           summary_dir if chief else None)
     t0 = time.perf_counter()
     with pipeline.naming_bad_records(list(spec.train_files), parallel=spec.parallel):
         history = model.fit(train_ds, epochs=config.epochs, steps_per_epoch=spec.steps_per_epoch,
@@ -450,7 +473,7 @@ def _evaluate(model: keras.Model, val_ds: Any, spec: WorkerSpec, val_total: int,
 
 
 def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
-               status: dict | None = None) -> dict[str, Any]:
+               status: dict | None = None, output_dir: str | None = None) -> dict[str, Any]:
     """Train and evaluate one MWMS worker; return its result dict.
 
     Must run in a process that has not built a distribution strategy before.
@@ -462,6 +485,9 @@ def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
         log: called with one progress line at a time; default: print to stdout and flush.
         status: optional dict; ``status["stage"]`` is kept set to the stage
             being run (one of the ``STAGE_*`` strings).
+        output_dir: with ``config.output`` set, the local folder where the
+            chief puts ``model.keras`` and ``tensorboard/`` for its task to publish
+            (a temporary folder when None).
 
     Returns:
         The RESULT_JSON object (see the module docstring).
@@ -491,13 +517,36 @@ def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
     params = int(model.count_params())
     if spec.rank == 0:  # the same model on every rank: one line
         log(f"model: {config.model} width {config.width:g}, {params:,} parameters, {spec.num_classes} classes")
+    local_output = output_dir if config.output else None
     status["stage"] = STAGE_FIT
-    trained = _fit(model, train_ds, spec, log)
+    trained = _fit(model, train_ds, spec, log,
+                   os.path.join(local_output, TENSORBOARD_DIR, "train") if local_output else None)
     status["stage"] = STAGE_EVALUATE
     val, eval_seconds = _evaluate(model, val_ds, spec, val_total, log)
+    if config.output:
+        status["stage"] = STAGE_OUTPUT
+        _save_outputs(model, spec, val, local_output)
     return {"rank": spec.rank, "workers": spec.workers, "replicas_in_sync": int(strategy.num_replicas_in_sync),
             "train_examples": spec.train_examples, "batch_size": config.batch_size, "epochs": config.epochs,
             **described, **trained, "val": val, "eval_seconds": eval_seconds, "params": params}
+
+
+def _save_outputs(model: keras.Model, spec: WorkerSpec, val: dict[str, Any], local: str | None) -> None:
+    """Save the model on every rank (MultiWorkerMirroredStrategy wants all workers to take part): the chief's
+    ``model.keras`` and its validation scalars into ``local``, which its barrier task then publishes to
+    ``--output`` (:func:`spark_imagenet.training.barrier_task.publish_output`); the other ranks' copies go to a
+    temporary folder."""
+    chief = spec.rank == 0
+    folder = local if chief and local else tempfile.mkdtemp(prefix="spark-imagenet-save-")
+    os.makedirs(folder, exist_ok=True)
+    model.save(os.path.join(folder, MODEL_FILE))
+    if not chief or val.get("top1") is None:
+        return
+    writer = tf.summary.create_file_writer(os.path.join(folder, TENSORBOARD_DIR, "validation"))
+    with writer.as_default(step=spec.config.epochs):
+        for key, name in (("loss", "xent"), ("top1", "top1"), ("top5", "top5")):
+            tf.summary.scalar(name, float(val[key]))
+    writer.close()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -555,7 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(data, dict):
             rank = data.get("rank", "?")
         spec = WorkerSpec.from_json(data, f"worker spec {spec_path}")
-        result = run_worker(spec, status=status)
+        output_dir = os.path.join(os.path.dirname(os.path.abspath(result_path)), LOCAL_OUTPUT_DIR)
+        result = run_worker(spec, status=status, output_dir=output_dir)
         status["stage"] = STAGE_RESULT
         _write_json_atomic(result_path, result)
     except BaseException as exc:  # noqa: BLE001 - report everything, including KeyboardInterrupt
