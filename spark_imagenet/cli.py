@@ -15,6 +15,7 @@ command       function
 ``download``  :func:`spark_imagenet.source.kaggle.download`
 ``extract``   :func:`spark_imagenet.source.extract.extract`
 ``doctor``    :func:`spark_imagenet.doctor.run_doctor`
+``evaluate``  ``python -m spark_imagenet.training.evaluate`` in a child Python (TensorFlow)
 ============  ==========================================================
 
 ``train`` and ``demo`` take every :class:`~spark_imagenet.training.config.TrainConfig`
@@ -230,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace files in DIR that differ from the archive although extract did not write them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("evaluate", add_help=False,
+                       help="top-1/top-5 of a saved model (model.keras or an --output folder) on a dataset's "
+                            "validation shards, on this machine: evaluate MODEL_URL DATA_URL [--json] [--cache DIR]")
+    p.add_argument("arguments", nargs=argparse.REMAINDER, help="MODEL_URL DATA_URL [--json] [--cache DIR] "
+                   "[--batch-size B] (evaluate --help says more)")
 
     p = sub.add_parser("doctor", help="print the versions, GPUs, bucket credentials and Spark preflight checks "
                        "found here and on a master; exit 1 when a check fails")
@@ -452,6 +459,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     Raises:
         SparkImagenetError: passed through to :func:`main`, which prints it.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["evaluate"]:  # its own options, --help included, are the child's (argparse would take them)
+        return _in_tensorflow_child("spark_imagenet.training.evaluate", argv[1:])
     args = build_parser().parse_args(argv)
     from spark_imagenet.storage import report_retries
 
@@ -524,6 +534,19 @@ def run(argv: Sequence[str] | None = None) -> int:
         return run_doctor(master=args.master, conf=args.conf, workers=args.workers, url=args.url,
                           allow_unencrypted=args.allow_unencrypted, gpus_per_worker=args.gpus_per_worker)
     raise ConfigError(f"unknown command {args.command!r}")  # argparse prevents this
+
+
+def _in_tensorflow_child(module: str, arguments: list[str]) -> int:
+    """Run ``python -m module arguments...`` (a command that needs TensorFlow, which this process never imports)
+    with this terminal's input and output; return its exit status."""
+    import subprocess
+
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        return subprocess.call([sys.executable, "-m", module, *arguments], env=env)
+    except KeyboardInterrupt:
+        return 130
 
 
 def _name_spark_log() -> None:

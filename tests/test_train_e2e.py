@@ -173,6 +173,24 @@ def test_output_holds_the_model_labels_results_and_tensorboard_logs(spark, bucke
                    log=lines.append, **SMALL)
     _check_output(out, result, epochs=2)
     assert any(line.startswith(f"output: labels.json, results.json written to {out}") for line in lines)
+    # `spark-imagenet evaluate` scores the saved model at the run's own validation numbers
+    scores = _evaluate(str(out), str(bucket / "bucket"), "--json", "--cache", str(bucket / "cache"))
+    assert scores.returncode == 0, scores.stderr[-3000:]
+    got = json.loads(scores.stdout)
+    assert got["images"] == result["val"]["images"] == 12
+    for key in ("top1", "top5", "loss"):
+        assert abs(got[key] - result["val"][key]) <= 1e-3, (key, got, result["val"])
+    bad = _evaluate(str(tmp_path / "nothing"), str(bucket / "bucket"))
+    assert bad.returncode == 2 and f"spark-imagenet: error: model {tmp_path / 'nothing'}: cannot read model.keras" \
+        in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def _evaluate(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "spark_imagenet", "evaluate", *args], capture_output=True,
+                          text=True, timeout=600)
 
 
 def test_output_to_a_bucket_on_the_gcs_emulator(spark, bucket, gcs_bucket, tmp_path):
