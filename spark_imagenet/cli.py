@@ -16,6 +16,7 @@ command       function
 ``extract``   :func:`spark_imagenet.source.extract.extract`
 ``doctor``    :func:`spark_imagenet.doctor.run_doctor`
 ``evaluate``  ``python -m spark_imagenet.training.evaluate`` in a child Python (TensorFlow)
+``predict``   ``python -m spark_imagenet.training.predict`` in a child Python (TensorFlow)
 ============  ==========================================================
 
 ``train`` and ``demo`` take every :class:`~spark_imagenet.training.config.TrainConfig`
@@ -237,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "validation shards, on this machine: evaluate MODEL_URL DATA_URL [--json] [--cache DIR]")
     p.add_argument("arguments", nargs=argparse.REMAINDER, help="MODEL_URL DATA_URL [--json] [--cache DIR] "
                    "[--batch-size B] (evaluate --help says more)")
+
+    p = sub.add_parser("predict", add_help=False,
+                       help="the top-5 classes of images (JPEG files or folders) with names and probabilities: "
+                            "predict MODEL_URL IMAGE... [--json] [--labels URL] [--top K]")
+    p.add_argument("arguments", nargs=argparse.REMAINDER, help="MODEL_URL IMAGE... (predict --help says more)")
 
     p = sub.add_parser("doctor", help="print the versions, GPUs, bucket credentials and Spark preflight checks "
                        "found here and on a master; exit 1 when a check fails")
@@ -460,8 +466,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         SparkImagenetError: passed through to :func:`main`, which prints it.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["evaluate"]:  # its own options, --help included, are the child's (argparse would take them)
-        return _in_tensorflow_child("spark_imagenet.training.evaluate", argv[1:])
+    if argv[:1] in (["evaluate"], ["predict"]):  # their options, --help too, are the child's (not argparse's here)
+        return _in_tensorflow_child(f"spark_imagenet.training.{argv[0]}", argv[1:])
     args = build_parser().parse_args(argv)
     from spark_imagenet.storage import report_retries
 

@@ -185,6 +185,53 @@ def test_output_holds_the_model_labels_results_and_tensorboard_logs(spark, bucke
         in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
 
+    # `spark-imagenet predict`: the top classes of training images, as the model sees them in evaluation
+    images = sorted((bucket / "kaggle").rglob("*.JPEG"))[:3]
+    png = tmp_path / "pngs" / "one.png"
+    png.parent.mkdir()
+    from PIL import Image
+
+    Image.open(images[0]).save(png)
+    p = _cli("predict", str(out), *map(str, images), str(png.parent), "--json", "--top", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    predicted = json.loads(p.stdout)
+    assert [r["file"] for r in predicted] == [*map(str, images), str(png)]
+    labels = json.loads((out / "labels.json").read_text())
+    for r in predicted:
+        assert len(r["top"]) == 2 and r["top"][0]["probability"] >= r["top"][1]["probability"]
+        assert r["top"][0]["wnid"] == labels[r["top"][0]["id"]]["wnid"]
+    expected = _probabilities(out / "model.keras", images[0])
+    assert predicted[0]["top"][0]["probability"] == pytest.approx(float(expected.max()), abs=1e-5)
+    assert predicted[0]["top"][0]["id"] == int(expected.argmax())
+    # the PNG copy of the first image: re-encoded as JPEG, so close to (not equal to) the JPEG's prediction
+    assert predicted[-1]["top"][0]["probability"] == pytest.approx(predicted[0]["top"][0]["probability"], abs=0.05)
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not an image")
+    bad = _cli("predict", str(out), str(broken))
+    assert bad.returncode == 2 and f"spark-imagenet: error: {broken}: not an image" in bad.stderr, bad.stderr
+
+
+def _probabilities(model_path: Path, image: Path):
+    """softmax(model(normalize(eval_image(jpeg)))) for one image, computed here."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from spark_imagenet.training import pipeline
+
+    model = keras.models.load_model(model_path, compile=False)
+    size = int(model.input_shape[1])
+    x = pipeline.normalizer(size)(pipeline.eval_image(tf.constant(image.read_bytes()), size)[tf.newaxis])
+    return tf.nn.softmax(model(x, training=False), axis=-1).numpy()[0]
+
+
+def _cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "spark_imagenet", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
 def _evaluate(*args: str):
     import subprocess
     import sys

@@ -218,6 +218,12 @@ def _eval_image(jpeg: tf.Tensor, image_size: int) -> tf.Tensor:
     return _resize_uint8(image, image_size)
 
 
+def eval_image(jpeg: tf.Tensor, image_size: int) -> tf.Tensor:
+    """The evaluation view of one image: JPEG bytes (string scalar) -> central crop, uint8 ``[S, S, 3]``
+    (what :func:`eval_dataset` feeds the model, before :func:`normalizer`)."""
+    return _eval_image(jpeg, image_size)
+
+
 def normalizer(image_size: int):
     """A function that normalizes a batch of uint8 images.
 
