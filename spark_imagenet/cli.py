@@ -233,17 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace files in DIR that differ from the archive although extract did not write them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    p = sub.add_parser("evaluate", add_help=False,
-                       help="top-1/top-5 of a saved model (model.keras or an --output folder) on a dataset's "
-                            "validation shards, on this machine: evaluate MODEL_URL DATA_URL [--json] [--cache DIR]")
-    p.add_argument("arguments", nargs=argparse.REMAINDER, help="MODEL_URL DATA_URL [--json] [--cache DIR] "
-                   "[--batch-size B] (evaluate --help says more)")
-
-    p = sub.add_parser("predict", add_help=False,
-                       help="the top-5 classes of images (JPEG files or folders) with names and probabilities: "
-                            "predict MODEL_URL IMAGE... [--json] [--labels URL] [--top K]")
-    p.add_argument("arguments", nargs=argparse.REMAINDER, help="MODEL_URL IMAGE... (predict --help says more)")
-
+    _add_tensorflow_commands(sub)
     p = sub.add_parser("doctor", help="print the versions, GPUs, bucket credentials and Spark preflight checks "
                        "found here and on a master; exit 1 when a check fails")
     p.add_argument("url", nargs="?", help="a dataset URL whose manifest to read (optional)")
@@ -540,6 +530,16 @@ def run(argv: Sequence[str] | None = None) -> int:
         return run_doctor(master=args.master, conf=args.conf, workers=args.workers, url=args.url,
                           allow_unencrypted=args.allow_unencrypted, gpus_per_worker=args.gpus_per_worker)
     raise ConfigError(f"unknown command {args.command!r}")  # argparse prevents this
+
+
+def _add_tensorflow_commands(sub) -> None:
+    """``evaluate`` and ``predict`` in the command list; :func:`run` hands their arguments to a child Python."""
+    sub.add_parser("evaluate", add_help=False,
+                   help="top-1/top-5 of a saved model (model.keras or an --output folder) on a dataset's "
+                        "validation shards, on this machine: evaluate MODEL_URL DATA_URL [--json] [--cache DIR]")
+    sub.add_parser("predict", add_help=False,
+                   help="the top-5 classes of images (JPEG files or folders) with names and probabilities: "
+                        "predict MODEL_URL IMAGE... [--json] [--labels URL] [--top K]")
 
 
 def _in_tensorflow_child(module: str, arguments: list[str]) -> int:
