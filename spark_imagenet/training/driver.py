@@ -52,6 +52,7 @@ from spark_imagenet.training.preflight import (
     spark_context,
 )
 from spark_imagenet.training.results import build_results, format_table, write_json_atomic
+from spark_imagenet.training.spark_session import is_local_mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,7 @@ class JobPlan:
         assignment: shards and validation records of every rank.
         storage_options: :meth:`Storage.reopen_options`, to open the same
             storage in each task.
+        output_options: the same for ``config.output`` (empty without one).
     """
 
     url: str
@@ -72,6 +74,7 @@ class JobPlan:
     manifest: Manifest
     assignment: Assignment
     storage_options: Mapping[str, Any]
+    output_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def as_config(config: TrainConfig | int | None, settings: Mapping[str, Any]) -> TrainConfig:
@@ -111,20 +114,20 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
         StorageError: the storage cannot be read.
     """
     check_results_path(config.results)
-    master = (config.master or "").strip()
-    if config.gpus_per_worker and (master == "local" or master.startswith("local[")):
-        check_gpu_conf(lambda key: None, config.gpus_per_worker, config.workers, master)
+    if config.gpus_per_worker and is_local_mode(config.master or ""):
+        check_gpu_conf(lambda key: None, config.gpus_per_worker, config.workers, config.master.strip())
     if config.cache is not None:  # the executors' folder, as the driver's working directory names it
         config = config.replace(cache=str(Path(config.cache).expanduser().absolute()))
+    output_options: Mapping[str, Any] = {}
     if config.output is not None:  # written by the chief: refused now if it cannot be written
-        open_output(config.output)
+        output_options = open_output(config.output).reopen_options()
         if "://" not in config.output:
             config = config.replace(output=str(Path(config.output).expanduser().absolute()))
     storage = open_storage(url)
     manifest = Manifest.load(storage)
     plan = assign(manifest, config.workers, config.batch_size)
     return JobPlan(url=storage.url, config=config, manifest=manifest, assignment=plan,
-                   storage_options=storage.reopen_options())
+                   storage_options=storage.reopen_options(), output_options=output_options)
 
 
 def _announce(job: JobPlan, log: Callable[[str], None]) -> None:
@@ -145,10 +148,9 @@ CANCEL_WAIT_S = 60
 
 def _task_spec(job: JobPlan, log_channel: ChannelSpec | None = None) -> TaskSpec:
     """The description every barrier task of the job receives (pickled)."""
-    output = open_output(job.config.output).reopen_options() if job.config.output else {}
     return TaskSpec(url=job.url, dataset_id=job.manifest.dataset_id, num_classes=job.manifest.num_classes,
                     assignment=job.assignment, config=job.config, storage_options=dict(job.storage_options),
-                    log_channel=log_channel, output_options=output)
+                    log_channel=log_channel, output_options=dict(job.output_options))
 
 
 @contextlib.contextmanager
@@ -157,8 +159,7 @@ def _log_server(sc, log: Callable[[str], None]) -> Iterator[ChannelSpec | None]:
     for a classic session whose executors' stderr is not this console (every master but ``local[N]``); its lines
     are logged as ``[rank R on HOST] ...``. Yields its spec, or None (``local[N]``, Spark Connect, or no
     address to bind: the tasks' lines then stay in the executors' logs only, and a warning says so)."""
-    master = (sc.master if sc is not None else "") or ""
-    if sc is None or master == "local" or master.startswith("local["):
+    if sc is None or is_local_mode(sc.master):
         yield None
         return
 
@@ -398,7 +399,8 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
         write_json_atomic(Path(job.config.results).expanduser(), out)
         log(f"results written to {job.config.results}")
     if job.config.output is not None:
-        written = write_driver_outputs(open_output(job.config.output), job.manifest.classes, out)
+        written = write_driver_outputs(open_storage(job.config.output, **job.output_options), job.manifest.classes,
+                                       out)
         log(f"output: {', '.join(written)} written to {job.config.output}")
     return out
 

@@ -191,10 +191,12 @@ def check_spark(sc, workers: int, wait_seconds: float | None = None) -> int:
             f"{workers} task slots, e.g. spark.executor.instances x spark.executor.cores)."
         )
     slots, how = available_slots(sc)
+    from spark_imagenet.training.spark_session import is_local_mode
+
     master = sc.master.strip()
     # local[N] runs its tasks in the driver's JVM: its slots are there at once. local-cluster[...] starts
     # executor JVMs that register a few seconds after the context, like a cluster's.
-    local = master == "local" or master.startswith("local[")
+    local = is_local_mode(master)
     if wait_seconds is None:
         wait_seconds = 0.0 if local else executor_wait_seconds(conf)
     deadline = time.monotonic() + wait_seconds
@@ -214,7 +216,9 @@ def check_spark(sc, workers: int, wait_seconds: float | None = None) -> int:
 
 def _more_slots(master: str, workers: int) -> str:
     """How to get ``workers`` slots on this kind of master (for the message of :func:`check_spark`)."""
-    if master == "local" or master.startswith("local["):
+    from spark_imagenet.training.spark_session import is_local_mode
+
+    if is_local_mode(master):
         return f"--master local[{workers}]"
     if master.startswith("local-cluster"):
         return (f"--master 'local-cluster[{workers},1,2048]' (executors x cores each), and with GPU task resources "

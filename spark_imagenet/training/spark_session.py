@@ -146,7 +146,15 @@ def is_local_master(master: str) -> bool:
         executors also run on this machine with this Python).
     """
     m = master.strip()
-    return m == "local" or m.startswith("local[") or m.startswith("local-cluster[")
+    return is_local_mode(m) or m.startswith("local-cluster[")
+
+
+def is_local_mode(master: str) -> bool:
+    """Whether a Spark master URL is local mode proper, ``local`` or ``local[...]``: the tasks run inside the
+    driver's JVM (no executors to wait for, their stderr is the driver's console, no GPU resources), unlike
+    ``local-cluster[...]``, whose executors are JVMs of their own."""
+    m = master.strip()
+    return m == "local" or m.startswith("local[")
 
 
 #: The driver JVM's options setting, where the quiet log4j2 configuration is named.
