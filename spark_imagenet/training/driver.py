@@ -42,7 +42,7 @@ from spark_imagenet.training.connect import cancel_connect_job, check_connect, c
 from spark_imagenet.training.gpus import check_gpu_conf
 from spark_imagenet.training.interrupts import sigint_handler
 from spark_imagenet.training.logchannel import ChannelSpec, LogServer
-from spark_imagenet.training.outputs import open_output, write_driver_outputs
+from spark_imagenet.training.outputs import MODEL_FILE, TENSORBOARD_DIR, open_output, write_driver_outputs
 from spark_imagenet.training.preflight import (
     check_cluster_conf,
     check_dataset_reachable,
@@ -401,7 +401,8 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
     if job.config.output is not None:
         written = write_driver_outputs(open_storage(job.config.output, **job.output_options), job.manifest.classes,
                                        out)
-        log(f"output: {', '.join(written)} written to {job.config.output}")
+        log(f"output: {', '.join(written)} written to {job.config.output} (beside the chief's {MODEL_FILE} and "
+            f"{TENSORBOARD_DIR}/)")
     return out
 
 

@@ -66,7 +66,7 @@ def jpeg_bytes(path: Path) -> bytes:
 
     data = path.read_bytes()
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with Image.open(path) as image:  # a path, so Pillow's message names the file, not a buffer object
             if image.format == "JPEG" and image.mode in ("RGB", "L"):
                 return data
             out = io.BytesIO()
