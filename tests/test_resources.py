@@ -106,15 +106,52 @@ def test_the_quiet_log4j2_config_keeps_warnings_and_cuts_the_start_up_chatter():
               for k in props if k.startswith("logger.") and k.endswith(".name")}
     assert levels == {"org.apache.spark.util.Utils": "error", "org.apache.hadoop.util.NativeCodeLoader": "error",
                       "org.apache.spark.scheduler": "warn", "org.apache.spark.executor.Executor": "warn",
-                      "org.apache.spark.scheduler.TaskSetManager": "warn"}
+                      "org.apache.spark.scheduler.TaskSetManager": "warn",
+                      "org.apache.spark.rpc.netty.NettyRpcEnv": "warn"}
     # Spark's whole log goes to a file; a failed task's two stack-trace records go there only
     assert props["rootLogger.appenderRef.file.ref"] == props["appender.sparklog.name"]
     assert props["appender.sparklog.fileName"].startswith("${sys:spark_imagenet.spark_log:-")
-    for logger in ("task_error", "lost_task"):
+    for logger in ("task_error", "lost_task", "rpc_ignored"):
         assert props[f"logger.{logger}.additivity"] == "false"
         assert props[f"logger.{logger}.appenderRef.file.ref"] == props["appender.sparklog.name"]
         assert not any(k.startswith(f"logger.{logger}.appenderRef.") and v == props["appender.console.name"]
                        for k, v in props.items())
+
+
+SPARK_LOGS = """
+import sys
+from pyspark.sql import SparkSession
+from spark_imagenet.training.spark_session import quiet_logging_conf
+builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+for key, value in quiet_logging_conf({}).items():
+    builder = builder.config(key, value)
+spark = builder.getOrCreate()
+jvm = spark.sparkContext._jvm
+logs = jvm.org.apache.logging.log4j.LogManager
+logs.getLogger("org.apache.spark.scheduler.DAGScheduler").warn("first line\\nTraceback\\n  File x\\nBoom")
+logs.getLogger("org.apache.spark.rpc.netty.NettyRpcEnv").warn("Ignored failure: TaskKilledException")
+logs.getLogger("org.apache.spark.Other").warn("y" * 1000, jvm.java.lang.RuntimeException("kaput"))
+print(jvm.java.lang.System.getProperty("spark_imagenet.spark_log"))
+spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_the_console_gets_one_line_per_spark_record_and_the_log_file_the_whole_record(tmp_path):
+    """Spark puts whole task tracebacks inside some messages (NettyRpcEnv's "Ignored failure"): a real driver JVM
+    with the quiet config prints a message's first line only, no stack trace, and keeps everything in its log file."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR", "SPARK_HOME")}
+    env["TMPDIR"] = str(tmp_path)
+    p = subprocess.run([sys.executable, "-c", SPARK_LOGS], capture_output=True, text=True, env=env, timeout=180,
+                       cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    console = [ln for ln in p.stderr.splitlines() if " WARN " in ln]
+    assert console[0].endswith("WARN DAGScheduler: first line [...]")
+    assert len(console) == 2 and "y" * 200 in console[1] and len(console[1]) <= 340
+    assert "kaput" not in p.stderr and "Traceback" not in p.stderr and "Ignored failure" not in p.stderr
+    whole = Path(p.stdout.strip().splitlines()[-1]).read_text()
+    assert "first line\nTraceback\n  File x\nBoom" in whole and "Ignored failure: TaskKilledException" in whole
+    assert "y" * 1000 in whole and "java.lang.RuntimeException: kaput" in whole
 
 
 def test_the_dockerfile_copies_conf_before_it_installs_the_package():
