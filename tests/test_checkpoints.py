@@ -1,0 +1,320 @@
+"""Training checkpoints in --checkpoint-dir (spark_imagenet.training.checkpoints) on real storage: local folders
+and gs:// through the fake-gcs emulator. Commit, latest, pruning, half-written folders, foreign formats, the
+compatibility check and verified downloads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from spark_imagenet.errors import ConfigError, StorageError
+from spark_imagenet.storage import crc32c_file, open_storage
+from spark_imagenet.training import checkpoints as ck
+from spark_imagenet.training.checkpoints import (
+    META_NAME,
+    CheckpointFile,
+    CheckpointMeta,
+    RunSettings,
+    check_compatible,
+    commit,
+    describe,
+    download,
+    latest,
+)
+from spark_imagenet.training.config import TrainConfig
+
+SETTINGS = RunSettings(dataset_id="d" * 16, model="alexnet", width=0.25, image_size=96, num_classes=10, workers=2,
+                       batch_size=8, seed=3, learning_rate=0.01, epochs=5)
+DATA = "ckpt.data-00000-of-00001"
+
+
+@pytest.fixture(params=["local", "gcs"])
+def store(request, tmp_path):
+    """An empty checkpoint dir: a local folder, or a prefix of a fresh emulator bucket."""
+    if request.param == "local":
+        return open_storage(tmp_path / "checkpoints")
+    return open_storage(f"gs://{request.getfixturevalue('gcs_bucket')}/run/checkpoints")
+
+
+def tf_files(folder: Path, epoch: int, salt: int = 0) -> Path:
+    """A stand-in for what tf.train.Checkpoint.write leaves: an index, a data file (content differs by epoch
+    and salt, sizes do not, as with real checkpoints) and a subfolder file."""
+    folder.mkdir(parents=True)
+    (folder / "ckpt.index").write_bytes(b"index-%03d" % epoch)
+    (folder / DATA).write_bytes(bytes((epoch * 7 + salt + i) % 256 for i in range(70_000)))
+    (folder / "assets").mkdir()
+    (folder / "assets" / "note.txt").write_text(f"epoch {epoch}\n")
+    return folder
+
+
+def meta(epoch: int, **changes) -> CheckpointMeta:
+    history = {"loss": [5.0 - i for i in range(epoch)], "val_top1": [0.1 * (i + 1) for i in range(epoch)]}
+    m = CheckpointMeta.create(SETTINGS, epoch=epoch, step=12 * epoch, history=history)
+    return dataclasses.replace(m, **changes) if changes else m
+
+
+def commit_epoch(store, tmp_path, epoch: int, salt: int = 0, **kwargs) -> str:
+    local = tf_files(tmp_path / f"local-{epoch}-{os.urandom(3).hex()}", epoch, salt)
+    return commit(store, local, meta(epoch), **kwargs)
+
+
+def folders(store) -> list[str]:
+    return sorted({o.name.split("/")[0] for o in store.list()})
+
+
+# ------------------------------------------------------------------ commit / latest / download
+def test_commit_latest_download_round_trip(store, tmp_path):
+    local = tf_files(tmp_path / "tf", 1)
+    assert latest(store) is None
+    assert commit(store, local, meta(1)) == "epoch-000001"
+    found = latest(store)
+    assert found is not None
+    name, got = found
+    assert name == "epoch-000001"
+    assert got == dataclasses.replace(meta(1, created=got.created), files=got.files)
+    assert got.created.endswith("Z") and len(got.created) == len("2026-12-01T18:00:00Z")
+    expected = sorted((f, (local / f).stat().st_size, crc32c_file(local / f))
+                      for f in ("ckpt.index", DATA, "assets/note.txt"))
+    assert sorted(got.files) == expected
+    assert sorted(o.name for o in store.list()) == sorted(
+        [f"epoch-000001/{n}" for n, _s, _c in expected] + [f"epoch-000001/{META_NAME}"])
+
+    prefix = download(store, name, got, tmp_path / "restore", transfers=2)
+    assert prefix == str(tmp_path / "restore" / "ckpt")
+    for n, _s, _c in expected:
+        assert (tmp_path / "restore" / n).read_bytes() == (local / n).read_bytes()
+    assert ck.read_local(tmp_path / "restore") == got
+
+
+def test_latest_is_the_highest_epoch_and_keep_prunes_the_oldest(store, tmp_path):
+    for epoch in (1, 2):
+        commit_epoch(store, tmp_path, epoch)
+    assert latest(store)[0] == "epoch-000002"
+    assert folders(store) == ["epoch-000001", "epoch-000002"]
+    commit_epoch(store, tmp_path, 3)
+    name, got = latest(store)
+    assert (name, got.epoch, got.step) == ("epoch-000003", 3, 36)
+    assert folders(store) == ["epoch-000002", "epoch-000003"]
+    if hasattr(store, "root"):  # a local folder leaves no empty directory behind
+        assert sorted(p.name for p in store.root.iterdir()) == ["epoch-000002", "epoch-000003"]
+    commit_epoch(store, tmp_path, 4, keep=1)
+    assert folders(store) == ["epoch-000004"]
+    commit_epoch(store, tmp_path, 5, keep=None)
+    assert folders(store) == ["epoch-000004", "epoch-000005"]
+
+
+def test_other_objects_in_the_dir_are_left_alone(tmp_path):
+    store = open_storage(tmp_path / "c")
+    store.write_bytes("notes.txt", b"mine")
+    store.write_bytes("epoch-1/x", b"not a checkpoint folder name")
+    for epoch in (1, 2, 3):
+        commit_epoch(store, tmp_path, epoch, keep=1)
+    assert folders(store) == ["epoch-000003", "epoch-1", "notes.txt"]
+
+
+@pytest.mark.parametrize("damage", ["no-meta", "missing-file", "short-file", "not-json"])
+def test_a_half_written_checkpoint_is_skipped(store, tmp_path, damage):
+    commit_epoch(store, tmp_path, 1)
+    commit_epoch(store, tmp_path, 2)
+    if damage == "no-meta":
+        store.delete(f"epoch-000002/{META_NAME}")
+    elif damage == "missing-file":
+        store.delete(f"epoch-000002/{DATA}")
+    elif damage == "short-file":
+        store.write_bytes(f"epoch-000002/{DATA}", b"cut short")
+    else:
+        store.write_bytes(f"epoch-000002/{META_NAME}", b'{"format": "spark-imagenet-checkpoint", "epo')
+    lines = []
+    name, got = latest(store, log=lines.append)
+    assert (name, got.epoch) == ("epoch-000001", 1)
+    assert len(lines) == 1 and store.where("epoch-000002") in lines[0]
+    if damage in ("missing-file", "short-file"):
+        assert DATA in lines[0]
+    # training epoch 2 again commits it whole, over the half-written folder
+    commit_epoch(store, tmp_path, 2)
+    assert latest(store)[0] == "epoch-000002"
+
+
+def test_uploaded_files_without_meta_never_count(tmp_path):
+    """Files of epoch 2 uploaded (as a killed chief leaves them), no checkpoint.json: epoch 1 is the latest;
+    the next commit (epoch 2 again, keep=1) removes epoch 1 but keeps itself."""
+    store = open_storage(tmp_path / "c")
+    commit_epoch(store, tmp_path, 1)
+    local = tf_files(tmp_path / "partial", 2)
+    store.put_files([(local / "ckpt.index", "epoch-000002/ckpt.index"), (local / DATA, f"epoch-000002/{DATA}")])
+    assert latest(store)[0] == "epoch-000001"
+    commit_epoch(store, tmp_path, 3, keep=2)  # the half-written epoch 2 is older than 3: pruned
+    assert folders(store) == ["epoch-000001", "epoch-000003"]
+
+
+def test_an_interrupted_recommit_never_mixes_old_and_new_files(store, tmp_path, monkeypatch):
+    """Committing an epoch again over its complete folder deletes its checkpoint.json first: an upload cut
+    short (the new data file and the old index, of the same sizes as the old ones) is then half-written, not
+    taken for the old checkpoint."""
+    commit_epoch(store, tmp_path, 1)
+    commit_epoch(store, tmp_path, 2)
+    real = store.put_files
+
+    def cut_short(pairs, transfers=8):
+        assert [n.rsplit("/", 1)[1] for _p, n in pairs] == ["note.txt", DATA, "ckpt.index"]
+        real(pairs[:2], transfers)
+        return [None, None, StorageError("connection reset")]
+
+    monkeypatch.setattr(store, "put_files", cut_short)
+    with pytest.raises(StorageError, match="connection reset"):
+        commit_epoch(store, tmp_path, 2, salt=1)
+    assert latest(store)[0] == "epoch-000001"
+    monkeypatch.undo()
+    commit_epoch(store, tmp_path, 2, salt=1)
+    name, got = latest(store)
+    assert name == "epoch-000002"
+    download(store, name, got, tmp_path / "restore")
+    assert (tmp_path / "restore" / DATA).read_bytes() == bytes((2 * 7 + 1 + i) % 256 for i in range(70_000))
+
+
+def test_a_commit_removes_files_the_new_checkpoint_does_not_have(tmp_path):
+    store = open_storage(tmp_path / "c")
+    local = tf_files(tmp_path / "a", 1)
+    (local / "extra.bin").write_bytes(b"x")
+    commit(store, local, meta(1))
+    commit(store, tf_files(tmp_path / "b", 1), meta(1))
+    assert "epoch-000001/extra.bin" not in {o.name for o in store.list()}
+    assert len(latest(store)[1].files) == 3
+
+
+@pytest.mark.parametrize("change", [{"format_version": 2}, {"format": "something-else"}])
+def test_a_checkpoint_json_of_another_format_is_an_error_naming_the_file(store, tmp_path, change):
+    commit_epoch(store, tmp_path, 1)
+    data = json.loads(store.read_bytes(f"epoch-000001/{META_NAME}"))
+    store.write_bytes(f"epoch-000001/{META_NAME}", json.dumps({**data, **change}).encode())
+    with pytest.raises(ConfigError) as e:
+        latest(store)
+    message = str(e.value)
+    assert store.where(f"epoch-000001/{META_NAME}") in message and "--checkpoint-dir" in message
+    assert ("format_version 2 is not supported" if "format_version" in change else "not a spark-imagenet") in message
+
+
+def test_a_meta_in_the_folder_of_another_epoch_is_an_error(tmp_path):
+    store = open_storage(tmp_path / "c")
+    commit_epoch(store, tmp_path, 2)
+    store.write_bytes(f"epoch-000003/{META_NAME}", store.read_bytes(f"epoch-000002/{META_NAME}"))
+    with pytest.raises(ConfigError, match="epoch-000003/checkpoint.json: holds the checkpoint of epoch 2, not 3"):
+        latest(store)
+
+
+@pytest.mark.parametrize("how", ["same-size", "other-size"])
+def test_download_verifies_and_names_a_corrupted_file(store, tmp_path, how):
+    """An object replaced after the commit (the store's own checksum agrees with it) fails the meta's check."""
+    commit_epoch(store, tmp_path, 1)
+    name, got = latest(store)
+    size = next(f.size for f in got.files if f.name == DATA)
+    store.write_bytes(f"{name}/{DATA}", b"\0" * (size if how == "same-size" else size - 1))
+    with pytest.raises(StorageError) as e:
+        download(store, name, got, tmp_path / "restore")
+    message = str(e.value)
+    assert DATA in message and store.where(name) in message and "attempt 2" in message
+    assert ("crc32c" if how == "same-size" else f"{size - 1} bytes, checkpoint.json says {size}") in message
+    assert not (tmp_path / "restore" / DATA).exists() and not (tmp_path / "restore" / META_NAME).exists()
+
+
+# ------------------------------------------------------------------ compatibility
+def test_check_compatible_names_every_differing_field_and_option():
+    m = meta(2)
+    check_compatible(m, SETTINGS, "x")  # the same job
+    check_compatible(m, dataclasses.replace(SETTINGS, epochs=90), "x")  # extending the run
+    check_compatible(m, dataclasses.replace(SETTINGS, epochs=2), "x")  # nothing left to train
+    job = dataclasses.replace(SETTINGS, image_size=128, model="other", workers=4, dataset_id="e" * 16)
+    with pytest.raises(ConfigError) as e:
+        check_compatible(m, job, "gs://b/ck/epoch-000002/checkpoint.json")
+    message = str(e.value)
+    assert message.startswith("gs://b/ck/epoch-000002/checkpoint.json: ")
+    for part in ("--image-size 96 in the checkpoint, 128 in this job", "--model 'alexnet' in the checkpoint, "
+                 "'other' in this job", "--workers 2 in the checkpoint, 4 in this job",
+                 f"dataset_id (the dataset's manifest) '{'d' * 16}' in the checkpoint, '{'e' * 16}' in this job",
+                 "use another --checkpoint-dir, or remove the old checkpoints", "epoch 2 (step 24"):
+        assert part in message
+    for option in ("--width", "--batch-size", "--seed", "--learning-rate", "--epochs"):
+        assert option not in message
+
+
+@pytest.mark.parametrize("field, value, option", [
+    ("width", 0.5, "--width"), ("batch_size", 16, "--batch-size"), ("seed", 4, "--seed"),
+    ("learning_rate", 0.1, "--learning-rate"), ("num_classes", 11, "num_classes (the dataset's classes)"),
+])
+def test_check_compatible_refuses_each_setting(field, value, option):
+    with pytest.raises(ConfigError, match=f"{re.escape(option)} .* in the checkpoint, {value!r} in this job"):
+        check_compatible(meta(1), dataclasses.replace(SETTINGS, **{field: value}), "here")
+
+
+def test_check_compatible_refuses_a_checkpoint_past_the_jobs_epochs():
+    with pytest.raises(ConfigError, match=r"--epochs 3 in this job, but the checkpoint has completed 4 epoch\(s\) "
+                                          r"\(give --epochs 4 or more"):
+        check_compatible(meta(4), dataclasses.replace(SETTINGS, epochs=3), "here")
+
+
+def test_run_settings_from_a_train_config_and_the_options_exist():
+    config = TrainConfig(workers=2, model="alexnet", epochs=5, batch_size=8, image_size=96, width=0.25,
+                         learning_rate=0.01, seed=3)
+    assert RunSettings.from_config(config, dataset_id="d" * 16, num_classes=10) == SETTINGS
+    manifest = type("M", (), {"dataset_id": "d" * 16, "num_classes": 10})()
+    assert ck.expected_for(config, manifest) == SETTINGS
+    template = ck.new_meta(config, "d" * 16, 10, 12, {"loss": [3.0, 2.0]})
+    assert (template.epoch, template.step, template.files, template.settings()) == (2, 24, (), SETTINGS)
+    assert template.replace(epoch=3, step=36, history=meta(3).history).history == meta(3).history
+    assert ck.new_meta(config, "d" * 16, 10, 12).epoch == 1
+    options = {f.metadata["rule"].option for f in dataclasses.fields(TrainConfig) if "rule" in f.metadata}
+    assert {o for o in ck.OPTIONS.values() if o.startswith("--")} <= options
+
+
+# ------------------------------------------------------------------ the meta itself
+def test_meta_json_round_trip_and_validation():
+    m = dataclasses.replace(meta(3), files=(("ckpt.index", 10, "AAAAAA=="),))
+    assert m.files == (CheckpointFile("ckpt.index", 10, "AAAAAA=="),)
+    assert CheckpointMeta.loads(m.dumps()) == m
+    assert m.settings() == SETTINGS
+    assert describe(dataclasses.replace(m, created="2026-12-01T18:00:00Z")) == \
+        "the checkpoint of epoch 3 (step 36, 2026-12-01T18:00:00Z)"
+    for change, pattern in [({"epoch": 0}, "epoch must be an integer >= 1"),
+                            ({"epoch": 6}, "epoch 6 is past the run's epochs 5"),
+                            ({"width": "1"}, "width must be a number > 0"),
+                            ({"files": [{"name": "../x", "size": 1, "crc32c": "A"}]}, "'../x' is not a file name"),
+                            ({"files": [{"name": META_NAME, "size": 1, "crc32c": "A"}]}, "the meta's own name"),
+                            ({"files": [{"name": "a"}]}, "malformed files entry"),
+                            ({"history": {"loss": [1, 2, 3, 4]}}, "holds 4 values for 3 epoch"),
+                            ({"history": {"loss": ["x"]}}, "'loss' must name a list of numbers")]:
+        with pytest.raises(ConfigError, match=pattern) as e:
+            CheckpointMeta.from_json({**m.to_json(), **change}, "dir/epoch-000003/checkpoint.json")
+        assert str(e.value).startswith("dir/epoch-000003/checkpoint.json: ")
+    data = m.to_json()
+    del data["step"]
+    with pytest.raises(ConfigError, match="missing field.*step"):
+        CheckpointMeta.from_json(data, "f")
+
+
+def test_commit_refuses_a_local_dir_holding_checkpoint_json_and_bad_arguments(tmp_path):
+    store = open_storage(tmp_path / "c")
+    local = tf_files(tmp_path / "tf", 1)
+    (local / META_NAME).write_text("{}")
+    with pytest.raises(ConfigError, match="the meta's own name"):
+        commit(store, local, meta(1))
+    with pytest.raises(ConfigError, match="keep 0"):
+        commit(store, local, meta(1), keep=0)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StorageError, match="holds no file"):
+        commit(store, tmp_path / "empty", meta(1))
+    assert store.list() == []
+
+
+def test_prune_plan():
+    states = {"epoch-000001": True, "epoch-000002": False, "epoch-000003": True, "epoch-000004": True,
+              "epoch-000009": False}
+    assert ck.prune_plan(5, 2, states) == ["epoch-000003", "epoch-000002", "epoch-000001"]
+    assert ck.prune_plan(5, 3, states) == ["epoch-000002", "epoch-000001"]
+    assert ck.prune_plan(5, None, states) == ["epoch-000002"]
+    assert ck.folder_epoch("epoch-000012") == 12 and ck.folder_epoch("epoch-12") is None
+    assert ck.folder_epoch("epoch-1234567") == 1234567 and ck.folder_name(1234567) == "epoch-1234567"
