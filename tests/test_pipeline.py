@@ -249,3 +249,117 @@ def test_argument_errors(tmp_path):
     with pytest.raises(ConfigError, match="record_shard"):
         pipeline.eval_dataset(files, 2, 16, 1, (2, 2), examples=1, steps=1)
     assert pipeline.default_parallel(None) == max(1, os.cpu_count() or 1)
+
+
+def epoch_batches(files, seed=3, **kwargs) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every batch of a finite train_dataset stream, as (images, labels) NumPy arrays."""
+    args = dict(batch_size=4, image_size=16, parallel=2, seed=seed, shuffle_buffer=6, deterministic=True)
+    args.update(kwargs)
+    return [(im.numpy(), lab.numpy()) for im, lab in pipeline.train_dataset(files, **args)]
+
+
+def same_batches(a, b) -> bool:
+    return len(a) == len(b) and all(
+        np.array_equal(ia, ib) and np.array_equal(la, lb) for (ia, la), (ib, lb) in zip(a, b))
+
+
+def test_resumed_stream_repeats_the_epochs_of_an_uninterrupted_one(tmp_path):
+    files = make_shards(tmp_path, shards=3, per_shard=4)  # 12 records, labels 0..11
+    full = epoch_batches(files, records_per_epoch=8, initial_epoch=0, epochs=3)
+    assert len(full) == 3 * 8 // 4  # then the stream ends
+    resumed = epoch_batches(files, records_per_epoch=8, initial_epoch=2, epochs=3)
+    assert len(resumed) == 2
+    assert same_batches(full[4:6], resumed)  # epoch 2: the same images (crops, flips) and labels, same order
+    # An epoch in the middle, and a stream without an end, agree too.
+    middle = epoch_batches(files, records_per_epoch=8, initial_epoch=1, epochs=2)
+    assert same_batches(full[2:4], middle)
+    endless = pipeline.train_dataset(files, 4, 16, 2, seed=3, shuffle_buffer=6, records_per_epoch=8,
+                                     initial_epoch=1, deterministic=True)
+    assert same_batches(full[2:6], [(im.numpy(), lab.numpy()) for im, lab in endless.take(4)])
+
+
+def test_the_global_seed_plays_no_part(tmp_path):
+    # A global seed of 0 (the worker of rank 0 with --seed 0 sets it) once made the shuffle fail to trace.
+    files = make_shards(tmp_path, shards=2, per_shard=3)
+    try:
+        runs = []
+        for global_seed in (0, 5, None):
+            tf.random.set_seed(global_seed)
+            runs.append(epoch_batches(files, records_per_epoch=4, epochs=2))
+    finally:
+        tf.random.set_seed(None)
+    assert len(runs[0]) == 2 and same_batches(runs[0], runs[1]) and same_batches(runs[0], runs[2])
+
+
+def test_epochs_and_seeds_differ(tmp_path):
+    files = make_shards(tmp_path, shards=2, per_shard=4)
+    batches = epoch_batches(files, records_per_epoch=8, epochs=2)
+    assert not same_batches(batches[0:2], batches[2:4])  # epoch 0 vs epoch 1
+    assert not np.array_equal(batches[0][0], batches[2][0])
+    order = [np.concatenate([lab for _, lab in batches[2 * e:2 * e + 2]]).tolist() for e in range(2)]
+    assert order[0] != order[1]  # another file order and record shuffle
+    again = epoch_batches(files, records_per_epoch=8, epochs=2)
+    assert same_batches(batches, again)  # deterministic: a second run is bit-identical
+    other = epoch_batches(files, seed=4, records_per_epoch=8, epochs=2)
+    assert not same_batches(batches, other)
+    assert not np.array_equal(batches[0][0], other[0][0])
+
+
+def test_same_records_get_new_augmentation_each_epoch(tmp_path):
+    # One record only: every epoch has the same labels, so only the crops and flips can differ.
+    ramp = np.tile(np.linspace(0, 255, 64).astype(np.uint8)[None, :, None], (48, 1, 3))
+    files = [write_shard(tmp_path / "train-00000-of-00001.tfrecord", [(jpeg_bytes(ramp), 0, "ramp.JPEG")])]
+    batches = epoch_batches(files, records_per_epoch=8, epochs=2)
+    assert len(batches) == 4 and all(lab.tolist() == [0] * 4 for _, lab in batches)
+    epoch0 = np.concatenate([im for im, _ in batches[:2]])
+    epoch1 = np.concatenate([im for im, _ in batches[2:]])
+    assert not np.array_equal(epoch0, epoch1)
+    assert len({im.round(3).tobytes() for im in epoch0}) > 4  # records of one epoch differ among themselves
+
+
+def test_epoch_larger_than_the_workers_records(tmp_path):
+    files = make_shards(tmp_path, shards=1, per_shard=5)  # 5 records, labels 0..4
+    batches = epoch_batches(files, records_per_epoch=12, initial_epoch=1, epochs=4, shuffle_buffer=4)
+    assert len(batches) == 3 * 12 // 4
+    for e in range(3):
+        labels = np.concatenate([lab for _, lab in batches[3 * e:3 * e + 3]]).tolist()
+        assert len(labels) == 12 and set(labels) == set(range(5))  # more than two passes: every record
+        # 12 records taken through a 4-record buffer come from the first 16 of the passes: at most 4 copies each.
+        assert max(labels.count(k) for k in range(5)) <= 4
+
+
+def test_nondeterministic_epochs_have_the_right_size(tmp_path):
+    files = make_shards(tmp_path, shards=3, per_shard=3)
+    ds = pipeline.train_dataset(files, 3, 16, 2, seed=1, records_per_epoch=6, initial_epoch=2, epochs=5)
+    assert ds.options().deterministic is False
+    labels = [lab.numpy() for _, lab in ds]
+    assert len(labels) == 3 * 6 // 3 and all(lab.shape == (3,) for lab in labels)
+    assert pipeline.train_dataset(files, 3, 16, 2, seed=1, deterministic=True).options().deterministic is True
+
+
+def test_epoch_argument_errors(tmp_path):
+    files = make_shards(tmp_path, shards=1, per_shard=2)
+    with pytest.raises(ConfigError, match=r"records_per_epoch=10 .*batch_size=4"):
+        pipeline.train_dataset(files, 4, 16, 1, records_per_epoch=10)
+    with pytest.raises(ConfigError, match="records_per_epoch=0"):
+        pipeline.train_dataset(files, 4, 16, 1, records_per_epoch=0)
+    with pytest.raises(ConfigError, match="need records_per_epoch"):
+        pipeline.train_dataset(files, 4, 16, 1, initial_epoch=2)
+    with pytest.raises(ConfigError, match="initial_epoch=-1"):
+        pipeline.train_dataset(files, 4, 16, 1, records_per_epoch=8, initial_epoch=-1)
+    with pytest.raises(ConfigError, match="epochs=1 is smaller than initial_epoch=2"):
+        pipeline.train_dataset(files, 4, 16, 1, records_per_epoch=8, initial_epoch=2, epochs=1)
+    assert list(pipeline.train_dataset(files, 4, 16, 1, records_per_epoch=8, initial_epoch=2, epochs=2)) == []
+
+
+def test_stateless_crop_window():
+    shape = tf.constant([48, 64, 3])
+    seed = tf.constant([7, 11], tf.int64)
+    first = pipeline.random_crop_window(shape, stateless_seed=seed).numpy()
+    assert np.array_equal(first, pipeline.random_crop_window(shape, stateless_seed=seed).numpy())
+    windows = {tuple(pipeline.random_crop_window(shape, stateless_seed=tf.constant([7, k], tf.int64)).numpy())
+               for k in range(20)}
+    assert len(windows) > 10
+    for y, x, h, w in windows:
+        assert 0 <= y and 0 <= x and h >= 1 and w >= 1 and y + h <= 48 and x + w <= 64
+        assert 0.08 * 48 * 64 * 0.9 <= h * w  # at least (about) 8% of the area
