@@ -314,6 +314,8 @@ def _train(args: argparse.Namespace) -> int:
 
         check_dataset_reachable(job.url, config.master, config.shared_filesystem)  # also before Spark starts
         check_output_reachable(job.config.output, config.master, config.shared_filesystem)
+        check_output_reachable(job.config.checkpoint_dir, config.master, config.shared_filesystem,
+                               "--checkpoint-dir")
     spark = _session_interruptibly(config, "train")
     with _stopped_at_end(spark):
         run_job(spark, job)

@@ -68,6 +68,13 @@ class TrainingError(SparkImagenetError):
     """A barrier task or its TensorFlow child process failed."""
 
 
+class WorkerLost(TrainingError):
+    """A worker died, stopped making progress or lost its peers while training: its TensorFlow process was
+    killed or exited at start-up, a collective aborted, or ``--step-timeout`` passed without a step. Such a
+    failure may not recur, so the driver launches the barrier stage again (``--max-restarts``) from the
+    latest checkpoint; any other error (bad data, bad settings) ends the job at once."""
+
+
 class PeerFailed(TrainingError):
     """Raised inside every barrier task when a task of the stage came to the rendezvous with a failure
     (:func:`spark_imagenet.training.rendezvous.rendezvous`); the failing task then raises its own error.

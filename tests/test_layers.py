@@ -17,6 +17,7 @@ PACKAGE = REPO / "spark_imagenet"
 
 #: The modules of the TensorFlow worker process; every other module is driver or task side.
 TENSORFLOW_SIDE = ("spark_imagenet.training.worker", "spark_imagenet.training.pipeline",
+                   "spark_imagenet.training.checkpointing",
                    "spark_imagenet.training.models.registry", "spark_imagenet.training.models.alexnet",
                    "spark_imagenet.training.evaluate", "spark_imagenet.training.predict",
                    "spark_imagenet.training.watchdog")

@@ -55,17 +55,21 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from spark_imagenet.training.assignment import Assignment
-from spark_imagenet.training.config import TrainConfig, WorkerSpec
+from spark_imagenet.training.checkpoints import CheckpointMeta
+from spark_imagenet.training.config import EXIT_STEP_TIMEOUT, TrainConfig, WorkerSpec
 from spark_imagenet.training.interrupts import sigint_handler
 from spark_imagenet.training.logchannel import ChannelSpec, LogSender
 from spark_imagenet.training.outputs import LOCAL_OUTPUT_DIR, MODEL_FILE, TENSORBOARD_DIR, publish
-from spark_imagenet.errors import ConfigError, PeerFailed, SparkImagenetError, TrainingError
+from spark_imagenet.errors import ConfigError, PeerFailed, SparkImagenetError, TrainingError, WorkerLost
 from spark_imagenet.training.supervisor import EXIT_SUPERVISOR_FAILED, set_death_signal
 
 #: The module run in the child process: the TensorFlow worker (reads a :class:`WorkerSpec`).
 WORKER_MODULE = "spark_imagenet.training.worker"
 #: The module that runs the child, ends it and removes its folder when the task dies.
 SUPERVISOR_MODULE = "spark_imagenet.training.supervisor"
+#: A checkpoint to resume from: its folder name in ``--checkpoint-dir`` and its meta.
+Resume = tuple[str, CheckpointMeta]
+
 #: Lines of child output kept for the error message of a failed rank.
 TAIL_LINES = 40
 #: Seconds to wait for the supervisor after asking it to stop (it stops at once).
@@ -90,6 +94,9 @@ class TaskSpec:
         log_channel: where to send the task's output lines besides its own
             stderr (the driver's :class:`~spark_imagenet.training.logchannel.LogServer`),
             or None (local mode, where the stderr is the console, and Spark Connect).
+        checkpoint_options: :meth:`Storage.reopen_options` of ``config.checkpoint_dir``.
+        resume: the checkpoint every task restores before training (its folder
+            name in ``config.checkpoint_dir`` and its meta), or None to start at epoch 1.
     """
 
     url: str
@@ -101,6 +108,8 @@ class TaskSpec:
     child_module: str = WORKER_MODULE
     log_channel: ChannelSpec | None = None
     output_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    checkpoint_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    resume: Resume | None = None
 
 
 class _ChannelTee(io.TextIOBase):
@@ -442,6 +451,31 @@ def run_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, pref
     return code, list(tail)
 
 
+#: TensorFlow errors of a collective whose peer is gone (or of the coordination service), as the worker's
+#: failure line names them; and the ``faulthandler`` line of a start-up that timed out waiting for a peer.
+_LOST_PEER = re.compile(r"failed while [^:]+: (UnavailableError|CancelledError|DeadlineExceededError|AbortedError)"
+                        r"|^Timeout \(\d+:\d\d:\d\d\)!")
+
+
+def worker_lost(code: int, tail: Sequence[str]) -> bool:
+    """Whether a TensorFlow process that ended with ``code`` and printed ``tail`` lost a worker (a failure that
+    may not recur, so the job is launched again: :class:`~spark_imagenet.errors.WorkerLost`) rather than
+    failed on its data or settings.
+
+    Args:
+        code: its exit status (negative: the killing signal).
+        tail: its last output lines.
+
+    Returns:
+        True for a signal (killed, OOM-killed), the step watchdog's exit status
+        (:data:`~spark_imagenet.training.config.EXIT_STEP_TIMEOUT`), a start-up that
+        timed out waiting for a peer, or a collective aborted because a peer is gone.
+    """
+    if code < 0 or code == EXIT_STEP_TIMEOUT:
+        return True
+    return any(_LOST_PEER.search(line) for line in tail)
+
+
 def _log(rank: int, msg: str) -> None:
     sys.stderr.write(f"[rank {rank}] {msg}\n")
     sys.stderr.flush()
@@ -473,8 +507,9 @@ def _stage(spec: TaskSpec, rank: int, host: str) -> tuple[list[str], list[str]]:
 
 
 def worker_spec(spec: TaskSpec, rank: int, train_files: Sequence[str], val_files: Sequence[str],
-                threads: int) -> WorkerSpec:
-    """The message for rank ``rank``'s TensorFlow worker process.
+                threads: int, peers: Sequence[str] = ()) -> WorkerSpec:
+    """The message for rank ``rank``'s TensorFlow worker process (``restore`` is set once the checkpoint
+    to resume from has been fetched, :func:`_run_worker`).
 
     Args:
         spec: the job's task spec.
@@ -482,6 +517,7 @@ def worker_spec(spec: TaskSpec, rank: int, train_files: Sequence[str], val_files
         train_files, val_files: its staged shard files.
         threads: CPUs for this worker (the host's CPUs / workers on the host);
             also the tf.data parallelism unless ``config.parallel`` is set.
+        peers: every worker's ``host:port`` in rank order (empty without a cluster).
     """
     plan = spec.assignment[rank]
     return WorkerSpec(
@@ -490,7 +526,29 @@ def worker_spec(spec: TaskSpec, rank: int, train_files: Sequence[str], val_files
         val_files=tuple(val_files), val_record_shard=plan.val_record_shard, val_examples=plan.val_examples,
         val_examples_total=spec.assignment.val_examples_total, steps_per_epoch=spec.assignment.steps_per_epoch,
         val_steps=spec.assignment.val_steps, parallel=spec.config.parallel or threads, threads=threads,
+        startup_timeout_s=spec.config.startup_timeout, peers=tuple(peers), dataset_id=spec.dataset_id,
+        checkpoint_options=dict(spec.checkpoint_options) if spec.config.checkpoint_dir else None,
     )
+
+
+def _fetch_checkpoint(spec: TaskSpec, folder: str, rank: int, host: str) -> str:
+    """Fetch ``spec.resume``'s checkpoint into ``folder/checkpoint``; return that folder (the worker's ``restore``).
+
+    Raises:
+        StorageError: a file could not be fetched intact (names rank, host and the file).
+    """
+    from spark_imagenet.storage import open_storage
+    from spark_imagenet.training import checkpoints
+
+    assert spec.resume is not None and spec.config.checkpoint_dir is not None
+    name, meta = spec.resume
+    local = os.path.join(folder, "checkpoint")
+    try:
+        storage = open_storage(spec.config.checkpoint_dir, **spec.checkpoint_options)
+        checkpoints.download(storage, name, meta, local, transfers=spec.config.transfers)
+    except SparkImagenetError as e:
+        raise type(e)(f"rank {rank} on {host}: {e}") from None
+    return local
 
 
 def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: str,
@@ -510,8 +568,9 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: 
     got: dict[str, Any] = {}
 
     def prepare(folder: str) -> None:
+        restore = _fetch_checkpoint(spec, folder, rank, host) if spec.resume is not None else None
         with open(os.path.join(folder, "worker.json"), "w") as f:
-            json.dump(message.to_json(), f, indent=1)
+            json.dump(dataclasses.replace(message, restore=restore).to_json(), f, indent=1)
 
     def collect(folder: str) -> None:
         path = os.path.join(folder, "result.json")
@@ -534,7 +593,7 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: 
                            folder=ChildFolder(f"spark-imagenet-rank{rank}-", prepare, collect), shown=shown)
     if code != 0:
         shown = "\n".join(f"  | {line}" for line in tail) or "  | (no output)"
-        raise TrainingError(
+        raise (WorkerLost if worker_lost(code, tail) else TrainingError)(
             f"rank {rank} on {host}: the TensorFlow process ({spec.child_module}) {_exit_description(code)}; "
             f"its last {len(tail)} output line(s):\n{shown}\n"
             f"(end of rank {rank} output)"
@@ -612,7 +671,8 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
         warning = gpu_sharing_warning(gpus, local_workers, host_has_gpus() if local_workers > 1 else False)
         if warning:
             _log(rank, warning)
-        message = worker_spec(spec, rank, train_files, val_files, threads)
+        message = worker_spec(spec, rank, train_files, val_files, threads,
+                              addresses if spec.config.strategy == "multiworker" else ())
         env = child_env(os.environ, tf_config, gpus, local_workers)
         devices = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if gpus else "no GPU resource"
         _log(rank, f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "

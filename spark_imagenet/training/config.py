@@ -45,6 +45,12 @@ WORKER_FORMAT_VERSION = 1
 #: Default limit, in seconds, on waiting for the other workers while the
 #: strategy is built (0 = no limit).
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
+#: The TensorFlow worker's exit status when ``--step-timeout`` passed without a finished step
+#: (:mod:`spark_imagenet.training.watchdog`); its barrier task then raises WorkerLost.
+EXIT_STEP_TIMEOUT = 3
+#: ``--step-timeout``'s default, seconds: far above a real ImageNet step (under a second on a GPU, a few on
+#: CPUs) and the first step's tracing, an epoch's evaluation and a checkpoint upload (docs/design.md, 'No hangs').
+DEFAULT_STEP_TIMEOUT_S = 900.0
 #: The largest seed TensorFlow and NumPy take (2**32 - 1).
 MAX_SEED = 2**32 - 1
 #: ``--strategy`` values (see :class:`TrainConfig`).
@@ -161,6 +167,10 @@ def _checked(name: str, rule: _Rule, value: Any) -> Any:
                 or not 0 <= value[1] < value[0]:
             raise _error(name, f"{label} must be null or [n, i] with 0 <= i < n, got {value!r}")
         return (int(value[0]), int(value[1]))
+    if rule.kind == "options":
+        if not isinstance(value, Mapping):
+            raise _error(name, f"{label} must be an object, got {value!r:.200}")
+        return dict(value)
     if rule.kind == "conf":
         return tuple(sorted(dict(_flat_conf(value, label, name)).items()))
     raise AssertionError(rule.kind)
@@ -225,6 +235,14 @@ class TrainConfig:
         output: folder or ``gs://`` prefix for the trained model, ``labels.json``,
             ``results.json`` and TensorBoard logs (:mod:`spark_imagenet.training.outputs`);
             a local path must be one the chief's host sees; None = none kept.
+        checkpoint_dir: folder (every host sees it) or ``gs://`` prefix of the
+            training checkpoints (:mod:`spark_imagenet.training.checkpoints`);
+            a job launched again resumes from the latest complete one; None = none.
+        max_restarts: times the driver launches the barrier stage again after
+            a :class:`~spark_imagenet.errors.WorkerLost` failure (>= 0).
+        step_timeout: seconds without a finished step before a worker gives up (0 = no limit).
+        startup_timeout: seconds a worker waits for its peers while TensorFlow starts (0 = no limit).
+        deterministic: the same batches and TensorFlow ops on every run (slower; for reproducibility and tests).
         shared_filesystem: a local dataset path is one every host mounts, so
             a cluster master's executors can read it (else refused).
         gpus_per_worker: GPUs per worker (>= 0), Spark's task GPU resource
@@ -273,6 +291,23 @@ class TrainConfig:
     output: str | None = _setting(None, kind="str", optional=True, option="--output",
                                   help="folder or gs://BUCKET/PREFIX for the trained model (model.keras), "
                                        "labels.json, results.json and TensorBoard logs")
+    checkpoint_dir: str | None = _setting(None, kind="str", optional=True, option="--checkpoint-dir",
+                                          help="folder every host sees, or gs://BUCKET/PREFIX: the chief commits the "
+                                               "weights and optimizer state after every epoch, and a launch of the "
+                                               "same job resumes from the latest complete checkpoint")
+    max_restarts: int = _setting(2, kind="int", minimum=0, option="--max-restarts",
+                                 help="launch the barrier stage again this many times after a worker is lost "
+                                      "(killed, stopped, timed out), from the latest checkpoint")
+    step_timeout: float = _setting(DEFAULT_STEP_TIMEOUT_S, kind="float", minimum=0.0, option="--step-timeout",
+                                   help="seconds a worker may go without finishing a training step before it gives "
+                                        "up and names the peers that do not answer (0 = no limit)")
+    startup_timeout: float = _setting(DEFAULT_STARTUP_TIMEOUT_S, kind="float", minimum=0.0,
+                                      option="--startup-timeout",
+                                      help="seconds a worker waits for the others while TensorFlow starts "
+                                           "(0 = no limit)")
+    deterministic: bool = _setting(False, kind="bool", option="--deterministic",
+                                   help="reproducible runs: the same data order, augmentation and TensorFlow ops "
+                                        "on every run (slower input pipeline)")
     shared_filesystem: bool = _setting(False, kind="bool", option="--shared-filesystem",
                                        help="a local dataset path is mounted on every host (NFS and the like), so a "
                                             "cluster master may read it")
@@ -402,7 +437,7 @@ def _unwrap(data: Any, fmt: str, version: int, where: str) -> dict[str, Any]:
 #: Keys of a job file besides the :class:`TrainConfig` fields.
 JOB_FILE_EXTRA_KEYS = ("url",)
 #: Keys whose value is a local path (``url`` only when it has no scheme such as ``gs://``).
-PATH_KEYS = ("url", "cache", "results", "output")
+PATH_KEYS = ("url", "cache", "results", "output", "checkpoint_dir")
 
 
 def absolute_paths(values: Mapping[str, Any], base: str | os.PathLike) -> dict[str, Any]:
@@ -536,6 +571,12 @@ class WorkerSpec:
         threads: TensorFlow intra/inter-op threads; None = TensorFlow's default.
         startup_timeout_s: seconds to wait for the other workers while the
             strategy is built; 0 = no limit.
+        peers: every worker's ``host:port`` in rank order (TF_CONFIG's), named
+            by the step watchdog; empty for one worker.
+        dataset_id: the manifest's dataset id (recorded in checkpoints).
+        restore: a local folder holding the checkpoint to resume from (its
+            ``checkpoint.json`` and TensorFlow files), or None to start at epoch 1.
+        checkpoint_options: :meth:`Storage.reopen_options` of ``config.checkpoint_dir``.
 
     Raises:
         ConfigError: a wrong type or impossible value, naming the key.
@@ -556,6 +597,10 @@ class WorkerSpec:
     parallel: int = _setting(kind="int", minimum=1)
     threads: int | None = _setting(None, kind="int", minimum=0, optional=True)
     startup_timeout_s: float = _setting(DEFAULT_STARTUP_TIMEOUT_S, kind="float", minimum=0.0)
+    peers: tuple[str, ...] = _setting((), kind="files")
+    dataset_id: str | None = _setting(None, kind="str", optional=True)
+    restore: str | None = _setting(None, kind="path", optional=True)
+    checkpoint_options: dict[str, Any] | None = _setting(None, kind="options", optional=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, TrainConfig):

@@ -33,10 +33,11 @@ from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 from spark_imagenet.dataset.manifest import Manifest
-from spark_imagenet.errors import SparkImagenetError, TrainingError
+from spark_imagenet.errors import SparkImagenetError, TrainingError, WorkerLost
 from spark_imagenet.storage import open_storage
+from spark_imagenet.training import checkpoints
 from spark_imagenet.training.assignment import Assignment, assign
-from spark_imagenet.training.barrier_task import TaskSpec, run_task
+from spark_imagenet.training.barrier_task import Resume, TaskSpec, run_task
 from spark_imagenet.training.config import TrainConfig
 from spark_imagenet.training.connect import cancel_connect_job, check_connect, conf_getter, connect_job, connect_url
 from spark_imagenet.training.gpus import check_gpu_conf
@@ -67,6 +68,7 @@ class JobPlan:
         storage_options: :meth:`Storage.reopen_options`, to open the same
             storage in each task.
         output_options: the same for ``config.output`` (empty without one).
+        checkpoint_options: the same for ``config.checkpoint_dir`` (empty without one).
     """
 
     url: str
@@ -75,6 +77,7 @@ class JobPlan:
     assignment: Assignment
     storage_options: Mapping[str, Any]
     output_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    checkpoint_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def as_config(config: TrainConfig | int | None, settings: Mapping[str, Any]) -> TrainConfig:
@@ -123,11 +126,17 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
         output_options = open_output(config.output).reopen_options()
         if "://" not in config.output:
             config = config.replace(output=str(Path(config.output).expanduser().absolute()))
+    checkpoint_options: Mapping[str, Any] = {}
+    if config.checkpoint_dir is not None:  # written by the chief after every epoch: refused now if it cannot be
+        checkpoint_options = open_output(config.checkpoint_dir, "--checkpoint-dir").reopen_options()
+        if "://" not in config.checkpoint_dir:
+            config = config.replace(checkpoint_dir=str(Path(config.checkpoint_dir).expanduser().absolute()))
     storage = open_storage(url)
     manifest = Manifest.load(storage)
     plan = assign(manifest, config.workers, config.batch_size)
     return JobPlan(url=storage.url, config=config, manifest=manifest, assignment=plan,
-                   storage_options=storage.reopen_options(), output_options=output_options)
+                   storage_options=storage.reopen_options(), output_options=output_options,
+                   checkpoint_options=checkpoint_options)
 
 
 def _announce(job: JobPlan, log: Callable[[str], None]) -> None:
@@ -146,11 +155,69 @@ def _announce(job: JobPlan, log: Callable[[str], None]) -> None:
 CANCEL_WAIT_S = 60
 
 
-def _task_spec(job: JobPlan, log_channel: ChannelSpec | None = None) -> TaskSpec:
+def _task_spec(job: JobPlan, log_channel: ChannelSpec | None = None, resume: Resume | None = None) -> TaskSpec:
     """The description every barrier task of the job receives (pickled)."""
     return TaskSpec(url=job.url, dataset_id=job.manifest.dataset_id, num_classes=job.manifest.num_classes,
                     assignment=job.assignment, config=job.config, storage_options=dict(job.storage_options),
-                    log_channel=log_channel, output_options=dict(job.output_options))
+                    log_channel=log_channel, output_options=dict(job.output_options),
+                    checkpoint_options=dict(job.checkpoint_options), resume=resume)
+
+
+def resume_point(job: JobPlan) -> Resume | None:
+    """The latest complete checkpoint in ``job.config.checkpoint_dir`` that this job may resume from.
+
+    Returns:
+        ``(folder name, CheckpointMeta)``, or None: no ``checkpoint_dir``, or no complete checkpoint in it yet.
+
+    Raises:
+        ConfigError: the checkpoint is of another dataset, model, cluster shape or
+            recipe, or of more epochs than ``epochs`` (:func:`~spark_imagenet.training.checkpoints.check_compatible`).
+        StorageError: the folder cannot be listed or a ``checkpoint.json`` read.
+    """
+    config = job.config
+    if config.checkpoint_dir is None:
+        return None
+    found = checkpoints.latest(open_storage(config.checkpoint_dir, **job.checkpoint_options))
+    if found is None:
+        return None
+    name, meta = found
+    checkpoints.check_compatible(meta, checkpoints.expected_for(config, job.manifest),
+                                 f"--checkpoint-dir {config.checkpoint_dir}, {name}")
+    return found
+
+
+def _launch_with_restarts(spark, sc, job: JobPlan, log: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
+    """Run the barrier stage; after a :class:`WorkerLost` failure launch it again, at most
+    ``config.max_restarts`` times, each time from the latest complete checkpoint (from epoch 1 without
+    ``checkpoint_dir``). Returns every rank's record and the number of restarts.
+
+    Raises:
+        WorkerLost: the last allowed launch lost a worker too (the message counts the launches).
+        SparkImagenetError: any other failure, at once (bad data or settings fail again the same way).
+    """
+    config = job.config
+    restarts = 0
+    while True:
+        resume = resume_point(job)
+        epochs_done = resume[1].epoch if resume else 0
+        if resume is not None:
+            log(f"checkpoint: resuming at epoch {min(epochs_done + 1, config.epochs)} of {config.epochs} from "
+                f"{checkpoints.describe(resume[1])} in {config.checkpoint_dir}")
+        elif restarts:
+            log("checkpoint: none to resume from; training starts again at epoch 1"
+                + ("" if config.checkpoint_dir else " (no --checkpoint-dir)"))
+        try:
+            return _launch(spark, sc, job, log, resume), restarts
+        except WorkerLost as e:
+            if restarts >= config.max_restarts:
+                if restarts:
+                    raise WorkerLost(f"{e}\n(the barrier stage was launched {restarts + 1} times, the last "
+                                     f"allowed by --max-restarts {config.max_restarts})") from None
+                raise
+            restarts += 1
+            first = re.sub(r"; its last \d+ output line\(s\):$", "", str(e).splitlines()[0])
+            log(f"warning: a worker was lost: {first}")
+            log(f"launching the barrier stage again (restart {restarts} of {config.max_restarts})")
 
 
 @contextlib.contextmanager
@@ -179,7 +246,8 @@ def _log_server(sc, log: Callable[[str], None]) -> Iterator[ChannelSpec | None]:
         server.close()
 
 
-def _launch(spark, sc, job: JobPlan, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def _launch(spark, sc, job: JobPlan, log: Callable[[str], None] = print,
+            resume: Resume | None = None) -> list[dict[str, Any]]:
     """Run the barrier stage; return every rank's record.
 
     A classic session (``sc`` given) runs ``sc.parallelize(range(N), N).barrier().mapPartitions``
@@ -195,7 +263,7 @@ def _launch(spark, sc, job: JobPlan, log: Callable[[str], None] = print) -> list
     """
     workers = job.config.workers
     if sc is None:
-        run, interrupt = connect_job(spark, _task_spec(job), workers)
+        run, interrupt = connect_job(spark, _task_spec(job, resume=resume), workers)
         lines = _run_interruptibly(run, lambda done: cancel_connect_job(interrupt, done, CANCEL_WAIT_S),
                                    threading.Thread)
         return [json.loads(s) for s in lines]
@@ -203,7 +271,7 @@ def _launch(spark, sc, job: JobPlan, log: Callable[[str], None] = print) -> list
 
     group = f"spark-imagenet-{uuid.uuid4().hex}"
     with _log_server(sc, log) as channel:
-        spec = _task_spec(job, channel)
+        spec = _task_spec(job, channel, resume)
 
         def run() -> list[str]:
             sc.setJobGroup(group, f"spark-imagenet train {job.config.model} x{workers}", interruptOnCancel=True)
@@ -331,7 +399,8 @@ def _check_session(spark, sc, job: JobPlan, log: Callable[[str], None]) -> str:
         host = urlsplit(url).hostname if url.startswith("sc://") else None
         on_this_machine = host in ("127.0.0.1", "localhost", "::1") and server_master is not None
         check_dataset_reachable(job.url, server_master if on_this_machine else url, config.shared_filesystem)
-        check_output_reachable(config.output, server_master if on_this_machine else url, config.shared_filesystem)
+        for path, option in ((config.output, "--output"), (config.checkpoint_dir, "--checkpoint-dir")):
+            check_output_reachable(path, server_master if on_this_machine else url, config.shared_filesystem, option)
         _check_conf(conf_getter(spark), server_master, job, log, server=url)
         return url
     if config.master is not None and config.master != sc.master:
@@ -339,6 +408,7 @@ def _check_session(spark, sc, job: JobPlan, log: Callable[[str], None]) -> str:
             "(master and conf choose the command line's session; a session of your own keeps its own)")
     check_dataset_reachable(job.url, sc.master, config.shared_filesystem)
     check_output_reachable(config.output, sc.master, config.shared_filesystem)
+    check_output_reachable(config.checkpoint_dir, sc.master, config.shared_filesystem, "--checkpoint-dir")
     check_spark(sc, config.workers)
     _check_conf(sc.getConf().get, sc.master, job, log)
     return sc.master
@@ -391,8 +461,9 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
     master = _check_session(spark, sc, job, log)
     _announce(job, log)
     start = time.monotonic()
-    records = _launch(spark, sc, job, log)
+    records, restarts = _launch_with_restarts(spark, sc, job, log)
     out = build_results(records, job, master=master, wall_seconds=time.monotonic() - start, log=log)
+    out["restarts"] = restarts
     for line in format_table(out).splitlines():
         log(line)
     if job.config.results is not None:
@@ -487,7 +558,9 @@ def task_error(text: str) -> SparkImagenetError:
     exc_lines = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", ln)
                  and not ln.startswith(("org.apache.", "java.", "scala.", "py4j."))]
     detail = f"\nlast Python exception: {exc_lines[-1]}" if exc_lines else ""
-    return TrainingError(f"the Spark training job failed: {reason[:1500]}{detail}\n"
+    # a lost executor or a crashed Python worker may not recur: the driver launches the stage again
+    lost = re.search(r"ExecutorLostFailure|exited unexpectedly|crashed|Lost executor|heartbeat timed out", text)
+    return (WorkerLost if lost else TrainingError)(f"the Spark training job failed: {reason[:1500]}{detail}\n"
                          "(see the [rank R] lines above or the executor logs for each worker's output)")
 
 

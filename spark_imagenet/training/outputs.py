@@ -34,28 +34,30 @@ TENSORBOARD_DIR = "tensorboard"
 LOCAL_OUTPUT_DIR = "output"
 
 
-def open_output(output: str) -> Storage:
-    """Open (and for a local path, create) the ``--output`` folder; refuse one that cannot be written.
+def open_output(output: str, option: str = "--output") -> Storage:
+    """Open (and for a local path, create) the ``--output`` (or ``--checkpoint-dir``) folder; refuse one that
+    cannot be written.
 
     A marker object is written and removed, so a read-only bucket or folder is
     found before any task starts.
 
     Args:
         output: a local path, ``file://`` URL or ``gs://bucket/prefix``.
+        option: the command-line option named in the message.
 
     Returns:
         Storage: the output's storage.
 
     Raises:
         ConfigError: the URL is malformed, or the folder or bucket cannot be
-            written (names ``--output`` and the reason).
+            written (names ``option`` and the reason).
     """
     try:
         storage = open_storage(output)
         storage.write_bytes(".spark-imagenet-write-test", b"")
         storage.delete(".spark-imagenet-write-test", best_effort=True)
     except StorageError as e:
-        raise ConfigError(f"--output {output}: cannot write there ({e}). Give a folder or gs://BUCKET/PREFIX you "
+        raise ConfigError(f"{option} {output}: cannot write there ({e}). Give a folder or gs://BUCKET/PREFIX you "
                           "can write to") from None
     return storage
 

@@ -252,10 +252,13 @@ def check_dataset_reachable(url: str, master: str, shared_filesystem: bool) -> N
     )
 
 
-def check_output_reachable(output: str | None, master: str, shared_filesystem: bool) -> None:
-    """Refuse an ``--output`` on the driver's own disk when the chief may run on another host.
+def check_output_reachable(output: str | None, master: str, shared_filesystem: bool,
+                           option: str = "--output") -> None:
+    """Refuse an ``--output`` (or ``--checkpoint-dir``) on the driver's own disk when the chief may run on
+    another host.
 
-    The chief's barrier task writes ``model.keras`` and the TensorBoard logs from its executor's host.
+    The chief's barrier task writes ``model.keras``, the TensorBoard logs and the checkpoints from its
+    executor's host (and every task reads a checkpoint to resume from).
 
     Raises:
         ConfigError: a local path with a cluster master, and ``shared_filesystem`` false.
@@ -264,10 +267,11 @@ def check_output_reachable(output: str | None, master: str, shared_filesystem: b
 
     if output is None or shared_filesystem or is_local_master(master) or output.startswith("gs://"):
         return
+    what = "the checkpoints" if option == "--checkpoint-dir" else "the model and TensorBoard logs"
     raise ConfigError(
-        f"--output {output} is a path on the driver's disk, but master {master} runs the chief (rank 0), which "
-        "writes the model and TensorBoard logs, on an executor that may be on another host. Give a bucket "
-        "(--output gs://BUCKET/PREFIX), or a path every host mounts and --shared-filesystem"
+        f"{option} {output} is a path on the driver's disk, but master {master} runs the chief (rank 0), which "
+        f"writes {what}, on an executor that may be on another host. Give a bucket "
+        f"({option} gs://BUCKET/PREFIX), or a path every host mounts and --shared-filesystem"
     )
 
 

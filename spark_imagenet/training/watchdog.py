@@ -46,9 +46,9 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import tf_keras as keras  # noqa: E402
 
-#: Exit status of a worker process the watchdog ends: no progress within the step timeout.
-#: (1 is any other failure of the worker, 2 wrong usage.)
-EXIT_STEP_TIMEOUT = 3
+# Exit status of a worker process the watchdog ends (no progress within the step timeout; 1 is any other
+# failure of the worker, 2 wrong usage), stated once in config so the barrier task can read it without TF.
+from spark_imagenet.training.config import EXIT_STEP_TIMEOUT  # noqa: E402,F401
 
 #: Seconds each peer probe waits for an answer.
 DEFAULT_PROBE_TIMEOUT_S = 5.0

@@ -68,10 +68,11 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import re
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -81,7 +82,9 @@ import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import SparkImagenetError, TrainingError  # noqa: E402
 from spark_imagenet.training.config import WorkerSpec  # noqa: E402
+from spark_imagenet.training.checkpoints import CheckpointMeta  # noqa: E402
 from spark_imagenet.training.outputs import LOCAL_OUTPUT_DIR, MODEL_FILE, TENSORBOARD_DIR  # noqa: E402
+from spark_imagenet.training.watchdog import StepWatchdog  # noqa: E402
 
 #: Settings every worker must agree on, as ``WorkerSpec`` attribute paths
 #: (order matters: it is the all-gather layout).
@@ -94,6 +97,7 @@ STAGE_SETUP = "setting up TensorFlow (threads, seed)"
 STAGE_STRATEGY = "building the strategy"
 STAGE_DATA = "reading data"
 STAGE_MODEL = "building the model"
+STAGE_RESTORE = "restoring the checkpoint"
 STAGE_FIT = "training (fit)"
 STAGE_EVALUATE = "evaluating"
 STAGE_OUTPUT = "saving the model for --output"
@@ -278,6 +282,11 @@ def _configure(spec: WorkerSpec) -> None:
     # Per-worker seed (dropout, augmentation); the initial weights are
     # broadcast from the chief by MWMS, so they agree anyway.
     keras.utils.set_random_seed(spec.seed)
+    # Dropout draws from a tf.random.Generator, whose state is a variable: checkpoints hold it, so a resumed
+    # run draws the masks an uninterrupted one would (Keras' legacy stateful ops restart their streams).
+    keras.backend.experimental.enable_tf_random_generator()
+    if spec.config.deterministic:
+        tf.config.experimental.enable_op_determinism()
 
 
 #: The TensorFlow strategy each ``--strategy`` builds (named in the log line).
@@ -380,8 +389,11 @@ def _build_strategy(spec: WorkerSpec, log: Callable[[str], None]) -> tuple[tf.di
     return strategy, val_total, {"strategy": spec.config.strategy, "all_reduce": all_reduce, "devices": devices}
 
 
-def _datasets(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> tuple[Any, Any]:
-    """The distributed train dataset and the val dataset (None without val steps).
+def _datasets(strategy: tf.distribute.Strategy, spec: WorkerSpec, initial_epoch: int = 0) -> tuple[Any, Any]:
+    """The distributed train dataset, from epoch ``initial_epoch`` (0-based) on, and the val dataset (None
+    without val steps). Each epoch's batches depend only on the worker's files, its seed and the epoch
+    (:func:`~spark_imagenet.training.pipeline.train_dataset`), so a resumed run sees the batches of an
+    uninterrupted one.
 
     Raises:
         TrainingError: a shard file is missing.
@@ -394,8 +406,14 @@ def _datasets(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> tuple[Any, 
     global_batch = config.global_batch_size
 
     def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        return pipeline.train_dataset(list(spec.train_files), ctx.get_per_replica_batch_size(global_batch),
-                                      config.image_size, spec.parallel, seed=spec.seed)
+        # each local replica takes one batch per step: an epoch is steps x this worker's batch records
+        per_replica = ctx.get_per_replica_batch_size(global_batch)
+        local_replicas = max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
+        return pipeline.train_dataset(list(spec.train_files), per_replica, config.image_size, spec.parallel,
+                                      seed=spec.seed,
+                                      records_per_epoch=spec.steps_per_epoch * per_replica * local_replicas,
+                                      initial_epoch=initial_epoch, epochs=config.epochs,
+                                      deterministic=config.deterministic)
 
     def eval_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         # Each local replica takes one batch per step from this worker's dataset.
@@ -422,8 +440,15 @@ def _build_model(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> keras.Mo
 
 
 def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec, log: Callable[[str], None],
-         summary_dir: str | None = None) -> dict[str, Any]:
-    """Train; return the result fields about training. The chief writes TensorBoard scalars to ``summary_dir``."""
+         summary_dir: str | None = None, initial_epoch: int = 0,
+         callbacks: Sequence[keras.callbacks.Callback] = (),
+         earlier: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """Train epochs ``initial_epoch + 1 .. epochs``; return the result fields about training.
+
+    The chief writes TensorBoard scalars to ``summary_dir``. ``earlier`` is the history of the epochs a
+    checkpoint already holds; the returned ``history`` covers every epoch, and ``steps``/``train_images``
+    count only the steps this run made.
+    """
     from spark_imagenet.training import pipeline
 
     config = spec.config
@@ -432,23 +457,28 @@ def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec, log: Callable[[str
     timer = _EpochProgress(config.epochs, spec.steps_per_epoch, config.batch_size, log if chief else None,
                            summary_dir if chief else None)
     t0 = time.perf_counter()
-    with pipeline.naming_bad_records(list(spec.train_files), parallel=spec.parallel):
-        history = model.fit(train_ds, epochs=config.epochs, steps_per_epoch=spec.steps_per_epoch,
-                            callbacks=[timer], verbose=0)
+    hist = {k: list(v) for k, v in (earlier or {}).items()}
+    if initial_epoch < config.epochs:
+        with pipeline.naming_bad_records(list(spec.train_files), parallel=spec.parallel):
+            history = model.fit(train_ds, epochs=config.epochs, initial_epoch=initial_epoch,
+                                steps_per_epoch=spec.steps_per_epoch, callbacks=[timer, *callbacks], verbose=0)
+        for k, vals in history.history.items():
+            hist.setdefault(k, []).extend(float(v) for v in vals)
     train_seconds = time.perf_counter() - t0
-    steps = config.epochs * spec.steps_per_epoch
+    steps = (config.epochs - initial_epoch) * spec.steps_per_epoch
     timed = timer.seconds[1:] if len(timer.seconds) > 1 else timer.seconds
     images = spec.steps_per_epoch * config.batch_size * len(timed)
     images_per_sec = images / sum(timed) if timed and sum(timed) > 0 else 0.0
-    hist = {k: [float(v) for v in vals] for k, vals in history.history.items()}
     log(
         f"train: {steps} steps, {steps * config.batch_size} images in {train_seconds:.1f} s; "
         f"{images_per_sec:.1f} images/s on this worker over {len(timed)} epoch(s)"
         + (" (first epoch excluded)" if len(timer.seconds) > 1 else "")
     )
+    last = {k: (v[-1] if v else None) for k, v in hist.items()}
     return {"train_images": steps * config.batch_size, "steps": steps, "images_per_sec": images_per_sec,
             "timed_epochs": len(timed), "epoch_seconds": timer.seconds, "train_seconds": train_seconds,
-            "train_loss": hist["xent"][-1], "train_top1": hist["top1"][-1], "history": hist}
+            "train_loss": last.get("xent"), "train_top1": last.get("top1"), "history": hist,
+            "initial_epoch": initial_epoch}
 
 
 def _evaluate(model: keras.Model, val_ds: Any, spec: WorkerSpec, val_total: int,
@@ -507,20 +537,30 @@ def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
     _configure(spec)
     status["stage"] = STAGE_STRATEGY
     strategy, val_total, described = _build_strategy(spec, log)
-    status["stage"] = STAGE_DATA
-    train_ds, val_ds = _datasets(strategy, spec)
-    log(f"data: {len(spec.train_files)} train file(s), {spec.train_examples} examples; "
-        f"{len(spec.val_files)} val file(s), {spec.val_examples} of {val_total} val examples; "
-        f"batch {config.batch_size}/worker, {config.image_size} px")
     status["stage"] = STAGE_MODEL
     model = _build_model(strategy, spec)
     params = int(model.count_params())
     if spec.rank == 0:  # the same model on every rank: one line
         log(f"model: {config.model} width {config.width:g}, {params:,} parameters, {spec.num_classes} classes")
+    earlier = None
+    if spec.restore is not None:
+        status["stage"] = STAGE_RESTORE
+        earlier = _restore(model, strategy, spec, log)
+    initial_epoch = earlier.epoch if earlier is not None else 0
+    status["stage"] = STAGE_DATA
+    train_ds, val_ds = _datasets(strategy, spec, initial_epoch)
+    log(f"data: {len(spec.train_files)} train file(s), {spec.train_examples} examples; "
+        f"{len(spec.val_files)} val file(s), {spec.val_examples} of {val_total} val examples; "
+        f"batch {config.batch_size}/worker, {config.image_size} px")
     local_output = output_dir if config.output else None
     status["stage"] = STAGE_FIT
+    watchdog = StepWatchdog(config.step_timeout, spec.rank, list(spec.peers))
+    callbacks: list[keras.callbacks.Callback] = [watchdog]
+    if config.checkpoint_dir is not None:
+        callbacks.append(_saver(spec, earlier, log, watchdog.feed))
     trained = _fit(model, train_ds, spec, log,
-                   os.path.join(local_output, TENSORBOARD_DIR, "train") if local_output else None)
+                   os.path.join(local_output, TENSORBOARD_DIR, "train") if local_output else None,
+                   initial_epoch, callbacks, earlier.history if earlier is not None else None)
     status["stage"] = STAGE_EVALUATE
     val, eval_seconds = _evaluate(model, val_ds, spec, val_total, log)
     if config.output:
@@ -529,6 +569,37 @@ def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
     return {"rank": spec.rank, "workers": spec.workers, "replicas_in_sync": int(strategy.num_replicas_in_sync),
             "train_examples": spec.train_examples, "batch_size": config.batch_size, "epochs": config.epochs,
             **described, **trained, "val": val, "eval_seconds": eval_seconds, "params": params}
+
+
+def _restore(model: keras.Model, strategy: tf.distribute.Strategy, spec: WorkerSpec,
+             log: Callable[[str], None]) -> CheckpointMeta:
+    """Load ``spec.restore`` into ``model``; the chief logs where training resumes. Returns its meta."""
+    from spark_imagenet.training import checkpoints
+    from spark_imagenet.training.checkpointing import restore
+
+    meta = restore(model, strategy, spec.restore)
+    if spec.rank == 0:
+        epochs = spec.config.epochs
+        if meta.epoch >= epochs:
+            log(f"checkpoint: {checkpoints.describe(meta)} is the run's last ({epochs} epoch(s)): nothing left to "
+                "train; evaluating it")
+        else:
+            log(f"resumed at epoch {meta.epoch + 1} of {epochs} from {checkpoints.describe(meta)}")
+    return meta
+
+
+def _saver(spec: WorkerSpec, earlier: CheckpointMeta | None, log: Callable[[str], None],
+           feed: Callable[[], None]) -> keras.callbacks.Callback:
+    """The callback that writes a checkpoint after every epoch (the chief commits it to ``checkpoint_dir``)."""
+    from spark_imagenet.storage import open_storage
+    from spark_imagenet.training import checkpoints
+    from spark_imagenet.training.checkpointing import CheckpointSaver
+
+    config = spec.config
+    meta = checkpoints.new_meta(config, spec.dataset_id, spec.num_classes, spec.steps_per_epoch,
+                                earlier.history if earlier is not None else {})
+    return CheckpointSaver(meta, lambda: open_storage(config.checkpoint_dir, **(spec.checkpoint_options or {})),
+                           spec.rank == 0, spec.steps_per_epoch, log, feed)
 
 
 def _save_outputs(model: keras.Model, spec: WorkerSpec, val: dict[str, Any], local: str | None) -> None:
@@ -549,7 +620,7 @@ def _save_outputs(model: keras.Model, spec: WorkerSpec, val: dict[str, Any], loc
     writer.close()
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException, peers: Sequence[str] = ()) -> str:
     """A one-line description of ``exc`` for stderr.
 
     A :class:`SparkImagenetError` message is kept whole. Other messages keep
@@ -568,8 +639,42 @@ def _one_line(exc: BaseException) -> str:
     if len(message) > 2000:
         message = message[:2000] + " ..."
     if isinstance(exc, (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.DeadlineExceededError)):
-        message += " (another worker probably failed or became unreachable: see the other workers' messages)"
+        lost = lost_peers(str(exc), peers)
+        message = (f"{lost}; TensorFlow: {message}" if lost else
+                   message + " (another worker probably failed or became unreachable: see the other workers' "
+                             "messages)")
     return f"{type(exc).__name__}: {message}"
+
+
+def lost_peers(message: str, peers: Sequence[str] = ()) -> str | None:
+    """Who is missing, from the text of a collective that TensorFlow's coordination service aborted.
+
+    The service (on the chief) fails every worker's collectives about 10 s after a worker stops sending
+    heartbeats (killed, SIGSTOPped, its machine gone) with "The following tasks are unhealthy (stopped
+    sending heartbeats): /job:worker/replica:0/task:R ..."; when the chief itself stops, the others' heartbeat
+    RPC times out ("Deadline Exceeded ... CoordinationService/Heartbeat"). docs/design.md, 'No hangs'.
+
+    Args:
+        message: the error's text.
+        peers: every worker's ``host:port`` in rank order (named beside each rank when given).
+
+    Returns:
+        ``"rank 1 (HOST:PORT) stopped sending heartbeats (stopped, killed or unreachable)"``, the chief's
+        case, or None.
+    """
+    def name(r: int) -> str:
+        return f"rank {r} ({peers[r]})" if 0 <= r < len(peers) else f"rank {r}"
+
+    if "stopped sending heartbeats" in message:
+        tail = message.split("stopped sending heartbeats", 1)[1]
+        ranks = sorted({int(r) for r in re.findall(r"/job:worker/replica:\d+/task:(\d+)", tail)})
+        if ranks:
+            who = ", ".join(name(r) for r in ranks)
+            return f"{who} stopped sending heartbeats (stopped, killed or unreachable)"
+    if "CoordinationService/Heartbeat" in message:
+        return (f"the chief, {name(0)}, which runs TensorFlow's coordination service, does not answer heartbeats "
+                "(stopped, killed or unreachable)")
+    return None
 
 
 def _write_json_atomic(path: str, obj: dict) -> None:
@@ -604,12 +709,15 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(data, dict):
             rank = data.get("rank", "?")
         spec = WorkerSpec.from_json(data, f"worker spec {spec_path}")
+        status["peers"] = spec.peers
         output_dir = os.path.join(os.path.dirname(os.path.abspath(result_path)), LOCAL_OUTPUT_DIR)
         result = run_worker(spec, status=status, output_dir=output_dir)
         status["stage"] = STAGE_RESULT
         _write_json_atomic(result_path, result)
     except BaseException as exc:  # noqa: BLE001 - report everything, including KeyboardInterrupt
-        print(f"worker rank {rank} failed while {status['stage']}: {_one_line(exc)}", file=sys.stderr, flush=True)
+        peers = status.get("peers", ())
+        print(f"worker rank {rank} failed while {status['stage']}: {_one_line(exc, peers)}", file=sys.stderr,
+              flush=True)
         if os.environ.get("SPARK_IMAGENET_DEBUG"):
             import traceback
 

@@ -1,0 +1,185 @@
+"""Lost workers on local[2]: checkpoints and resume after a SIGKILL, a worker lost at start-up, a stopped worker.
+
+The faults are real: the test finds a rank's TensorFlow worker process by its command line and ``TF_CONFIG``
+and sends it SIGKILL or SIGSTOP from outside, as a dying machine or a stuck process would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_util import small_layout
+from spark_imagenet.dataset.sharding import shard
+from spark_imagenet.errors import WorkerLost
+from spark_imagenet.training.driver import train
+
+pytestmark = pytest.mark.slow
+
+WORKER_MODULE = "spark_imagenet.training.worker"
+# 4 classes x 20 train images, 2 workers of batch 4: 10 steps per epoch, long enough to be killed inside
+SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01, "epochs": 3,
+         "deterministic": True, "parallel": 1}
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    tree = small_layout(root / "kaggle", train_per_class=20)
+    shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False, log=lambda m: None)
+    return root / "bucket"
+
+
+def worker_pids(rank: int) -> list[int]:
+    """The pids of the TensorFlow worker processes of ``rank`` (by command line and TF_CONFIG's task index)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            if cmdline[1:3] != [b"-m", WORKER_MODULE.encode()]:  # the process itself, not its supervisor
+                continue
+            environ = dict(kv.split(b"=", 1) for kv in Path(entry.path, "environ").read_bytes().split(b"\0")
+                           if b"=" in kv)
+        except OSError:
+            continue
+        tf_config = json.loads(environ.get(b"TF_CONFIG", b"{}") or b"{}")
+        if tf_config.get("task", {}).get("index") == rank:
+            found.append(int(entry.name))
+    return found
+
+
+class Saboteur(threading.Thread):
+    """Sends ``sig`` once to rank ``rank``'s TensorFlow process when ``ready()`` first holds; records the pid."""
+
+    def __init__(self, rank: int, sig: int, ready) -> None:
+        super().__init__(daemon=True)
+        self.rank, self.sig, self.ready = rank, sig, ready
+        self.victims: list[int] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            pids = worker_pids(self.rank)
+            if pids and self.ready():
+                for pid in pids:
+                    os.kill(pid, self.sig)
+                self.victims = pids
+                return
+            time.sleep(0.02)
+
+
+def _weights(output: Path) -> list[np.ndarray]:
+    import tf_keras as keras
+
+    return keras.models.load_model(output / "model.keras", compile=False).get_weights()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def none_left(wait_s: float = 60.0) -> bool:
+    """Whether every TensorFlow worker process is gone, waiting up to ``wait_s`` for Spark to end the tasks."""
+    deadline = time.monotonic() + wait_s
+    while worker_pids(0) or worker_pids(1):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_a_worker_killed_in_epoch_2_resumes_from_the_checkpoint_of_epoch_1(spark, bucket, tmp_path):
+    """SIGKILL of rank 1's TensorFlow process during epoch 2 of 3: the driver launches the stage again, every
+    worker restores the checkpoint of epoch 1, epochs 2 and 3 are trained once more, and the final weights
+    equal those of an uninterrupted run (deterministic mode: the same batches, dropout masks and ops)."""
+    url = str(bucket)
+    plain = train(spark, url, 2, cache=tmp_path / "cache", output=str(tmp_path / "plain"), log=lambda m: None,
+                  **SMALL)
+    ckpt = tmp_path / "ckpt"
+    first_done = ckpt / "epoch-000001" / "checkpoint.json"
+    killer = Saboteur(1, signal.SIGKILL, first_done.exists)
+    lines: list[str] = []
+    killer.start()
+    try:
+        out = train(spark, url, 2, cache=tmp_path / "cache", output=str(tmp_path / "resumed"),
+                    checkpoint_dir=str(ckpt), log=lines.append, **SMALL)
+    finally:
+        killer.stop.set()
+    text = "\n".join(lines)
+    assert killer.victims, text
+    assert out["restarts"] == 1, text
+    assert "warning: a worker was lost: rank 1 on" in text and "SIGKILL" in text, text
+    assert "resuming at epoch 2 of 3 from the checkpoint of epoch 1 " in text, text
+    assert not (ckpt / "epoch-000003").exists() or (ckpt / "epoch-000003" / "checkpoint.json").exists()
+    assert len(out["history"]["xent"]) == 3  # epochs 1 (from the checkpoint), 2 and 3
+    assert out["history"]["xent"] == pytest.approx(plain["history"]["xent"], rel=1e-6)
+    for a, b in zip(_weights(tmp_path / "plain"), _weights(tmp_path / "resumed")):
+        np.testing.assert_array_equal(a, b)
+    assert out["val"] == plain["val"]
+
+
+def test_a_checkpoint_of_another_shape_is_refused(spark, bucket, tmp_path):
+    """A checkpoint written by a job of another image size is refused before any task starts."""
+    ckpt = tmp_path / "ckpt"
+    train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt), log=lambda m: None,
+          **{**SMALL, "epochs": 1})
+    from spark_imagenet.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt), log=lambda m: None,
+              **{**SMALL, "image_size": 80})
+    assert "--image-size" in str(e.value) and "72" in str(e.value) and "80" in str(e.value)
+
+
+def test_a_worker_lost_at_start_up_fails_the_job_naming_its_rank(spark, bucket, tmp_path):
+    """Rank 1's TensorFlow process dies as soon as it starts; without restarts the job fails at once with
+    WorkerLost naming rank 1 and its host, and no TensorFlow process is left."""
+    killer = Saboteur(1, signal.SIGKILL, lambda: True)
+    killer.start()
+    try:
+        with pytest.raises(WorkerLost) as e:
+            train(spark, str(bucket), 2, cache=tmp_path / "cache", max_restarts=0, log=lambda m: None, **SMALL)
+    finally:
+        killer.stop.set()
+    assert killer.victims
+    assert "rank 1 on " in str(e.value) and "SIGKILL" in str(e.value)
+    assert none_left()
+
+
+def test_a_stopped_worker_ends_the_job_within_the_step_timeout_naming_it(spark, bucket, tmp_path):
+    """Rank 1's TensorFlow process is SIGSTOPped in the middle of training: rank 0's step watchdog gives up
+    before --step-timeout ends (TensorFlow's heartbeats or the step watchdog), names rank 1 and its address, and
+    nothing is left running."""
+    ckpt = tmp_path / "ckpt"
+    stopper = Saboteur(1, signal.SIGSTOP, (ckpt / "epoch-000001" / "checkpoint.json").exists)
+    stopper.start()
+    try:
+        with pytest.raises(WorkerLost) as e:
+            train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt), max_restarts=0,
+                  step_timeout=20, log=lambda m: None, **SMALL)
+    finally:
+        stopper.stop.set()
+        for pid in stopper.victims:  # a stopped process is still killable; the job must have done it already
+            if not none_left() and not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail(f"the stopped worker {pid} was left running")
+    message = str(e.value)
+    assert stopper.victims
+    # TensorFlow's coordination service notices the missing heartbeats first (about 10 s); a peer that still
+    # sends them but is stuck in a step is found by the step watchdog (tests/test_watchdog.py)
+    assert re.search(r"rank 1 \([^ ]+:\d+\) (stopped sending heartbeats|does not answer)", message), message
+    assert none_left()
