@@ -205,3 +205,19 @@ def test_worker_spec_of_each_rank(tmp_path):
     fixed = worker_spec(TaskSpec(**{**spec.__dict__, "config": job.config.replace(parallel=1)}), 0,
                         ["/c/t0"], ["/c/v0"], threads=3)
     assert fixed.parallel == 1 and fixed.threads == 3
+
+
+@pytest.mark.parametrize("code, tail, lost", [
+    (-9, [], True),  # SIGKILL (the OOM killer, a dying machine)
+    (3, ["worker rank 0: no training step finished in 20 s (--step-timeout 20); ..."], True),
+    (1, ["worker rank 0 failed while training (fit): UnavailableError: rank 1 (h:1) stopped sending heartbeats"], True),
+    (1, ["worker rank 1 failed while training (fit): DeadlineExceededError: the chief ..."], True),
+    (1, ["Timeout (0:10:00)!", "Thread 0x1 (most recent call first):"], True),
+    (1, ["worker rank 0 failed while reading data: ImageError: train-00000.tfrecord record 3 ..."], False),
+    (1, ["worker rank 0 failed while building the strategy: TrainingError: the workers disagree ..."], False),
+    (1, ["worker rank 0 failed while training (fit): InvalidArgumentError: logits and labels ..."], False),
+])
+def test_worker_lost_tells_a_lost_worker_from_a_failure_that_would_recur(code, tail, lost):
+    from spark_imagenet.training.barrier_task import worker_lost
+
+    assert worker_lost(code, tail) is lost

@@ -124,3 +124,17 @@ def test_task_failure_reaches_the_driver_as_a_clear_error(spark, tmp_path):
         assert path.read_bytes() == (bucket / path.name).read_bytes(), path.name
     # the session is still usable afterwards
     assert spark.sparkContext.parallelize(range(4), 2).sum() == 6
+
+
+def test_a_spark_failure_of_a_lost_executor_is_worker_lost_and_others_are_not():
+    from spark_imagenet.errors import WorkerLost
+
+    lost = task_error("org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 3.0 "
+                      "failed 1 times, most recent failure: Lost task 1.0 (ExecutorLostFailure (executor 2 exited "
+                      "caused by one of the running tasks) Reason: Remote RPC client disassociated)\n\tat x.y(Z)")
+    assert type(lost) is WorkerLost and "ExecutorLostFailure" in str(lost)
+    other = task_error("org.apache.spark.SparkException: Job aborted due to stage failure: bad conf\n\tat x.y(Z)")
+    assert type(other) is TrainingError
+    rebuilt = task_error("...spark_imagenet.errors.WorkerLost: rank 1 on h: the TensorFlow process was killed by "
+                         "SIGKILL; its last 1 output line(s):\n  | x\n(end of rank 1 output)\n\tat x")
+    assert type(rebuilt) is WorkerLost and str(rebuilt).endswith("(end of rank 1 output)")

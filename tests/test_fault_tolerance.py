@@ -102,34 +102,66 @@ def none_left(wait_s: float = 60.0) -> bool:
     return True
 
 
-def test_a_worker_killed_in_epoch_2_resumes_from_the_checkpoint_of_epoch_1(spark, bucket, tmp_path):
-    """SIGKILL of rank 1's TensorFlow process during epoch 2 of 3: the driver launches the stage again, every
-    worker restores the checkpoint of epoch 1, epochs 2 and 3 are trained once more, and the final weights
-    equal those of an uninterrupted run (deterministic mode: the same batches, dropout masks and ops)."""
-    url = str(bucket)
-    plain = train(spark, url, 2, cache=tmp_path / "cache", output=str(tmp_path / "plain"), log=lambda m: None,
-                  **SMALL)
-    ckpt = tmp_path / "ckpt"
-    first_done = ckpt / "epoch-000001" / "checkpoint.json"
-    killer = Saboteur(1, signal.SIGKILL, first_done.exists)
+@pytest.fixture(scope="module")
+def uninterrupted(spark, bucket, tmp_path_factory):
+    """The uninterrupted run (no checkpoints) the resumed runs are compared with: its results and --output."""
+    root = tmp_path_factory.mktemp("plain")
+    result = train(spark, str(bucket), 2, cache=root / "cache", output=str(root / "out"), log=lambda m: None,
+                   **SMALL)
+    return result, root / "out"
+
+
+def _killed_in_epoch_2(spark, bucket, tmp_path, checkpoint_dir: str, first_done) -> tuple[dict, list[str]]:
+    """Train with ``checkpoint_dir`` while a Saboteur SIGKILLs rank 1 once ``first_done()`` (epoch 1 committed)."""
+    killer = Saboteur(1, signal.SIGKILL, first_done)
     lines: list[str] = []
     killer.start()
     try:
-        out = train(spark, url, 2, cache=tmp_path / "cache", output=str(tmp_path / "resumed"),
-                    checkpoint_dir=str(ckpt), log=lines.append, **SMALL)
+        out = train(spark, str(bucket), 2, cache=tmp_path / "cache", output=str(tmp_path / "resumed"),
+                    checkpoint_dir=checkpoint_dir, log=lines.append, **SMALL)
     finally:
         killer.stop.set()
+    assert killer.victims, "\n".join(lines)
+    return out, lines
+
+
+def _check_resumed(out: dict, lines: list[str], uninterrupted, resumed_output: Path) -> None:
+    """One restart, resumed at epoch 2 of 3 from epoch 1's checkpoint, and the uninterrupted run's weights."""
+    plain, plain_output = uninterrupted
     text = "\n".join(lines)
-    assert killer.victims, text
     assert out["restarts"] == 1, text
     assert "warning: a worker was lost: rank 1 on" in text and "SIGKILL" in text, text
+    assert "launching the barrier stage again (restart 1 of 2)" in text, text
     assert "resuming at epoch 2 of 3 from the checkpoint of epoch 1 " in text, text
-    assert not (ckpt / "epoch-000003").exists() or (ckpt / "epoch-000003" / "checkpoint.json").exists()
-    assert len(out["history"]["xent"]) == 3  # epochs 1 (from the checkpoint), 2 and 3
+    assert len(out["history"]["xent"]) == 3  # epoch 1 from the checkpoint, epochs 2 and 3 trained again
     assert out["history"]["xent"] == pytest.approx(plain["history"]["xent"], rel=1e-6)
-    for a, b in zip(_weights(tmp_path / "plain"), _weights(tmp_path / "resumed")):
+    for a, b in zip(_weights(plain_output), _weights(resumed_output), strict=True):
         np.testing.assert_array_equal(a, b)
     assert out["val"] == plain["val"]
+
+
+def test_a_worker_killed_in_epoch_2_resumes_from_the_checkpoint_of_epoch_1(spark, bucket, tmp_path, uninterrupted):
+    """SIGKILL of rank 1's TensorFlow process during epoch 2 of 3: the driver launches the stage again, every
+    worker restores the checkpoint of epoch 1, epochs 2 and 3 are trained once more, and the final weights
+    equal those of an uninterrupted run (deterministic mode: the same batches, dropout masks and ops)."""
+    ckpt = tmp_path / "ckpt"
+    out, lines = _killed_in_epoch_2(spark, bucket, tmp_path, str(ckpt),
+                                    (ckpt / "epoch-000001" / "checkpoint.json").exists)
+    _check_resumed(out, lines, uninterrupted, tmp_path / "resumed")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["epoch-000002", "epoch-000003"]  # the newest two kept
+
+
+def test_the_same_with_checkpoints_in_a_gs_bucket(spark, bucket, tmp_path, uninterrupted, gcs_bucket):
+    """The same fault with --checkpoint-dir gs://... on fake-gcs-server: commits and the restore go through the
+    storage layer over HTTP."""
+    from spark_imagenet.storage import open_storage
+
+    url = f"gs://{gcs_bucket}/runs/ckpt"
+    storage = open_storage(url)
+    out, lines = _killed_in_epoch_2(spark, bucket, tmp_path, url,
+                                    lambda: storage.exists("epoch-000001/checkpoint.json"))
+    _check_resumed(out, lines, uninterrupted, tmp_path / "resumed")
+    assert {o.name.split("/")[0] for o in storage.list()} == {"epoch-000002", "epoch-000003"}
 
 
 def test_a_checkpoint_of_another_shape_is_refused(spark, bucket, tmp_path):

@@ -384,3 +384,27 @@ def test_mirrored_nccl_without_gpus_is_a_clear_error(shards, tmp_path):
     assert rc == 1
     assert "failed while building the strategy: TrainingError: cross_device_ops (--cross-device-ops) nccl needs " \
            "GPUs, but this worker sees none" in stderr
+
+
+# TensorFlow 2.21's texts (docs/design.md, 'No hangs'): a worker that stopped sending heartbeats, and the chief
+# (the coordination service's leader) that stopped answering them.
+UNHEALTHY = ("{{function_node __wrapped__CollectiveReduceV2}} Collective ops is aborted by: Error reported from "
+             "/job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats):\n"
+             "/job:worker/replica:0/task:1\nThe tasks have crashed. Check the task logs for an earlier error.")
+LEADER_GONE = ("Collective ops is aborted by: Deadline Exceeded\n\nRPC: /tensorflow.CoordinationService/Heartbeat\n"
+               "The error could be from a previous operation. Restart your program to reset.")
+
+
+def test_the_failure_line_names_the_worker_that_stopped_sending_heartbeats():
+    from spark_imagenet.training.worker import _one_line, lost_peers
+
+    peers = ["10.0.0.1:4000", "10.0.0.2:4001"]
+    assert lost_peers(UNHEALTHY, peers) == "rank 1 (10.0.0.2:4001) stopped sending heartbeats (stopped, killed or " \
+                                           "unreachable)"
+    assert lost_peers(LEADER_GONE, peers).startswith("the chief, rank 0 (10.0.0.1:4000), which runs TensorFlow's")
+    assert lost_peers("Socket closed", peers) is None
+    line = _one_line(tf.errors.UnavailableError(None, None, UNHEALTHY), peers)
+    assert line.startswith("UnavailableError: rank 1 (10.0.0.2:4001) stopped sending heartbeats")
+    # without a named peer the hint stays general
+    assert _one_line(tf.errors.UnavailableError(None, None, "Socket closed")).endswith("see the other workers' "
+                                                                                     "messages)")
