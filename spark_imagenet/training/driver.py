@@ -111,8 +111,9 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
         JobPlan: with ``config.cache`` and a local ``config.output`` made absolute.
 
     Raises:
-        ConfigError: an unwritable ``results`` path or ``output``, too few train shards for the workers,
-            GPUs asked of a ``local[N]`` master (which never gives tasks GPUs).
+        ConfigError: an unwritable ``results`` path, ``output`` or ``checkpoint_dir``, too few train shards
+            for the workers, GPUs asked of a ``local[N]`` master (which never gives tasks GPUs), a checkpoint
+            in ``checkpoint_dir`` this job cannot resume from (:func:`resume_point`).
         ManifestError: no or invalid manifest at ``url``.
         StorageError: the storage cannot be read.
     """
@@ -134,9 +135,11 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
     storage = open_storage(url)
     manifest = Manifest.load(storage)
     plan = assign(manifest, config.workers, config.batch_size)
-    return JobPlan(url=storage.url, config=config, manifest=manifest, assignment=plan,
-                   storage_options=storage.reopen_options(), output_options=output_options,
-                   checkpoint_options=checkpoint_options)
+    job = JobPlan(url=storage.url, config=config, manifest=manifest, assignment=plan,
+                  storage_options=storage.reopen_options(), output_options=output_options,
+                  checkpoint_options=checkpoint_options)
+    resume_point(job)  # a checkpoint this job cannot resume from is refused before Spark starts
+    return job
 
 
 def _announce(job: JobPlan, log: Callable[[str], None]) -> None:
@@ -163,8 +166,10 @@ def _task_spec(job: JobPlan, log_channel: ChannelSpec | None = None, resume: Res
                     checkpoint_options=dict(job.checkpoint_options), resume=resume)
 
 
-def resume_point(job: JobPlan) -> Resume | None:
+def resume_point(job: JobPlan, log: Callable[[str], None] | None = None) -> Resume | None:
     """The latest complete checkpoint in ``job.config.checkpoint_dir`` that this job may resume from.
+
+    ``log`` is given each folder skipped as half-written.
 
     Returns:
         ``(folder name, CheckpointMeta)``, or None: no ``checkpoint_dir``, or no complete checkpoint in it yet.
@@ -177,7 +182,7 @@ def resume_point(job: JobPlan) -> Resume | None:
     config = job.config
     if config.checkpoint_dir is None:
         return None
-    found = checkpoints.latest(open_storage(config.checkpoint_dir, **job.checkpoint_options))
+    found = checkpoints.latest(open_storage(config.checkpoint_dir, **job.checkpoint_options), log=log)
     if found is None:
         return None
     name, meta = found
@@ -198,7 +203,7 @@ def _launch_with_restarts(spark, sc, job: JobPlan, log: Callable[[str], None]) -
     config = job.config
     restarts = 0
     while True:
-        resume = resume_point(job)
+        resume = resume_point(job, log)
         epochs_done = resume[1].epoch if resume else 0
         if resume is not None:
             log(f"checkpoint: resuming at epoch {min(epochs_done + 1, config.epochs)} of {config.epochs} from "
