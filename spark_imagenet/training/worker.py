@@ -316,7 +316,8 @@ def _make_strategy(spec: WorkerSpec) -> tuple[tf.distribute.Strategy, str]:
     if config.strategy == "multiworker":
         implementation = getattr(tf.distribute.experimental.CommunicationImplementation, _MWMS_IMPLEMENTATION[ops])
         options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options), f"collective {implementation.name}"
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        return strategy, f"collective {implementation.name}"
     os.environ.pop("TF_CONFIG", None)
     if config.strategy == "default":
         return tf.distribute.get_strategy(), "none (one device)"
@@ -482,8 +483,10 @@ def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec, log: Callable[[str
 
 
 def _evaluate(model: keras.Model, val_ds: Any, spec: WorkerSpec, val_total: int,
-              log: Callable[[str], None]) -> tuple[dict[str, Any], float]:
-    """Exact top-1/top-5/loss over all workers' validation examples; and the seconds it took."""
+              log: Callable[[str], None],
+              callbacks: Sequence[keras.callbacks.Callback] = ()) -> tuple[dict[str, Any], float]:
+    """Exact top-1/top-5/loss over all workers' validation examples; and the seconds it took. ``callbacks``
+    (the step watchdog) see the evaluation's batches."""
     from spark_imagenet.training import pipeline
 
     val: dict[str, Any] = {"images": val_total, "top1": None, "top5": None, "loss": None}
@@ -493,7 +496,7 @@ def _evaluate(model: keras.Model, val_ds: Any, spec: WorkerSpec, val_total: int,
     t0 = time.perf_counter()
     with pipeline.naming_bad_records(list(spec.val_files), parallel=spec.parallel):
         # verbose=0: Keras' line would show its "loss", diluted by the zero-weight padding rows; we log the exact one
-        scores = model.evaluate(val_ds, steps=spec.val_steps, return_dict=True, verbose=0)
+        scores = model.evaluate(val_ds, steps=spec.val_steps, return_dict=True, verbose=0, callbacks=list(callbacks))
     seconds = time.perf_counter() - t0
     val.update(top1=float(scores["top1"]), top5=float(scores["top5"]), loss=float(scores["xent"]))
     if spec.rank == 0:  # the same global numbers on every rank: one line
@@ -562,7 +565,7 @@ def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
                    os.path.join(local_output, TENSORBOARD_DIR, "train") if local_output else None,
                    initial_epoch, callbacks, earlier.history if earlier is not None else None)
     status["stage"] = STAGE_EVALUATE
-    val, eval_seconds = _evaluate(model, val_ds, spec, val_total, log)
+    val, eval_seconds = _evaluate(model, val_ds, spec, val_total, log, [watchdog])
     if config.output:
         status["stage"] = STAGE_OUTPUT
         _save_outputs(model, spec, val, local_output)
