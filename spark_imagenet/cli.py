@@ -546,13 +546,27 @@ def _add_tensorflow_commands(sub) -> None:
 
 def _in_tensorflow_child(module: str, arguments: list[str]) -> int:
     """Run ``python -m module arguments...`` (a command that needs TensorFlow, which this process never imports)
-    with this terminal's input and output; return its exit status."""
+    with this terminal's input and output; return its exit status. On a machine without a GPU, TensorFlow's
+    CUDA start-up lines on stderr (``failed call to cuInit ...``, which read like a failure) become one line."""
     import subprocess
+
+    from spark_imagenet.training.barrier_task import CpuStartupFilter
+    from spark_imagenet.training.gpus import host_has_gpus
 
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    command = [sys.executable, "-m", module, *arguments]
     try:
-        return subprocess.call([sys.executable, "-m", module, *arguments], env=env)
+        if host_has_gpus():
+            return subprocess.call(command, env=env)
+        shown = CpuStartupFilter("TensorFlow found no CUDA driver or GPU here: running on the CPU")
+        with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, errors="replace") as child:
+            assert child.stderr is not None
+            for line in child.stderr:
+                echo = shown(line.rstrip("\n"))
+                if echo is not None:
+                    print(echo, file=sys.stderr, flush=True)
+            return child.wait()
     except KeyboardInterrupt:
         return 130
 

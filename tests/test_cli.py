@@ -221,3 +221,18 @@ def test_a_spark_start_up_failure_is_told_by_its_java_reason():
                   "\tat org.apache.spark.deploy.yarn.Client.verifyClusterResources(Client.scala:1)")
     assert spark_reason(e) == "IllegalArgumentException: Required executor memory (2048 MB) is above the max"
     assert spark_reason(Exception("Could not parse Master URL: 'x'")) == "Could not parse Master URL: 'x'"
+
+
+def test_evaluate_and_predict_report_a_wrong_path_before_tensorflow_starts(tmp_path):
+    """A missing model, dataset or image is one error line, found before the child imports TensorFlow (whose
+    start-up takes seconds and, without a GPU, prints CUDA lines or our one-line notice about them)."""
+    for args, fragment in (
+        (("evaluate", str(tmp_path / "none"), str(tmp_path)), f"model {tmp_path / 'none'}: cannot read model.keras"),
+        (("predict", str(tmp_path / "none"), str(tmp_path / "x.jpg")), f"{tmp_path / 'x.jpg'}: no such file"),
+    ):
+        p = cli(*args, timeout=120)
+        assert p.returncode == 2 and fragment in p.stderr, p.stderr
+        assert p.stderr.count("\n") == 1 and "CPU" not in p.stderr and "cuInit" not in p.stderr, p.stderr
+    (tmp_path / "model.keras").write_bytes(b"not a model")
+    p = cli("evaluate", str(tmp_path), str(tmp_path / "no-dataset"), timeout=120)
+    assert p.returncode == 2 and "manifest" in p.stderr and p.stderr.count("\n") == 1, p.stderr

@@ -354,20 +354,24 @@ class CpuStartupFilter:
     Use it only where no GPU was asked for or found (a GPU worker's CUDA
     errors are real).
 
+    Args:
+        notice: the line shown in place of the first hidden one.
+
     Attributes:
         hidden: how many lines were hidden.
     """
 
     NOTICE = "TensorFlow found no CUDA driver or GPU here: training on the CPU (its CUDA start-up lines not shown)"
 
-    def __init__(self) -> None:
+    def __init__(self, notice: str = NOTICE) -> None:
         self.hidden = 0
+        self.notice = notice
 
     def __call__(self, line: str) -> str | None:
         if not _CPU_STARTUP_NOISE.search(line):
             return line
         self.hidden += 1
-        return self.NOTICE if self.hidden == 1 else None
+        return self.notice if self.hidden == 1 else None
 
 
 def _echo(raw: bytes, prefix: str, tail: collections.deque, out,

@@ -20,12 +20,10 @@ import math
 import os
 import sys
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.dataset.cache import fetch  # noqa: E402
 from spark_imagenet.dataset.manifest import Manifest  # noqa: E402
@@ -33,27 +31,46 @@ from spark_imagenet.errors import ConfigError, SparkImagenetError  # noqa: E402
 from spark_imagenet.storage import open_storage  # noqa: E402
 from spark_imagenet.training.outputs import MODEL_FILE  # noqa: E402
 
+if TYPE_CHECKING:  # TensorFlow is imported only once the URLs are checked (see main)
+    import tf_keras as keras
+
 #: Images per evaluation batch (the padding makes the result independent of it).
 DEFAULT_BATCH = 64
 
 
-def load_model(url: str) -> keras.Model:
-    """Load ``url`` (a ``.keras`` file, or a folder holding ``model.keras``; local or ``gs://``).
+def fetch_model(url: str) -> str:
+    """Fetch the model at ``url`` (a ``.keras`` file, or a folder holding ``model.keras``; local or ``gs://``)
+    into a temporary local file, without TensorFlow; return its path (so a wrong URL is reported in a moment,
+    before TensorFlow starts).
 
     Raises:
-        ConfigError: nothing loadable there (names the URL).
+        ConfigError: nothing there (names the URL).
     """
     folder, name = (url.rsplit("/", 1) if url.endswith(".keras") else (url.rstrip("/"), MODEL_FILE))
     try:
         storage = open_storage(folder or ".")
         local = os.path.join(tempfile.mkdtemp(prefix="spark-imagenet-model-"), name)
         storage.get_file(name, local)
-        return keras.models.load_model(local, compile=False)
     except SparkImagenetError as e:
         raise ConfigError(f"model {url}: cannot read {name} ({e}); give a model.keras file or the --output "
                           "folder of a training run") from None
+    return local
+
+
+def load_model(url: str, local: str | None = None) -> keras.Model:
+    """Load ``url`` (see :func:`fetch_model`; ``local``: its already fetched file) as an uncompiled Keras model.
+
+    Raises:
+        ConfigError: nothing loadable there (names the URL).
+    """
+    import tf_keras as keras
+
+    local = local or fetch_model(url)
+    try:
+        return keras.models.load_model(local, compile=False)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model {url}: {name} is not a Keras model ({type(e).__name__}: {e})") from None
+        raise ConfigError(f"model {url}: {os.path.basename(local)} is not a Keras model "
+                          f"({type(e).__name__}: {e})") from None
 
 
 def evaluate(model: keras.Model, data_url: str, *, cache: str | None = None,
@@ -109,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.batch_size < 1:
             raise ConfigError(f"--batch-size {args.batch_size} must be at least 1")
-        scores = evaluate(load_model(args.model), args.data, cache=args.cache, batch_size=args.batch_size)
+        local = fetch_model(args.model)  # both URLs are checked before TensorFlow starts
+        Manifest.load(open_storage(args.data))
+        scores = evaluate(load_model(args.model, local), args.data, cache=args.cache, batch_size=args.batch_size)
     except SparkImagenetError as e:
         print(f"spark-imagenet: error: {e}", file=sys.stderr)
         return 2

@@ -24,11 +24,9 @@ from typing import Any, Sequence
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-
 from spark_imagenet.errors import ConfigError, SparkImagenetError  # noqa: E402
 from spark_imagenet.storage import open_storage  # noqa: E402
-from spark_imagenet.training.evaluate import load_model  # noqa: E402
+from spark_imagenet.training.evaluate import fetch_model, load_model  # noqa: E402
 from spark_imagenet.training.outputs import LABELS_FILE  # noqa: E402
 
 #: File name endings taken from a folder.
@@ -76,8 +74,13 @@ def jpeg_bytes(path: Path) -> bytes:
         raise ConfigError(f"{path}: not an image that can be read ({e})") from None
 
 
-def read_labels(model_url: str, labels_url: str | None, classes: int) -> list[dict[str, Any]]:
+def read_labels(model_url: str, labels_url: str | None, classes: int | None) -> list[dict[str, Any]]:
     """The class list for the model's outputs (``labels.json`` beside the model, or ``labels_url``).
+
+    Args:
+        model_url: the model's URL (its folder holds the default ``labels.json``).
+        labels_url: the labels file, or None for the default.
+        classes: the model's output count, or None to read the file without checking its length.
 
     Raises:
         ConfigError: no readable labels file, or one whose length differs from the model's outputs.
@@ -92,7 +95,7 @@ def read_labels(model_url: str, labels_url: str | None, classes: int) -> list[di
     except (SparkImagenetError, ValueError) as e:
         raise ConfigError(f"cannot read the class names {folder}/{name} ({e}); give --labels with the "
                           "labels.json of the run that trained the model") from None
-    if not isinstance(labels, list) or len(labels) != classes:
+    if not isinstance(labels, list) or (classes is not None and len(labels) != classes):
         raise ConfigError(f"{folder}/{name} lists {len(labels) if isinstance(labels, list) else 'no'} classes "
                           f"but the model has {classes} outputs: give the labels.json of this model's run")
     return labels
@@ -110,6 +113,8 @@ def predict(model, files: Sequence[Path], labels: Sequence[dict[str, Any]], top:
     Returns:
         list[dict]: per image ``{"file", "top": [{"id", "wnid", "name", "probability"}, ...]}``.
     """
+    import tensorflow as tf
+
     from spark_imagenet.training import pipeline
 
     size = int(model.input_shape[1])
@@ -136,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the predictions as JSON")
     args = parser.parse_args(argv)
     try:
-        files = image_files(args.images)
-        model = load_model(args.model)
+        files = image_files(args.images)  # the paths and the model are checked before TensorFlow starts
+        local = fetch_model(args.model)
+        read_labels(args.model, args.labels, None)
+        model = load_model(args.model, local)
         labels = read_labels(args.model, args.labels, int(model.output_shape[-1]))
         results = predict(model, files, labels, max(1, args.top))
     except SparkImagenetError as e:
