@@ -264,3 +264,24 @@ def test_an_output_that_cannot_be_written_is_refused_before_spark(bucket, tmp_pa
     blocker.write_text("not a folder")
     with pytest.raises(ConfigError, match=rf"--output {re.escape(str(blocker / 'run'))}: cannot write there"):
         plan_job(str(bucket / "bucket"), TrainConfig(workers=2, output=str(blocker / "run"), **SMALL))
+
+
+def test_a_warm_up_and_cosine_schedule_drives_the_optimizer_step_by_step(spark, bucket, tmp_path):
+    """--lr-schedule cosine --warmup-epochs 1 --lr-scaling linear: the learning rate the chief logs to
+    TensorBoard at the end of each epoch (that of its last step) is the schedule's formula at that step."""
+    from spark_imagenet.training.config import TrainConfig
+    from spark_imagenet.training.schedules import schedule_for
+
+    lines: list[str] = []
+    settings = {**SMALL, "epochs": 3, "lr_schedule": "cosine", "warmup_epochs": 1.0, "lr_scaling": "linear"}
+    result = train(spark, str(bucket / "bucket"), 2, cache=bucket / "cache", output=str(tmp_path / "out"),
+                   log=lines.append, **settings)
+    steps = result["config"]["steps_per_epoch"]
+    schedule = schedule_for(TrainConfig(workers=2, **settings), steps)
+    assert schedule.describe() in lines  # the resolved peak, printed before training
+    logged = dict(_scalars(tmp_path / "out" / "tensorboard" / "train")["learning_rate"])
+    assert sorted(logged) == [1, 2, 3]
+    for epoch, value in logged.items():
+        assert value == pytest.approx(schedule.at(epoch * steps - 1), rel=1e-5)
+    assert logged[1] == pytest.approx(schedule.peak, rel=1e-5)  # the end of the warm-up reaches the peak
+    assert logged[3] < logged[2] < logged[1]

@@ -45,6 +45,9 @@ WORKER_FORMAT_VERSION = 1
 #: Default limit, in seconds, on waiting for the other workers while the
 #: strategy is built (0 = no limit).
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
+#: ``--lr-schedule`` and ``--lr-scaling`` values (spark_imagenet.training.schedules).
+LR_SCHEDULES = ("constant", "step", "cosine")
+LR_SCALINGS = ("none", "linear")
 #: The TensorFlow worker's exit status when ``--step-timeout`` passed without a finished step
 #: (:mod:`spark_imagenet.training.watchdog`); its barrier task then raises WorkerLost.
 EXIT_STEP_TIMEOUT = 3
@@ -226,7 +229,11 @@ class TrainConfig:
         batch_size: per-worker batch; the global batch is ``workers * batch_size``.
         image_size: square input side in pixels (at least the model's minimum, 67 for AlexNet).
         width: multiplier of every layer width (> 0; 1.0 = the paper's model).
-        learning_rate: SGD learning rate (> 0).
+        learning_rate: SGD learning rate (> 0); with ``lr_scaling="linear"`` per 256 images.
+        lr_schedule: ``"constant"``, ``"step"`` or ``"cosine"`` over the global step
+            (:mod:`spark_imagenet.training.schedules`).
+        warmup_epochs: linear warm-up epochs (>= 0).
+        lr_scaling: ``"none"`` or ``"linear"`` (peak = learning_rate x global batch / 256).
         seed: random seed of the data order and augmentation draws (>= 0).
         parallel: parallel JPEG decode calls per worker; None = the worker's CPUs.
         transfers: parallel shard downloads per task (>= 1).
@@ -278,6 +285,14 @@ class TrainConfig:
                             help="width multiplier of every layer (1.0 = the paper)")
     learning_rate: float = _setting(0.01, kind="float", positive=True, option="--learning-rate",
                                     help="SGD learning rate")
+    lr_schedule: str = _setting("constant", kind="str", option="--lr-schedule", choices=LR_SCHEDULES,
+                                help="learning rate over the steps: constant, step (/10 at 30, 60, 80 of 90 epochs, "
+                                     "scaled to --epochs) or cosine")
+    warmup_epochs: float = _setting(0.0, kind="float", minimum=0.0, option="--warmup-epochs",
+                                    help="linear warm-up of the learning rate over the first W epochs (0 = none)")
+    lr_scaling: str = _setting("none", kind="str", option="--lr-scaling", choices=LR_SCALINGS,
+                               help="linear: --learning-rate is per 256 images, scaled by the global batch "
+                                    "(Goyal et al. 2017); none: the rate as given")
     seed: int = _setting(0, kind="int", minimum=0, option="--seed",
                          help="random seed of data order and augmentation")
     parallel: int | None = _setting(None, kind="int", minimum=1, optional=True, option="--parallel",

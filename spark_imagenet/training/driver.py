@@ -52,6 +52,7 @@ from spark_imagenet.training.preflight import (
     check_spark,
     spark_context,
 )
+from spark_imagenet.training.schedules import schedule_for
 from spark_imagenet.training.results import build_results, format_table, write_json_atomic
 from spark_imagenet.training.spark_session import is_local_mode
 
@@ -135,6 +136,7 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
     storage = open_storage(url)
     manifest = Manifest.load(storage)
     plan = assign(manifest, config.workers, config.batch_size)
+    schedule_for(config, plan.steps_per_epoch)  # a schedule that does not fit the run is refused now
     job = JobPlan(url=storage.url, config=config, manifest=manifest, assignment=plan,
                   storage_options=storage.reopen_options(), output_options=output_options,
                   checkpoint_options=checkpoint_options)
@@ -152,6 +154,7 @@ def _announce(job: JobPlan, log: Callable[[str], None]) -> None:
     log(f"training {config.model} on {job.url}: {config.workers} worker(s), {plan.train_examples_total} train / "
         f"{plan.val_examples_total} val images, {config.epochs} epoch(s) x {plan.steps_per_epoch} steps, "
         f"batch {config.batch_size} per worker")
+    log(schedule_for(config, plan.steps_per_epoch).describe())
 
 
 #: Seconds to wait, after Ctrl-C, for the cancelled barrier job and its tasks to end.

@@ -403,3 +403,15 @@ _DEFAULTS = {f.name for f in dataclasses.fields(Schedule) if f.default is not da
 __all__ = ["DEFAULT_BOUNDARIES_OF_90", "FORMAT", "FORMAT_VERSION", "KINDS", "OPTIONS", "REFERENCE_BATCH",
            "SCALINGS", "Schedule", "default_boundaries", "epochs_to_steps", "problems_of", "round_half_up",
            "scaled_peak"]
+
+
+def schedule_for(config: Any, steps_per_epoch: int) -> Schedule:
+    """The :class:`Schedule` of a training job (a :class:`~spark_imagenet.training.config.TrainConfig`) whose
+    epochs have ``steps_per_epoch`` steps.
+
+    Raises:
+        ConfigError: as :class:`Schedule` (naming the options).
+    """
+    return Schedule(kind=config.lr_schedule, base_lr=config.learning_rate, global_batch=config.global_batch_size,
+                    scaling=config.lr_scaling, steps_per_epoch=steps_per_epoch, epochs=config.epochs,
+                    warmup_epochs=config.warmup_epochs)

@@ -433,10 +433,16 @@ def _build_model(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> keras.Mo
     """The compiled model, built inside the strategy's scope."""
     from spark_imagenet.training.models.registry import build_model, compile_model
 
+    from spark_imagenet.training.keras_schedule import KerasSchedule
+    from spark_imagenet.training.schedules import schedule_for
+
     config = spec.config
+    schedule = schedule_for(config, spec.steps_per_epoch)
+    plain = schedule.kind == "constant" and schedule.warmup_steps == 0
     with strategy.scope():
         model = build_model(config.model, spec.num_classes, config.image_size, config.width)
-        compile_model(model, config.learning_rate)
+        # a function of the optimizer's step count, which checkpoints restore: a resumed run goes on exactly
+        compile_model(model, schedule.peak if plain else KerasSchedule(schedule))
     return model
 
 

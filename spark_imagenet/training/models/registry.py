@@ -75,7 +75,8 @@ def get_builder(name: str) -> Callable[[int, int, float], keras.Model]:
         raise ConfigError(f"unknown model {name!r} (--model); known models: {known}") from None
 
 
-def compile_model(model: keras.Model, learning_rate: float, momentum: float = MOMENTUM) -> keras.Model:
+def compile_model(model: keras.Model, learning_rate: float | keras.optimizers.schedules.LearningRateSchedule,
+                  momentum: float = MOMENTUM) -> keras.Model:
     """Compile a model for training and exact weighted evaluation.
 
     Optimizer: ``SGD(learning_rate, momentum)`` (Krizhevsky et al. 2012 used
@@ -101,7 +102,8 @@ def compile_model(model: keras.Model, learning_rate: float, momentum: float = MO
     Args:
         model: an uncompiled model (built inside the strategy scope if any);
             call this inside the same scope.
-        learning_rate: SGD learning rate (> 0).
+        learning_rate: SGD learning rate (> 0), or a schedule of the step
+            (:class:`~spark_imagenet.training.keras_schedule.KerasSchedule`).
         momentum: SGD momentum in [0, 1).
 
     Returns:
@@ -111,12 +113,14 @@ def compile_model(model: keras.Model, learning_rate: float, momentum: float = MO
         ConfigError: ``learning_rate`` not positive (names ``--learning-rate``)
             or ``momentum`` outside [0, 1).
     """
-    if not isinstance(learning_rate, (int, float)) or not learning_rate > 0:
+    schedule = isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule)
+    if not schedule and (not isinstance(learning_rate, (int, float)) or not learning_rate > 0):
         raise ConfigError(f"--learning-rate must be a positive number, got {learning_rate!r}")
     if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
         raise ConfigError(f"momentum must be in [0, 1), got {momentum!r}")
     model.compile(
-        optimizer=keras.optimizers.SGD(learning_rate=float(learning_rate), momentum=float(momentum)),
+        optimizer=keras.optimizers.SGD(learning_rate=learning_rate if schedule else float(learning_rate),
+                                       momentum=float(momentum)),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=[
             keras.metrics.SparseCategoricalAccuracy(name="top1"),
