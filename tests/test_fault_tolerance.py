@@ -26,8 +26,9 @@ pytestmark = pytest.mark.slow
 
 WORKER_MODULE = "spark_imagenet.training.worker"
 # 4 classes x 20 train images, 2 workers of batch 4: 10 steps per epoch, long enough to be killed inside
+# a warm-up and cosine schedule: equal weights after a resume also show the schedule continued at the right step
 SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01, "epochs": 3,
-         "deterministic": True, "parallel": 1}
+         "deterministic": True, "parallel": 1, "lr_schedule": "cosine", "warmup_epochs": 1.0}
 
 
 @pytest.fixture(scope="module")
