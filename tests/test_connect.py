@@ -136,7 +136,9 @@ def test_train_through_connect(remote, connect_url, dataset, tmp_path):
     assert all(w["host"] and w["steps"] > 0 and w["images_per_sec"] > 0 for w in out["per_worker"])
     assert out["val"]["images"] == 12 and 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1
     assert out["config"]["master"] == connect_url
-    assert set(out) == {"workers", "per_worker", "val", "images_per_sec", "history", "config", "wall_seconds"}
+    assert set(out) == {"workers", "per_worker", "val", "images_per_sec", "history", "config", "wall_seconds",
+                        "restarts"}
+    assert out["restarts"] == 0
     assert sum(line.startswith(WARNING) for line in lines) == 1
     assert any(line.startswith("val: 12 images") for line in lines)
 

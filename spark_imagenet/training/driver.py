@@ -470,8 +470,8 @@ def run_job(spark, job: JobPlan, *, log: Callable[[str], None] = print) -> dict[
     _announce(job, log)
     start = time.monotonic()
     records, restarts = _launch_with_restarts(spark, sc, job, log)
-    out = build_results(records, job, master=master, wall_seconds=time.monotonic() - start, log=log)
-    out["restarts"] = restarts
+    out = build_results(records, job, master=master, wall_seconds=time.monotonic() - start, log=log,
+                        restarts=restarts)
     for line in format_table(out).splitlines():
         log(line)
     if job.config.results is not None:
@@ -506,9 +506,10 @@ def train(spark, url: str | os.PathLike, config: TrainConfig | int | None = None
         "steps", "images_per_sec", "train_loss", "train_top1",
         "train_seconds"}], "val": {"images", "top1", "top5", "loss"},
         "images_per_sec" (sum over workers), "history" (rank 0's Keras
-        history), "config": {..., "master"}, "wall_seconds"}`` where ``wall_seconds``
-        is the barrier job's wall time (shard staging, TensorFlow start-up,
-        training and evaluation).
+        history, every epoch including those restored from a checkpoint), "config": {..., "master"},
+        "wall_seconds", "restarts"}`` where ``wall_seconds`` is the barrier job's wall time (shard staging,
+        TensorFlow start-up, training and evaluation; every launch) and ``restarts`` the relaunches after a
+        lost worker.
 
     Raises:
         ConfigError: a bad setting, dynamic allocation, too few

@@ -84,15 +84,16 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
 
 
 def build_results(records: list[dict[str, Any]], job, *, master: str, wall_seconds: float,
-                  log: Callable[[str], None]) -> dict[str, Any]:
+                  log: Callable[[str], None], restarts: int = 0) -> dict[str, Any]:
     """The results dict of a finished job (see :func:`spark_imagenet.training.driver.train`).
 
     Args:
         records: every rank's record (the worker's result plus ``host``).
         job: the :class:`~spark_imagenet.training.driver.JobPlan` that ran.
         master: the Spark master URL it ran on.
-        wall_seconds: the barrier stage's wall time.
+        wall_seconds: the barrier stage's wall time (every launch of it).
         log: where disagreements between ranks are reported.
+        restarts: how many times the stage was launched again after a lost worker.
 
     Raises:
         TrainingError: missing or duplicate ranks.
@@ -101,7 +102,8 @@ def build_results(records: list[dict[str, Any]], job, *, master: str, wall_secon
     per_worker, val = combine(records, config.workers, log)
     rank0 = min(records, key=lambda r: r["rank"])
     settings = {key: getattr(config, key) for key in
-                ("model", "epochs", "batch_size", "image_size", "width", "learning_rate", "parallel", "seed")}
+                ("model", "epochs", "batch_size", "image_size", "width", "learning_rate", "lr_schedule",
+                 "warmup_epochs", "lr_scaling", "parallel", "seed", "checkpoint_dir", "deterministic")}
     return {
         "workers": config.workers,
         "per_worker": per_worker,
@@ -117,4 +119,5 @@ def build_results(records: list[dict[str, Any]], job, *, master: str, wall_secon
             "assignment": [p.to_json() for p in plan.workers],
         },
         "wall_seconds": wall_seconds,
+        "restarts": restarts,
     }
