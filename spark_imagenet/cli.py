@@ -73,6 +73,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number, 0 or more")
+    return value
+
+
 def _conf_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
@@ -85,7 +95,7 @@ def _option_type(rule):
     if rule.kind == "int":
         return _nonnegative_int if rule.minimum == 0 else _positive_int
     if rule.kind == "float":
-        return _positive_float
+        return _nonnegative_float if rule.minimum == 0 else _positive_float
     if rule.kind == "conf":
         return _conf_pair
     return str

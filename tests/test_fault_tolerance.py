@@ -39,11 +39,31 @@ def bucket(tmp_path_factory):
     return root / "bucket"
 
 
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _ours(pid: int) -> bool:
+    """Whether ``pid`` descends from this test process (its Spark JVM's workers do; nobody else's do)."""
+    me = os.getpid()
+    for _ in range(64):
+        pid = _parent(pid)
+        if pid == me:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
 def worker_pids(rank: int) -> list[int]:
-    """The pids of the TensorFlow worker processes of ``rank`` (by command line and TF_CONFIG's task index)."""
+    """The pids of this test session's TensorFlow worker processes of ``rank`` (by command line, TF_CONFIG's task
+    index and ancestry: other jobs on the machine are never touched)."""
     found = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or not _ours(int(entry.name)):
             continue
         try:
             cmdline = Path(entry.path, "cmdline").read_bytes().split(b"\0")
@@ -214,5 +234,7 @@ def test_a_stopped_worker_ends_the_job_within_the_step_timeout_naming_it(spark, 
     assert stopper.victims
     # TensorFlow's coordination service notices the missing heartbeats first (about 10 s); a peer that still
     # sends them but is stuck in a step is found by the step watchdog (tests/test_watchdog.py)
-    assert re.search(r"rank 1 \([^ ]+:\d+\) (stopped sending heartbeats|does not answer)", message), message
+    first = message.splitlines()[0]
+    assert re.search(r"^rank 0 on \S+: lost its peer: rank 1 \([^ ]+:\d+\) (stopped sending heartbeats|does not "
+                     r"answer); the TensorFlow process", first), message
     assert none_left()

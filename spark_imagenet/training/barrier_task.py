@@ -461,6 +461,12 @@ _LOST_PEER = re.compile(r"failed while [^:]+: (UnavailableError|CancelledError|D
                         r"|^Timeout \(\d+:\d\d:\d\d\)!")
 
 
+#: Who is missing, as the worker's failure line names it (worker.lost_peers, the step watchdog's peer probe).
+_MISSING_PEER = re.compile(r"((?:rank \d+ \([^)]*\)(?:, )?)+ (?:stopped sending heartbeats|does not answer)"
+                           r"|the chief, rank 0 \([^)]*\), which runs TensorFlow's coordination service, does not "
+                           r"answer heartbeats)")
+
+
 def worker_lost(code: int, tail: Sequence[str]) -> bool:
     """Whether a TensorFlow process that ended with ``code`` and printed ``tail`` lost a worker (a failure that
     may not recur, so the job is launched again: :class:`~spark_imagenet.errors.WorkerLost`) rather than
@@ -597,8 +603,10 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: 
                            folder=ChildFolder(f"spark-imagenet-rank{rank}-", prepare, collect), shown=shown)
     if code != 0:
         shown = "\n".join(f"  | {line}" for line in tail) or "  | (no output)"
+        missing = next((m.group(1) for line in reversed(tail) for m in [_MISSING_PEER.search(line)] if m), None)
         raise (WorkerLost if worker_lost(code, tail) else TrainingError)(
-            f"rank {rank} on {host}: the TensorFlow process ({spec.child_module}) {_exit_description(code)}; "
+            f"rank {rank} on {host}: " + (f"lost its peer: {missing}; " if missing else "")
+            + f"the TensorFlow process ({spec.child_module}) {_exit_description(code)}; "
             f"its last {len(tail)} output line(s):\n{shown}\n"
             f"(end of rank {rank} output)"
         )

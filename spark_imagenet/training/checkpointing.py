@@ -124,7 +124,8 @@ class CheckpointSaver(keras.callbacks.Callback):
         """Commit the chief's written checkpoint of ``epoch`` (completed epochs)."""
         if self._storage is None:
             self._storage = self._open()
-        meta = self._meta.replace(epoch=epoch, step=epoch * self._steps, history=self.history)
+        meta = self._meta.replace(epoch=epoch, step=epoch * self._steps, history=self.history,
+                                  created=checkpoints.utc_now())
         t0 = time.perf_counter()
         name = checkpoints.commit(self._storage, folder, meta)
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))

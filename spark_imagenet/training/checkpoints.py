@@ -453,6 +453,20 @@ def check_compatible(meta: CheckpointMeta, expected: RunSettings, where: str) ->
 
 
 # ------------------------------------------------------------------ reading the checkpoint dir
+def _listing(storage: Storage) -> list[ObjectInfo]:
+    """Every object of the checkpoint folder.
+
+    Raises:
+        StorageError: the folder cannot be listed (an unreadable entry or a symbolic-link loop in it).
+    """
+    try:
+        return storage.list()
+    except OSError as e:
+        raise StorageError(f"cannot list the checkpoint folder {storage.url} ({e.strerror or e}: "
+                           f"{e.filename or ''}); give --checkpoint-dir a folder of its own, which holds only "
+                           "checkpoints") from None
+
+
 def _group(objects: Sequence[ObjectInfo]) -> dict[str, dict[str, ObjectInfo]]:
     """``{checkpoint folder: {name inside it: object}}`` of a listing; other objects are left out (pure)."""
     groups: dict[str, dict[str, ObjectInfo]] = {}
@@ -514,7 +528,7 @@ def latest(storage: Storage, *, log: Callable[[str], None] | None = None) -> tup
             a folder of another epoch: the message names the file and what to do.
         StorageError: the dir cannot be listed or read.
     """
-    groups = _group(storage.list())
+    groups = _group(_listing(storage))
     for folder in sorted(groups, key=folder_epoch, reverse=True):
         reason = None
         meta = _read_meta(storage, folder) if META_NAME in groups[folder] else None
@@ -740,7 +754,7 @@ def prune_plan(epoch: int, keep: int | None, states: dict[str, bool]) -> list[st
 
 def _prune(storage: Storage, epoch: int, keep: int | None, log: Callable[[str], None] | None) -> None:
     """Delete the folders :func:`prune_plan` names; a folder whose meta is of another format is left alone."""
-    groups = _group(storage.list())
+    groups = _group(_listing(storage))
     states = {}
     for folder, objects in groups.items():
         if folder_epoch(folder) >= epoch:
@@ -797,7 +811,7 @@ def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta,
         raise ConfigError(f"{local_dir}: {e}") from None
     folder = folder_name(meta.epoch)
     new_names = {f.name for f in files}  # never checkpoint.json: the old one is always stale
-    stale = [n for n in _group(storage.list()).get(folder, {}) if n not in new_names]
+    stale = [n for n in _group(_listing(storage)).get(folder, {}) if n not in new_names]
     for n in sorted(stale, key=lambda n: n != META_NAME):  # the meta first: the old checkpoint stops counting
         storage.delete(f"{folder}/{n}")
     _upload(storage, folder, [(p, f) for (p, _n), f in zip(pairs, files)], transfers)

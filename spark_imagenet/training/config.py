@@ -312,7 +312,8 @@ class TrainConfig:
                                                "same job resumes from the latest complete checkpoint")
     max_restarts: int = _setting(2, kind="int", minimum=0, option="--max-restarts",
                                  help="launch the barrier stage again this many times after a worker is lost "
-                                      "(killed, stopped, timed out), from the latest checkpoint")
+                                      "(killed, stopped, timed out), from the latest checkpoint (from epoch 1 "
+                                      "without --checkpoint-dir)")
     step_timeout: float = _setting(DEFAULT_STEP_TIMEOUT_S, kind="float", minimum=0.0, option="--step-timeout",
                                    help="seconds a worker may go without finishing a training step before it gives "
                                         "up and names the peers that do not answer (0 = no limit)")

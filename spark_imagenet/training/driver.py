@@ -208,8 +208,12 @@ def _launch_with_restarts(spark, sc, job: JobPlan, log: Callable[[str], None]) -
     while True:
         resume = resume_point(job, log)
         epochs_done = resume[1].epoch if resume else 0
-        if resume is not None:
-            log(f"checkpoint: resuming at epoch {min(epochs_done + 1, config.epochs)} of {config.epochs} from "
+        if resume is not None and epochs_done >= config.epochs:
+            log(f"checkpoint: {checkpoints.describe(resume[1])} in {config.checkpoint_dir} is the last of "
+                f"{config.epochs} epoch(s): nothing left to train, only the evaluation runs (give a larger --epochs "
+                "to train on)")
+        elif resume is not None:
+            log(f"checkpoint: resuming at epoch {epochs_done + 1} of {config.epochs} from "
                 f"{checkpoints.describe(resume[1])} in {config.checkpoint_dir}")
         elif restarts:
             log("checkpoint: none to resume from; training starts again at epoch 1"
