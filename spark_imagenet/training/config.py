@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.schedules import KINDS as LR_KINDS, SCALINGS as LR_SCALINGS
 
 JOB_FORMAT = "spark-imagenet-train-config"
 JOB_FORMAT_VERSION = 1
@@ -45,9 +46,6 @@ WORKER_FORMAT_VERSION = 1
 #: Default limit, in seconds, on waiting for the other workers while the
 #: strategy is built (0 = no limit).
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
-#: ``--lr-schedule`` and ``--lr-scaling`` values (spark_imagenet.training.schedules).
-LR_SCHEDULES = ("constant", "step", "cosine")
-LR_SCALINGS = ("none", "linear")
 #: The TensorFlow worker's exit status when ``--step-timeout`` passed without a finished step
 #: (:mod:`spark_imagenet.training.watchdog`); its barrier task then raises WorkerLost.
 EXIT_STEP_TIMEOUT = 3
@@ -285,7 +283,7 @@ class TrainConfig:
                             help="width multiplier of every layer (1.0 = the paper)")
     learning_rate: float = _setting(0.01, kind="float", positive=True, option="--learning-rate",
                                     help="SGD learning rate")
-    lr_schedule: str = _setting("constant", kind="str", option="--lr-schedule", choices=LR_SCHEDULES,
+    lr_schedule: str = _setting("constant", kind="str", option="--lr-schedule", choices=LR_KINDS,
                                 help="learning rate over the steps: constant, step (/10 at 30, 60, 80 of 90 epochs, "
                                      "scaled to --epochs) or cosine")
     warmup_epochs: float = _setting(0.0, kind="float", minimum=0.0, option="--warmup-epochs",
