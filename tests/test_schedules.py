@@ -165,7 +165,7 @@ def test_from_json_refuses(data, message):
     (dict(boundaries=(30, 30.001)), "--lr-boundaries", "same step"),
     (dict(boundaries="30"), "--lr-boundaries", "numbers"),
     (dict(boundaries=(3,), warmup_epochs=5), "--warmup-epochs", "within the 5-epoch warm-up"),
-    (dict(epochs=10, warmup_epochs=5), "--lr-boundaries", "default drops at epochs 3, 7, 9"),
+    (dict(epochs=10, warmup_epochs=5), "--lr-schedule cosine", "default drops at epochs 3, 7, 9"),
     (dict(boundaries=(0.001,)), "--lr-boundaries", "before the first step"),
     (dict(kind="cosine", boundaries=(30,)), "--lr-boundaries", "only to --lr-schedule step"),
     (dict(factor=1), "--lr-factor", "> 1"),

@@ -191,8 +191,10 @@ def _boundary_problems(s: "Schedule") -> list[str]:
     if not problems and early:
         what = (f"within the {_number(s.warmup_epochs)}-epoch warm-up ({OPTIONS['warmup_epochs']}, "
                 f"{s.warmup_steps} steps)") if s.warmup_steps else "before the first step"
+        # the default drops are not an option of their own: name what the user can change instead
+        later = f"give later {opt}" if given else f"train more {OPTIONS['epochs']}, or use {OPTIONS['kind']} cosine"
         problems.append(f"{source}: epoch(s) {', '.join(map(_number, early))} fall {what}; a drop must come "
-                        f"after the warm-up (shorten the warm-up or give later {opt})")
+                        f"after the warm-up (shorten the warm-up or {later})")
     return problems
 
 
