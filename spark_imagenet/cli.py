@@ -98,7 +98,18 @@ def _option_type(rule):
         return _nonnegative_float if rule.minimum == 0 else _positive_float
     if rule.kind == "conf":
         return _conf_pair
+    if rule.kind == "range":
+        return _positive_float
     return str
+
+
+def _option_shape(rule) -> dict:
+    """argparse's ``nargs``/``metavar`` for a field kind taking several values."""
+    if rule.kind == "range":
+        return {"nargs": 2, "metavar": ("MIN", "MAX")}
+    if rule.kind == "epochs":
+        return {"metavar": "E1,E2,..."}
+    return {}
 
 
 def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
@@ -109,8 +120,8 @@ def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
     """
     import dataclasses
 
-    from spark_imagenet.training.config import TrainConfig
-    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE
+    from spark_imagenet.training.config import RECIPE_KEYS, TrainConfig
+    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE, recipe_for
 
     g = p.add_argument_group("training (each option is also a key of the job file)")
     g.add_argument("--config", metavar="JOB.toml", help="read the job's settings from this TOML file; options given "
@@ -123,21 +134,25 @@ def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
         default = defaults.get(f.name, f.default)
         text = rule.help
         if f.name == "model":
-            text += ": " + ", ".join(f"{m} (>= {px} px)" for m, px in sorted(MIN_IMAGE_SIZE.items()))
+            text += ": " + ", ".join(f"{m} (>= {px} px)" for m, px in sorted(MIN_IMAGE_SIZE.items())) \
+                + ", or package.module:function, your own builder (num_classes, image_size, width) -> tf_keras.Model"
         if f.name == "conf":
             g.add_argument(rule.option, type=_conf_pair, action="append", default=None, metavar="KEY=VALUE",
                            help=text + ", repeatable")
             continue
-        if rule.kind == "bool":
-            g.add_argument(rule.option, action="store_const", const=True, default=None, dest=f.name,
-                           help=text + (" (default: off)" if not default else ""))
+        if rule.kind == "bool":  # an option that turns a default-on setting off is named --no-...
+            g.add_argument(rule.option, action="store_const", const=not f.default, default=None, dest=f.name,
+                           help=text + (" (default: off)" if not default and not f.default else ""))
             continue
-        if default is not None:
-            text += f" (default: {default})"
-        elif not rule.optional:
+        if f.name in RECIPE_KEYS and default is None:
+            text += " (default: the model's recipe; " + ", ".join(
+                f"{m} {getattr(recipe_for(m), f.name)}" for m in sorted(MIN_IMAGE_SIZE)) + ")"
+        elif default is not None and default != ():
+            text += f" (default: {' '.join(map(str, default)) if isinstance(default, tuple) else default})"
+        elif not rule.optional and default != ():
             text += " (required, here or in the job file)"
         g.add_argument(rule.option, type=_option_type(rule), default=None, dest=f.name, help=text,
-                       choices=rule.choices or None)
+                       choices=rule.choices or None, **_option_shape(rule))
 
 
 def _resolve_job(args: argparse.Namespace, defaults: dict):

@@ -168,8 +168,8 @@ def test_from_json_refuses(data, message):
     (dict(epochs=10, warmup_epochs=5), "--lr-schedule cosine", "default drops at epochs 3, 7, 9"),
     (dict(boundaries=(0.001,)), "--lr-boundaries", "before the first step"),
     (dict(kind="cosine", boundaries=(30,)), "--lr-boundaries", "only to --lr-schedule step"),
-    (dict(factor=1), "--lr-factor", "> 1"),
-    (dict(factor=0.1), "--lr-factor", "> 1"),
+    (dict(factor=1), "step schedule's factor", "> 1"),
+    (dict(factor=0.1), "step schedule's factor", "> 1"),
 ])
 def test_bad_values_raise_config_error_naming_the_option(kw, option, text):
     with pytest.raises(ConfigError) as e:

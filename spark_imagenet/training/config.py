@@ -59,6 +59,13 @@ STRATEGIES = ("multiworker", "mirrored", "default")
 #: ``--cross-device-ops`` values: MultiWorkerMirroredStrategy's communication (auto, nccl, ring) and
 #: MirroredStrategy's cross_device_ops (nccl, reduction-to-one; auto = TensorFlow's choice).
 CROSS_DEVICE_OPS = ("auto", "nccl", "ring", "reduction-to-one")
+#: ``--optimizer`` values.
+OPTIMIZERS = ("sgd", "lars")
+#: ``--precision`` values: Keras mixed-precision policies (float16 with loss scaling).
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+#: The settings whose default is the model's recipe (:func:`spark_imagenet.training.models.specs.recipe_for`).
+RECIPE_KEYS = ("learning_rate", "lr_schedule", "warmup_epochs", "lr_scaling", "momentum", "weight_decay",
+               "label_smoothing")
 
 
 # ------------------------------------------------------------- field rules
@@ -168,6 +175,10 @@ def _checked(name: str, rule: _Rule, value: Any) -> Any:
                 or not 0 <= value[1] < value[0]:
             raise _error(name, f"{label} must be null or [n, i] with 0 <= i < n, got {value!r}")
         return (int(value[0]), int(value[1]))
+    if rule.kind == "epochs":
+        return _epochs(name, label, value)
+    if rule.kind == "range":
+        return _fraction_range(name, label, value)
     if rule.kind == "options":
         if not isinstance(value, Mapping):
             raise _error(name, f"{label} must be an object, got {value!r:.200}")
@@ -175,6 +186,34 @@ def _checked(name: str, rule: _Rule, value: Any) -> Any:
     if rule.kind == "conf":
         return tuple(sorted(dict(_flat_conf(value, label, name)).items()))
     raise AssertionError(rule.kind)
+
+
+def _number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _epochs(name: str, label: str, value: Any) -> tuple[float, ...]:
+    """Increasing positive epoch numbers, from a list or a comma-separated string ("30,60,80")."""
+    if isinstance(value, str):
+        try:
+            value = [float(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise _error(name, f"{label} must be epochs separated by commas, e.g. 30,60,80, got {value!r}") from None
+    if isinstance(value, (bytes, Mapping)) or not all(_number(v) and v > 0 for v in value):
+        raise _error(name, f"{label} must be a list of positive epoch numbers, e.g. [30, 60, 80], got {value!r:.200}")
+    epochs = tuple(float(v) for v in value)
+    if any(b <= a for a, b in zip(epochs, epochs[1:])):
+        raise _error(name, f"{label} must be increasing, got {', '.join(f'{e:g}' for e in epochs)}")
+    return epochs
+
+
+def _fraction_range(name: str, label: str, value: Any) -> tuple[float, float]:
+    """``(low, high)`` with ``0 < low <= high <= 1``."""
+    if isinstance(value, (str, bytes, Mapping)) or len(value) != 2 or not all(_number(v) for v in value) \
+            or not 0 < value[0] <= value[1] <= 1:
+        raise _error(name, f"{label} must be two fractions MIN MAX with 0 < MIN <= MAX <= 1 (e.g. 0.08 1.0), "
+                           f"got {value!r:.200}")
+    return (float(value[0]), float(value[1]))
 
 
 def _validate_fields(obj: Any) -> None:
@@ -206,12 +245,6 @@ _CROSS_DEVICE_HINT = {
 
 
 # -------------------------------------------------------------- the job
-def _known_models() -> tuple[str, ...]:
-    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE
-
-    return tuple(sorted(MIN_IMAGE_SIZE))
-
-
 #: The master URLs Spark accepts (SparkContext's master parsing), and Spark Connect's sc://.
 _MASTER_URL = re.compile(r"local(\[[^\]]+\])?|local-cluster\[[^\]]+\]|spark://\S+|yarn|k8s://\S+|sc://\S+")
 
@@ -281,16 +314,45 @@ class TrainConfig:
                                help="square input size in pixels")
     width: float = _setting(1.0, kind="float", positive=True, option="--width",
                             help="width multiplier of every layer (1.0 = the paper)")
-    learning_rate: float = _setting(0.01, kind="float", positive=True, option="--learning-rate",
-                                    help="SGD learning rate")
-    lr_schedule: str = _setting("constant", kind="str", option="--lr-schedule", choices=LR_KINDS,
-                                help="learning rate over the steps: constant, step (/10 at 30, 60, 80 of 90 epochs, "
-                                     "scaled to --epochs) or cosine")
-    warmup_epochs: float = _setting(0.0, kind="float", minimum=0.0, option="--warmup-epochs",
-                                    help="linear warm-up of the learning rate over the first W epochs (0 = none)")
-    lr_scaling: str = _setting("none", kind="str", option="--lr-scaling", choices=LR_SCALINGS,
-                               help="linear: --learning-rate is per 256 images, scaled by the global batch "
-                                    "(Goyal et al. 2017); none: the rate as given")
+    learning_rate: float | None = _setting(None, kind="float", positive=True, optional=True,
+                                           option="--learning-rate",
+                                           help="base learning rate (per 256 images with --lr-scaling linear)")
+    lr_schedule: str | None = _setting(None, kind="str", optional=True, option="--lr-schedule", choices=LR_KINDS,
+                                       help="learning rate over the steps: constant, step (/10 at --lr-boundaries) "
+                                            "or cosine")
+    lr_boundaries: tuple[float, ...] = _setting((), kind="epochs", option="--lr-boundaries",
+                                                help="epochs after which --lr-schedule step divides the rate by 10, "
+                                                     "e.g. 30,60,80 (default: 30, 60 and 80 of 90, scaled to "
+                                                     "--epochs)")
+    warmup_epochs: float | None = _setting(None, kind="float", minimum=0.0, optional=True, option="--warmup-epochs",
+                                           help="linear warm-up of the learning rate over the first W epochs "
+                                                "(0 = none)")
+    lr_scaling: str | None = _setting(None, kind="str", optional=True, option="--lr-scaling", choices=LR_SCALINGS,
+                                      help="linear: --learning-rate is per 256 images, scaled by the global batch "
+                                           "(Goyal et al. 2017); none: the rate as given")
+    optimizer: str = _setting("sgd", kind="str", option="--optimizer", choices=OPTIMIZERS,
+                              help="sgd: SGD with momentum; lars: layer-wise adaptive rate scaling (You et al. "
+                                   "2017), for global batches beyond about 8K images")
+    momentum: float | None = _setting(None, kind="float", minimum=0.0, optional=True, option="--momentum",
+                                      help="momentum of the optimizer, in [0, 1)")
+    weight_decay: float | None = _setting(None, kind="float", minimum=0.0, optional=True, option="--weight-decay",
+                                          help="L2 weight decay of the conv and dense kernels (the gradient term "
+                                               "wd x w; biases and batch norm not decayed)")
+    label_smoothing: float | None = _setting(None, kind="float", minimum=0.0, optional=True,
+                                             option="--label-smoothing",
+                                             help="label smoothing of the cross-entropy, in [0, 1)")
+    flip: bool = _setting(True, kind="bool", option="--no-flip",
+                          help="no random horizontal flips (for data whose mirror images differ: text, digits)")
+    crop_area: tuple[float, float] = _setting((0.08, 1.0), kind="range", option="--crop-area",
+                                              help="the random crop's area range as fractions of the image, "
+                                                   "MIN MAX (Inception-style crop)")
+    lighting: float = _setting(0.0, kind="float", minimum=0.0, option="--lighting",
+                               help="standard deviation of AlexNet's PCA colour noise (the paper: 0.1; 0 = none)")
+    precision: str = _setting("float32", kind="str", option="--precision", choices=PRECISIONS,
+                              help="float32, mixed_float16 (with loss scaling) or mixed_bfloat16; the logits and "
+                                   "loss stay float32")
+    jit_compile: bool = _setting(False, kind="bool", option="--jit-compile",
+                                 help="compile the training step with XLA")
     seed: int = _setting(0, kind="int", minimum=0, option="--seed",
                          help="random seed of data order and augmentation")
     parallel: int | None = _setting(None, kind="int", minimum=1, optional=True, option="--parallel",
@@ -343,19 +405,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _validate_fields(self)
-        known = _known_models()
-        if self.model not in known:
-            close = difflib.get_close_matches(self.model, known, n=1, cutoff=0.8)
-            raise _error("model", f"model (--model) {self.model!r} is not a known model"
-                              + (f" (did you mean {close[0]!r}?)" if close else "")
-                              + f"; choose one of: {', '.join(known)}")
-        from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE
-
-        if self.image_size < MIN_IMAGE_SIZE[self.model]:
-            raise _error("image_size", 
-                f"image_size (--image-size) {self.image_size} is too small for {self.model}: its layers need at "
-                f"least {MIN_IMAGE_SIZE[self.model]} px"
-            )
+        self._check_model()
+        self._check_recipe()
         if self.strategy != "multiworker" and self.workers != 1:
             what = "all of its GPUs in one process" if self.strategy == "mirrored" else "on one device"
             raise _error("strategy", f"strategy (--strategy) {self.strategy} runs one worker ({what}), but workers "
@@ -379,6 +430,30 @@ class TrainConfig:
         if self.seed + self.workers - 1 > MAX_SEED:  # each worker seeds with seed + rank
             raise _error("seed", f"seed (--seed) {self.seed} is too large: with {self.workers} worker(s) it must be at "
                                  f"most {MAX_SEED - self.workers + 1} (worker seeds are seed + rank, at most 2**32 - 1)")
+
+    def _check_model(self) -> None:
+        from spark_imagenet.training.models import specs
+
+        try:
+            specs.check_model_settings(self.model, self.image_size, self.width)
+        except ConfigError as e:
+            key = "image_size" if "image_size" in str(e)[:12] else "width" if str(e).startswith("width") else "model"
+            raise _error(key, str(e)) from None
+
+    def _check_recipe(self) -> None:
+        """Settings left at None take the model's recipe; then the bounds that depend on them."""
+        from spark_imagenet.training.models.specs import recipe_for
+
+        recipe = recipe_for(self.model)
+        for key in RECIPE_KEYS:
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, getattr(recipe, key))
+        for key in ("momentum", "label_smoothing"):
+            if not getattr(self, key) < 1:
+                raise _error(key, f"{key} (--{key.replace('_', '-')}) must be below 1, got {getattr(self, key)!r}")
+        if self.lr_boundaries and self.lr_schedule != "step":
+            raise _error("lr_boundaries", f"lr_boundaries (--lr-boundaries) only applies to --lr-schedule step, "
+                                          f"but the schedule is {self.lr_schedule}")
 
     # ---------------------------------------------------------- building
     @classmethod

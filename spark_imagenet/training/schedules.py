@@ -69,7 +69,7 @@ OPTIONS = {
     "epochs": "--epochs",
     "warmup_epochs": "--warmup-epochs",
     "boundaries": "--lr-boundaries",
-    "factor": "--lr-factor",
+    "factor": "the step schedule's factor",
 }
 
 
@@ -416,4 +416,4 @@ def schedule_for(config: Any, steps_per_epoch: int) -> Schedule:
     """
     return Schedule(kind=config.lr_schedule, base_lr=config.learning_rate, global_batch=config.global_batch_size,
                     scaling=config.lr_scaling, steps_per_epoch=steps_per_epoch, epochs=config.epochs,
-                    warmup_epochs=config.warmup_epochs)
+                    warmup_epochs=config.warmup_epochs, boundaries=tuple(config.lr_boundaries))
