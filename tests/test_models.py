@@ -1,9 +1,11 @@
-"""Tests for spark_imagenet.training.models.registry: AlexNet shapes, parameter counts, errors, compile and learning."""
+"""Tests for spark_imagenet.training.models: AlexNet and ResNet-50 shapes, parameter counts, errors, compile and
+learning; a user's builder (``--model package.module:function``) checked on the driver and in the worker."""
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -155,15 +157,183 @@ def test_width_quarter_96px_learns_from_scratch_with_sgd_momentum():
 
 
 def test_driver_side_table_matches_the_models():
-    from spark_imagenet.errors import ConfigError
-    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE, check_model_settings
-    from spark_imagenet.training.models.registry import MODELS
+    from spark_imagenet.training.models.specs import FIXED_WIDTH, MIN_IMAGE_SIZE, RECIPES, check_model_settings
     from spark_imagenet.training.models.alexnet_layers import min_image_size
+    from spark_imagenet.training.models.resnet import MIN_IMAGE_SIZE as RESNET_MIN
 
-    assert set(MIN_IMAGE_SIZE) == set(MODELS)
+    assert set(MIN_IMAGE_SIZE) == set(MODELS) == set(RECIPES) == {"alexnet", "resnet50"}
+    assert FIXED_WIDTH <= set(MODELS)
     assert MIN_IMAGE_SIZE["alexnet"] == min_image_size()
+    assert MIN_IMAGE_SIZE["resnet50"] == RESNET_MIN == 32
     check_model_settings("alexnet", min_image_size())
-    with pytest.raises(ConfigError, match=r"--image-size 66 is too small for alexnet: .* at least 67 px"):
+    check_model_settings("resnet50", 32)
+    with pytest.raises(ConfigError, match=r"\(--image-size\) 66 is too small for alexnet: .* at least 67 px"):
         check_model_settings("alexnet", 66)
-    with pytest.raises(ConfigError, match=r"--model 'resnet' is not a known model; choose one of: alexnet"):
+    with pytest.raises(ConfigError, match=r"\(--image-size\) 31 is too small for resnet50: .* at least 32 px"):
+        check_model_settings("resnet50", 31)
+    with pytest.raises(ConfigError, match=r"\(--width\) 0.5 does not apply to resnet50"):
+        check_model_settings("resnet50", 224, 0.5)
+    with pytest.raises(ConfigError, match=r"\(--model\) 'resnet' is not a known model \(did you mean 'resnet50'\?\); "
+                                          r"choose one of: alexnet, resnet50, or give your own builder"):
         check_model_settings("resnet", 224)
+
+
+# ---------------------------------------------------------------- ResNet-50
+
+def test_resnet50_builds_at_32_px_with_float32_logits_and_25_6m_params():
+    model = build_model("resnet50", 1000, 32)
+    assert model.name == "resnet50"
+    assert model.input.dtype == tf.float32 and tuple(model.input_shape) == (None, 32, 32, 3)
+    assert tuple(model.output_shape) == (None, 1000)
+    # He et al. 2016's 50-layer net: 25,583,592 trainable + 53,120 batch-norm moving statistics
+    assert model.count_params() == 25_636_712
+    assert sum(int(np.prod(w.shape)) for w in model.trainable_weights) == 25_583_592
+    assert round(model.count_params() / 1e6, 1) == 25.6
+    assert model.get_layer("predictions").activation is keras.activations.linear  # logits, no softmax
+    assert not model.losses  # no kernel regularisers: compile_model adds weight decay for every model
+    keras.backend.clear_session()
+
+
+def test_resnet50_logits_at_a_small_size():
+    model = build_model("resnet50", 7, 48)
+    x = np.random.default_rng(0).normal(size=(2, 48, 48, 3)).astype(np.float32)
+    out = model(x, training=False)
+    assert out.shape == (2, 7) and out.dtype == tf.float32
+    assert np.all(np.isfinite(out.numpy()))
+    # logits, not probabilities: rows do not sum to 1 and values may be negative
+    assert not np.allclose(out.numpy().sum(axis=1), 1.0)
+    # the parameter count depends on the classes only (global average pooling), not on the size
+    assert model.count_params() == 25_636_712 - 2048 * 993 - 993
+    keras.backend.clear_session()
+
+
+def test_resnet50_refuses_other_widths_and_small_sizes():
+    with pytest.raises(ConfigError, match=r"--width 0.25 does not apply to resnet50.*leave --width at 1.0"):
+        build_model("resnet50", 10, 224, 0.25)
+    with pytest.raises(ConfigError, match=r"--image-size 31 is too small for resnet50.*at least 32"):
+        build_model("resnet50", 10, 31)
+    with pytest.raises(ConfigError, match="num_classes"):
+        build_model("resnet50", 0, 32)
+
+
+# ---------------------------------------------------------------- a user's builder, driver side (no TensorFlow)
+
+def _driver_error(model: str) -> str:
+    from spark_imagenet.training.models.specs import check_model_settings
+
+    with pytest.raises(ConfigError) as info:
+        check_model_settings(model, 64)
+    message = str(info.value)
+    assert "--model" in message and "\n" not in message
+    return message
+
+
+def test_user_builder_found_on_the_driver_by_its_source():
+    from spark_imagenet.training.models.specs import check_model_settings, recipe_for, USER_RECIPE
+
+    note = check_model_settings("user_model:build", 64)
+    assert note.startswith("user_model:build: build found in ") and note.endswith("user_model.py")
+    assert check_model_settings("user_model:NOT_CALLABLE", 64)  # bound at top level: callability is the worker's
+    assert recipe_for("user_model:build") is USER_RECIPE
+
+
+def test_user_builder_module_missing_on_the_driver():
+    message = _driver_error("nosuch_pkg.models:build")
+    assert "cannot find module nosuch_pkg.models (no package 'nosuch_pkg') on the driver's Python path" in message
+    assert "sys.path: " in message and "--py-files" in message
+    message = _driver_error("user_model_typo:build")
+    assert "cannot find module user_model_typo on the driver's Python path" in message
+
+
+def test_user_builder_function_missing_on_the_driver():
+    message = _driver_error("user_model:bulid")
+    assert "user_model" in message and "defines no top-level 'bulid' (did you mean 'build'?)" in message
+    assert "define bulid(num_classes, image_size, width) -> tf_keras.Model" in message
+
+
+def test_user_builder_bad_forms_on_the_driver():
+    for bad in ("user_model:", ":build", "user_model:build:x", "user-model:build", "user_model.:build"):
+        assert "is not of the form package.module:function" in _driver_error(bad), bad
+
+
+def test_user_builder_source_checks(tmp_path, monkeypatch):
+    """Definitions in if/try blocks and imports count; a syntax error and a folder without code are named;
+    a compiled module without source is accepted (checked in the first task)."""
+    from spark_imagenet.training.models.specs import check_model_settings
+
+    (tmp_path / "ubpkg").mkdir()
+    (tmp_path / "ubpkg" / "__init__.py").write_text("")
+    (tmp_path / "ubpkg" / "nets.py").write_text(
+        "try:\n    from os.path import join as build_a\nexcept ImportError:\n    pass\n"
+        "if True:\n    def build_b(n, s, w):\n        return None\n"
+        "build_c = build_b\nclass BuildD:\n    pass\n")
+    (tmp_path / "ubpkg" / "broken.py").write_text("def build(:\n")
+    (tmp_path / "ubns").mkdir()
+    (tmp_path / "ubns" / "deeper").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("build_a", "build_b", "build_c", "BuildD"):
+        assert check_model_settings(f"ubpkg.nets:{name}", 64).endswith("nets.py")
+    assert "ubpkg.nets" not in sys.modules  # found and read, never run
+    assert "line 1 does not parse" in _driver_error("ubpkg.broken:build")
+    assert "is a folder without code" in _driver_error("ubns.deeper:build")
+    note = check_model_settings("_json:build", 64)  # a compiled extension
+    assert "no Python source to check here: build is checked in the first task" in note
+
+
+def test_user_builder_check_starts_no_tensorflow_on_the_driver():
+    import subprocess
+
+    code = ("import sys\nfrom spark_imagenet.training.config import TrainConfig\n"
+            "TrainConfig(model='user_model:build', image_size=64, workers=1)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras')))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
+
+
+def test_train_config_names_model_for_a_missing_builder():
+    from spark_imagenet.training.config import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"model \(--model\) 'nosuch\.mod:fn': cannot find module nosuch\.mod"):
+        TrainConfig(model="nosuch.mod:fn", workers=1)
+
+
+# ---------------------------------------------------------------- a user's builder, worker side
+
+def test_user_builder_builds_and_is_checked_in_the_worker():
+    model = build_model("user_model:build", 5, 40, 0.5)
+    assert isinstance(model, keras.Model) and model.name == "user_model"
+    assert tuple(model.input_shape) == (None, 40, 40, 3) and tuple(model.output_shape) == (None, 5)
+    assert model.get_layer("conv1").filters == 8  # width was passed through
+    keras.backend.clear_session()
+
+
+@pytest.mark.parametrize("function, expected", [
+    ("not_a_model", r"returned a builtins\.dict, not a tf_keras\.Model"),
+    ("wrong_output", r"output shape is \(None, 6\), but the job needs logits of shape \(None, 5\).*Dense\(5\)"),
+    ("wrong_input", r"input shape is \(None, 80, 80, 3\), but the job feeds images of shape \(None, 40, 40, 3\)"),
+    ("raises", r"the builder raised ValueError: this builder does not support 5 classes when called as "
+               r"raises\(num_classes=5, image_size=40, width=1\)"),
+    ("NOT_CALLABLE", r"user_model\.NOT_CALLABLE is not callable \(a value of type int\)"),
+    ("missing", r"module user_model \(.*user_model\.py\) has no attribute 'missing'"),
+])
+def test_user_builder_errors_in_the_worker(function, expected):
+    name = f"user_model:{function}"
+    with pytest.raises(ConfigError, match=rf"^model \(--model\) '{name}'.*{expected}") as info:
+        build_model(name, 5, 40, 1.0)
+    assert "\n" not in str(info.value)
+    keras.backend.clear_session()
+
+
+def test_user_builder_module_missing_in_the_worker():
+    with pytest.raises(ConfigError, match=r"^model \(--model\) 'nosuch_pkg\.models:build': cannot import "
+                                          r"nosuch_pkg\.models in the TensorFlow worker \(ModuleNotFoundError: No "
+                                          r"module named 'nosuch_pkg'; sys\.path: .*--py-files"):
+        build_model("nosuch_pkg.models:build", 5, 40)
+
+
+def test_user_builder_of_keras3_gets_its_own_message():
+    pytest.importorskip("keras", minversion="3")
+    with pytest.raises(ConfigError, match=r"returned a Keras 3 model .*build it with Keras 2: `import tf_keras"):
+        build_model("user_model:keras3_model", 5, 40)

@@ -194,7 +194,7 @@ def cuda_visible_devices(addresses: Sequence[str], existing: str | None) -> str:
 
 
 def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any] | None, gpu_addresses: Sequence[str] | None,
-              local_workers: int) -> dict[str, str]:
+              local_workers: int, task_path: Sequence[str] = ()) -> dict[str, str]:
     """The environment of the TensorFlow worker process.
 
     Args:
@@ -205,6 +205,9 @@ def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any] | None, gpu_
         gpu_addresses: the task's GPU addresses from Spark, or None when Spark
             assigned no GPU resource.
         local_workers: workers sharing this host.
+        task_path: the task's ``sys.path``; its entries outside the interpreter's own installation (the folders
+            and zips of ``--py-files``/``addPyFile``, the task's working directory) are appended to PYTHONPATH, so
+            the child imports what the task can, e.g. a user's ``--model package.module:function``.
 
     Returns:
         dict: ``base`` plus TF_CONFIG (JSON; none without ``tf_config``), TF_USE_LEGACY_KERAS=1 (docs/design.md,
@@ -236,8 +239,25 @@ def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any] | None, gpu_
 
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(spark_imagenet.__file__)))
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([package_parent] + [p for p in paths if p != package_parent])
+    paths = [package_parent] + [p for p in paths if p != package_parent]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in _task_only_paths(task_path) if p not in paths])
     return env
+
+
+def _task_only_paths(task_path: Sequence[str]) -> list[str]:
+    """The entries of ``task_path`` that a fresh interpreter would not have: absolute, existing, not inside
+    ``sys.prefix``/``sys.base_prefix`` (the standard library and site-packages), in order, without repeats."""
+    own = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    kept: list[str] = []
+    for entry in task_path:
+        if not isinstance(entry, str):
+            continue  # bytes entries: not for PYTHONPATH
+        path = os.path.abspath(entry)
+        real = os.path.realpath(path)
+        if (os.path.exists(path) and path not in kept
+                and not any(real == o or real.startswith(o + os.sep) for o in own)):
+            kept.append(path)
+    return kept
 
 
 def task_gpus(addresses: Sequence[str] | None, gpus_per_worker: int, rank: int, host: str) -> list[str] | None:
@@ -685,7 +705,7 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
             _log(rank, warning)
         message = worker_spec(spec, rank, train_files, val_files, threads,
                               addresses if spec.config.strategy == "multiworker" else ())
-        env = child_env(os.environ, tf_config, gpus, local_workers)
+        env = child_env(os.environ, tf_config, gpus, local_workers, task_path=sys.path)  # --py-files reach the child
         devices = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if gpus else "no GPU resource"
         _log(rank, f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "
                    f"{devices}, {where}")
