@@ -1,0 +1,483 @@
+"""Training throughput of one GPU: tensors already on the device vs JPEG shards through the input pipeline.
+
+Usage (from the repository root; the package need not be installed, its dependencies must be)::
+
+    python benchmarks/gpu.py [--models alexnet,resnet50] [--modes synthetic,real] [--steps 100]
+        [--warmup 10] [--batch-size 256] [--image-size 224] [--precision mixed_bfloat16] [--no-xla]
+        [--data DIR] [--jpegs 1024] [--parallel N] [--out FILE] [--dry-run]
+
+For each model (built with :func:`spark_imagenet.training.models.registry.build_model` under the Keras
+mixed-precision policy ``--precision``, compiled with the project's ``compile_model``) it runs, in this order:
+
+* **synthetic**: one batch of random float32 images and int32 labels created on the device, fed to the
+  training step again and again: no input pipeline, no host-to-device copy. This is the model's ceiling.
+* **real**: batches from :func:`spark_imagenet.training.pipeline.train_dataset` (random crop, decode, flip,
+  resize, normalize on the host's CPU cores, ``--parallel`` decode calls) over the TFRecord shards of
+  ``--data``, or, without ``--data``, over ``--jpegs`` synthetic JPEGs (``spark_imagenet.demo.synthetic``,
+  500x375 px by default, about ImageNet's mean size) written as shards into a temporary folder first (a
+  GPU machine may have no dataset and no network).
+
+The training step is the model's own ``train_step`` (forward, loss, backward, SGD update, metrics) in one
+``tf.function``, compiled with XLA (``jit_compile=True``) unless ``--no-xla``. The first ``--warmup`` steps
+of each (model, mode) are run untimed (XLA compilation, pipeline start-up, buffers filling); then
+``--steps`` steps are timed one by one, each ended by reading its loss back to the host (so a step's time
+is its whole time on the device, and the next step starts on an idle device).
+
+Printed: one JSON line per (model, mode) on stdout (also written to ``--out``, default ``$OUT/gpu.jsonl``
+when ``$OUT`` is set), with the keys of :data:`KEYS`:
+
+* ``images_per_s``: ``steps * batch / wall time of the timed steps``.
+* ``step_ms_median`` / ``step_ms_p90``: per-step wall time, fetching the batch included.
+* ``input_wait_share``: the share of the timed wall time spent in the input iterator's ``next()``, i.e.
+  waiting for the pipeline while the device sat idle (0 for synthetic).
+* ``input_bound_share``: ``1 - real images/s / synthetic images/s`` of the same model (null on synthetic
+  lines, or when synthetic was not run): everything the real input costs, the wait above plus the
+  host-to-device copy of the float32 batch (``B*S*S*3*4`` bytes, 154 MB at B=256, S=224) that the
+  synthetic mode does not do.
+* ``first_step_s``: the first (warm-up) step's wall time: tracing, XLA compilation, pipeline start.
+* ``batch``, ``image_size``, ``width``, ``num_classes``, ``params``, ``precision``, ``xla``, ``device``
+  (the GPU's name, else the CPU's), ``tf_version``, ``steps``, ``warmup``, ``parallel`` (decode calls;
+  null on synthetic lines), ``cpu_count``, ``data`` (``"synthetic-jpeg"``, the ``--data`` folder, or null),
+  ``dry_run``.
+
+On one NVIDIA H200 with about 16 CPU cores (TensorFlow 2.21 with CUDA, ``pip install
+"tensorflow[and-cuda]==2.21.*" "tf-keras==2.21.*"``, plus this repository's dependencies), the prepared run,
+about 5 minutes in all (TensorFlow start, two XLA compilations, shards written, 4 x 110 steps)::
+
+    timeout 300 python benchmarks/gpu.py --steps 100 --warmup 10 --out "${OUT:-.}/gpu.jsonl"
+
+``--budget-s`` (default 45 s) ends a (model, mode)'s timed steps early if they run past it (``steps`` then
+reports how many were timed), so that a slow input pipeline cannot use up the machine's time.
+
+``--dry-run`` runs the same code on the CPU at a tiny size (AlexNet at 67 px and width 0.25, ResNet-50 at
+32 px, batch 4, 3 timed steps after 1 warm-up, 32 small synthetic JPEGs), same keys, in about a minute on 2
+cores::
+
+    python benchmarks/gpu.py --dry-run
+
+Without ``--dry-run`` (or ``--allow-cpu``) the script refuses to run when TensorFlow sees no GPU.
+
+Results: docs/projection.md (GPU numbers pending until a GPU run records them there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from spark_imagenet.errors import ConfigError  # noqa: E402  (TensorFlow-free)
+
+#: The keys of every JSON line, in order.
+KEYS = (
+    "model", "mode", "images_per_s", "step_ms_median", "step_ms_p90", "input_wait_share", "input_bound_share",
+    "first_step_s", "batch", "image_size", "width", "num_classes", "params", "precision", "xla", "device",
+    "tf_version", "steps", "warmup", "parallel", "cpu_count", "data", "dry_run",
+)
+MODELS = ("alexnet", "resnet50")
+MODES = ("synthetic", "real")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+#: --dry-run sizes: each model at (about) its smallest input side (AlexNet's layer arithmetic needs 67 px,
+#: ``tf_keras.applications.ResNet50`` accepts 32).
+DRY_RUN_IMAGE_SIZE = {"alexnet": 67, "resnet50": 32}
+DRY_RUN = {"batch_size": 4, "steps": 3, "warmup": 1, "jpegs": 32, "jpeg_size": (96, 72), "width": 0.25,
+           "budget_s": 60.0}
+#: Learning rate of the benchmark's SGD steps (any small value; the numbers do not depend on it).
+LEARNING_RATE = 0.01
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Command-line options (see the module docstring); ``--dry-run`` replaces the sizes not given."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated (default: %(default)s)")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per (model, mode) (default: 100)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 10)")
+    p.add_argument("--batch-size", type=int, default=None, help="images per step (default: 256)")
+    p.add_argument("--image-size", type=int, default=None, help="S in pixels (default: 224)")
+    p.add_argument("--width", type=float, default=None, help="AlexNet width multiplier (default: 1.0)")
+    p.add_argument("--num-classes", type=int, default=1000, help="logits (default: %(default)s)")
+    p.add_argument("--precision", default="mixed_bfloat16", choices=PRECISIONS, help="(default: %(default)s)")
+    p.add_argument("--no-xla", dest="xla", action="store_false", help="no jit_compile of the training step")
+    p.add_argument("--data", type=Path, default=None, help="folder of TFRecord shards (default: synthetic JPEGs)")
+    p.add_argument("--jpegs", type=int, default=None, help="synthetic JPEGs to write without --data (default: 1024)")
+    p.add_argument("--parallel", type=int, default=None, help="decode calls of the pipeline (default: CPU count)")
+    p.add_argument("--budget-s", type=float, default=None, help="wall limit of the timed steps (default: 45)")
+    p.add_argument("--out", type=Path, default=None, help="also write the JSON lines here (default: $OUT/gpu.jsonl)")
+    p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (a test of the script)")
+    p.add_argument("--allow-cpu", action="store_true", help="run full sizes even when no GPU is visible")
+    args = p.parse_args(argv)
+    return resolve_args(args)
+
+
+def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the defaults (``--dry-run``'s or the GPU run's) and check the options.
+
+    Raises:
+        ConfigError: an unknown model or mode, a count below 1, or a ``--data`` folder that does not exist.
+    """
+    dry = args.dry_run
+    full = {"steps": 100, "warmup": 10, "batch_size": 256, "jpegs": 1024, "width": 1.0, "budget_s": 45.0}
+    for key, value in full.items():
+        if getattr(args, key) is None:
+            setattr(args, key, DRY_RUN[key] if dry else value)
+    args.jpeg_size = DRY_RUN["jpeg_size"] if dry else (500, 375)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for option, given, known in (("--models", args.models, MODELS), ("--modes", args.modes, MODES)):
+        bad = [v for v in given if v not in known]
+        if bad or not given:
+            raise ConfigError(f"{option}: {', '.join(bad) or 'nothing given'}; choose from {', '.join(known)}")
+    for option in ("steps", "batch_size", "jpegs", "num_classes"):
+        if getattr(args, option) < 1:
+            raise ConfigError(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
+    if args.warmup < 1:
+        raise ConfigError(f"--warmup must be at least 1 (the first step compiles), got {args.warmup}")
+    if args.image_size is not None and args.image_size < max(DRY_RUN_IMAGE_SIZE[m] for m in args.models):
+        raise ConfigError(f"--image-size {args.image_size} is below what {', '.join(args.models)} accept "
+                          f"(AlexNet >= {DRY_RUN_IMAGE_SIZE['alexnet']}, ResNet-50 >= 32)")
+    if args.data is not None and not args.data.is_dir():
+        raise ConfigError(f"--data {args.data}: no such folder (give a folder of TFRecord shards)")
+    if args.out is None and os.environ.get("OUT"):
+        args.out = Path(os.environ["OUT"]) / "gpu.jsonl"
+    return args
+
+
+def image_size_of(args: argparse.Namespace, model: str) -> int:
+    """S for ``model``: ``--image-size``, else 224, else (``--dry-run``) the model's tiny size."""
+    if args.image_size is not None:
+        return args.image_size
+    return DRY_RUN_IMAGE_SIZE[model] if args.dry_run else 224
+
+
+# --------------------------------------------------------------------------- shards
+
+
+def _draw_jpeg(job: tuple[int, int, int, int, int]) -> tuple[bytes, int, int, int]:
+    """One synthetic JPEG: ``(index, label, classes, width, height) -> (bytes, label, width, height)``."""
+    from spark_imagenet.demo.synthetic import draw_image
+
+    index, label, classes, width, height = job
+    out = io.BytesIO()
+    draw_image(label, classes, random.Random(index), width, height).save(out, "JPEG", quality=90)
+    return out.getvalue(), label, width, height
+
+
+def write_synthetic_shards(folder: Path, count: int, size: tuple[int, int], num_classes: int,
+                           shards: int = 8) -> list[str]:
+    """Write ``count`` synthetic JPEGs as TFRecord shards in ``folder``.
+
+    Each image is a class texture of :mod:`spark_imagenet.demo.synthetic` of ``size = (width, height)``
+    pixels, JPEG quality 90, label ``index % num_classes`` (so labels fit a model of ``num_classes``
+    logits), stored with the record format of :mod:`spark_imagenet.dataset.sharding` (written by the
+    TensorFlow-free :mod:`spark_imagenet.dataset.tfrecord`), round-robin into ``shards`` files named
+    ``train-KKKKK-of-NNNNN.tfrecord``. Drawn in a process pool of all CPU cores.
+
+    Returns:
+        list[str]: the shard paths.
+    """
+    from spark_imagenet.dataset.tfrecord import encode_example, write_record
+
+    shards = max(1, min(shards, count))
+    jobs = [(i, i % num_classes, max(num_classes, 2), size[0], size[1]) for i in range(count)]
+    paths = [folder / f"train-{k:05d}-of-{shards:05d}.tfrecord" for k in range(shards)]
+    handles = [open(p, "wb") for p in paths]
+    try:
+        with multiprocessing.get_context("spawn").Pool(min(os.cpu_count() or 1, 16)) as pool:
+            for i, (data, label, width, height) in enumerate(pool.imap(_draw_jpeg, jobs, chunksize=8)):
+                write_record(handles[i % shards], encode_example({
+                    "image/encoded": data, "image/format": b"JPEG", "image/class/label": label,
+                    "image/class/synset": f"n9{label:07d}", "image/height": height, "image/width": width,
+                    "image/filename": f"synthetic_{i:06d}.JPEG"}))
+    finally:
+        for h in handles:
+            h.close()
+    return [str(p) for p in paths]
+
+
+def shard_files(folder: Path) -> list[str]:
+    """The training shards of ``--data``: ``train-*.tfrecord`` files (any depth), else every ``*.tfrecord``.
+
+    Raises:
+        ConfigError: the folder holds no ``.tfrecord`` file (names ``--data``).
+    """
+    files = sorted(str(p) for p in folder.rglob("train-*.tfrecord")) or \
+        sorted(str(p) for p in folder.rglob("*.tfrecord"))
+    if not files:
+        raise ConfigError(f"--data {folder}: no .tfrecord shards in it (build them with `spark-imagenet shard`, "
+                          "or leave --data out to use synthetic JPEGs)")
+    return files
+
+
+# --------------------------------------------------------------------------- TensorFlow side
+
+
+def set_precision(name: str) -> None:
+    """Set the Keras mixed-precision global policy ``name`` (before the model is built): the project's
+    ``models.compile.set_precision`` where it exists, else ``tf_keras.mixed_precision.set_global_policy``."""
+    from spark_imagenet.training.models import compile as compile_module
+
+    own = getattr(compile_module, "set_precision", None)
+    if own is not None:
+        own(name)
+    else:
+        import tf_keras as keras
+
+        keras.mixed_precision.set_global_policy(name)
+
+
+def float32_logits(model):
+    """``model`` with float32 outputs: the project's ``models.compile.float32_logits`` where it exists, else
+    a float32 ``linear`` activation after the output when it is not float32 already (the loss in float32,
+    as the Keras mixed-precision guide recommends)."""
+    from spark_imagenet.training.models import compile as compile_module
+
+    own = getattr(compile_module, "float32_logits", None)
+    if own is not None:
+        return own(model)
+    import tf_keras as keras
+
+    if model.outputs[0].dtype == "float32":
+        return model
+    logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(model.outputs[0])
+    return keras.Model(model.inputs, logits, name=model.name)
+
+
+def compile_for_benchmark(model, xla: bool, weight_decay: float):
+    """Compile ``model`` with the project's ``compile_model`` (SGD with momentum 0.9, sparse cross-entropy on
+    logits, top-1/top-5 metrics), passing ``weight_decay`` (the model's recipe value; it adds one term per
+    kernel to the step) and ``jit_compile=xla`` where its signature takes them.
+
+    Returns:
+        The compiled model.
+    """
+    import inspect
+
+    from spark_imagenet.training.models.registry import compile_model
+
+    if "jit_compile" in inspect.signature(compile_model).parameters:
+        return compile_model(model, LEARNING_RATE, weight_decay=weight_decay, jit_compile=xla)
+    return compile_model(model, LEARNING_RATE)
+
+
+def make_step(model, xla: bool):
+    """One training step ``(images float32 [B,S,S,3], labels int32 [B]) -> logs`` (dict of scalar tensors,
+    ``"loss"`` among them): the model's own ``train_step`` in one ``tf.function``, XLA-compiled when
+    ``xla`` (what Keras' ``fit`` runs per step with ``jit_compile=True``)."""
+    import tensorflow as tf
+
+    def step(images, labels):
+        return model.train_step((images, labels))
+
+    return tf.function(step, jit_compile=xla, reduce_retracing=True)
+
+
+def timed_steps(step, batches, steps: int, warmup: int, budget_s: float) -> tuple[float, list[float], list[float]]:
+    """Run ``warmup`` untimed steps, then up to ``steps`` timed ones.
+
+    Args:
+        step: ``(images, labels) -> logs`` (:func:`make_step`).
+        batches: ``() -> (images, labels)``, the next batch.
+        steps: timed steps.
+        warmup: untimed steps first (at least 1).
+        budget_s: the timed steps stop after the first one that ends past this many seconds.
+
+    Returns:
+        ``(first_step_s, step_s, wait_s)``: the first warm-up step's wall time in seconds, and per timed step
+        its wall time (the batch's fetch, the step and reading its loss back) and the part spent in
+        ``batches()``.
+    """
+    start = time.perf_counter()
+    for i in range(warmup):
+        float(step(*batches())["loss"])
+        if i == 0:
+            first = time.perf_counter() - start
+    step_s, wait_s = [], []
+    end = time.perf_counter() + budget_s
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        images, labels = batches()
+        t1 = time.perf_counter()
+        float(step(images, labels)["loss"])  # waits for the device
+        t2 = time.perf_counter()
+        step_s.append(t2 - t0)
+        wait_s.append(t1 - t0)
+        if t2 > end:
+            break
+    return first, step_s, wait_s
+
+
+def summarize(step_s: list[float], wait_s: list[float], batch: int) -> dict:
+    """``images_per_s``, ``step_ms_median``, ``step_ms_p90`` and ``input_wait_share`` of timed steps
+    (seconds each; see the module docstring), rounded for printing."""
+    total = sum(step_s)
+    p90 = statistics.quantiles(step_s, n=10)[-1] if len(step_s) > 1 else step_s[0]
+    return {"images_per_s": round(len(step_s) * batch / total, 1),
+            "step_ms_median": round(1000 * statistics.median(step_s), 3), "step_ms_p90": round(1000 * p90, 3),
+            "input_wait_share": round(sum(wait_s) / total, 4), "steps": len(step_s)}
+
+
+def device_name(tf) -> str:
+    """The first visible GPU's name (e.g. ``"NVIDIA H200"``), else the CPU's model name."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        return str(details.get("device_name") or gpus[0].name)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return "CPU: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU: " + (platform.processor() or platform.machine())
+
+
+def synthetic_batches(tf, batch: int, image_size: int, num_classes: int):
+    """``() -> (images, labels)`` returning one fixed batch created on the default device (the GPU when
+    there is one): float32 ``[B,S,S,3]`` normal noise (the pipeline's normalized images have mean 0 and
+    standard deviation 1 too) and int32 ``[B]`` labels in ``[0, num_classes)``."""
+    gen = tf.random.Generator.from_seed(0)
+    images = gen.normal([batch, image_size, image_size, 3], dtype=tf.float32)
+    labels = gen.uniform([batch], 0, num_classes, dtype=tf.int32)
+    return lambda: (images, labels)
+
+
+def pipeline_batches(files: list[str], batch: int, image_size: int, parallel: int | None):
+    """``() -> (images, labels)``: the next batch of :func:`spark_imagenet.training.pipeline.train_dataset`
+    over ``files`` (one endless epoch, seed 0; float32 ``[B,S,S,3]`` and int32 ``[B]`` on the host)."""
+    from spark_imagenet.training.pipeline import train_dataset
+
+    iterator = iter(train_dataset(files, batch, image_size, parallel, seed=0))
+    return lambda: next(iterator)
+
+
+def bench_model(args: argparse.Namespace, name: str, files: list[str] | None, common: dict) -> list[dict]:
+    """Build, compile and time model ``name`` in each of ``args.modes``.
+
+    Args:
+        args: the resolved options (:func:`parse_args`).
+        name: ``"alexnet"`` or ``"resnet50"``.
+        files: the shards for the ``real`` mode (None when it is not run).
+        common: the keys shared by every line (device, versions, ...).
+
+    Returns:
+        list[dict]: one row per mode, with the keys of :data:`KEYS`.
+    """
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from spark_imagenet.training.models.registry import build_model
+    from spark_imagenet.training.models.specs import RECIPES
+    from spark_imagenet.training.pipeline import default_parallel
+
+    keras.backend.clear_session()
+    image_size = image_size_of(args, name)
+    width = args.width if name == "alexnet" else 1.0
+    set_precision(args.precision)
+    model = float32_logits(build_model(name, args.num_classes, image_size, width))
+    model = compile_for_benchmark(model, args.xla, RECIPES[name].weight_decay if name in RECIPES else 0.0)
+    step = make_step(model, args.xla)
+    rows, synthetic_rate = [], None
+    for mode in args.modes:
+        if mode == "synthetic":
+            batches = synthetic_batches(tf, args.batch_size, image_size, args.num_classes)
+        else:
+            batches = pipeline_batches(files, args.batch_size, image_size, args.parallel)
+        first, step_s, wait_s = timed_steps(step, batches, args.steps, args.warmup, args.budget_s)
+        row = dict(common, model=name, mode=mode, first_step_s=round(first, 3), batch=args.batch_size,
+                   image_size=image_size, width=width, num_classes=args.num_classes, params=model.count_params(),
+                   **summarize(step_s, wait_s, args.batch_size))
+        if mode == "synthetic":
+            synthetic_rate = row["images_per_s"]
+            row.update(input_wait_share=0.0, input_bound_share=None, parallel=None, data=None)
+        else:
+            bound = None if synthetic_rate is None else round(1.0 - row["images_per_s"] / synthetic_rate, 4)
+            row.update(input_bound_share=bound, parallel=default_parallel(args.parallel),
+                       data=str(args.data) if args.data is not None else "synthetic-jpeg")
+        rows.append({key: row[key] for key in KEYS})
+    keras.mixed_precision.set_global_policy("float32")
+    return rows
+
+
+def emit(row: dict, out) -> None:
+    """Print ``row`` as one JSON line on stdout (flushed) and append it to ``out`` (a file or None)."""
+    line = json.dumps(row, allow_nan=False)
+    print(line, flush=True)
+    if out is not None:
+        out.write(line + "\n")
+        out.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the shards if needed, start TensorFlow, and time every (model, mode) (module docstring).
+
+    Returns:
+        int: 0.
+
+    Raises:
+        ConfigError: no GPU visible without ``--dry-run``/``--allow-cpu``, or ``--data`` without shards.
+    """
+    if args.dry_run:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # the dry run is a CPU run, also on a GPU machine
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU") and not (args.dry_run or args.allow_cpu):
+        raise ConfigError("TensorFlow sees no GPU: install TensorFlow with CUDA "
+                          "(pip install 'tensorflow[and-cuda]'), or run with --dry-run (tiny, on the CPU) "
+                          "or --allow-cpu (full sizes on the CPU)")
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
+        files = None
+        if "real" in args.modes:
+            if args.data is not None:
+                files = shard_files(args.data)
+            else:
+                files = write_synthetic_shards(Path(tmp), args.jpegs, args.jpeg_size, args.num_classes)
+        common = {"precision": args.precision, "xla": bool(args.xla), "device": device_name(tf),
+                  "tf_version": tf.__version__, "warmup": args.warmup, "cpu_count": os.cpu_count(),
+                  "dry_run": bool(args.dry_run)}
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") if args.out is not None else _no_file() as out:
+            for name in args.models:
+                for row in bench_model(args, name, files, common):
+                    emit(row, out)
+    return 0
+
+
+class _no_file:
+    """A context manager standing for 'no output file' (yields None)."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main(argv=None) -> int:
+    """Entry point: parse the options and :func:`run`; a ConfigError is one line on stderr, exit status 2."""
+    try:
+        return run(parse_args(argv))
+    except ConfigError as exc:
+        print(f"gpu.py: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""benchmarks/gpu.py: its --dry-run (the GPU benchmark's code on the CPU at a tiny size) and its refusals.
+
+The script is run as a subprocess from the repository root, as a user runs it (it puts the checkout on
+``sys.path`` itself, so this does not rely on an editable install). Only AlexNet runs here: ResNet-50's
+XLA compilation alone costs about a minute of CPU on 2 cores. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu.py"
+
+#: Every JSON line carries exactly these keys (the script's KEYS, spelled out so a renamed key fails here).
+EXPECTED_KEYS = {
+    "model", "mode", "images_per_s", "step_ms_median", "step_ms_p90", "input_wait_share", "input_bound_share",
+    "first_step_s", "batch", "image_size", "width", "num_classes", "params", "precision", "xla", "device",
+    "tf_version", "steps", "warmup", "parallel", "cpu_count", "data", "dry_run",
+}
+
+
+def _run(*args: str, timeout: float = 600, **extra_env: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "OUT"} | extra_env
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_dry_run_prints_one_json_line_per_mode_with_every_key(tmp_path):
+    out = tmp_path / "sub" / "gpu.jsonl"
+    proc = _run("--dry-run", "--models", "alexnet", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    rows = [json.loads(line) for line in lines]  # every line is JSON
+    assert [(r["model"], r["mode"]) for r in rows] == [("alexnet", "synthetic"), ("alexnet", "real")]
+    for row in rows:
+        assert set(row) == EXPECTED_KEYS
+        assert row["images_per_s"] > 0 and row["step_ms_median"] > 0 and row["step_ms_p90"] > 0
+        assert 0.0 <= row["input_wait_share"] <= 1.0
+        assert (row["batch"], row["image_size"], row["width"], row["steps"], row["warmup"]) == (4, 67, 0.25, 3, 1)
+        assert (row["precision"], row["xla"], row["dry_run"], row["num_classes"]) == ("mixed_bfloat16", True,
+                                                                                     True, 1000)
+        assert row["tf_version"] == metadata.version("tensorflow")
+        assert row["device"].startswith("CPU")
+        assert row["params"] > 1_000_000
+    synthetic, real = rows
+    assert synthetic["input_wait_share"] == 0.0 and synthetic["input_bound_share"] is None
+    assert synthetic["parallel"] is None and synthetic["data"] is None
+    assert isinstance(real["input_bound_share"], float) and real["parallel"] >= 1
+    assert real["data"] == "synthetic-jpeg"
+    assert out.read_text().splitlines() == lines  # --out holds the same lines
+
+
+def test_without_a_gpu_a_full_run_is_refused_with_what_to_do():
+    proc = _run("--models", "alexnet", "--modes", "synthetic", timeout=300, CUDA_VISIBLE_DEVICES="-1")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert "TensorFlow sees no GPU" in proc.stderr and "--dry-run" in proc.stderr
+
+
+def test_bad_options_are_one_line_naming_the_option(tmp_path):
+    proc = _run("--models", "vgg", timeout=120)
+    assert proc.returncode == 2 and "--models: vgg" in proc.stderr and "alexnet, resnet50" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = _run("--data", str(tmp_path / "missing"), timeout=120)
+    assert proc.returncode == 2 and "--data" in proc.stderr and "no such folder" in proc.stderr
