@@ -44,16 +44,21 @@ Departures from the paper, all deliberate:
   2015) for the five ReLU convolutions, Glorot uniform (Glorot and Bengio,
   AISTATS 2010) for the three dense layers, zero biases; the paper's N(0, 0.01)
   does not learn here. The measurements behind this: docs/design.md, 'AlexNet'.
-* **Weight decay** is expressed as an L2 kernel regulariser of 2.5e-4 on every
-  conv/dense kernel: Keras adds 2.5e-4 * sum(w^2) to the loss, whose gradient
-  is 5e-4 * w, the paper's update rule term. Biases are not decayed.
+* **Weight decay** is not part of the model: the layers carry no regularisers.
+  :func:`spark_imagenet.training.models.compile.compile_model` adds it for
+  every model (``--weight-decay``, the paper's 5e-4 by default for AlexNet:
+  the loss term 2.5e-4 * sum(w^2) over the conv/dense kernels, whose gradient
+  is 5e-4 * w, the paper's update rule term; biases are not decayed), so a
+  saved ``model.keras`` holds no training-only losses.
 * ``width`` scales every conv and hidden dense layer (not the class count);
   tests use 0.25, which makes a model that trains quickly on a CPU.
 
 The model takes float32 images ``[B, S, S, 3]`` already normalised by the input
 pipeline (ImageNet mean/std, see :mod:`spark_imagenet.training.pipeline`) and returns
 float32 logits ``[B, num_classes]`` (no softmax; the loss uses
-``from_logits=True``, see :func:`spark_imagenet.training.models.registry.compile_model`).
+``from_logits=True``, see :func:`spark_imagenet.training.models.compile.compile_model`).
+Under a mixed-precision policy the logits come in its compute dtype:
+:func:`spark_imagenet.training.models.compile.float32_logits` casts them.
 """
 
 from __future__ import annotations
@@ -77,9 +82,6 @@ from spark_imagenet.training.models.alexnet_layers import (  # noqa: E402
 DENSE_UNITS = 4096
 #: Dropout rate of the two hidden fully connected layers (paper section 4.2).
 DROPOUT = 0.5
-#: L2 coefficient for Keras' ``l2`` regulariser (loss term c * sum(w^2)); its
-#: gradient 2c * w = 5e-4 * w is the paper's weight decay (section 5).
-L2 = 2.5e-4
 
 
 def _scaled(units: int, width: float) -> int:
@@ -99,9 +101,10 @@ def build_alexnet(num_classes: int, image_size: int, width: float = 1.0) -> kera
 
     Returns:
         A ``tf_keras.Model`` named ``"alexnet"`` mapping float32
-        ``[B, image_size, image_size, 3]`` normalised images to float32 logits
-        ``[B, num_classes]``. Create it inside ``strategy.scope()`` when
-        training under a distribution strategy.
+        ``[B, image_size, image_size, 3]`` normalised images to logits
+        ``[B, num_classes]`` (float32; the compute dtype of a mixed-precision
+        global policy, see ``float32_logits``). Create it inside
+        ``strategy.scope()`` when training under a distribution strategy.
 
     Raises:
         ConfigError: ``image_size`` below the minimum (names ``--image-size``
@@ -121,13 +124,9 @@ def build_alexnet(num_classes: int, image_size: int, width: float = 1.0) -> kera
         )
 
     def kernel_args(initializer: type) -> dict:
-        # Fresh initializer/regularizer objects per layer (Keras warns when an
-        # initializer instance is shared between layers).
-        return {
-            "kernel_initializer": initializer(),
-            "bias_initializer": "zeros",
-            "kernel_regularizer": keras.regularizers.L2(L2),
-        }
+        # A fresh initializer object per layer (Keras warns when an initializer
+        # instance is shared between layers).
+        return {"kernel_initializer": initializer(), "bias_initializer": "zeros"}
 
     inputs = keras.Input(shape=(image_size, image_size, 3), dtype="float32", name="image")
     x = inputs
