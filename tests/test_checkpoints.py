@@ -245,10 +245,27 @@ def test_check_compatible_names_every_differing_field_and_option():
 @pytest.mark.parametrize("field, value, option", [
     ("width", 0.5, "--width"), ("batch_size", 16, "--batch-size"), ("seed", 4, "--seed"),
     ("learning_rate", 0.1, "--learning-rate"), ("num_classes", 11, "num_classes (the dataset's classes)"),
+    ("optimizer", "lars", "--optimizer"), ("precision", "mixed_float16", "--precision"),
 ])
 def test_check_compatible_refuses_each_setting(field, value, option):
     with pytest.raises(ConfigError, match=f"{re.escape(option)} .* in the checkpoint, {value!r} in this job"):
         check_compatible(meta(1), dataclasses.replace(SETTINGS, **{field: value}), "here")
+
+
+def test_a_checkpoint_json_from_before_optimizer_and_precision_reads_as_sgd_float32():
+    data = meta(2).to_json()
+    assert (data["optimizer"], data["precision"]) == ("sgd", "float32")
+    del data["optimizer"], data["precision"]
+    old = CheckpointMeta.from_json(data, "old/checkpoint.json")
+    assert (old.optimizer, old.precision) == ("sgd", "float32") and old.settings() == SETTINGS
+    check_compatible(old, SETTINGS, "old")
+    job = dataclasses.replace(SETTINGS, optimizer="lars", precision="mixed_bfloat16")
+    with pytest.raises(ConfigError) as e:
+        check_compatible(old, job, "old/checkpoint.json")
+    assert "--optimizer 'sgd' in the checkpoint, 'lars' in this job (the optimizer's saved state" in str(e.value)
+    assert "--precision 'float32' in the checkpoint, 'mixed_bfloat16' in this job" in str(e.value)
+    with pytest.raises(ConfigError, match="optimizer must be a non-empty string"):
+        CheckpointMeta.from_json({**data, "optimizer": ""}, "f")
 
 
 def test_check_compatible_refuses_a_checkpoint_past_the_jobs_epochs():

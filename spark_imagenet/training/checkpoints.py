@@ -31,7 +31,7 @@ every epoch's do, never count as one checkpoint. Pruning deletes a folder's ``ch
       "epoch": 3, "epochs": 90, "step": 3753,
       "dataset_id": "<the manifest's dataset_id>", "model": "alexnet", "width": 1.0,
       "image_size": 224, "num_classes": 1000, "workers": 8, "batch_size": 128, "seed": 0,
-      "learning_rate": 0.01,
+      "learning_rate": 0.01, "optimizer": "sgd", "precision": "float32",
       "files": [{"name": "ckpt.index", "size": 1234, "crc32c": "<base64>"}, ...],
       "history": {"loss": [6.1, 5.2, 4.8], "val_top1": [0.02, 0.05, 0.09]},
       "created": "2026-12-01T18:00:00Z"
@@ -74,16 +74,22 @@ OPTIONS = {
     "batch_size": "--batch-size",
     "seed": "--seed",
     "learning_rate": "--learning-rate",
+    "optimizer": "--optimizer",
+    "precision": "--precision",
 }
+#: Fields a ``checkpoint.json`` written before they existed lacks, and the value such a run had.
+DEFAULTS = {"optimizer": "sgd", "precision": "float32"}
 #: Why a field must match, where it is not plain (added to the message).
 _WHY = {"workers": "the global batch (batch_size x workers), the steps per epoch and each worker's shards "
-                   "depend on it"}
+                   "depend on it",
+        "optimizer": "the optimizer's saved state differs (SGD and LARS keep different slots)",
+        "precision": "mixed_float16 adds a loss-scale optimizer, whose state the checkpoint does or does not hold"}
 _FOLDER = re.compile(r"epoch-(\d{6,})")
 #: Integer fields and their minimum.
 _INTS = {"epoch": 1, "epochs": 1, "step": 0, "image_size": 1, "num_classes": 1, "workers": 1, "batch_size": 1,
          "seed": 0}
 _FLOATS = ("width", "learning_rate")
-_STRINGS = ("dataset_id", "model", "created")
+_STRINGS = ("dataset_id", "model", "created", "optimizer", "precision")
 
 
 def utc_now() -> str:
@@ -131,6 +137,8 @@ class RunSettings:
         seed: ``--seed``.
         learning_rate: ``--learning-rate``.
         epochs: ``--epochs``, the run's total.
+        optimizer: ``--optimizer`` (``"sgd"`` or ``"lars"``).
+        precision: ``--precision`` (``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``).
     """
 
     dataset_id: str
@@ -143,6 +151,8 @@ class RunSettings:
     seed: int
     learning_rate: float
     epochs: int
+    optimizer: str = DEFAULTS["optimizer"]
+    precision: str = DEFAULTS["precision"]
 
     @classmethod
     def from_config(cls, config: Any, *, dataset_id: str, num_classes: int) -> "RunSettings":
@@ -151,7 +161,7 @@ class RunSettings:
         Args:
             config: a :class:`~spark_imagenet.training.config.TrainConfig` (any object with its attributes
                 ``model``, ``width``, ``image_size``, ``workers``, ``batch_size``, ``seed``,
-                ``learning_rate`` and ``epochs``).
+                ``learning_rate``, ``epochs``, ``optimizer`` and ``precision``).
             dataset_id: the dataset manifest's ``dataset_id``.
             num_classes: the dataset's class count.
 
@@ -273,6 +283,8 @@ class CheckpointMeta:
         batch_size: ``--batch-size`` (per worker).
         seed: ``--seed``.
         learning_rate: ``--learning-rate`` (> 0).
+        optimizer: ``--optimizer`` (``"sgd"`` in a ``checkpoint.json`` without it).
+        precision: ``--precision`` (``"float32"`` in a ``checkpoint.json`` without it).
         files: the TensorFlow files, names relative to the checkpoint's folder (:func:`commit` fills it).
         history: the Keras history of the epochs so far, ``{"loss": [per epoch], ...}`` (at most ``epoch``
             values per key; a metric computed every other epoch has fewer).
@@ -294,6 +306,8 @@ class CheckpointMeta:
     batch_size: int
     seed: int
     learning_rate: float
+    optimizer: str = DEFAULTS["optimizer"]
+    precision: str = DEFAULTS["precision"]
     files: tuple[CheckpointFile, ...] = ()
     history: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     created: str = dataclasses.field(default_factory=utc_now)
@@ -370,6 +384,7 @@ class CheckpointMeta:
             raise ConfigError(f"{where}: format_version {data.get('format_version')!r} is not supported by this "
                               f"version of spark-imagenet (which reads {FORMAT_VERSION}); resume with the version "
                               f"that wrote it, or {REMEDY}")
+        data = {**DEFAULTS, **data}  # written before these fields existed: the values such a run had
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [n for n in names if n not in data]
         if missing:
@@ -429,7 +444,8 @@ def check_compatible(meta: CheckpointMeta, expected: RunSettings, where: str) ->
     """Refuse to resume a job from a checkpoint another run wrote.
 
     Must match: the dataset (its ``dataset_id`` and class count), ``--model``, ``--width``,
-    ``--image-size``, ``--batch-size``, ``--seed``, ``--learning-rate`` and ``--workers``. A different
+    ``--image-size``, ``--batch-size``, ``--seed``, ``--learning-rate``, ``--optimizer``, ``--precision``
+    and ``--workers`` (the optimizer and precision decide which optimizer state the checkpoint holds). A different
     worker count is refused: the global batch (``batch_size x workers``), the steps per epoch (so what
     ``step`` means) and which shards each worker reads (so the data order) all depend on it; TensorFlow
     would restore the weights, but the run would not be the one the checkpoint belongs to, and a run launched

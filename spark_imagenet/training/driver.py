@@ -155,6 +155,9 @@ def _announce(job: JobPlan, log: Callable[[str], None]) -> None:
         f"{plan.val_examples_total} val images, {config.epochs} epoch(s) x {plan.steps_per_epoch} steps, "
         f"batch {config.batch_size} per worker")
     log(schedule_for(config, plan.steps_per_epoch).describe())
+    log(f"recipe: optimizer {config.optimizer}, momentum {config.momentum:g}, weight decay {config.weight_decay:g}, "
+        f"label smoothing {config.label_smoothing:g}, precision {config.precision}, "
+        f"XLA {'on' if config.jit_compile else 'off'}")
 
 
 #: Seconds to wait, after Ctrl-C, for the cancelled barrier job and its tasks to end.
