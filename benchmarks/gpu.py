@@ -42,16 +42,18 @@ when ``$OUT`` is set), with the keys of :data:`KEYS`:
 
 On one NVIDIA H200 with about 16 CPU cores (TensorFlow 2.21 with CUDA, ``pip install
 "tensorflow[and-cuda]==2.21.*" "tf-keras==2.21.*"``, plus this repository's dependencies), the prepared run,
-about 5 minutes in all (TensorFlow start, two XLA compilations, shards written, 4 x 110 steps)::
+expected to take 2 to 4 minutes (TensorFlow start, 1024 JPEGs drawn on 16 cores, two XLA compilations, 4 x 110
+steps), held to 5 by ``timeout``; each line is written (and flushed) as soon as it is measured, so a run cut
+short keeps the lines before::
 
     timeout 300 python benchmarks/gpu.py --steps 100 --warmup 10 --out "${OUT:-.}/gpu.jsonl"
 
-``--budget-s`` (default 45 s) ends a (model, mode)'s timed steps early if they run past it (``steps`` then
+``--budget-s`` (default 30 s) ends a (model, mode)'s timed steps early if they run past it (``steps`` then
 reports how many were timed), so that a slow input pipeline cannot use up the machine's time.
 
 ``--dry-run`` runs the same code on the CPU at a tiny size (AlexNet at 67 px and width 0.25, ResNet-50 at
-32 px, batch 4, 3 timed steps after 1 warm-up, 32 small synthetic JPEGs), same keys, in about a minute on 2
-cores::
+32 px, batch 4, 3 timed steps after 1 warm-up, 32 small synthetic JPEGs), same keys: about a minute of CPU
+time on 2 cores, most of it ResNet-50's XLA compilation (``--models alexnet``: about 15 s)::
 
     python benchmarks/gpu.py --dry-run
 
@@ -118,7 +120,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=None, help="folder of TFRecord shards (default: synthetic JPEGs)")
     p.add_argument("--jpegs", type=int, default=None, help="synthetic JPEGs to write without --data (default: 1024)")
     p.add_argument("--parallel", type=int, default=None, help="decode calls of the pipeline (default: CPU count)")
-    p.add_argument("--budget-s", type=float, default=None, help="wall limit of the timed steps (default: 45)")
+    p.add_argument("--budget-s", type=float, default=None, help="wall limit of the timed steps (default: 30)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON lines here (default: $OUT/gpu.jsonl)")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (a test of the script)")
     p.add_argument("--allow-cpu", action="store_true", help="run full sizes even when no GPU is visible")
@@ -133,7 +135,7 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         ConfigError: an unknown model or mode, a count below 1, or a ``--data`` folder that does not exist.
     """
     dry = args.dry_run
-    full = {"steps": 100, "warmup": 10, "batch_size": 256, "jpegs": 1024, "width": 1.0, "budget_s": 45.0}
+    full = {"steps": 100, "warmup": 10, "batch_size": 256, "jpegs": 1024, "width": 1.0, "budget_s": 30.0}
     for key, value in full.items():
         if getattr(args, key) is None:
             setattr(args, key, DRY_RUN[key] if dry else value)
