@@ -363,3 +363,144 @@ def test_stateless_crop_window():
     for y, x, h, w in windows:
         assert 0 <= y and 0 <= x and h >= 1 and w >= 1 and y + h <= 48 and x + w <= 64
         assert 0.08 * 48 * 64 * 0.9 <= h * w  # at least (about) 8% of the area
+
+
+# --------------------------------------------------------------------------- augmentation options
+
+#: The public ImageNet RGB eigen-decomposition the lighting noise is specified with (0..1 pixel scale;
+#: eigenvectors in the columns), written out here rather than read from the module under test.
+EIGVAL = np.array([0.2175, 0.0188, 0.0045])
+EIGVEC = np.array([[-0.5675, 0.7192, 0.4009], [-0.5808, -0.0045, -0.8140], [-0.5836, -0.6948, 0.4203]])
+
+
+def ramp_shard(tmp_path) -> list[str]:
+    """One record: a 64x48 horizontal ramp, dark on the left, bright on the right."""
+    ramp = np.tile(np.linspace(0, 255, 64).astype(np.uint8)[None, :, None], (48, 1, 3))
+    return [write_shard(tmp_path / "train-00000-of-00001.tfrecord", [(jpeg_bytes(ramp), 0, "ramp.JPEG")])]
+
+
+def test_no_flip_disables_the_flip(tmp_path):
+    files = ramp_shard(tmp_path)
+    flipped = np.concatenate([im for im, _ in epoch_batches(files, seed=5, records_per_epoch=16, epochs=1)])
+    plain = np.concatenate([im for im, _ in epoch_batches(files, seed=5, records_per_epoch=16, epochs=1,
+                                                          flip=False)])
+    assert flipped.shape == plain.shape == (16, 16, 16, 3)
+
+    def increasing(images):  # the ramp still rises left to right: not mirrored
+        return images[:, :, -1, 0].mean(1) > images[:, :, 0, 0].mean(1)
+
+    assert increasing(plain).all()  # no image of the flip=False stream is mirrored
+    assert not increasing(flipped).all() and increasing(flipped).any()  # the default stream mirrors some
+    # Same seed: the same crops; each flip=True image is the flip=False one, mirrored or not.
+    mirrored = flipped[:, :, ::-1, :]
+    for k in range(16):
+        assert np.array_equal(flipped[k], plain[k]) or np.array_equal(mirrored[k], plain[k])
+
+
+def whole_image_resized(data: bytes, size: int) -> np.ndarray:
+    """The whole JPEG decoded and resized bilinearly to size x size, rounded to uint8 levels (float)."""
+    full = tf.image.resize(tf.io.decode_jpeg(data, channels=3), [size, size], method="bilinear")
+    return np.floor(full.numpy() + 0.5)
+
+
+@pytest.mark.parametrize("shape", [(48, 60), (40, 60)])  # aspect ratio 1.25 (inside 3/4..4/3) and 1.5 (outside)
+def test_crop_area_one_gives_the_whole_image(tmp_path, shape):
+    rng = np.random.default_rng(2)
+    data = jpeg_bytes(rng.integers(0, 256, (*shape, 3), dtype=np.uint8))
+    files = [write_shard(tmp_path / "train-00000-of-00001.tfrecord", [(data, 0, "noise.JPEG")])]
+    expected = whole_image_resized(data, 20)
+    whole = epoch_batches(files, image_size=20, records_per_epoch=8, epochs=1, flip=False, crop_area=(1.0, 1.0))
+    for images, _ in whole:
+        for image in unnormalize(images):
+            np.testing.assert_allclose(image, expected, atol=1e-3)
+    default = epoch_batches(files, image_size=20, records_per_epoch=8, epochs=1, flip=False)
+    assert not any(np.allclose(unnormalize(im), expected, atol=1e-3) for images, _ in default for im in images)
+
+
+def test_crop_area_range_of_the_window():
+    shape = tf.constant([48, 64, 3])
+    areas = []
+    for k in range(30):
+        y, x, h, w = pipeline.random_crop_window(shape, stateless_seed=tf.constant([3, k], tf.int64),
+                                                 area_range=(0.4, 0.5)).numpy()
+        assert 0 <= y and 0 <= x and y + h <= 48 and x + w <= 64
+        areas.append(h * w / (48 * 64))
+    # Pixel rounding moves an area by a few percent; the whole image (fallback) would be 1.0.
+    assert min(areas) >= 0.37 and max(areas) <= 0.53
+    assert max(areas) - min(areas) > 0.03  # drawn from the range, not one fixed size
+
+
+def test_lighting_adds_the_pca_offset_per_image(tmp_path):
+    colour = np.array([120, 110, 100], np.uint8)
+    data = jpeg_bytes(np.tile(colour, (40, 60, 1)))
+    files = [write_shard(tmp_path / "train-00000-of-00001.tfrecord", [(data, 0, "solid.JPEG")])]
+    args = dict(seed=11, records_per_epoch=8, epochs=1, flip=False)
+    plain = np.concatenate([unnormalize(im) for im, _ in epoch_batches(files, **args)])
+    lit = np.concatenate([unnormalize(im) for im, _ in epoch_batches(files, lighting=0.1, **args)])
+    offsets = lit - plain  # [8, 16, 16, 3], 0..255 units
+    per_image = offsets.reshape(8, -1, 3)
+    np.testing.assert_allclose(per_image, per_image[:, :1, :].repeat(per_image.shape[1], 1), atol=1e-3)
+    offset = per_image[:, 0, :]  # [8, 3]: one RGB offset per image
+    for position in range(8):  # alpha ~ N(0, 0.1) from the documented seed (seed, -1 - position)
+        alpha = tf.random.stateless_normal([3], seed=[11, -1 - position], stddev=0.1, alg="philox").numpy()
+        np.testing.assert_allclose(offset[position], 255 * EIGVEC @ (alpha * EIGVAL), atol=1e-3)
+    assert len({tuple(o.round(2)) for o in offset}) == 8  # a new draw per image
+    # Mostly brightness: nearly all of the offsets' energy lies along the first eigenvector (about -0.58 in
+    # each channel; 99% for eigenvalues 0.2175/0.0188/0.0045).
+    along_first = offset @ EIGVEC[:, 0]
+    assert (along_first ** 2).sum() > 0.9 * (offset ** 2).sum()
+    assert 0.3 < np.abs(offset).mean() < 30
+
+
+def test_lighting_zero_is_the_default_pipeline(tmp_path):
+    files = make_shards(tmp_path, shards=2, per_shard=3)
+    default = epoch_batches(files, records_per_epoch=4, epochs=2)
+    zero = epoch_batches(files, records_per_epoch=4, epochs=2, lighting=0.0, flip=True, crop_area=(0.08, 1.0))
+    assert same_batches(default, zero)
+    lit = epoch_batches(files, records_per_epoch=4, epochs=2, lighting=0.1)
+    assert not same_batches(default, lit)
+    assert [lab.tolist() for _, lab in lit] == [lab.tolist() for _, lab in default]  # same records, same order
+
+
+def test_lighting_is_deterministic_and_resumable(tmp_path):
+    files = make_shards(tmp_path, shards=3, per_shard=4)
+    args = dict(records_per_epoch=8, lighting=0.1, crop_area=(0.3, 0.9), flip=False)
+    full = epoch_batches(files, initial_epoch=0, epochs=3, **args)
+    assert same_batches(full, epoch_batches(files, initial_epoch=0, epochs=3, **args))
+    assert same_batches(full[4:6], epoch_batches(files, initial_epoch=2, epochs=3, **args))  # resumed at epoch 2
+    assert not same_batches(full, epoch_batches(files, seed=4, initial_epoch=0, epochs=3, **args))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(flip="no"), r"flip='no' \(--no-flip\)"),
+    (dict(crop_area=(0.0, 1.0)), r"crop_area=\(0, 1\) \(--crop-area MIN MAX\): need 0 < MIN <= MAX <= 1"),
+    (dict(crop_area=(0.6, 0.2)), r"crop_area=\(0.6, 0.2\)"),
+    (dict(crop_area=(0.5, 1.5)), r"crop_area=\(0.5, 1.5\)"),
+    (dict(crop_area=(0.5,)), r"crop_area=\(0.5,\) \(--crop-area MIN MAX\): must be two numbers"),
+    (dict(crop_area="ab"), r"must be two numbers"),
+    (dict(lighting=-0.1), r"lighting=-0.1 \(--lighting STD\): must be a finite number >= 0"),
+    (dict(lighting=float("nan")), r"lighting=nan"),
+    (dict(lighting="x"), r"lighting='x' \(--lighting STD\): must be a number"),
+])
+def test_bad_augmentation_values_are_refused(tmp_path, kwargs, match):
+    files = make_shards(tmp_path, shards=1, per_shard=2)
+    with pytest.raises(ConfigError, match=match):
+        pipeline.train_dataset(files, 2, 16, 1, **kwargs)
+
+
+def test_batches_reuse_freed_memory(tmp_path):
+    # A float32 batch of 64 x 224 px is 38.5 MB (9,409 pages): without the malloc settings every batch
+    # was a fresh mmap whose pages all faulted in on first write.
+    if not pipeline._reuse_freed_memory():
+        pytest.skip("not glibc: the malloc settings do not apply")
+    import resource
+
+    files = make_shards(tmp_path, shards=1, per_shard=8)
+    it = iter(pipeline.train_dataset(files, 64, 224, 2, seed=0, shuffle_buffer=8))
+    for _ in range(6):  # warm-up: every thread's arena has held a batch
+        next(it)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(6):
+        next(it)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 6
+    assert faults < 9409 / 2, f"{faults:.0f} page faults per batch"

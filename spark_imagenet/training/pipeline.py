@@ -86,6 +86,19 @@ CENTER_CROP_FRACTION = 0.875
 #: RandomResizedCrop).
 CROP_AREA_RANGE = (0.08, 1.0)
 CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
+#: PCA colour ("lighting") noise of Krizhevsky et al. (2012), "ImageNet Classification with Deep
+#: Convolutional Neural Networks", section 4.1: the eigenvalues and unit eigenvectors (the COLUMNS of
+#: :data:`LIGHTING_EIGVEC`, R/G/B rows) of the 3x3 covariance of ImageNet's RGB training pixels, on
+#: the 0..1 pixel scale. The paper does not publish its values; these are the ones commonly used, as
+#: given in Facebook's fb.resnet.torch (datasets/imagenet.lua, applied there to 0..1 images before the
+#: mean/std normalization). :func:`lighting_shift` converts to the 0..255 scale of this pipeline.
+LIGHTING_EIGVAL = (0.2175, 0.0188, 0.0045)
+LIGHTING_EIGVEC = (
+    (-0.5675, 0.7192, 0.4009),
+    (-0.5808, -0.0045, -0.8140),
+    (-0.5836, -0.6948, 0.4203),
+)
+
 #: Attempts of ``sample_distorted_bounding_box`` before it falls back to the
 #: whole image (10, as in the reference ResNet preprocessing).
 CROP_MAX_ATTEMPTS = 10
@@ -175,8 +188,8 @@ def _resize_uint8(image: tf.Tensor, image_size: int) -> tf.Tensor:
     return tf.cast(resized + 0.5, tf.uint8)
 
 
-def random_crop_window(shape: tf.Tensor, seed: int | None = None, *, stateless_seed: tf.Tensor | None = None
-                       ) -> tf.Tensor:
+def random_crop_window(shape: tf.Tensor, seed: int | None = None, *, stateless_seed: tf.Tensor | None = None,
+                       area_range: tuple[float, float] = CROP_AREA_RANGE) -> tf.Tensor:
     """A random crop window for an image of the given shape.
 
     Args:
@@ -188,11 +201,15 @@ def random_crop_window(shape: tf.Tensor, seed: int | None = None, *, stateless_s
             ``tf.image.stateless_sample_distorted_bounding_box`` instead, a
             pure function of ``(shape, stateless_seed)`` (the same window on
             every call).
+        area_range: ``(lo, hi)``, the crop's area as fractions of the
+            image's, ``0 < lo <= hi <= 1`` (checked by
+            :func:`check_augmentation`; default :data:`CROP_AREA_RANGE`).
+            ``(1.0, 1.0)`` always gives the whole image.
 
     Returns:
         tf.Tensor: int32 [4] ``(offset_y, offset_x, height, width)`` in
         pixels, as ``tf.image.decode_and_crop_jpeg`` takes it: an area of
-        :data:`CROP_AREA_RANGE` of the image with an aspect ratio in
+        ``area_range`` of the image with an aspect ratio in
         :data:`CROP_ASPECT_RANGE`, sampled by
         ``tf.image.sample_distorted_bounding_box`` (or its stateless variant;
         the whole image when :data:`CROP_MAX_ATTEMPTS` samples all fail).
@@ -200,9 +217,9 @@ def random_crop_window(shape: tf.Tensor, seed: int | None = None, *, stateless_s
     whole_image = tf.constant([0.0, 0.0, 1.0, 1.0], dtype=tf.float32, shape=[1, 1, 4])
     sampling = dict(
         bounding_boxes=whole_image,
-        min_object_covered=CROP_AREA_RANGE[0],
+        min_object_covered=area_range[0],
         aspect_ratio_range=CROP_ASPECT_RANGE,
-        area_range=CROP_AREA_RANGE,
+        area_range=area_range,
         max_attempts=CROP_MAX_ATTEMPTS,
         use_image_if_no_bounding_boxes=True,
     )
@@ -232,13 +249,42 @@ def center_crop_window(shape: tf.Tensor) -> tf.Tensor:
     return tf.stack([offset_y, offset_x, side, side])
 
 
-def _train_image(jpeg: tf.Tensor, image_size: int, crop_seed: tf.Tensor, flip_seed: tf.Tensor) -> tf.Tensor:
-    """JPEG bytes -> random crop, random flip, uint8 [S,S,3]; drawn by
-    stateless ops from ``crop_seed`` and ``flip_seed`` (int64 [2] each)."""
-    window = random_crop_window(tf.io.extract_jpeg_shape(jpeg), stateless_seed=crop_seed)
+def _train_image(jpeg: tf.Tensor, image_size: int, crop_seed: tf.Tensor, flip_seed: tf.Tensor | None,
+                 area_range: tuple[float, float] = CROP_AREA_RANGE) -> tf.Tensor:
+    """JPEG bytes -> random crop of ``area_range``, random flip, uint8 [S,S,3]; drawn by
+    stateless ops from ``crop_seed`` and ``flip_seed`` (int64 [2] each; ``None``: no flip)."""
+    window = random_crop_window(tf.io.extract_jpeg_shape(jpeg), stateless_seed=crop_seed, area_range=area_range)
     image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
     image = _resize_uint8(image, image_size)
+    if flip_seed is None:
+        return image
     return tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+
+
+def lighting_shift(std: float, seed: tf.Tensor) -> tf.Tensor:
+    """The PCA colour ("lighting") shift of one image (Krizhevsky et al. 2012, section 4.1).
+
+    Draws ``alpha ~ N(0, std)``, 3 values, with a stateless op, and returns
+    ``255 * LIGHTING_EIGVEC @ (alpha * LIGHTING_EIGVAL)``: the offset added
+    to every pixel's RGB value of the image. The eigen-decomposition
+    (:data:`LIGHTING_EIGVAL`, :data:`LIGHTING_EIGVEC`) is on the 0..1 pixel
+    scale, so the factor 255 puts the offset on this pipeline's 0..255
+    scale (before the MEAN_RGB/STD_RGB normalization). Mostly along the
+    first eigenvector (about -0.58 in each channel: brightness): with
+    ``std=0.1`` (the paper's) the offset is typically a few 0..255 levels.
+
+    Args:
+        std: float, standard deviation of alpha (> 0).
+        seed: int64 [2] tensor, the stateless seed: the same seed gives the
+            same shift.
+
+    Returns:
+        tf.Tensor: float32 [3], the R, G, B offset in 0..255 units.
+    """
+    alpha = tf.random.stateless_normal([3], seed=seed, stddev=float(std), dtype=tf.float32, alg=_RNG_ALG)
+    eigvec = tf.constant(LIGHTING_EIGVEC, tf.float32)
+    eigval = tf.constant(LIGHTING_EIGVAL, tf.float32)
+    return 255.0 * tf.linalg.matvec(eigvec, alpha * eigval)
 
 
 def _eval_image(jpeg: tf.Tensor, image_size: int) -> tf.Tensor:
@@ -278,6 +324,34 @@ def normalizer(image_size: int):
 
     def normalize(images: tf.Tensor) -> tf.Tensor:
         return tf.cast(images, tf.float32) * scale_img + offset_img
+
+    if xla_available():
+        return tf.function(normalize, jit_compile=True, reduce_retracing=True)
+    return normalize
+
+
+def lighting_normalizer(image_size: int):
+    """A function that adds per-image RGB offsets (:func:`lighting_shift`) to a
+    batch of uint8 images and normalizes it, in one pass.
+
+    Args:
+        image_size: S, the side of the images in pixels.
+
+    Returns:
+        Callable: ``(images uint8 [B, S, S, 3], shifts float32 [B, 3] in 0..255
+        units) -> float32 [B, S, S, 3]``, ``(x + shift[b] - MEAN_RGB) / STD_RGB``
+        per image ``b`` and channel, computed as ``x * (1/STD) + (-MEAN/STD +
+        shift[b]/STD)``. Pixel values plus offset are not clipped to 0..255 (as
+        in the paper's formula). One fused XLA kernel when
+        :func:`xla_available`, as :func:`normalizer`.
+    """
+    scale = tf.constant([1.0 / s for s in STD_RGB], tf.float32)
+    offset = tf.constant([-m / s for m, s in zip(MEAN_RGB, STD_RGB)], tf.float32)
+    scale_img = tf.tile(scale[tf.newaxis, tf.newaxis, :], [image_size, image_size, 1])
+    offset_img = tf.tile(offset[tf.newaxis, tf.newaxis, :], [image_size, image_size, 1])
+
+    def normalize(images: tf.Tensor, shifts: tf.Tensor) -> tf.Tensor:
+        return tf.cast(images, tf.float32) * scale_img + (offset_img + (shifts * scale)[:, tf.newaxis, tf.newaxis, :])
 
     if xla_available():
         return tf.function(normalize, jit_compile=True, reduce_retracing=True)
@@ -371,24 +445,109 @@ def _epoch_records(files: list[str], base_seed: int, parallel: int, shuffle_buff
     return records
 
 
-def _train_decoder(base_seed: int, image_size: int):
+def _train_decoder(base_seed: int, image_size: int, flip: bool = True,
+                   crop_area: tuple[float, float] = CROP_AREA_RANGE, lighting: float = 0.0):
     """A function ``(position, record) -> (uint8 [S,S,3] image, int32 label)``
-    for the training map: ``position`` (int64 scalar) is the record's index
+    for the training map (``(image, float32 [3] lighting shift, label)`` when
+    ``lighting > 0``): ``position`` (int64 scalar) is the record's index
     in the stream of all epochs from epoch 0 (``e * records_per_epoch + i``;
     ``i`` without epochs), ``record`` a serialized Example. Its crop and flip
     are drawn statelessly from ``(base_seed, 2 * position)`` and
-    ``(base_seed, 2 * position + 1)``: the stateless ops scramble their seed
-    pair through Philox, so the pairs are independent draws (per-record keys
-    derived with ``stateless_fold_in`` instead cost about 0.1 ms of CPU per
-    image, 5% of a decode: measured)."""
+    ``(base_seed, 2 * position + 1)``, its lighting alpha from
+    ``(base_seed, -1 - position)`` (negative, so never a crop or flip seed):
+    the stateless ops scramble their seed pair through Philox, so the pairs
+    are independent draws (per-record keys derived with ``stateless_fold_in``
+    instead cost about 0.1 ms of CPU per image, 5% of a decode: measured).
+    The crop and flip draws do not depend on ``lighting``."""
     base = tf.constant(base_seed, tf.int64)
 
-    def decode(position: tf.Tensor, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def decode(position: tf.Tensor, record: tf.Tensor) -> tuple[tf.Tensor, ...]:
         jpeg, label = _parse(record)
         crop_seed = tf.stack([base, 2 * position])
-        return _train_image(jpeg, image_size, crop_seed, crop_seed + [0, 1]), label
+        image = _train_image(jpeg, image_size, crop_seed, crop_seed + [0, 1] if flip else None, crop_area)
+        if lighting > 0:
+            return image, lighting_shift(lighting, tf.stack([base, -1 - position])), label
+        return image, label
 
     return decode
+
+
+def check_augmentation(flip: bool, crop_area: Sequence[float], lighting: float
+                       ) -> tuple[bool, tuple[float, float], float]:
+    """Validate the training augmentation arguments of :func:`train_dataset`.
+
+    Args:
+        flip: bool, random horizontal flips on or off.
+        crop_area: ``(lo, hi)``, two numbers with ``0 < lo <= hi <= 1``: the
+            random crop's area range as fractions of the image's area.
+        lighting: standard deviation of the PCA colour noise, a finite
+            number ``>= 0`` (0: none).
+
+    Returns:
+        tuple: ``(flip, (lo, hi), lighting)`` as bool, two floats, float.
+
+    Raises:
+        ConfigError: a value of the wrong type or out of range; the message
+            names the argument and its command-line option.
+    """
+    if not isinstance(flip, bool):
+        raise ConfigError(f"flip={flip!r} (--no-flip): must be True or False")
+    try:
+        lo, hi = (float(v) for v in crop_area)
+    except (TypeError, ValueError):
+        raise ConfigError(f"crop_area={crop_area!r} (--crop-area MIN MAX): must be two numbers, the smallest and "
+                          "largest area of the random crop as fractions of the image (default 0.08 1.0)") from None
+    if not (0.0 < lo <= hi <= 1.0):
+        raise ConfigError(f"crop_area=({lo:g}, {hi:g}) (--crop-area MIN MAX): need 0 < MIN <= MAX <= 1 "
+                          "(fractions of the image area; default 0.08 1.0, 1.0 1.0 = the whole image)")
+    try:
+        std = float(lighting)
+    except (TypeError, ValueError):
+        raise ConfigError(f"lighting={lighting!r} (--lighting STD): must be a number, the standard deviation of "
+                          "the PCA colour noise (the AlexNet paper: 0.1; 0 = none)") from None
+    if not (math.isfinite(std) and std >= 0.0):
+        raise ConfigError(f"lighting={lighting!r} (--lighting STD): must be a finite number >= 0 "
+                          "(the AlexNet paper: 0.1; 0 = none)")
+    return flip, (lo, hi), std
+
+
+#: glibc ``mallopt`` parameters (malloc.h) and the values :func:`_reuse_freed_memory` sets.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_BYTES = 64 << 20
+_TRIM_THRESHOLD_BYTES = 128 << 20
+_MALLOC_TUNED = False
+
+
+def _reuse_freed_memory() -> bool:
+    """Make glibc's malloc reuse freed batch buffers instead of unmapping them (once per process).
+
+    A float32 batch of 64 images of 224 px is 38.5 MB. glibc serves blocks
+    above its mmap threshold (dynamic, at most 32 MB) with a fresh ``mmap``
+    and unmaps them on free, so every batch's output was 9,409 new pages,
+    each zero-filled on its first write: about 25 ms of CPU per batch, 0.4 ms
+    per image (measured on this project's 2-core machine, a third of a JPEG
+    decode). With the mmap threshold at 64 MiB (the most a thread's arena
+    serves anyway) and the trim threshold at 128 MiB the blocks are reused:
+    no page faults. Process-wide: freed memory up to these sizes stays with
+    the process instead of going back to the system. TensorFlow's own pool
+    (``TF_CPU_ALLOCATOR_USE_BFC=true`` set before its first op) has the same
+    effect and covers any batch size, but cannot be turned on later.
+
+    Returns:
+        bool: True when the settings are in place (a no-op returning False
+        where the C library is not glibc).
+    """
+    global _MALLOC_TUNED
+    if not _MALLOC_TUNED:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6")
+            _MALLOC_TUNED = bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)) and bool(
+                libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
+        except (OSError, AttributeError):
+            _MALLOC_TUNED = False
+    return _MALLOC_TUNED
 
 
 def train_dataset(
@@ -403,6 +562,9 @@ def train_dataset(
     initial_epoch: int = 0,
     epochs: int | None = None,
     deterministic: bool = False,
+    flip: bool = True,
+    crop_area: tuple[float, float] = CROP_AREA_RANGE,
+    lighting: float = 0.0,
 ) -> tf.data.Dataset:
     """The shuffled, augmented training dataset of one worker, epoch by epoch.
 
@@ -432,7 +594,16 @@ def train_dataset(
     (a slow JPEG holds up the ones decoded after it): on 2 CPU cores with 2
     parallel decode calls, 1% to 5% fewer images per second (about 1000
     images/s without; 224-pixel crops of 500x375 JPEGs, medians of repeated
-    runs on a shared machine); more parallel calls likely lose more. Each
+    runs on a shared machine); more parallel calls likely lose more.
+
+    Augmentation (all drawn from ``(seed, position)`` as above, so resume and
+    ``deterministic`` hold with any of them): the random crop (area in
+    ``crop_area``, aspect ratio in :data:`CROP_ASPECT_RANGE`), the random
+    horizontal flip (``flip``) and, with ``lighting > 0``, AlexNet's PCA
+    colour noise (:func:`lighting_shift`, one RGB offset per image, added to
+    the uint8 pixels inside the batch normalization). ``lighting=0`` adds no
+    op to the pipeline; the defaults give the same batches as before these
+    arguments existed. Each
     epoch starts by filling its shuffle buffer (``shuffle_buffer`` records
     read before the first comes out; about 110 MB on ImageNet), a short pause
     per epoch that the prefetched batches partly hide.
@@ -455,6 +626,13 @@ def train_dataset(
         deterministic: keep the element order through the parallel stages
             (tf.data option ``deterministic`` and the interleave's and map's
             argument), so equal inputs give bit-identical batches.
+        flip: bool, random horizontal flips (``False``: none; command-line
+            ``--no-flip``).
+        crop_area: ``(lo, hi)``, the random crop's area range as fractions of
+            the image's, ``0 < lo <= hi <= 1`` (``--crop-area``; ``(1.0, 1.0)``:
+            the whole image, resized).
+        lighting: float >= 0, the standard deviation of alpha of the PCA
+            colour noise (``--lighting``; the paper: 0.1; 0: none).
 
     Returns:
         tf.data.Dataset: elements ``(images float32 [B,S,S,3] normalized with
@@ -467,16 +645,19 @@ def train_dataset(
         ConfigError: no files, a size/parallelism below 1, a
             ``records_per_epoch`` that is not a positive multiple of
             ``batch_size``, a negative ``initial_epoch``, ``epochs`` below it,
-            or ``initial_epoch``/``epochs`` without ``records_per_epoch``.
+            or ``initial_epoch``/``epochs`` without ``records_per_epoch``;
+            a ``flip``, ``crop_area`` or ``lighting`` that
+            :func:`check_augmentation` refuses.
     """
     files = _check_common(files, batch_size, image_size)
+    flip, crop_area, lighting = check_augmentation(flip, crop_area, lighting)
     parallel = default_parallel(parallel)
     batch_size, shuffle_buffer, initial_epoch = int(batch_size), max(1, int(shuffle_buffer)), int(initial_epoch)
     records_per_epoch = None if records_per_epoch is None else int(records_per_epoch)
     epochs = None if epochs is None else int(epochs)
     _check_epochs(batch_size, records_per_epoch, initial_epoch, epochs)
     base_seed = _base_seed(seed)
-    normalize = normalizer(image_size)
+    _reuse_freed_memory()
 
     if records_per_epoch is None:
         ds = tf.data.Dataset.range(0, 1)  # one endless epoch 0
@@ -484,9 +665,15 @@ def train_dataset(
         ds = tf.data.Dataset.range(initial_epoch, tf.int64.max if epochs is None else epochs)
     ds = ds.flat_map(_epoch_records(files, base_seed, parallel, shuffle_buffer, records_per_epoch, deterministic))
     ds = ds.enumerate(start=initial_epoch * (records_per_epoch or 0))
-    ds = ds.map(_train_decoder(base_seed, image_size), num_parallel_calls=parallel, deterministic=deterministic)
+    ds = ds.map(_train_decoder(base_seed, image_size, flip, crop_area, lighting),
+                num_parallel_calls=parallel, deterministic=deterministic)
     ds = ds.batch(batch_size, drop_remainder=True)
-    ds = ds.map(lambda images, labels: (normalize(images), labels))
+    if lighting > 0:
+        normalize_lit = lighting_normalizer(image_size)
+        ds = ds.map(lambda images, shifts, labels: (normalize_lit(images, shifts), labels))
+    else:
+        normalize = normalizer(image_size)
+        ds = ds.map(lambda images, labels: (normalize(images), labels))
     ds = ds.prefetch(PREFETCH_BATCHES)
     return ds.with_options(_options(deterministic=deterministic))
 
@@ -564,6 +751,7 @@ def eval_dataset(
     ).repeat()
     ds = ds.concatenate(padding).take(steps * batch_size)
     ds = ds.batch(batch_size, drop_remainder=True)
+    _reuse_freed_memory()
     normalize = normalizer(image_size)
     ds = ds.map(lambda images, labels, weights: (normalize(images), labels, weights))
     ds = ds.prefetch(PREFETCH_BATCHES)
