@@ -87,7 +87,8 @@ def shards(tmp_path_factory) -> dict:
 #: The settings of the job (TrainConfig); the other keys of base_config belong to the worker.
 JOB_KEYS = ("workers", "model", "epochs", "batch_size", "image_size", "width", "learning_rate", "seed")
 #: Job keys a test may set (TrainConfig's defaults otherwise).
-OPTIONAL_JOB_KEYS = ("strategy", "cross_device_ops", "gpus_per_worker")
+OPTIONAL_JOB_KEYS = ("strategy", "cross_device_ops", "gpus_per_worker", "optimizer", "precision", "jit_compile",
+                     "weight_decay", "label_smoothing", "lr_schedule", "warmup_epochs", "output")
 
 
 def base_config(shards: dict, **overrides) -> dict:
@@ -375,6 +376,33 @@ def test_each_strategy_trains_one_worker_on_cpu(shards, tmp_path, strategy, ops,
     assert result["steps"] == 8 and result["val"]["images"] == 18
     assert f"strategy: {strategy} ({kind}), 1 worker(s), 1 replica(s) in sync on " in stdout
     assert f"all-reduce {all_reduce}" in stdout
+
+
+def test_lars_under_float16_loss_scaling_logs_the_scheduled_rate_and_saves_the_model(shards, tmp_path):
+    """The worker's recipe wiring: LARS inside a LossScaleOptimizer (mixed_float16) with a warm-up + cosine
+    schedule trains; the epoch lines read the rate through both wrappers; the saved model.keras loads back
+    (float32 logits, no weight-decay term) for evaluate/predict."""
+    from spark_imagenet.training.schedules import Schedule
+
+    from spark_imagenet.training.worker import LOCAL_OUTPUT_DIR, MODEL_FILE
+
+    cfg = base_config(shards, epochs=2, optimizer="lars", precision="mixed_float16", learning_rate=2.0,
+                      lr_schedule="cosine", warmup_epochs=1.0, weight_decay=5e-4, label_smoothing=0.1,
+                      output=str(tmp_path / "published"))
+    proc, result_path = start_worker(tmp_path, cfg, "lars")
+    [(rc, stdout, stderr)] = finish([proc])
+    assert rc == 0, stderr
+    result = json.loads(result_path.read_text())
+    assert all(math.isfinite(v) for v in result["history"]["loss"]) and result["steps"] == 16
+    schedule = Schedule(kind="cosine", base_lr=2.0, global_batch=8, steps_per_epoch=8, epochs=2, scaling="none",
+                        warmup_epochs=1.0)
+    # optimizer.learning_rate holds the rate of each epoch's last step (7 and 15)
+    assert f"lr {schedule.at(7):.4g}," in stdout and f"lr {schedule.at(15):.4g}," in stdout
+    import tf_keras as keras
+
+    model = keras.models.load_model(str(tmp_path / LOCAL_OUTPUT_DIR / MODEL_FILE), compile=False)
+    assert model.output.dtype == tf.float32 and model.losses == []
+    assert model.get_layer("conv1").compute_dtype == "float16"
 
 
 def test_mirrored_nccl_without_gpus_is_a_clear_error(shards, tmp_path):

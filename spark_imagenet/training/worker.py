@@ -414,7 +414,8 @@ def _datasets(strategy: tf.distribute.Strategy, spec: WorkerSpec, initial_epoch:
                                       seed=spec.seed,
                                       records_per_epoch=spec.steps_per_epoch * per_replica * local_replicas,
                                       initial_epoch=initial_epoch, epochs=config.epochs,
-                                      deterministic=config.deterministic)
+                                      deterministic=config.deterministic, flip=config.flip,
+                                      crop_area=config.crop_area, lighting=config.lighting)
 
     def eval_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         # Each local replica takes one batch per step from this worker's dataset.
@@ -430,7 +431,14 @@ def _datasets(strategy: tf.distribute.Strategy, spec: WorkerSpec, initial_epoch:
 
 
 def _build_model(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> keras.Model:
-    """The compiled model, built inside the strategy's scope."""
+    """The compiled model, built inside the strategy's scope.
+
+    In order: Keras' global precision policy ``config.precision``; the model; its logits cast to float32
+    (:func:`~spark_imagenet.training.models.compile.float32_logits`); compiled with the config's optimizer,
+    momentum, weight decay, label smoothing and ``jit_compile``, at the learning rate of its schedule (a function
+    of the optimizer's step count, which checkpoints restore: a resumed run goes on exactly).
+    """
+    from spark_imagenet.training.models.compile import float32_logits, set_precision
     from spark_imagenet.training.models.registry import build_model, compile_model
 
     from spark_imagenet.training.keras_schedule import KerasSchedule
@@ -439,10 +447,12 @@ def _build_model(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> keras.Mo
     config = spec.config
     schedule = schedule_for(config, spec.steps_per_epoch)
     plain = schedule.kind == "constant" and schedule.warmup_steps == 0
+    set_precision(config.precision)
     with strategy.scope():
-        model = build_model(config.model, spec.num_classes, config.image_size, config.width)
-        # a function of the optimizer's step count, which checkpoints restore: a resumed run goes on exactly
-        compile_model(model, schedule.peak if plain else KerasSchedule(schedule))
+        model = float32_logits(build_model(config.model, spec.num_classes, config.image_size, config.width))
+        compile_model(model, schedule.peak if plain else KerasSchedule(schedule), optimizer=config.optimizer,
+                      momentum=config.momentum, weight_decay=config.weight_decay,
+                      label_smoothing=config.label_smoothing, jit_compile=config.jit_compile)
     return model
 
 
