@@ -245,6 +245,17 @@ def test_user_builder_module_missing_on_the_driver():
     assert "cannot find module user_model_typo on the driver's Python path" in message
 
 
+def test_user_builder_module_missing_in_the_worker_spec_check(monkeypatch):
+    """The worker (``python -m spark_imagenet.training.worker``) checks its spec's config again: the message
+    names its own path."""
+    import types
+
+    main = types.SimpleNamespace(__spec__=types.SimpleNamespace(name="spark_imagenet.training.worker"))
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    message = _driver_error("user_model_typo:build")
+    assert "cannot find module user_model_typo on the TensorFlow worker's Python path" in message
+
+
 def test_user_builder_function_missing_on_the_driver():
     message = _driver_error("user_model:bulid")
     assert "user_model" in message and "defines no top-level 'bulid' (did you mean 'build'?)" in message
@@ -337,3 +348,28 @@ def test_user_builder_of_keras3_gets_its_own_message():
     pytest.importorskip("keras", minversion="3")
     with pytest.raises(ConfigError, match=r"returned a Keras 3 model .*build it with Keras 2: `import tf_keras"):
         build_model("user_model:keras3_model", 5, 40)
+
+
+def test_the_tensorflow_child_gets_the_tasks_extra_path(tmp_path, monkeypatch):
+    """child_env appends the task's sys.path entries that a fresh interpreter lacks (what --py-files and
+    addPyFile add), so the worker process imports the user's module the task could import."""
+    import subprocess
+    import sysconfig
+
+    from spark_imagenet.training.barrier_task import child_env
+
+    shipped = tmp_path / "userFiles"
+    shipped.mkdir()
+    (shipped / "shipped_builder.py").write_text("def build(n, s, w):\n    return 'built'\n")
+    (tmp_path / "task").mkdir()
+    monkeypatch.chdir(tmp_path / "task")
+    site = sysconfig.get_paths()["purelib"]
+    task_path = ["", str(shipped), site, sysconfig.get_paths()["stdlib"], str(tmp_path / "gone"), str(shipped)]
+    env = child_env({"PATH": os.environ.get("PATH", ""), "PYTHONPATH": "/x"}, None, None, 1, task_path=task_path)
+    entries = env["PYTHONPATH"].split(os.pathsep)
+    assert entries[1] == "/x" and entries[2:] == [str(tmp_path / "task"), str(shipped)]  # '' is the task's folder
+    p = subprocess.run([sys.executable, "-c", "import shipped_builder; print(shipped_builder.build(1, 2, 3))"],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "built"
+    assert child_env({}, None, None, 1)["PYTHONPATH"].split(os.pathsep) == entries[:1]  # no task path, as before

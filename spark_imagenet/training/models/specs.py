@@ -140,6 +140,15 @@ def _path_for_message(limit: int = 8) -> str:
     return shown + (f" ... and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
+def _process() -> str:
+    """``"the TensorFlow worker"`` in the worker process (which checks its spec's config again), else
+    ``"the driver"``."""
+    import sys
+
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return "the TensorFlow worker" if getattr(main, "name", None) == "spark_imagenet.training.worker" else "the driver"
+
+
 def _find_module(model: str, module: str):
     """``importlib.util.find_spec(module)``, every failure as a ConfigError naming ``--model``."""
     import importlib.util
@@ -154,13 +163,13 @@ def _find_module(model: str, module: str):
     except Exception as e:  # noqa: BLE001 - a parent package's own code failed while it was imported
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise ConfigError(f"model (--model) {model!r}: finding module {module} imports its parent package(s), "
-                          f"which failed on the driver ({type(e).__name__}: {first}); make "
-                          f"{module.rsplit('.', 1)[0]} importable here without errors") from None
+                          f"which failed on {_process()} ({type(e).__name__}: {first}); make "
+                          f"{module.rsplit('.', 1)[0]} importable there without errors") from None
     else:
         missing = ""
     if spec is None:
-        raise ConfigError(f"model (--model) {model!r}: cannot find module {module}{missing} on the driver's Python "
-                          f"path (sys.path: {_path_for_message()}); {where}")
+        raise ConfigError(f"model (--model) {model!r}: cannot find module {module}{missing} on {_process()}'s "
+                          f"Python path (sys.path: {_path_for_message()}); {where}")
     return spec
 
 
@@ -198,7 +207,8 @@ def check_user_builder(model: str) -> str:
     driver starts TensorFlow). Its source is read (from a file or a ``--py-files`` zip) and parsed with
     :mod:`ast`: ``function`` must be bound at the module's top level (``def``, ``class``, an assignment or an
     import of that name). A module without readable source (a compiled extension, a ``.pyc`` only) is accepted
-    here and checked when the first task imports it.
+    here and checked when the first task imports it. The TensorFlow worker runs the same check when it reads its
+    spec (its messages then name the worker's Python path instead of the driver's), before it imports the module.
 
     Args:
         model: ``package.module:function`` (:func:`is_user_builder` is true).
