@@ -124,7 +124,8 @@ def _import_builder(name: str) -> Callable[[int, int, float], keras.Model]:
                           f"{function}(num_classes, image_size, width) in it") from None
     if not callable(builder):
         raise ConfigError(f"model (--model) {name!r}: {module_name}.{function} is not callable (a value of type "
-                          f"{type(builder).__name__}); define {function}(num_classes, image_size, width) -> tf_keras.Model")
+                          f"{type(builder).__name__}); define {function}(num_classes, image_size, width) -> "
+                          "tf_keras.Model")
     return builder
 
 
