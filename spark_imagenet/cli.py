@@ -103,6 +103,19 @@ def _option_type(rule):
     return str
 
 
+def _recipe_help(key: str) -> str:
+    """" (default: the model's recipe; alexnet ..., resnet50 ...)" for a setting of :data:`RECIPE_KEYS`."""
+    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE, recipe_for
+
+    parts = []
+    for model in sorted(MIN_IMAGE_SIZE):
+        value = getattr(recipe_for(model), key)
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+        parts.append(f"{model} {text}")
+    scaled = " epochs of 90, scaled to --epochs" if key == "warmup_epochs" else ""
+    return " (default: the model's recipe; " + ", ".join(parts) + scaled + ")"
+
+
 def _option_shape(rule) -> dict:
     """argparse's ``nargs``/``metavar`` for a field kind taking several values."""
     if rule.kind == "range":
@@ -121,7 +134,7 @@ def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
     import dataclasses
 
     from spark_imagenet.training.config import RECIPE_KEYS, TrainConfig
-    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE, recipe_for
+    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE
 
     g = p.add_argument_group("training (each option is also a key of the job file)")
     g.add_argument("--config", metavar="JOB.toml", help="read the job's settings from this TOML file; options given "
@@ -145,8 +158,7 @@ def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
                            help=text + (" (default: off)" if not default and not f.default else ""))
             continue
         if f.name in RECIPE_KEYS and default is None:
-            text += " (default: the model's recipe; " + ", ".join(
-                f"{m} {getattr(recipe_for(m), f.name)}" for m in sorted(MIN_IMAGE_SIZE)) + ")"
+            text += _recipe_help(f.name)
         elif default is not None and default != ():
             text += f" (default: {' '.join(map(str, default)) if isinstance(default, tuple) else default})"
         elif not rule.optional and default != ():

@@ -447,7 +447,7 @@ class TrainConfig:
         recipe = recipe_for(self.model)
         for key in RECIPE_KEYS:
             if getattr(self, key) is None:
-                object.__setattr__(self, key, getattr(recipe, key))
+                object.__setattr__(self, key, recipe.value(key, self.epochs))
         for key in ("momentum", "label_smoothing"):
             if not getattr(self, key) < 1:
                 raise _error(key, f"{key} (--{key.replace('_', '-')}) must be below 1, got {getattr(self, key)!r}")
