@@ -550,6 +550,122 @@ def _reuse_freed_memory() -> bool:
     return _MALLOC_TUNED
 
 
+@dataclasses.dataclass(frozen=True)
+class _TrainArgs:
+    """The arguments of :func:`train_dataset`, checked and converted (see there
+    for each); ``base_seed`` is the seed drawn by :func:`_base_seed`."""
+
+    files: list[str]
+    batch_size: int
+    image_size: int
+    parallel: int
+    shuffle_buffer: int
+    records_per_epoch: int | None
+    initial_epoch: int
+    epochs: int | None
+    deterministic: bool
+    flip: bool
+    crop_area: tuple[float, float]
+    lighting: float
+    base_seed: int
+
+
+def _train_args(files: Sequence[str], batch_size: int, image_size: int, parallel: int | None, seed: int | None,
+                shuffle_buffer: int, records_per_epoch: int | None, initial_epoch: int, epochs: int | None,
+                deterministic: bool, flip: bool, crop_area: Sequence[float], lighting: float) -> _TrainArgs:
+    """Check and convert the arguments of :func:`train_dataset` (which documents
+    them), in this order: files and sizes, augmentation (:func:`check_augmentation`),
+    ``parallel`` (``None``: ``os.cpu_count()``), the epoch arguments
+    (:func:`_check_epochs`); then draw the base seed (:func:`_base_seed`).
+    ``shuffle_buffer`` is raised to at least 1.
+
+    Returns:
+        _TrainArgs: the converted values.
+
+    Raises:
+        ConfigError: as listed in :func:`train_dataset`.
+    """
+    files = _check_common(files, batch_size, image_size)
+    flip, crop_area, lighting = check_augmentation(flip, crop_area, lighting)
+    parallel = default_parallel(parallel)
+    batch_size, shuffle_buffer, initial_epoch = int(batch_size), max(1, int(shuffle_buffer)), int(initial_epoch)
+    records_per_epoch = None if records_per_epoch is None else int(records_per_epoch)
+    epochs = None if epochs is None else int(epochs)
+    _check_epochs(batch_size, records_per_epoch, initial_epoch, epochs)
+    return _TrainArgs(files=files, batch_size=batch_size, image_size=image_size, parallel=parallel,
+                      shuffle_buffer=shuffle_buffer, records_per_epoch=records_per_epoch,
+                      initial_epoch=initial_epoch, epochs=epochs, deterministic=deterministic, flip=flip,
+                      crop_area=crop_area, lighting=lighting, base_seed=_base_seed(seed))
+
+
+def _train_record_stream(args: _TrainArgs) -> tf.data.Dataset:
+    """The record stream of :func:`train_dataset` before decoding: epochs
+    ``range(initial_epoch, epochs)`` (``epochs=None``: up to ``tf.int64.max``;
+    without ``records_per_epoch``: the single endless epoch 0), each epoch's
+    records (:func:`_epoch_records`) one after the other.
+
+    Each epoch starts by filling its shuffle buffer (``shuffle_buffer`` records
+    read before the first comes out; about 110 MB on ImageNet), a short pause
+    per epoch that the prefetched batches partly hide.
+
+    Returns:
+        tf.data.Dataset: elements ``(position int64 scalar, serialized Example
+        string scalar)``, positions counted from ``initial_epoch *
+        records_per_epoch`` (from 0 without epochs): the index of the record in
+        the stream of all epochs from epoch 0, which seeds its augmentation.
+    """
+    if args.records_per_epoch is None:
+        ds = tf.data.Dataset.range(0, 1)  # one endless epoch 0
+    else:
+        ds = tf.data.Dataset.range(args.initial_epoch, tf.int64.max if args.epochs is None else args.epochs)
+    ds = ds.flat_map(_epoch_records(args.files, args.base_seed, args.parallel, args.shuffle_buffer,
+                                    args.records_per_epoch, args.deterministic))
+    return ds.enumerate(start=args.initial_epoch * (args.records_per_epoch or 0))
+
+
+def _decode_for_training(records: tf.data.Dataset, args: _TrainArgs) -> tf.data.Dataset:
+    """Map :func:`_train_decoder` (parse, random crop, decode, resize, flip and,
+    with ``lighting > 0``, the colour-noise shift) over ``(position, record)``
+    elements, with ``parallel`` calls.
+
+    With ``deterministic=False`` the calls hand on images in completion order;
+    ``deterministic=True`` keeps the order at a cost in throughput (a slow JPEG
+    holds up the ones decoded after it): on 2 CPU cores with 2 parallel decode
+    calls, 1% to 5% fewer images per second (about 1000 images/s without;
+    224-pixel crops of 500x375 JPEGs, medians of repeated runs on a shared
+    machine); more parallel calls likely lose more.
+
+    Returns:
+        tf.data.Dataset: elements ``(uint8 [S,S,3] image, int32 label)``, or
+        ``(image, float32 [3] lighting shift, label)`` when ``lighting > 0``.
+    """
+    return records.map(_train_decoder(args.base_seed, args.image_size, args.flip, args.crop_area, args.lighting),
+                       num_parallel_calls=args.parallel, deterministic=args.deterministic)
+
+
+def _normalized_batches(images: tf.data.Dataset, batch_size: int, image_size: int, lighting: float
+                        ) -> tf.data.Dataset:
+    """Batch the decoded training images (full batches only) and normalize each
+    batch (:func:`normalizer`, or :func:`lighting_normalizer` adding the
+    per-image shifts when ``lighting > 0``).
+
+    Args:
+        images: elements as returned by :func:`_decode_for_training`.
+        batch_size: B, images per batch.
+        image_size: S, the images' side in pixels.
+        lighting: the colour-noise standard deviation (> 0: the elements carry shifts).
+
+    Returns:
+        tf.data.Dataset: elements ``(images float32 [B,S,S,3], labels int32 [B])``.
+    """
+    ds = images.batch(batch_size, drop_remainder=True)
+    if lighting > 0:
+        normalize_lit = lighting_normalizer(image_size)
+        return ds.map(lambda images, shifts, labels: (normalize_lit(images, shifts), labels))
+    normalize = normalizer(image_size)
+    return ds.map(lambda images, labels: (normalize(images), labels))
+
+
 def train_dataset(
     files: Sequence[str],
     batch_size: int,
@@ -590,11 +706,9 @@ def train_dataset(
     parallel decode hand on elements in completion order: faster, but which
     records fill an epoch and which index (hence augmentation) each gets vary
     slightly from run to run, and records may cross an epoch boundary by a few
-    positions. ``deterministic=True`` keeps the order at a cost in throughput
-    (a slow JPEG holds up the ones decoded after it): on 2 CPU cores with 2
-    parallel decode calls, 1% to 5% fewer images per second (about 1000
-    images/s without; 224-pixel crops of 500x375 JPEGs, medians of repeated
-    runs on a shared machine); more parallel calls likely lose more.
+    positions. ``deterministic=True`` keeps the order at a cost in throughput:
+    1% to 5% fewer images per second on 2 CPU cores with 2 parallel decode
+    calls (measurement: ``_decode_for_training``); more calls likely lose more.
 
     Augmentation (all drawn from ``(seed, position)`` as above, so resume and
     ``deterministic`` hold with any of them): the random crop (area in
@@ -603,10 +717,8 @@ def train_dataset(
     colour noise (:func:`lighting_shift`, one RGB offset per image, added to
     the uint8 pixels inside the batch normalization). ``lighting=0`` adds no
     op to the pipeline; the defaults give the same batches as before these
-    arguments existed. Each
-    epoch starts by filling its shuffle buffer (``shuffle_buffer`` records
-    read before the first comes out; about 110 MB on ImageNet), a short pause
-    per epoch that the prefetched batches partly hide.
+    arguments existed. Each epoch starts by filling its shuffle buffer (about
+    110 MB on ImageNet): a short pause that the prefetched batches partly hide.
 
     Args:
         files: local paths of this worker's TFRecord shards (train split).
@@ -646,36 +758,14 @@ def train_dataset(
             ``records_per_epoch`` that is not a positive multiple of
             ``batch_size``, a negative ``initial_epoch``, ``epochs`` below it,
             or ``initial_epoch``/``epochs`` without ``records_per_epoch``;
-            a ``flip``, ``crop_area`` or ``lighting`` that
-            :func:`check_augmentation` refuses.
+            a ``flip``, ``crop_area`` or ``lighting`` that :func:`check_augmentation` refuses.
     """
-    files = _check_common(files, batch_size, image_size)
-    flip, crop_area, lighting = check_augmentation(flip, crop_area, lighting)
-    parallel = default_parallel(parallel)
-    batch_size, shuffle_buffer, initial_epoch = int(batch_size), max(1, int(shuffle_buffer)), int(initial_epoch)
-    records_per_epoch = None if records_per_epoch is None else int(records_per_epoch)
-    epochs = None if epochs is None else int(epochs)
-    _check_epochs(batch_size, records_per_epoch, initial_epoch, epochs)
-    base_seed = _base_seed(seed)
+    args = _train_args(files, batch_size, image_size, parallel, seed, shuffle_buffer, records_per_epoch,
+                       initial_epoch, epochs, deterministic, flip, crop_area, lighting)
     _reuse_freed_memory()
-
-    if records_per_epoch is None:
-        ds = tf.data.Dataset.range(0, 1)  # one endless epoch 0
-    else:
-        ds = tf.data.Dataset.range(initial_epoch, tf.int64.max if epochs is None else epochs)
-    ds = ds.flat_map(_epoch_records(files, base_seed, parallel, shuffle_buffer, records_per_epoch, deterministic))
-    ds = ds.enumerate(start=initial_epoch * (records_per_epoch or 0))
-    ds = ds.map(_train_decoder(base_seed, image_size, flip, crop_area, lighting),
-                num_parallel_calls=parallel, deterministic=deterministic)
-    ds = ds.batch(batch_size, drop_remainder=True)
-    if lighting > 0:
-        normalize_lit = lighting_normalizer(image_size)
-        ds = ds.map(lambda images, shifts, labels: (normalize_lit(images, shifts), labels))
-    else:
-        normalize = normalizer(image_size)
-        ds = ds.map(lambda images, labels: (normalize(images), labels))
-    ds = ds.prefetch(PREFETCH_BATCHES)
-    return ds.with_options(_options(deterministic=deterministic))
+    ds = _decode_for_training(_train_record_stream(args), args)
+    ds = _normalized_batches(ds, args.batch_size, args.image_size, args.lighting)
+    return ds.prefetch(PREFETCH_BATCHES).with_options(_options(deterministic=args.deterministic))
 
 
 def eval_dataset(
