@@ -25,6 +25,7 @@ from spark_imagenet.training.models.compile import (  # noqa: E402
     SmoothedSparseCrossentropy,
     compile_model,
     decayed_kernels,
+    describe_compiled,
     float32_logits,
     set_precision,
 )
@@ -204,6 +205,7 @@ def test_mixed_float16_wraps_the_optimizer_in_loss_scaling():
     compile_model(model, schedule, optimizer="lars", weight_decay=5e-4)
     assert isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer)
     assert isinstance(model.optimizer.inner_optimizer, LARS)
+    assert describe_compiled(model) == "LARS in LossScaleOptimizer, compute float16, XLA: off"
     losses = _fit_losses(model, epochs=2)
     assert all(math.isfinite(v) for v in losses)
     assert float(model.optimizer.loss_scale) > 1  # dynamic loss scale, 2**15 at the start
@@ -214,7 +216,7 @@ def test_mixed_float16_wraps_the_optimizer_in_loss_scaling():
 def test_jit_compile_trains_on_cpu():
     model = _tiny_alexnet()
     compile_model(model, 0.2, optimizer="lars", weight_decay=5e-4, label_smoothing=0.1, jit_compile=True)
-    assert model.jit_compile
+    assert model.jit_compile and describe_compiled(model) == "LARS, compute float32, XLA: the whole step"
     losses = _fit_losses(model)
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
 
@@ -263,13 +265,15 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import tf_keras as keras
 from spark_imagenet.training.models.compile import compile_model
 
-def weights_after_steps(strategy, optimizer):
+def weights_after_steps(strategy, optimizer, jit):
     with strategy.scope():
         keras.utils.set_random_seed(0)
         inputs = keras.Input((6,))
         hidden = keras.layers.Dense(5, activation="relu")(inputs)
         model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
-        compile_model(model, 0.1, optimizer=optimizer, momentum=0.9, weight_decay=0.05)
+        compile_model(model, 0.1, optimizer=optimizer, momentum=0.9, weight_decay=0.05, label_smoothing=0.1,
+                      jit_compile=jit)
+    assert ("train_step" in model.__dict__) == (jit and strategy.num_replicas_in_sync > 1)  # the XLA gradients step
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(16, 6)).astype(np.float32), np.arange(16) % 3
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)  # the global batch, split over the replicas
@@ -279,18 +283,49 @@ def weights_after_steps(strategy, optimizer):
 mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 assert mirrored.num_replicas_in_sync == 2
 one = tf.distribute.get_strategy()
-print(json.dumps({opt: [weights_after_steps(mirrored, opt), weights_after_steps(one, opt)]
-                  for opt in ("sgd", "lars")}))
+runs = {"sgd": ("sgd", False), "lars": ("lars", False), "lars+xla": ("lars", True)}
+print(json.dumps({name: [weights_after_steps(mirrored, *run), weights_after_steps(one, *run)]
+                  for name, run in runs.items()}))
 """
 
 
-def test_two_replicas_train_as_one_with_weight_decay_and_lars():
+def test_two_replicas_train_as_one_with_weight_decay_lars_and_xla():
     """The L2 term is counted once per step, not once per replica, and LARS' per-tensor norms agree: 2
     synchronous replicas (MirroredStrategy over 2 logical CPUs, the loss scaling tf-keras also applies under
-    MultiWorkerMirroredStrategy) end with the weights of one device on the same global batches."""
+    MultiWorkerMirroredStrategy) end with the weights of one device on the same global batches; also with
+    XLA, whose gradients step keeps the all-reduce outside (XLA cannot compile it for CPU)."""
     out = subprocess.run([sys.executable, "-c", _TWO_REPLICAS], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stderr[-3000:]
     for opt, (two, one) in json.loads(out.stdout.strip().splitlines()[-1]).items():
         for a, b in zip(two, one):
             np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-6, err_msg=opt)
+
+
+@pytest.mark.slow
+def test_bf16_xla_lars_label_smoothing_train_end_to_end(spark, tmp_path):
+    """The issue's 'mixed_bfloat16 and --jit-compile train a tiny model on CPU', through the driver on local
+    Spark: two MultiWorkerMirroredStrategy workers (XLA-compiled steps with their gradient all-reduce), LARS,
+    label smoothing 0.1, one epoch of a tiny AlexNet at 67 px."""
+    from data_util import small_layout
+    from spark_imagenet.dataset.sharding import shard
+    from spark_imagenet.training.driver import train
+
+    tree = small_layout(tmp_path / "kaggle")  # 4 classes x 6 train, 3 val each
+    shard(tree, tmp_path / "bucket", train_shards=2, val_shards=1, processes=1, progress=False, log=lambda m: None)
+    lines: list[str] = []
+    out = train(spark, str(tmp_path / "bucket"), 2, epochs=1, batch_size=4, image_size=67, width=0.25,
+                learning_rate=1.0, optimizer="lars", precision="mixed_bfloat16", jit_compile=True,
+                label_smoothing=0.1, cache=tmp_path / "cache", output=str(tmp_path / "out"), log=lines.append)
+    assert "recipe: optimizer lars, momentum 0.9, weight decay 0.0005, label smoothing 0.1, precision " \
+           "mixed_bfloat16, XLA on" in lines
+    # what each worker compiled: LARS, bfloat16 layers, XLA for the forward pass and gradients
+    # the chief's published model: bfloat16 layers, float32 logits, no training-only losses
+    model = keras.models.load_model(str(tmp_path / "out" / "model.keras"), compile=False)
+    assert model.get_layer("conv1").compute_dtype == "bfloat16" and model.output.dtype == tf.float32
+    assert model.losses == []
+    assert [w["steps"] for w in out["per_worker"]] == [3, 3]  # 24 images / (4 x 2) per step
+    for w in out["per_worker"]:
+        assert math.isfinite(w["train_loss"]) and w["train_loss"] > 0
+    assert out["val"]["images"] == 12 and math.isfinite(out["val"]["loss"])
+    assert 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1

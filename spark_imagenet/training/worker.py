@@ -560,7 +560,10 @@ def run_worker(spec: WorkerSpec, *, log: Callable[[str], None] | None = None,
     model = _build_model(strategy, spec)
     params = int(model.count_params())
     if spec.rank == 0:  # the same model on every rank: one line
-        log(f"model: {config.model} width {config.width:g}, {params:,} parameters, {spec.num_classes} classes")
+        from spark_imagenet.training.models.compile import describe_compiled
+
+        log(f"model: {config.model} width {config.width:g}, {params:,} parameters, {spec.num_classes} classes; "
+            f"{describe_compiled(model)}")
     earlier = None
     if spec.restore is not None:
         status["stage"] = STAGE_RESTORE

@@ -15,11 +15,20 @@ data loss in ``train_step`` and divides them by the replicas in sync, as it divi
 global batch, so under a distribution strategy the summed gradient holds the term once. With
 ``optimizer="lars"`` the decay is inside LARS' update (:mod:`spark_imagenet.training.optimizers`) and no L2 term
 is added. The term is a callable loss, which ``.keras`` files do not store: a loaded model has no decay.
+
+XLA (``jit_compile=True``): with one replica in sync, ``model.compile(jit_compile=True)`` compiles the whole
+train step. With several (MultiWorkerMirroredStrategy, MirroredStrategy) the gradient all-reduce must stay
+outside XLA: TensorFlow 2.21 refuses to compile collectives for CPU devices ("Collectives are not yet
+implemented for CPU devices when compiling with XLA", b/194942685), and across hosts it is not verified here.
+The model's train step then runs the forward pass, the loss and the gradients as one XLA function and the
+all-reduce and the optimizer's update after it (:func:`_xla_gradients_train_step`); on GPUs tf-keras also
+XLA-compiles the optimizer's per-variable update itself.
 """
 
 from __future__ import annotations
 
 import os
+import types
 from typing import Any
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -158,6 +167,61 @@ class SmoothedSparseCrossentropy(keras.losses.Loss):
         return {**super().get_config(), "label_smoothing": self.label_smoothing}
 
 
+def _xla_gradients_train_step(self: keras.Model, data: Any) -> dict[str, Any]:
+    """tf-keras' ``Model.train_step`` with the forward pass, loss and gradients in one XLA function and the
+    (all-reducing) ``apply_gradients`` outside it; loss scaling as ``optimizer.minimize`` does it."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    optimizer = self.optimizer
+    scaled = hasattr(optimizer, "get_scaled_loss")  # a LossScaleOptimizer
+
+    if getattr(self, "_spark_imagenet_xla_gradients", None) is None:
+        @tf.function(jit_compile=True, reduce_retracing=True)
+        def gradients(x, y, sample_weight):
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(x, y, y_pred, sample_weight)
+                objective = optimizer.get_scaled_loss(loss) if scaled else loss
+            return y_pred, loss, tape.gradient(objective, self.trainable_variables)
+
+        object.__setattr__(self, "_spark_imagenet_xla_gradients", gradients)  # not a tracked attribute
+    y_pred, loss, grads = self._spark_imagenet_xla_gradients(x, y, sample_weight)
+    self._validate_target_and_loss(y, loss)
+    if scaled:
+        grads = optimizer.get_unscaled_gradients(grads)
+    optimizer.apply_gradients(zip(grads, self.trainable_variables))
+    return self.compute_metrics(x, y, y_pred, sample_weight)
+
+
+def _set_train_step(model: keras.Model, jit_compile: bool) -> bool:
+    """Install :func:`_xla_gradients_train_step` on ``model`` when XLA is asked for and the strategy has several
+    replicas (else remove it); return whether ``model.compile`` should compile the whole step with XLA."""
+    model.__dict__.pop("train_step", None)
+    model.__dict__.pop("_spark_imagenet_xla_gradients", None)
+    if not jit_compile:
+        return False
+    if model.distribute_strategy.num_replicas_in_sync == 1:
+        return True
+    object.__setattr__(model, "train_step", types.MethodType(_xla_gradients_train_step, model))  # untracked
+    return False
+
+
+def describe_compiled(model: keras.Model) -> str:
+    """What a compiled model trains with, for a log line: ``"LARS, compute bfloat16, XLA: the whole step"``.
+
+    The optimizer's class (``"SGD in LossScaleOptimizer"`` under float16 loss scaling); the compute dtype of
+    the model's layers (that of its first layer with weights); the XLA mode: ``"the whole step"``,
+    ``"forward and gradients (all-reduce outside)"`` or ``"off"``.
+    """
+    opt = model.optimizer
+    inner = getattr(opt, "inner_optimizer", None)
+    name = f"{type(inner).__name__} in LossScaleOptimizer" if inner is not None else type(opt).__name__
+    layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True) if layer.weights]
+    compute = layers[0].compute_dtype if layers else model.compute_dtype
+    xla = ("forward and gradients (all-reduce outside)" if "train_step" in model.__dict__
+           else "the whole step" if model.jit_compile else "off")
+    return f"{name}, compute {compute}, XLA: {xla}"
+
+
 def _check(learning_rate: Any, optimizer: str, momentum: Any, weight_decay: Any, label_smoothing: Any) -> bool:
     """Validate compile_model's arguments; return whether ``learning_rate`` is a schedule."""
     schedule = isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule)
@@ -216,8 +280,9 @@ def compile_model(model: keras.Model, learning_rate: float | keras.optimizers.sc
         momentum: momentum in [0, 1).
         weight_decay: ``wd`` >= 0, the gradient term ``wd * w`` on the conv and dense kernels.
         label_smoothing: in [0, 1); 0 = the plain cross-entropy.
-        jit_compile: compile the train, test and predict steps with XLA (``model.compile(jit_compile=True)``;
-            runs on CPU too).
+        jit_compile: compile with XLA (runs on CPU too): with one replica the whole train, test and predict
+            steps (``model.compile(jit_compile=True)``); with several the forward pass, loss and gradients of
+            the train step, the all-reduce and update outside XLA (module doc).
 
     Returns:
         The same model, compiled.
@@ -238,6 +303,7 @@ def compile_model(model: keras.Model, learning_rate: float | keras.optimizers.sc
         _set_weight_decay(model, float(weight_decay))
     loss = (SmoothedSparseCrossentropy(float(label_smoothing)) if label_smoothing > 0
             else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    whole_step = _set_train_step(model, bool(jit_compile))
     model.compile(
         optimizer=_loss_scaled(model, opt),
         loss=loss,
@@ -246,10 +312,10 @@ def compile_model(model: keras.Model, learning_rate: float | keras.optimizers.sc
             keras.metrics.SparseTopKCategoricalAccuracy(k=5, name="top5"),
             keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="xent"),
         ],
-        jit_compile=bool(jit_compile),
+        jit_compile=whole_step,
     )
     return model
 
 
 __all__ = ["KERNEL_ATTRIBUTES", "MOMENTUM", "OPTIMIZERS", "PRECISIONS", "SmoothedSparseCrossentropy",
-           "compile_model", "decayed_kernels", "float32_logits", "set_precision"]
+           "compile_model", "decayed_kernels", "describe_compiled", "float32_logits", "set_precision"]
