@@ -20,7 +20,8 @@ TENSORFLOW_SIDE = ("spark_imagenet.training.worker", "spark_imagenet.training.pi
                    "spark_imagenet.training.checkpointing",
                    "spark_imagenet.training.models.registry", "spark_imagenet.training.models.alexnet",
                    "spark_imagenet.training.evaluate", "spark_imagenet.training.predict",
-                   "spark_imagenet.training.watchdog", "spark_imagenet.training.keras_schedule")
+                   "spark_imagenet.training.watchdog", "spark_imagenet.training.keras_schedule",
+                   "spark_imagenet.training.optimizers", "spark_imagenet.training.models.compile")
 
 
 def package_modules() -> list[str]:

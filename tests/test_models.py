@@ -65,13 +65,13 @@ def test_alexnet_test_size_variant_shapes():
 
 def test_weight_decay_on_every_kernel():
     model = build_model("alexnet", 10, 67, 0.25)
-    kernels = [layer for layer in model.layers if hasattr(layer, "kernel")]
+    kernels = [layer.kernel for layer in model.layers if hasattr(layer, "kernel")]
     assert len(kernels) == 8  # 5 conv + 3 dense
-    # One L2 term per kernel: 2.5e-4 * sum(w^2), gradient 5e-4 * w.
-    assert len(model.losses) == 8
-    layer = model.get_layer("fc7")
-    expected = 2.5e-4 * float(tf.reduce_sum(tf.square(layer.kernel)))
-    assert float(layer.losses[0]) == pytest.approx(expected, rel=1e-5)
+    assert model.losses == []  # no regularisers in the layers: compile_model adds the decay
+    compile_model(model, 0.01, weight_decay=5e-4)
+    # one L2 term: 5e-4 / 2 * sum(w^2) over the kernels, gradient 5e-4 * w
+    expected = 2.5e-4 * sum(float(tf.reduce_sum(tf.square(k))) for k in kernels)
+    assert len(model.losses) == 1 and float(model.losses[0]) == pytest.approx(expected, rel=1e-5)
     keras.backend.clear_session()
 
 
@@ -104,7 +104,7 @@ def test_unknown_model_and_bad_settings():
 
 def test_compile_model_sgd_momentum_and_metric_names():
     keras.utils.set_random_seed(1)
-    model = compile_model(build_model("alexnet", 10, 67, 0.25), 0.01)
+    model = compile_model(build_model("alexnet", 10, 67, 0.25), 0.01, weight_decay=5e-4)
     assert isinstance(model.optimizer, keras.optimizers.SGD)
     assert float(model.optimizer.momentum) == pytest.approx(0.9)
     assert float(model.optimizer.learning_rate) == pytest.approx(0.01)

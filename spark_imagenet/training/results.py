@@ -103,7 +103,9 @@ def build_results(records: list[dict[str, Any]], job, *, master: str, wall_secon
     rank0 = min(records, key=lambda r: r["rank"])
     settings = {key: getattr(config, key) for key in
                 ("model", "epochs", "batch_size", "image_size", "width", "learning_rate", "lr_schedule",
-                 "warmup_epochs", "lr_scaling", "parallel", "seed", "checkpoint_dir", "deterministic")}
+                 "lr_boundaries", "warmup_epochs", "lr_scaling", "optimizer", "momentum", "weight_decay",
+                 "label_smoothing", "flip", "crop_area", "lighting", "precision", "jit_compile", "parallel", "seed",
+                 "checkpoint_dir", "deterministic")}
     return {
         "workers": config.workers,
         "per_worker": per_worker,
