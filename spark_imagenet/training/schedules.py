@@ -135,8 +135,11 @@ def _is_real(x: Any) -> bool:
 
 
 def _number(x: Any) -> str:
-    """A number as the log lines show it: ``5`` rather than ``5.0``, else ``repr``."""
-    return str(int(x)) if _is_real(x) and float(x).is_integer() else repr(x)
+    """A number as the log lines show it: ``5`` rather than ``5.0``, ``2.222`` rather than ``2.2222222222222223``
+    (4 significant digits), else ``repr``."""
+    if _is_real(x) and float(x).is_integer():
+        return str(int(x))
+    return f"{float(x):.4g}" if _is_real(x) else repr(x)
 
 
 def _epochs(x: float) -> str:
