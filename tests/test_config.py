@@ -229,3 +229,36 @@ def test_a_master_that_is_no_spark_url_is_refused_with_the_forms_spark_takes(mas
         TrainConfig(workers=1, master=master)
     assert f"master (--master) {master!r} is not a Spark master URL" in str(e.value)
     assert "spark://HOST:PORT, yarn, k8s://https://HOST:PORT, or sc://HOST:PORT" in str(e.value)
+
+
+# ------------------------------------------------------------------ recipe keys (issue 13)
+@pytest.mark.parametrize("key, value, fragment", [
+    ("crop_area", 0.5, "two fractions MIN MAX"),
+    ("crop_area", [0.6, 0.2], "two fractions MIN MAX"),
+    ("lr_boundaries", 30, "list of positive epoch numbers"),
+    ("lr_boundaries", [60, 30], "increasing"),
+])
+def test_a_scalar_or_bad_list_for_a_list_key_is_one_config_error(key, value, fragment):
+    with pytest.raises(ConfigError, match=fragment) as e:
+        TrainConfig(workers=2, lr_schedule="step", **{key: value})
+    assert e.value.key == key
+
+
+def test_recipe_values_follow_the_model_and_the_epochs():
+    alexnet = TrainConfig(workers=1, epochs=90)
+    resnet = TrainConfig(workers=1, epochs=45, model="resnet50", image_size=64)
+    assert (alexnet.lr_schedule, alexnet.warmup_epochs, alexnet.weight_decay) == ("cosine", 5.0, 5e-4)
+    assert (resnet.learning_rate, resnet.lr_scaling, resnet.warmup_epochs, resnet.weight_decay) == \
+        (0.1, "linear", 2.5, 1e-4)
+    assert TrainConfig(workers=1, warmup_epochs=0.0).warmup_epochs == 0.0  # an option given wins
+
+
+def test_dumped_job_leaves_recipe_values_to_the_recipe(tmp_path):
+    config = TrainConfig(workers=2, epochs=3, model="resnet50", image_size=64, momentum=0.8)
+    path = tmp_path / "job.toml"
+    path.write_text(dump_job(config))
+    values = load_job_file(path)
+    assert "warmup_epochs" not in values and values["momentum"] == 0.8  # given: kept
+    assert TrainConfig.from_mapping(values) == config
+    longer = TrainConfig.from_mapping({**values, "epochs": 90})
+    assert longer.warmup_epochs == 5.0 and longer.momentum == 0.8

@@ -199,7 +199,8 @@ def _epochs(name: str, label: str, value: Any) -> tuple[float, ...]:
             value = [float(v) for v in value.split(",") if v.strip()]
         except ValueError:
             raise _error(name, f"{label} must be epochs separated by commas, e.g. 30,60,80, got {value!r}") from None
-    if isinstance(value, (bytes, Mapping)) or not all(_number(v) and v > 0 for v in value):
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, (list, tuple)) \
+            or not all(_number(v) and v > 0 for v in value):
         raise _error(name, f"{label} must be a list of positive epoch numbers, e.g. [30, 60, 80], got {value!r:.200}")
     epochs = tuple(float(v) for v in value)
     if any(b <= a for a, b in zip(epochs, epochs[1:])):
@@ -209,7 +210,7 @@ def _epochs(name: str, label: str, value: Any) -> tuple[float, ...]:
 
 def _fraction_range(name: str, label: str, value: Any) -> tuple[float, float]:
     """``(low, high)`` with ``0 < low <= high <= 1``."""
-    if isinstance(value, (str, bytes, Mapping)) or len(value) != 2 or not all(_number(v) for v in value) \
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(_number(v) for v in value) \
             or not 0 < value[0] <= value[1] <= 1:
         raise _error(name, f"{label} must be two fractions MIN MAX with 0 < MIN <= MAX <= 1 (e.g. 0.08 1.0), "
                            f"got {value!r:.200}")
@@ -590,7 +591,10 @@ def load_job_file(path: str | os.PathLike) -> dict[str, Any]:
 def dump_job(config: TrainConfig, url: str | None = None) -> str:
     """The job as TOML text that :func:`load_job_file` reads back to the same job.
 
-    Settings left at None (no value) are omitted; ``conf`` becomes a ``[conf]`` table.
+    Settings left at None (no value) are omitted; ``conf`` becomes a ``[conf]`` table. A recipe setting
+    (:data:`RECIPE_KEYS`) equal to the model's recipe for these epochs is written as a comment: the file then
+    takes the recipe's values again when read with another ``--model`` or ``--epochs`` (a warm-up stated as
+    5 of 90 epochs stays 5 of 90).
 
     Args:
         config: the resolved job.
@@ -601,14 +605,23 @@ def dump_job(config: TrainConfig, url: str | None = None) -> str:
     """
     import tomli_w
 
+    from spark_imagenet.training.models.specs import recipe_for
+
+    recipe = recipe_for(config.model)
     data: dict[str, Any] = {} if url is None else {"url": url}
+    derived = []
     for key in TrainConfig.keys():
         value = getattr(config, key)
-        if key != "conf" and value is not None:
+        if key in RECIPE_KEYS and value == recipe.value(key, config.epochs):
+            derived.append(f"# {tomli_w.dumps({key: value}).strip()}  (the {config.model} recipe's)")
+        elif key != "conf" and value is not None:
             data[key] = value
+    text = tomli_w.dumps(data)
+    if derived:  # left to the recipe, so that another --model or --epochs derives its own values
+        text += "".join(f"{line}\n" for line in derived)
     if config.conf:
-        data["conf"] = dict(config.conf)
-    return tomli_w.dumps(data)
+        text += "\n" + tomli_w.dumps({"conf": dict(config.conf)})
+    return text
 
 
 def resolve_job(layers: list[Mapping[str, Any]]) -> TrainConfig:
