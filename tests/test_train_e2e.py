@@ -18,7 +18,8 @@ from spark_imagenet.training.driver import train
 pytestmark = pytest.mark.slow
 
 # AlexNet's smallest input is 67 px (conv1 11x11/4 then three 3x3/2 pools); a little above it keeps CPU time low.
-SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01}
+SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01, "lr_schedule": "constant",
+         "warmup_epochs": 0.0}  # one rate: the TensorBoard test reads it back
 
 
 @pytest.fixture(scope="module")
