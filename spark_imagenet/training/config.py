@@ -438,8 +438,8 @@ class TrainConfig:
         try:
             specs.check_model_settings(self.model, self.image_size, self.width)
         except ConfigError as e:
-            key = "image_size" if "image_size" in str(e)[:12] else "width" if str(e).startswith("width") else "model"
-            raise _error(key, str(e)) from None
+            named = str(e).partition(" ")[0]  # specs' messages begin with the setting they are about
+            raise _error(named if named in ("image_size", "width") else "model", str(e)) from None
 
     def _check_recipe(self) -> None:
         """Settings left at None take the model's recipe; then the bounds that depend on them."""

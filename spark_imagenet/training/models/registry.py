@@ -158,22 +158,26 @@ def check_built_model(name: str, model: object, num_classes: int, image_size: in
                 "`tf.keras`")
         raise ConfigError(f"model (--model) {name!r} returned a {type(model).__module__}.{type(model).__name__}, "
                           "not a tf_keras.Model; return the model (built with `import tf_keras as keras`)")
-    try:
-        got_in = tuple(model.input_shape)
-    except (AttributeError, RuntimeError, TypeError):
-        got_in = None
+    got_in = _shape(model, "input_shape")
     if got_in != expected_in:
         raise ConfigError(f"model (--model) {name!r}: the model's input shape is {got_in}, but the job feeds "
                           f"images of shape {expected_in} (float32, --image-size {image_size}); give it one "
                           f"input `tf_keras.Input(shape=({image_size}, {image_size}, 3))`")
-    try:
-        got_out = tuple(model.output_shape)
-    except (AttributeError, RuntimeError, TypeError):
-        got_out = None
+    got_out = _shape(model, "output_shape")
     if got_out != expected_out:
         raise ConfigError(f"model (--model) {name!r}: the model's output shape is {got_out}, but the job needs "
                           f"logits of shape {expected_out} ({num_classes} classes); end it with "
                           f"`Dense({num_classes})` and no softmax")
+
+
+
+def _shape(model: keras.Model, attr: str) -> tuple | None:
+    """``model.input_shape`` or ``model.output_shape`` as a tuple, or None when the model has none (not built,
+    several inputs or outputs)."""
+    try:
+        return tuple(getattr(model, attr))
+    except (AttributeError, RuntimeError, TypeError):
+        return None
 
 
 __all__ = ["MODELS", "MOMENTUM", "build_model", "check_built_model", "compile_model", "get_builder", "min_image_size"]
