@@ -230,54 +230,6 @@ def shard_files(folder: Path) -> list[str]:
 # --------------------------------------------------------------------------- TensorFlow side
 
 
-def set_precision(name: str) -> None:
-    """Set the Keras mixed-precision global policy ``name`` (before the model is built): the project's
-    ``models.compile.set_precision`` where it exists, else ``tf_keras.mixed_precision.set_global_policy``."""
-    from spark_imagenet.training.models import compile as compile_module
-
-    own = getattr(compile_module, "set_precision", None)
-    if own is not None:
-        own(name)
-    else:
-        import tf_keras as keras
-
-        keras.mixed_precision.set_global_policy(name)
-
-
-def float32_logits(model):
-    """``model`` with float32 outputs: the project's ``models.compile.float32_logits`` where it exists, else
-    a float32 ``linear`` activation after the output when it is not float32 already (the loss in float32,
-    as the Keras mixed-precision guide recommends)."""
-    from spark_imagenet.training.models import compile as compile_module
-
-    own = getattr(compile_module, "float32_logits", None)
-    if own is not None:
-        return own(model)
-    import tf_keras as keras
-
-    if model.outputs[0].dtype == "float32":
-        return model
-    logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")(model.outputs[0])
-    return keras.Model(model.inputs, logits, name=model.name)
-
-
-def compile_for_benchmark(model, xla: bool, weight_decay: float):
-    """Compile ``model`` with the project's ``compile_model`` (SGD with momentum 0.9, sparse cross-entropy on
-    logits, top-1/top-5 metrics), passing ``weight_decay`` (the model's recipe value; it adds one term per
-    kernel to the step) and ``jit_compile=xla`` where its signature takes them.
-
-    Returns:
-        The compiled model.
-    """
-    import inspect
-
-    from spark_imagenet.training.models.registry import compile_model
-
-    if "jit_compile" in inspect.signature(compile_model).parameters:
-        return compile_model(model, LEARNING_RATE, weight_decay=weight_decay, jit_compile=xla)
-    return compile_model(model, LEARNING_RATE)
-
-
 def make_step(model, xla: bool):
     """One training step ``(images float32 [B,S,S,3], labels int32 [B]) -> logs`` (dict of scalar tensors,
     ``"loss"`` among them): the model's own ``train_step`` in one ``tf.function``, XLA-compiled when
@@ -384,6 +336,7 @@ def bench_model(args: argparse.Namespace, name: str, files: list[str] | None, co
     import tensorflow as tf
     import tf_keras as keras
 
+    from spark_imagenet.training.models.compile import compile_model, float32_logits, set_precision
     from spark_imagenet.training.models.registry import build_model
     from spark_imagenet.training.models.specs import RECIPES
     from spark_imagenet.training.pipeline import default_parallel
@@ -393,7 +346,9 @@ def bench_model(args: argparse.Namespace, name: str, files: list[str] | None, co
     width = args.width if name == "alexnet" else 1.0
     set_precision(args.precision)
     model = float32_logits(build_model(name, args.num_classes, image_size, width))
-    model = compile_for_benchmark(model, args.xla, RECIPES[name].weight_decay if name in RECIPES else 0.0)
+    # SGD with momentum 0.9 and the recipe's weight decay (one term per kernel in the step), XLA when asked
+    model = compile_model(model, LEARNING_RATE, weight_decay=RECIPES[name].weight_decay if name in RECIPES else 0.0,
+                          jit_compile=args.xla)
     step = make_step(model, args.xla)
     rows, synthetic_rate = [], None
     for mode in args.modes:
