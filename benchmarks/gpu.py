@@ -4,7 +4,7 @@ Usage (from the repository root; the package need not be installed, its dependen
 
     python benchmarks/gpu.py [--models alexnet,resnet50] [--modes synthetic,real] [--steps 100]
         [--warmup 10] [--batch-size 256] [--image-size 224] [--precision mixed_bfloat16] [--no-xla]
-        [--data DIR] [--jpegs 1024] [--parallel N] [--out FILE] [--dry-run]
+        [--data DIR] [--jpegs 1024] [--parallel N] [--out FILE] [--dry-run | --quick] [--reps 5] [--json [FILE]]
 
 For each model (built with :func:`spark_imagenet.training.models.registry.build_model` under the Keras
 mixed-precision policy ``--precision``, compiled with the project's ``compile_model``) it runs, in this order:
@@ -23,8 +23,8 @@ of each (model, mode) are run untimed (XLA compilation, pipeline start-up, buffe
 ``--steps`` steps are timed one by one, each ended by reading its loss back to the host (so a step's time
 is its whole time on the device, and the next step starts on an idle device).
 
-Printed: one JSON line per (model, mode) on stdout (also written to ``--out``, default ``$OUT/gpu.jsonl``
-when ``$OUT`` is set), with the keys of :data:`KEYS`:
+Printed: one JSON line per (model, mode) on stdout (on stderr instead with ``--json`` to stdout; also written
+to ``--out``, default ``$OUT/gpu.jsonl`` when ``$OUT`` is set), with the keys of :data:`KEYS`:
 
 * ``images_per_s``: ``steps * batch / wall time of the timed steps``.
 * ``step_ms_median`` / ``step_ms_p90``: per-step wall time, fetching the batch included.
@@ -51,13 +51,19 @@ short keeps the lines before::
 ``--budget-s`` (default 30 s) ends a (model, mode)'s timed steps early if they run past it (``steps`` then
 reports how many were timed), so that a slow input pipeline cannot use up the machine's time.
 
-``--dry-run`` runs the same code on the CPU at a tiny size (AlexNet at 67 px and width 0.25, ResNet-50 at
-32 px, batch 4, 3 timed steps after 1 warm-up, 32 small synthetic JPEGs), same keys: about a minute of CPU
-time on 2 cores, most of it ResNet-50's XLA compilation (``--models alexnet``: about 15 s)::
+``--dry-run`` (also ``--quick``) runs the same code on the CPU at a tiny size (AlexNet at 67 px and width
+0.25, ResNet-50 at 32 px, batch 4, 3 timed steps after 1 warm-up, 32 small synthetic JPEGs), same keys: about
+a minute of CPU time on 2 cores, most of it ResNet-50's XLA compilation (``--models alexnet``: about 15 s)::
 
     python benchmarks/gpu.py --dry-run
 
 Without ``--dry-run`` (or ``--allow-cpu``) the script refuses to run when TensorFlow sees no GPU.
+
+``--json [FILE]`` also writes the records of benchmarks/common.py (one JSON object per line, to FILE or to
+stdout), per (model, mode): ``MODEL MODE: images/s`` over ``--reps`` windows of consecutive timed steps
+(default 5; with ``--quick`` 2; fewer when fewer steps were timed), ``MODEL MODE: step ms`` over the timed
+steps, on real lines ``MODEL real: input wait %`` per window; and per model, derived, ``MODEL: input-bound
+share`` (``100 * input_bound_share``, in %) where both modes ran. The human summary lines go to stderr.
 
 Results: docs/projection.md (GPU numbers pending until a GPU run records them there).
 """
@@ -83,6 +89,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from common import Report, add_options, repetitions  # noqa: E402  (benchmarks/common.py, beside this script)
 from spark_imagenet.errors import ConfigError  # noqa: E402  (TensorFlow-free)
 
 #: The keys of every JSON line, in order.
@@ -124,6 +131,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="also write the JSON lines here (default: $OUT/gpu.jsonl)")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (a test of the script)")
     p.add_argument("--allow-cpu", action="store_true", help="run full sizes even when no GPU is visible")
+    add_options(p)  # --quick (= --dry-run here), --reps (windows of the images/s records), --json (the records)
     args = p.parse_args(argv)
     return resolve_args(args)
 
@@ -134,7 +142,7 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     Raises:
         ConfigError: an unknown model or mode, a count below 1, or a ``--data`` folder that does not exist.
     """
-    dry = args.dry_run
+    args.dry_run = args.quick = dry = bool(args.dry_run or getattr(args, "quick", False))
     full = {"steps": 100, "warmup": 10, "batch_size": 256, "jpegs": 1024, "width": 1.0, "budget_s": 30.0}
     for key, value in full.items():
         if getattr(args, key) is None:
@@ -321,7 +329,8 @@ def pipeline_batches(files: list[str], batch: int, image_size: int, parallel: in
     return lambda: next(iterator)
 
 
-def bench_model(args: argparse.Namespace, name: str, files: list[str] | None, common: dict) -> list[dict]:
+def bench_model(args: argparse.Namespace, name: str, files: list[str] | None,
+                common: dict) -> list[tuple[dict, list[float], list[float]]]:
     """Build, compile and time model ``name`` in each of ``args.modes``.
 
     Args:
@@ -331,7 +340,8 @@ def bench_model(args: argparse.Namespace, name: str, files: list[str] | None, co
         common: the keys shared by every line (device, versions, ...).
 
     Returns:
-        list[dict]: one row per mode, with the keys of :data:`KEYS`.
+        list: per mode, ``(row, step_s, wait_s)``: the row with the keys of :data:`KEYS`, and per timed step
+        its wall time and the part spent waiting for the batch, in seconds (:func:`timed_steps`).
     """
     import tensorflow as tf
     import tf_keras as keras
@@ -367,18 +377,60 @@ def bench_model(args: argparse.Namespace, name: str, files: list[str] | None, co
             bound = None if synthetic_rate is None else round(1.0 - row["images_per_s"] / synthetic_rate, 4)
             row.update(input_bound_share=bound, parallel=default_parallel(args.parallel),
                        data=str(args.data) if args.data is not None else "synthetic-jpeg")
-        rows.append({key: row[key] for key in KEYS})
+        rows.append(({key: row[key] for key in KEYS}, step_s, wait_s))
     keras.mixed_precision.set_global_policy("float32")
     return rows
 
 
-def emit(row: dict, out) -> None:
-    """Print ``row`` as one JSON line on stdout (flushed) and append it to ``out`` (a file or None)."""
+def emit(row: dict, out, stream=None) -> None:
+    """Print ``row`` as one JSON line on ``stream`` (default stdout; flushed) and append it to ``out`` (a file
+    or None)."""
     line = json.dumps(row, allow_nan=False)
-    print(line, flush=True)
+    print(line, file=stream or sys.stdout, flush=True)
     if out is not None:
         out.write(line + "\n")
         out.flush()
+
+
+def windows(values: list[float], count: int) -> list[list[float]]:
+    """``values`` cut into ``count`` runs of consecutive values, as equal in length as can be (fewer when
+    there are fewer values)."""
+    count = max(1, min(count, len(values)))
+    size, extra = divmod(len(values), count)
+    bounds = [k * size + min(k, extra) for k in range(count + 1)]
+    return [values[bounds[k]:bounds[k + 1]] for k in range(count)]
+
+
+def record_mode(report: Report, row: dict, step_s: list[float], wait_s: list[float], reps: int) -> None:
+    """The harness records of one (model, mode) (module docstring): images/s per window of consecutive timed
+    steps, step ms per step, and on real lines the input wait per window in %."""
+    params = {key: row[key] for key in KEYS if key not in ("images_per_s", "step_ms_median", "step_ms_p90",
+                                                          "input_wait_share", "input_bound_share", "params")}
+    params["model_params"] = row["params"]
+    label = f"{row['model']} {row['mode']}"
+    step_windows = windows(step_s, reps)
+    wait_windows = windows(wait_s, reps)
+    report.add(f"{label}: images/s", "images/s", [len(w) * row["batch"] / sum(w) for w in step_windows],
+               windows=len(step_windows), **params)
+    report.add(f"{label}: step ms", "ms", [1000 * t for t in step_s], **params)
+    if row["mode"] == "real":
+        report.add(f"{label}: input wait %", "%", [100 * sum(w) / sum(s) for w, s in zip(wait_windows,
+                                                                                       step_windows)],
+                   windows=len(step_windows), **params)
+
+
+def record_model(report: Report, results: list[tuple[dict, list[float], list[float]]], reps: int) -> None:
+    """The records of one model's modes, then (derived) its input-bound share where both modes ran."""
+    for row, step_s, wait_s in results:
+        record_mode(report, row, step_s, wait_s, reps)
+    real = [row for row, _, _ in results if row["mode"] == "real" and row["input_bound_share"] is not None]
+    if real:
+        row = real[0]
+        report.derived(f"{row['model']}: input-bound share", "%", 100 * row["input_bound_share"],
+                       formula="100 * (1 - real images/s / synthetic images/s), images/s over all timed steps",
+                       alternative="synthetic: the batch already on the device (the model's ceiling)",
+                       **{k: row[k] for k in ("batch", "image_size", "precision", "xla", "device", "parallel",
+                                              "data")})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -410,10 +462,16 @@ def run(args: argparse.Namespace) -> int:
                   "dry_run": bool(args.dry_run)}
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
+        report = Report("gpu", args)
+        report.human = sys.stderr  # stdout keeps the rows of KEYS (unless the records go there)
+        rows_stream = sys.stderr if args.json == "-" else sys.stdout
         with open(args.out, "w") if args.out is not None else _no_file() as out:
             for name in args.models:
-                for row in bench_model(args, name, files, common):
-                    emit(row, out)
+                results = bench_model(args, name, files, common)
+                for row, _, _ in results:
+                    emit(row, out, rows_stream)
+                record_model(report, results, repetitions(args))
+        report.close()
     return 0
 
 

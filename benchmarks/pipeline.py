@@ -2,10 +2,10 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/pipeline.py [--data DIR] [--seconds 3] [--rounds 8]
+    .venv/bin/python benchmarks/pipeline.py [--data DIR] [--seconds 3] [--reps 8]
         [--image-size 224] [--batch-size 64] [--parallel N] [--shards 8] [--max-side N] [--cpus 0,1]
-        [--json FILE]
-    .venv/bin/python benchmarks/pipeline.py --scaling 1,2 [--repeats 2] [--rounds 3] [--max-side N]
+        [--quick] [--json [FILE]]
+    .venv/bin/python benchmarks/pipeline.py --scaling 1,2 [--repeats 2] [--reps 3] [--max-side N]
 
 What it does:
 
@@ -15,59 +15,54 @@ What it does:
    :mod:`spark_imagenet.dataset.sharding` (its TF-free writer :mod:`spark_imagenet.dataset.tfrecord`;
    the JPEG bytes stored as read, or re-encoded with the longer side at most
    ``--max-side`` pixels; label = index of the file name in sorted order).
-2. **Ceiling**: the same per-image work as the training pipeline (random crop
-   box from the JPEG header, ``decode_and_crop_jpeg``, bilinear resize to S,
-   flip, uint8, drawn from stateless seeds as the pipeline draws them) on JPEG
-   bytes already in memory, through tf.data with ``--parallel`` calls and
-   autotune off; no file reading, parsing, shuffling, batching or
-   normalization. The best of two formulations (``parallel`` and
-   ``parallel + 1`` map calls) counts.
+2. **Ceiling** (the hardware limit of these cores for this work): the same
+   per-image work as the training pipeline (random crop box from the JPEG
+   header, ``decode_and_crop_jpeg``, bilinear resize to S, flip, uint8, drawn
+   from stateless seeds as the pipeline draws them) on JPEG bytes already in
+   memory, through tf.data with ``--parallel`` calls and autotune off; no file
+   reading, parsing, shuffling, batching or normalization. Per round the
+   better of two formulations (``parallel`` and ``parallel + 1`` map calls)
+   counts.
 3. **Pipeline**: :func:`spark_imagenet.training.pipeline.train_dataset` on the shards
    (batch B, float32 normalized output), images/s after a warm-up.
 
-Ceiling and pipeline windows alternate for ``--rounds`` rounds on persistent
-iterators (the machine may be shared, so load from others drifts; each window
-also prints how many cores other processes used meanwhile, from
-``/proc/stat``). Reported: the best of each, their ratio (goal: at least
-0.95), the median of the per-round ratios, and the median ratio of images per
-CPU-second of this process, which load from others moves less.
+Ceiling and pipeline windows alternate for ``--reps`` rounds (default 8; each
+round is one repetition) on persistent iterators: the machine may be shared, so
+load from others drifts and hits both alike; each window also prints how many
+cores other processes used meanwhile (from ``/proc/stat``; the records carry
+them in ``params.others_cores``).
+
+Records (``--json``; see benchmarks/common.py): ``ceiling images/s``,
+``pipeline images/s``, ``ceiling images/CPU-s`` and ``pipeline images/CPU-s``
+(images per CPU-second of this process, which load from others moves less),
+and the per-round ratios ``pipeline / ceiling (images/s)`` and ``pipeline /
+ceiling (images/CPU-s)`` (goal: at least 0.95; what the pipeline's own stages,
+reading, parsing, shuffling, batching and the float32 normalization, cost on
+top of the decode).
 
 ``--cpus`` pins the process to those CPUs before TensorFlow starts (parallel
 defaults to their number). ``--scaling 1,2`` runs the benchmark on CPUs 0..n-1
 with ``parallel n`` for each n, alternating, ``--repeats`` times, in child
-processes, then prints images/s per core and how many such cores one H200
-would need, from ASSUMED H200 training rates (:data:`H200_ASSUMED_IMAGES_PER_S`,
-not measured here).
+processes (``--reps`` rounds each, default 3), and records per CPU count the
+pipeline's images/s per core, its images/CPU-s and its ratio to the ceiling,
+the per-core rate of n CPUs over that of the first count (1.0: linear scaling),
+and, derived, how many such cores one H200 would need: from ASSUMED H200
+training rates (:data:`H200_ASSUMED_IMAGES_PER_S`, docs/projection.md section 2,
+not measured here; benchmarks/gpu.py measures them on a GPU).
 
-Measured on 2026-12-01 on the 2-core development machine (AMD EPYC, AVX2,
-TensorFlow 2.21; S=224, B=64, parallel 2), with other engineers' processes
-using 1.2 to 1.8 of the 2 cores throughout (so the absolute rates are a
-quarter to a half of an idle machine's):
-
-- Speed fix: each 38.5 MB float32 batch was a fresh ``mmap`` from glibc
-  (9,409 page faults per batch, about 25 ms of CPU, 0.4 ms per image);
-  the pipeline now keeps freed buffers (``_reuse_freed_memory``). Same
-  process, alternating, 4 rounds: median 389 -> 431 images per CPU-second
-  (ceiling 425 to 449), best 325 -> 526 images/s, page faults per 3 s window
-  100,000 to 200,000 -> under 20,000.
-- Default run (8 rounds, others 1.5 cores): ceiling 336.5, pipeline 324.1
-  images/s, ratio of bests 0.963; median per-round ratio 0.689 (wall rates
-  under that load are noise), median per-CPU-second ratio 0.913.
-- ``--scaling 1,2 --repeats 2 --rounds 3`` (others 1.2 to 1.8 cores):
-  1 CPU: pipeline best 197.2 images/s, median 403 images per CPU-second; 2 CPUs: best 458.3 images/s,
-  median 482 per CPU-second (x2.32 in wall rate, which the load makes meaningless; per CPU-second the
-  second core loses nothing). Cores per H200 at 482 images per core-second: ResNet-50 (ASSUMED 3,000
-  images/s) 6.2, AlexNet (ASSUMED 15,000-25,000) 31 to 52.
-- The same with ``--max-side 256 --repeats 1`` (mean 47 K pixels and 16 KB per image instead of 202 K
-  and 110 KB): 804 (1 CPU) and 842 (2 CPUs) images per CPU-second, 1.75 times full size; AlexNet then
-  needs 18 to 30 cores, ResNet-50 3.6.
+``--quick`` (under a minute): 128 JPEGs of ``--data`` or, when the shared data
+is absent and no ``--data`` is given, 64 synthetic JPEGs
+(:mod:`spark_imagenet.demo.synthetic`, 500x375 px); batch 32, 1-second windows,
+2 rounds. Its numbers only show that the script works.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -77,26 +72,42 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "imagenet-sample"
+
+from common import Report, add_options, repetitions, shared_data  # noqa: E402
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+#: The shared data folder used without ``--data``.
+SAMPLE = "imagenet-sample"
+#: Settings of a full run and of ``--quick`` (options not given take these).
+FULL = {"seconds": 3.0, "warmup": 5.0, "window_warmup": 1.0, "batch_size": 64, "limit": None}
+QUICK = {"seconds": 1.0, "warmup": 0.5, "window_warmup": 0.25, "batch_size": 32, "limit": 128}
+#: --quick without the shared data: synthetic JPEGs (count, width, height; about ImageNet's mean size).
+QUICK_SYNTHETIC = (64, 500, 375)
+#: Rounds of each child of --scaling when --reps is not given (x --repeats 2 = 6 repetitions per CPU count).
+SCALING_CHILD_REPS = 3
+#: ASSUMED training images/s of one NVIDIA H200 at 224 px, bf16 + XLA, and their ranges: docs/projection.md
+#: section 2 (not measured here; benchmarks/gpu.py measures them on a GPU).
+H200_ASSUMED_IMAGES_PER_S = {"AlexNet": (20_000, (10_000, 40_000)), "ResNet-50": (5_000, (4_000, 6_000))}
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """Command-line options (see the module docstring)."""
+    """Command-line options (see the module docstring); the settings not given take FULL's or QUICK's."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of JPEG files (default: %(default)s)")
-    p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per window (default: %(default)s)")
-    p.add_argument("--warmup", type=float, default=5.0,
-                   help="first warm-up seconds of each dataset (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=8, help="alternating ceiling/pipeline rounds (default: %(default)s)")
+    p.add_argument("--data", type=Path, default=None,
+                   help=f"folder of JPEG files (default: ../shared/data/{SAMPLE}; with --quick and no shared "
+                        "data: synthetic JPEGs)")
+    p.add_argument("--seconds", type=float, default=None, help="measured seconds per window (default: 3, quick 1)")
+    p.add_argument("--warmup", type=float, default=None,
+                   help="first warm-up seconds of each dataset (default: 5, quick 0.5)")
+    p.add_argument("--rounds", dest="reps", type=int, default=None, help="an older name of --reps")
     p.add_argument("--image-size", type=int, default=224, help="S, output side in pixels (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=64, help="B (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=None, help="B (default: 64, quick 32)")
     p.add_argument("--parallel", type=int, default=None,
                    help="decode parallelism (default: the CPUs this process may run on)")
     p.add_argument("--shards", type=int, default=8, help="TFRecord shards to write (default: %(default)s)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N JPEGs")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N JPEGs (quick: 128)")
     p.add_argument("--max-side", type=int, default=None,
                    help="re-encode every JPEG with its longer side at most N pixels (Pillow, quality 90) before "
                         "sharding: the 'store shards smaller' lever")
@@ -104,12 +115,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run on these CPUs only, e.g. 0 or 0,1 (sched_setaffinity before TensorFlow starts)")
     p.add_argument("--scaling", default=None, metavar="LIST",
                    help="instead: run the benchmark once per CPU count of LIST (e.g. 1,2; CPUs 0..n-1, "
-                        "parallel n) in child processes, alternating, and report the scaling and the cores "
-                        "one H200 would need")
+                        "parallel n) in child processes, alternating, and record the scaling and the cores "
+                        "one H200 would need (ASSUMED H200 rates)")
     p.add_argument("--repeats", type=int, default=2,
-                   help="with --scaling: runs per CPU count, alternating (default: %(default)s)")
-    p.add_argument("--json", type=Path, default=None, help="also write the summary as JSON to this file")
-    return p.parse_args(argv)
+                   help="with --scaling: child runs per CPU count, alternating (default: %(default)s)")
+    p.add_argument("--summary-json", type=Path, default=None, help=argparse.SUPPRESS)  # a --scaling child's rounds
+    add_options(p, reps=8, quick_reps=2)
+    args = p.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    for option in ("seconds", "batch_size", "shards", "image_size", "repeats"):
+        if getattr(args, option) <= 0:
+            p.error(f"--{option.replace('_', '-')} must be positive, got {getattr(args, option)}")
+    return args
 
 
 def list_jpegs(folder: Path, limit: int | None) -> list[Path]:
@@ -124,8 +143,6 @@ def jpeg_data(path: Path, max_side: int | None) -> bytes:
     data = path.read_bytes()
     if not max_side:
         return data
-    import io
-
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
@@ -138,38 +155,70 @@ def jpeg_data(path: Path, max_side: int | None) -> bytes:
         return out.getvalue()
 
 
-def write_shards(images: list[tuple[str, bytes]], out: Path, shards: int) -> list[str]:
-    """Write ``(file name, JPEG bytes)`` pairs round-robin into ``shards`` TFRecord files in ``out``.
+def synthetic_jpegs(count: int, width: int, height: int) -> list[tuple[str, bytes]]:
+    """``count`` synthetic JPEGs (class textures of :mod:`spark_imagenet.demo.synthetic`, quality 90),
+    as ``(file name, bytes)``; the same ones on every call."""
+    from spark_imagenet.demo.synthetic import draw_image, synthetic_wnid
+
+    classes = 10
+    images = []
+    for i in range(count):
+        out = io.BytesIO()
+        draw_image(i % classes, classes, random.Random(i), width, height).save(out, "JPEG", quality=90)
+        images.append((f"{synthetic_wnid(i % classes)}_{i:04d}.JPEG", out.getvalue()))
+    return images
+
+
+def load_images(args) -> tuple[list[tuple[str, bytes]], str] | None:
+    """The ``(file name, JPEG bytes)`` to use and where they come from, or None after printing why there
+    are none (no data folder, or fewer JPEGs than one batch)."""
+    folder = args.data if args.data is not None else shared_data(SAMPLE)
+    if folder is None and args.quick:
+        return synthetic_jpegs(*QUICK_SYNTHETIC), "synthetic (demo.synthetic, {1}x{2} px)".format(*QUICK_SYNTHETIC)
+    if folder is None or not folder.is_dir():
+        where = args.data if args.data is not None else f"../shared/data/{SAMPLE}"
+        print(f"benchmarks/pipeline.py: data folder {where} not found. It should hold ImageNet JPEGs "
+              f"(../shared/data/{SAMPLE} beside the repository); pass --data DIR (or --quick, which draws "
+              "synthetic JPEGs when the shared data is absent).", file=sys.stderr)
+        return None
+    jpegs = list_jpegs(folder, args.limit)
+    if len(jpegs) < args.batch_size:
+        print(f"benchmarks/pipeline.py: {folder} holds {len(jpegs)} JPEGs, fewer than one batch of "
+              f"--batch-size {args.batch_size}; pass --data with more JPEGs or a smaller --batch-size",
+              file=sys.stderr)
+        return None
+    return [(p.name, jpeg_data(p, args.max_side)) for p in jpegs], str(folder)
+
+
+def image_sizes(images: list[tuple[str, bytes]]) -> list[tuple[int, int]]:
+    """``(width, height)`` of each JPEG (Pillow reads the header only)."""
+    from PIL import Image
+
+    sizes = []
+    for _, data in images:
+        with Image.open(io.BytesIO(data)) as im:
+            sizes.append(im.size)
+    return sizes
+
+
+def write_shards(images: list[tuple[str, bytes]], sizes: list[tuple[int, int]], out: Path,
+                 shards: int) -> list[str]:
+    """Write ``(file name, JPEG bytes)`` pairs (their ``(width, height)`` in ``sizes``) round-robin into
+    ``shards`` TFRecord files in ``out``.
 
     Returns:
         list[str]: the shard paths, named like the shard builder names them.
     """
-    import io
-
-    from PIL import Image
-
     from spark_imagenet.dataset.tfrecord import encode_example, write_record
 
     paths = [out / f"train-{k:05d}-of-{shards:05d}.tfrecord" for k in range(shards)]
     handles = [open(p, "wb") for p in paths]
     try:
-        for label, (name, data) in enumerate(images):
-            with Image.open(io.BytesIO(data)) as im:
-                width, height = im.size
-            write_record(
-                handles[label % shards],
-                encode_example(
-                    {
-                        "image/encoded": data,
-                        "image/format": b"JPEG",
-                        "image/class/label": label,
-                        "image/class/synset": name.split("_")[0],
-                        "image/height": height,
-                        "image/width": width,
-                        "image/filename": name,
-                    }
-                ),
-            )
+        for label, ((name, data), (width, height)) in enumerate(zip(images, sizes)):
+            write_record(handles[label % shards], encode_example({
+                "image/encoded": data, "image/format": b"JPEG", "image/class/label": label,
+                "image/class/synset": name.split("_")[0], "image/height": height, "image/width": width,
+                "image/filename": name}))
     finally:
         for h in handles:
             h.close()
@@ -245,28 +294,13 @@ def ceiling_dataset(jpeg_bytes: list[bytes], image_size: int, calls: int):
     return ds.with_options(options)
 
 
-def check_data(args) -> list[Path] | None:
-    """The JPEGs to use, or None after printing why there are none."""
-    if not args.data.is_dir():
-        print(
-            f"benchmarks/pipeline.py: data folder {args.data} not found. It should hold ImageNet JPEGs "
-            "(../shared/data/imagenet-sample beside the repository); pass --data DIR.",
-            file=sys.stderr,
-        )
-        return None
-    jpegs = list_jpegs(args.data, args.limit)
-    if len(jpegs) < args.batch_size:
-        print(f"benchmarks/pipeline.py: {args.data} holds {len(jpegs)} JPEGs, fewer than one batch", file=sys.stderr)
-        return None
-    return jpegs
-
-
-def measure(args, parallel: int, images: list[tuple[str, bytes]], tmp: str) -> list[tuple[float, ...]]:
-    """The alternating rounds. Returns one row per round: (best ceiling images/s, its images/CPU-s,
-    pipeline images/s, its images/CPU-s, cores others used during the pipeline window or nan)."""
+def measure(args, parallel: int, images: list[tuple[str, bytes]], files: list[str],
+            say) -> list[tuple[float, ...]]:
+    """The alternating rounds (``say`` prints a line). Returns one row per round: (better ceiling images/s,
+    better ceiling images/CPU-s, pipeline images/s, its images/CPU-s, cores others used during the pipeline
+    window or nan)."""
     from spark_imagenet.training import pipeline
 
-    files = write_shards(images, Path(tmp), args.shards)
     jpeg_bytes = [data for _, data in images]
     ceilings = [
         Meter(f"ceiling ({calls} calls)", ceiling_dataset(jpeg_bytes, args.image_size, calls), 1)
@@ -278,151 +312,159 @@ def measure(args, parallel: int, images: list[tuple[str, bytes]], tmp: str) -> l
     for m in ceilings + [train]:
         m.window(0.0, args.warmup)
     rows = []
-    for r in range(args.rounds):
+    for r in range(repetitions(args)):
         best = [0.0, 0.0]  # best wall rate, best CPU rate among the ceiling formulations
         for m in ceilings:
-            rate, cpu_rate, others = m.window(args.seconds, 1.0)
-            print(f"round {r + 1}: {m.name:20s} {rate:7.1f} images/s  {cpu_rate:7.1f} images/CPU-s"
-                  + others_text(others), flush=True)
+            rate, cpu_rate, others = m.window(args.seconds, args.window_warmup)
+            say(f"round {r + 1}: {m.name:20s} {rate:7.1f} images/s  {cpu_rate:7.1f} images/CPU-s"
+                + others_text(others))
             best = [max(best[0], rate), max(best[1], cpu_rate)]
-        rate, cpu_rate, others = train.window(args.seconds, 1.0)
-        print(f"round {r + 1}: {train.name:20s} {rate:7.1f} images/s  {cpu_rate:7.1f} images/CPU-s"
-              + others_text(others) + f"  ratio {rate / best[0]:.3f} (per CPU-s {cpu_rate / best[1]:.3f})",
-              flush=True)
+        rate, cpu_rate, others = train.window(args.seconds, args.window_warmup)
+        say(f"round {r + 1}: {train.name:20s} {rate:7.1f} images/s  {cpu_rate:7.1f} images/CPU-s"
+            + others_text(others) + f"  ratio {rate / best[0]:.3f} (per CPU-s {cpu_rate / best[1]:.3f})")
         rows.append((*best, rate, cpu_rate, float("nan") if others is None else others))
     return rows
 
 
-def summarize(rows: list[tuple[float, ...]], cpus: int, parallel: int) -> dict:
-    """The RESULT numbers of the rounds (see the module docstring)."""
-    med = statistics.median
-    others = [r[4] for r in rows if r[4] == r[4]]
-    return {
-        "cpus": cpus,
-        "parallel": parallel,
-        "rounds": len(rows),
-        "ceiling_best": max(r[0] for r in rows),
-        "pipeline_best": max(r[2] for r in rows),
-        "ratio_of_bests": max(r[2] for r in rows) / max(r[0] for r in rows),
-        "ratio_median": med(r[2] / r[0] for r in rows),
-        "cpu_ratio_median": med(r[3] / r[1] for r in rows),
-        "pipeline_median": med(r[2] for r in rows),
-        "pipeline_per_cpu_second_median": med(r[3] for r in rows),
-        "others_cores_median": med(others) if others else None,
-    }
+def record_rounds(report: Report, rows: list[tuple[float, ...]], params: dict) -> None:
+    """The records of one benchmark run's rounds (see the module docstring)."""
+    ceiling, ceiling_cpu, rate, rate_cpu = ([r[i] for r in rows] for i in range(4))
+    params = dict(params, others_cores=[None if r[4] != r[4] else round(r[4], 2) for r in rows])
+    report.add("ceiling images/s", "images/s", ceiling, **params)
+    report.add("pipeline images/s", "images/s", rate, **params)
+    report.add("ceiling images/CPU-s", "images/CPU-s", ceiling_cpu, **params)
+    report.add("pipeline images/CPU-s", "images/CPU-s", rate_cpu, **params)
+    report.ratio("pipeline / ceiling (images/s)", rate, ceiling, goal=0.95, **params)
+    report.ratio("pipeline / ceiling (images/CPU-s)", rate_cpu, ceiling_cpu, goal=0.95, **params)
 
 
-def main(argv=None) -> int:
-    """Run the benchmark; returns the process exit status."""
-    args = parse_args(argv)
-    if args.scaling:
-        return scaling(args, argv if argv is not None else sys.argv[1:])
+def run_benchmark(args) -> int:
+    """One benchmark run (the whole script without --scaling); returns the exit status."""
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})  # before TensorFlow starts its threads
-    jpegs = check_data(args)
-    if jpegs is None:
+    report = Report("pipeline", args)
+    t0 = time.perf_counter()
+    loaded = load_images(args)
+    if loaded is None:
         return 2
+    images, source = loaded
+    prepared_s = time.perf_counter() - t0
     import tensorflow as tf
 
     from spark_imagenet.training import pipeline
 
     cpus = len(os.sched_getaffinity(0))
     parallel = pipeline.default_parallel(args.parallel if args.parallel else cpus)
-    t0 = time.perf_counter()
-    images = [(p.name, jpeg_data(p, args.max_side)) for p in jpegs]
-    pixels = statistics.mean(int(h) * int(w) for h, w, _ in (tf.io.extract_jpeg_shape(d).numpy() for _, d in images))
-    print(
-        f"settings: {len(jpegs)} JPEGs from {args.data} (mean {pixels / 1e3:.0f} K pixels, "
-        f"{statistics.mean(len(d) for _, d in images) / 1e3:.0f} KB"
-        + (f", re-encoded at max side {args.max_side} in {time.perf_counter() - t0:.1f} s" if args.max_side else "")
-        + f"), {args.shards} shards, image {args.image_size}, batch {args.batch_size}, parallel {parallel}, "
-        f"{cpus} CPUs (os.cpu_count() {os.cpu_count()}), {args.rounds} rounds x {args.seconds:g} s "
-        f"(+{args.warmup:g} s warm-up), TensorFlow {tf.__version__}",
-        flush=True,
-    )
+    sizes = image_sizes(images)
+    params = {"data": source, "images": len(images), "mean_kpixels": round(statistics.mean(w * h for w, h in sizes)
+                                                                          / 1e3, 1),
+              "mean_kb": round(statistics.mean(len(d) for _, d in images) / 1e3, 1), "max_side": args.max_side,
+              "shards": args.shards, "image_size": args.image_size, "batch_size": args.batch_size,
+              "parallel": parallel, "cpus": cpus, "seconds": args.seconds, "warmup": args.warmup,
+              "alternative": "ceiling: the per-image work alone on in-memory JPEGs (better of parallel and "
+                             "parallel + 1 calls per round)"}
+    report.say(f"settings: {len(images)} JPEGs from {source} (mean {params['mean_kpixels']:.0f} K pixels, "
+               f"{params['mean_kb']:.0f} KB, prepared in {prepared_s:.1f} s), {args.shards} shards, "
+               f"image {args.image_size}, batch {args.batch_size}, parallel {parallel}, {cpus} CPUs "
+               f"(os.cpu_count() {os.cpu_count()}), {repetitions(args)} rounds x {args.seconds:g} s "
+               f"(+{args.warmup:g} s warm-up), TensorFlow {tf.__version__}")
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
-        rows = measure(args, parallel, images, tmp)
-    result = summarize(rows, cpus, parallel)
-    print(
-        f"RESULT: ceiling {result['ceiling_best']:.1f} images/s, pipeline {result['pipeline_best']:.1f} images/s "
-        f"(best of {len(rows)} rounds each), ratio of bests {result['ratio_of_bests']:.3f}; median per-round ratio "
-        f"{result['ratio_median']:.3f} (images per CPU-second: {result['cpu_ratio_median']:.3f}); others used "
-        + ("?" if result["others_cores_median"] is None else f"{result['others_cores_median']:.1f}")
-        + " cores (median of the pipeline windows)",
-        flush=True,
-    )
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        files = write_shards(images, sizes, Path(tmp), args.shards)
+        rows = measure(args, parallel, images, files, report.say)
+    record_rounds(report, rows, params)
+    if args.summary_json is not None:  # a --scaling child: the parent reads the rounds
+        args.summary_json.write_text(json.dumps({"cpus": cpus, "parallel": parallel, "rows": rows,
+                                                 "params": params}))
+    report.close()
     return 0
 
 
-#: ASSUMED training rates of one NVIDIA H200 at 224 px, bf16 + XLA (not measured here: rough ranges
-#: from public MLPerf-era numbers for A100/H100-class GPUs, scaled; benchmarks/gpu.py measures them).
-H200_ASSUMED_IMAGES_PER_S = {"AlexNet": (15_000, 25_000), "ResNet-50": (3_000, 3_000)}
+def child_argv(args, n: int, reps: int, summary: Path) -> list[str]:
+    """The command line of a --scaling child on CPUs 0..n-1 with ``parallel n`` and ``reps`` rounds: the
+    parent's settings (resolved), without --scaling, --repeats and --json."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--cpus", ",".join(map(str, range(n))),
+            "--parallel", str(n), "--reps", str(reps), "--summary-json", str(summary),
+            "--seconds", str(args.seconds), "--warmup", str(args.warmup), "--image-size", str(args.image_size),
+            "--batch-size", str(args.batch_size), "--shards", str(args.shards)]
+    for option, value in (("--data", args.data), ("--limit", args.limit), ("--max-side", args.max_side)):
+        if value is not None:
+            argv += [option, str(value)]
+    return argv + (["--quick"] if args.quick else [])
 
 
-def child_argv(argv: list[str], n: int, json_path: Path) -> list[str]:
-    """The command line of the child run on CPUs 0..n-1: ``argv`` without --scaling/--repeats/--cpus/
-    --parallel/--json (and their values), plus those for this child."""
-    drop = {"--scaling", "--repeats", "--cpus", "--parallel", "--json"}
-    kept, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        name = a.split("=", 1)[0]
-        if name in drop:
-            skip = "=" not in a
-            continue
-        kept.append(a)
-    return [sys.executable, str(Path(__file__).resolve()), *kept, "--cpus", ",".join(map(str, range(n))),
-            "--parallel", str(n), "--json", str(json_path)]
-
-
-def scaling(args, argv: list[str]) -> int:
-    """--scaling: the benchmark on 1, 2, ... CPUs in alternating child processes, then images/s per core
-    and the cores one H200 would need (from the ASSUMED rates of :data:`H200_ASSUMED_IMAGES_PER_S`)."""
-    counts = [int(c) for c in args.scaling.split(",")]
-    available = len(os.sched_getaffinity(0))
-    if not counts or min(counts) < 1 or max(counts) > available:
-        print(f"benchmarks/pipeline.py: --scaling {args.scaling}: CPU counts must be between 1 and the {available} "
-              "CPUs this process may use", file=sys.stderr)
-        return 2
+def run_children(args, counts: list[int], reps: int, report: Report) -> dict[int, list[dict]] | None:
+    """The --scaling children, alternating CPU counts, ``--repeats`` times; their summaries per count
+    (None when one failed). Their output goes to the parent's human stream."""
     results: dict[int, list[dict]] = {n: [] for n in counts}
     with tempfile.TemporaryDirectory(prefix="pipeline-scaling-") as tmp:
         for rep in range(args.repeats):
             for n in counts:
                 out = Path(tmp) / f"{n}-{rep}.json"
-                print(f"=== {n} CPU(s), run {rep + 1} of {args.repeats}", flush=True)
-                if subprocess.run(child_argv(argv, n, out)).returncode != 0:
-                    return 1
+                report.say(f"=== {n} CPU(s), run {rep + 1} of {args.repeats}")
+                proc = subprocess.run(child_argv(args, n, reps, out), stdout=report.human)
+                if proc.returncode != 0:
+                    print(f"benchmarks/pipeline.py: the --scaling run on {n} CPU(s) exited {proc.returncode}",
+                          file=sys.stderr)
+                    return None
                 results[n].append(json.loads(out.read_text()))
-    summary = []
+    return results
+
+
+def scaling(args) -> int:
+    """--scaling: the benchmark on 1, 2, ... CPUs in alternating child processes; records per CPU count
+    and the cores one H200 would need (from the ASSUMED rates of :data:`H200_ASSUMED_IMAGES_PER_S`)."""
+    try:
+        counts = [int(c) for c in args.scaling.split(",")]
+    except ValueError:
+        counts = []
+    available = len(os.sched_getaffinity(0))
+    if not counts or min(counts) < 1 or max(counts) > available:
+        print(f"benchmarks/pipeline.py: --scaling {args.scaling}: give CPU counts between 1 and the {available} "
+              "CPUs this process may use, comma-separated (e.g. 1,2)", file=sys.stderr)
+        return 2
+    report = Report("pipeline", args)
+    reps = args.reps if args.reps is not None else (args._quick_reps if args.quick else SCALING_CHILD_REPS)
+    results = run_children(args, counts, reps, report)
+    if results is None:
+        return 1
+    per_core: dict[int, list[float]] = {}
+    per_cpu_s: dict[int, list[float]] = {}
     for n in counts:
-        best = max(r["pipeline_best"] for r in results[n])
-        per_cpu_s = statistics.median(r["pipeline_per_cpu_second_median"] for r in results[n])
-        others = [r["others_cores_median"] for r in results[n] if r["others_cores_median"] is not None]
-        summary.append({"cpus": n, "pipeline_best": best, "per_core_best": best / n,
-                        "per_cpu_second_median": per_cpu_s, "others_cores_median": max(others) if others else None,
-                        "ratio_of_bests": max(r["ratio_of_bests"] for r in results[n])})
-        print(f"SCALING: {n} CPU(s): pipeline best {best:.1f} images/s = {best / n:.1f} per core; median "
-              f"{per_cpu_s:.1f} images per CPU-second; ratio to its ceiling {summary[-1]['ratio_of_bests']:.3f}; "
-              f"others used up to {summary[-1]['others_cores_median'] or 0:.1f} cores", flush=True)
-    if len(summary) > 1:
-        first, last = summary[0], summary[-1]
-        print(f"SCALING: {first['cpus']} -> {last['cpus']} CPUs: x{last['pipeline_best'] / first['pipeline_best']:.2f} "
-              f"images/s (linear: x{last['cpus'] / first['cpus']:.0f})", flush=True)
-    # A core's rate: the images per CPU-second of the process (what a core the pipeline has to itself
-    # gives; wall rates per core understate it on a shared machine).
-    per_core = max(s["per_cpu_second_median"] for s in summary)
-    for model, (lo, hi) in H200_ASSUMED_IMAGES_PER_S.items():
-        need = f"{lo / per_core:.1f}" if lo == hi else f"{lo / per_core:.0f} to {hi / per_core:.0f}"
-        print(f"CORES PER H200 ({model}, ASSUMED {lo:,}" + (f"-{hi:,}" if hi != lo else "")
-              + f" images/s at {args.image_size} px): {need} cores of {per_core:.0f} images/s each "
-              "(images per CPU-second, median)", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps({"scaling": summary, "assumed_h200": H200_ASSUMED_IMAGES_PER_S}, indent=1))
+        rows = [row for result in results[n] for row in result["rows"]]  # (repeat, round) order
+        params = dict(results[n][0]["params"], repeats=args.repeats, rounds_per_repeat=reps,
+                      others_cores=[None if r[4] != r[4] else round(r[4], 2) for r in rows])
+        per_core[n], per_cpu_s[n] = [r[2] / n for r in rows], [r[3] for r in rows]
+        report.add(f"{n} CPU(s): pipeline images/s per core", "images/s", per_core[n], **params)
+        report.add(f"{n} CPU(s): pipeline images/CPU-s", "images/CPU-s", per_cpu_s[n], **params)
+        report.add(f"{n} CPU(s): ceiling images/s per core", "images/s", [r[0] / n for r in rows], **params)
+        report.ratio(f"{n} CPU(s): pipeline / ceiling (images/s)", [r[2] for r in rows], [r[0] for r in rows],
+                     **params)
+    first = counts[0]
+    for n in counts[1:]:
+        report.ratio(f"{n} / {first} CPU(s): pipeline images/s per core", per_core[n], per_core[first],
+                     note="1.0: linear scaling; rounds paired by (repeat, round), the children alternating")
+    record_h200(report, counts[-1], statistics.median(per_cpu_s[counts[-1]]), args.image_size)
+    report.close()
     return 0
+
+
+def record_h200(report: Report, n: int, per_core: float, image_size: int) -> None:
+    """Derived: cores of ``per_core`` images/s one H200 would need, at its ASSUMED training rates."""
+    for model, (rate, (lo, hi)) in H200_ASSUMED_IMAGES_PER_S.items():
+        report.derived(f"cores per H200, {model} (ASSUMED {rate:,} images/s)", "x", rate / per_core,
+                       assumed_h200_images_per_s=rate, assumed_range=[lo, hi], cores_for_range=[
+                           round(lo / per_core, 1), round(hi / per_core, 1)], per_core_images_per_s=per_core,
+                       image_size=image_size,
+                       basis=f"ASSUMED H200 rate (docs/projection.md section 2, not measured) / the median "
+                             f"pipeline images/CPU-s with {n} CPU(s) (a core the pipeline has to itself)")
+
+
+def main(argv=None) -> int:
+    """Run the benchmark; returns the process exit status."""
+    args = parse_args(argv)
+    if args.scaling:
+        return scaling(args)
+    return run_benchmark(args)
 
 
 if __name__ == "__main__":

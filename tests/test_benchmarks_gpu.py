@@ -1,4 +1,5 @@
-"""benchmarks/gpu.py: its --dry-run (the GPU benchmark's code on the CPU at a tiny size) and its refusals.
+"""benchmarks/gpu.py: its --dry-run (the GPU benchmark's code on the CPU at a tiny size), its --quick --json
+records (benchmarks/common.py's format, through tests/bench_util.py) and its refusals.
 
 The script is run as a subprocess from the repository root, as a user runs it (it puts the checkout on
 ``sys.path`` itself, so this does not rely on an editable install). Only AlexNet runs here: ResNet-50's
@@ -13,6 +14,8 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from bench_util import check_records, run_quick
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu.py"
@@ -54,6 +57,24 @@ def test_dry_run_prints_one_json_line_per_mode_with_every_key(tmp_path):
     assert isinstance(real["input_bound_share"], float) and real["parallel"] >= 1
     assert real["data"] == "synthetic-jpeg"
     assert out.read_text().splitlines() == lines  # --out holds the same lines
+
+
+def test_quick_json_writes_the_harness_records_and_out_keeps_the_rows(tmp_path):
+    out = tmp_path / "gpu.jsonl"
+    records, stderr = run_quick("gpu.py", "--models", "alexnet", "--out", str(out))
+    expected = {"alexnet synthetic: images/s", "alexnet synthetic: step ms", "alexnet real: images/s",
+                "alexnet real: step ms", "alexnet real: input wait %", "alexnet: input-bound share"}
+    by_name = check_records(records, "gpu", expected)
+    assert set(by_name) == expected
+    assert by_name["alexnet: input-bound share"]["kind"] == "derived"
+    assert by_name["alexnet real: images/s"]["reps"] == 2  # --quick: 2 windows of the 3 timed steps
+    assert by_name["alexnet real: step ms"]["reps"] == 3  # one value per timed step
+    params = by_name["alexnet real: images/s"]["params"]
+    assert (params["model"], params["mode"], params["batch"], params["dry_run"]) == ("alexnet", "real", 4, True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]  # --out: the rows of KEYS, as before
+    assert [(r["model"], r["mode"]) for r in rows] == [("alexnet", "synthetic"), ("alexnet", "real")]
+    assert all(set(r) == EXPECTED_KEYS and r["dry_run"] is True for r in rows)
+    assert '"mode": "real"' in stderr  # with the records on stdout the rows go to stderr
 
 
 def test_without_a_gpu_a_full_run_is_refused_with_what_to_do():
