@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,8 @@ from spark_imagenet.dataset.transfer import (
     remove_replaced,
     upload,
 )
-from spark_imagenet.errors import ConfigError, ManifestError, StorageError
-from spark_imagenet.storage import LocalStorage, crc32c_bytes, open_storage
+from spark_imagenet.errors import ConfigError, IntegrityError, ManifestError, StorageError
+from spark_imagenet.storage import GCSStorage, LocalStorage, crc32c_bytes, open_storage
 
 
 def _quiet(msg: str) -> None:
@@ -301,6 +302,66 @@ def test_publish_stats_rate():
     assert PublishStats(bytes_uploaded=3_000_000, seconds=2.0).mb_per_sec == 1.5
 
 
+class _ThreadRecordingLocal(LocalStorage):
+    """A real local folder that records, for every stat and checksum, whether the calling thread is the
+    main one (publish's own loop) or one of the upload threads."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.calls: list[tuple[str, str, bool]] = []
+
+    def stat(self, name):
+        self.calls.append(("stat", name, threading.current_thread() is threading.main_thread()))
+        return super().stat(name)
+
+    def crc32c(self, name):
+        self.calls.append(("crc32c", name, threading.current_thread() is threading.main_thread()))
+        return super().crc32c(name)
+
+
+def test_publish_checks_local_objects_in_the_upload_threads(fake_ds, tmp_path):
+    """Locally, each uploaded object's size and CRC32C are read in the thread that wrote it (one stat and
+    one checksum per object), never one after another in publish's loop after the batch."""
+    src, manifest = fake_ds
+    dest = _ThreadRecordingLocal(tmp_path / "dest")
+    files = [(src / s.name, s) for s in all_shards(manifest)]
+    stats = publish(dest, files, present={}, transfers=3)
+    assert (stats.uploaded, stats.skipped) == (5, 0)
+    names = sorted(s.name for _p, s in files)
+    assert sorted(n for kind, n, _main in dest.calls if kind == "stat") == names
+    assert sorted(n for kind, n, _main in dest.calls if kind == "crc32c") == names
+    assert not any(main for _kind, _n, main in dest.calls)
+
+
+class _LosingLocal(LocalStorage):
+    """A real local folder that loses one object's writes (``put_file`` returns, nothing is there)."""
+
+    def __init__(self, root, lost: str):
+        super().__init__(root)
+        self.lost = lost
+
+    def put_file(self, local_path, name, *, move=False):
+        if name != self.lost:
+            super().put_file(local_path, name, move=move)
+
+
+def test_publish_reports_an_object_missing_after_its_upload(fake_ds, tmp_path):
+    """An upload that reports success but leaves no object is a mismatch: uploaded once more, then named."""
+    src, manifest = fake_ds
+    good, lost = all_shards(manifest)[:2]
+    dest = _LosingLocal(tmp_path / "dest", lost.name)
+    results = dest.put_files_info([(src / good.name, good.name), (src / lost.name, lost.name),
+                                   (tmp_path / "gone", "x")], 2)
+    assert results[0] == dataclasses.replace(dest.stat(good.name), crc32c=good.crc32c)
+    assert isinstance(results[1], IntegrityError) and "not there after the upload" in str(results[1])
+    assert isinstance(results[2], StorageError) and not isinstance(results[2], IntegrityError)
+    with pytest.raises(StorageError) as err:
+        publish(dest, [(src / good.name, good), (src / lost.name, lost)], present={}, log=_quiet)
+    assert (f"1 shard(s) could not be uploaded intact to {dest.url}: {lost.name} (attempt 1: {dest.where(lost.name)}: "
+            "the object is not there after the upload, attempt 2: ") in str(err.value)
+    assert [o.name for o in dest.list()] == [good.name]
+
+
 # -- commit_manifest and remove_replaced ------------------------------------------------------------
 
 
@@ -373,6 +434,88 @@ def test_remove_replaced_deletes_old_shards_and_partials_seen_before(fake_ds, tm
 
 
 # -- against the GCS emulator -----------------------------------------------------------------------
+
+
+class _CountingGCS(GCSStorage):
+    """The emulator's bucket, counting every call that reads an object's metadata or bytes."""
+
+    def __init__(self, url):
+        super().__init__(url)
+        self.reads: list[tuple[str, str]] = []
+
+    def stat(self, name):
+        self.reads.append(("stat", name))
+        return super().stat(name)
+
+    def crc32c(self, name):
+        self.reads.append(("crc32c", name))
+        return super().crc32c(name)
+
+    def read_bytes(self, name):
+        self.reads.append(("read_bytes", name))
+        return super().read_bytes(name)
+
+    def list(self):
+        self.reads.append(("list", ""))
+        return super().list()
+
+
+class _BareRepliesGCS(_CountingGCS):
+    """The emulator's bucket as a store whose upload replies carry no object metadata."""
+
+    def _upload_many(self, pairs, transfers):
+        return [r if isinstance(r, BaseException) else self.bucket.blob(r.name)
+                for r in super()._upload_many(pairs, transfers)]
+
+
+def test_publish_to_gcs_verifies_from_the_upload_replies(fake_ds, gcs_bucket):
+    """On GCS each object's size, CRC32C and generation come from its upload's reply: publish makes no
+    request per object after the uploads, and what it checked is what the bucket holds."""
+    src, manifest = fake_ds
+    store = _CountingGCS(f"gs://{gcs_bucket}/ds")
+    files = [(src / s.name, s) for s in all_shards(manifest)]
+    stats = publish(store, files, present={}, transfers=3)
+    assert (stats.uploaded, stats.skipped) == (5, 0)
+    assert store.reads == []
+    # the replies are the objects' own metadata
+    again = store.put_files_info([(src / s.name, s.name) for _p, s in files[:2]], 2)
+    assert store.reads == []
+    assert again == [store.stat(s.name) for _p, s in files[:2]]
+    assert [(i.size, i.crc32c) for i in again] == [(s.bytes, s.crc32c) for _p, s in files[:2]]
+    assert gcs_generations(gcs_bucket, "ds")[files[0][1].name] == again[0].generation
+
+
+def test_publish_to_gcs_without_metadata_in_the_replies_stats_each_object(fake_ds, gcs_bucket):
+    src, manifest = fake_ds
+    store = _BareRepliesGCS(f"gs://{gcs_bucket}/ds")
+    files = [(src / s.name, s) for s in all_shards(manifest)]
+    stats = publish(store, files, present={}, transfers=3)
+    assert (stats.uploaded, stats.skipped) == (5, 0)
+    assert sorted(store.reads) == sorted(("stat", s.name) for _p, s in files)
+
+
+def test_publish_to_gcs_catches_a_mismatch_and_names_it(fake_ds, gcs_bucket):
+    """The bucket holding other bytes than the manifest says (CRC32C or size) is caught from the upload
+    replies: uploaded once more, then reported by name with what to do, the bad objects deleted."""
+    src, manifest = fake_ds
+    good, bad, short = all_shards(manifest)[:3]
+    wrong_crc = dataclasses.replace(bad, crc32c=crc32c_bytes(b"something else"))
+    wrong_size = dataclasses.replace(short, bytes=short.bytes + 1)
+    store = _CountingGCS(f"gs://{gcs_bucket}/ds")
+    lines = []
+    with pytest.raises(StorageError) as err:
+        publish(store, [(src / good.name, good), (src / bad.name, wrong_crc), (src / short.name, wrong_size)],
+                present={}, log=lines.append)
+    msg = str(err.value)
+    assert msg.startswith(f"2 shard(s) could not be uploaded intact to gs://{gcs_bucket}/ds: ")
+    assert (f"{bad.name} (attempt 1: the bucket reports crc32c {bad.crc32c}, the manifest says "
+            f"{wrong_crc.crc32c}, attempt 2: the bucket reports crc32c {bad.crc32c}") in msg
+    assert (f"{short.name} (attempt 1: the bucket holds {short.bytes} bytes, the manifest says "
+            f"{short.bytes + 1}, attempt 2: ") in msg
+    assert "Nothing was committed" in msg and "then run again" in msg
+    assert len(lines) == 2 and lines[1].startswith("uploading 2 shard(s)")
+    assert store.reads == []
+    assert [o.name for o in store.list()] == [good.name]
 
 
 def test_upload_reuploads_only_missing_or_damaged_objects(local_ds, gcs_bucket):

@@ -8,11 +8,12 @@ single commit point:
 1. :func:`check_destination`: what is there now (the same dataset: nothing
    to do; another one: refused unless ``overwrite``), and the manifest's
    generation, the token of step 3;
-2. :func:`publish`: upload the shards (``Storage.put_files``: in parallel,
-   ``transfers`` at a time), skip those already present with the same size
-   and CRC32C, and check every uploaded object's CRC32C as the bucket reports
-   it against the manifest (a mismatch is uploaded once more, then fails
-   naming the shard);
+2. :func:`publish`: upload the shards (``Storage.put_files_info``: in
+   parallel, ``transfers`` at a time), skip those already present with the
+   same size and CRC32C, and check every uploaded object's size and CRC32C as
+   the bucket reports it against the manifest (from each upload's own reply
+   on GCS, so no request per object follows the uploads; a mismatch is
+   uploaded once more, then fails naming the shard);
 3. :func:`commit_manifest`: write ``manifest.json`` with the precondition
    ``if_generation_match`` = the generation seen in step 1 (0: create-only),
    the same compare-and-swap GCS documents for its own concurrency control.
@@ -201,7 +202,10 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
         if log:
             log(f"uploading {len(todo)} shard(s), {sum(s.bytes for _p, s in todo) / 1e6:.1f} MB, to {storage.url} "
                 f"with {transfers} parallel transfer(s)" + (" (retry)" if attempt > 1 else ""))
-        errors = storage.put_files([(p, s.name) for p, s in todo], transfers)
+        # what the bucket holds comes with the uploads (GCS: each upload's reply; locally: a stat and a
+        # checksum in the upload's own thread), so the checks below cost no further request
+        results = storage.put_files_info([(p, s.name) for p, s in todo], transfers)
+        errors = [r if isinstance(r, BaseException) else None for r in results]
         stop = unretryable(errors, f"could not be uploaded to {storage.url}; nothing was committed")
         if stop is not None:
             for (_p, s), e in zip(todo, errors):
@@ -210,19 +214,13 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
                         storage.delete(s.name, best_effort=True)
             raise stop
         failed = []
-        for (path, shard), err in zip(todo, errors):
-            try:
-                info = storage.stat(shard.name) if err is None else None
-            except StorageError as e:
-                err = e
-            if err is not None:
-                why = str(err)
-            elif info is None:
-                why = "the object is not there after the upload"
+        for (path, shard), info in zip(todo, results):
+            if isinstance(info, BaseException):
+                why = str(info)
             elif info.size != shard.bytes:
                 why = f"the bucket holds {info.size} bytes, the manifest says {shard.bytes}"
-            elif (crc := info.crc32c if info.crc32c is not None else storage.crc32c(shard.name)) != shard.crc32c:
-                why = f"the bucket reports crc32c {crc}, the manifest says {shard.crc32c}"
+            elif info.crc32c != shard.crc32c:
+                why = f"the bucket reports crc32c {info.crc32c}, the manifest says {shard.crc32c}"
             else:
                 stats.uploaded += 1
                 stats.bytes_uploaded += shard.bytes

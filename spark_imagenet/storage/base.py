@@ -79,13 +79,13 @@ class ObjectInfo:
     generation: int | None = None
 
 
-def _run_parallel(fn, pairs: Sequence[tuple], transfers: int) -> list[BaseException | None]:
+def _run_parallel(fn, pairs: Sequence[tuple], transfers: int) -> list[Any]:
     """Call ``fn(*pair)`` for every pair on ``transfers`` threads; one result
-    per pair: None on success, else the exception it raised."""
+    per pair, in order: what ``fn`` returned (None for the ``put_file``-like
+    functions that return nothing), else the exception it raised."""
     def one(pair):
         try:
-            fn(*pair)
-            return None
+            return fn(*pair)
         except Exception as e:  # reported per pair, like transfer_manager does
             return e
 
@@ -246,6 +246,49 @@ class Storage(abc.ABC):
             caller can retry just the failures).
         """
         return _run_parallel(self.put_file, pairs, transfers)
+
+    def put_files_info(self, pairs: Sequence[tuple[str | os.PathLike, str]],
+                       transfers: int = DEFAULT_TRANSFERS) -> list[ObjectInfo | BaseException]:
+        """:meth:`put_files`, and what the store holds for each object written,
+        to verify it against a manifest without one more request per object
+        after the batch.
+
+        Args:
+            pairs: what to publish, ``(local_path, name)``.
+            transfers: how many transfers run in parallel (threads).
+
+        Returns:
+            list: one entry per pair, in order: the object's
+            :class:`ObjectInfo` as the store reports it after the write, with
+            ``crc32c`` always set (the store's own checksum where it keeps one;
+            else computed by reading the object back, locally), or the
+            :class:`StorageError` the pair failed with (an
+            :class:`IntegrityError` when the object is not there after its
+            write). Nothing is raised. This default writes, stats and (where
+            needed) checksums each object in the same thread as its write;
+            stores whose write replies carry the metadata (GCS) override it.
+        """
+        return _run_parallel(self._put_and_stat, pairs, transfers)
+
+    def _put_and_stat(self, local_path: str | os.PathLike, name: str) -> ObjectInfo:
+        """:meth:`put_file`, then :meth:`_written`."""
+        self.put_file(local_path, name)
+        return self._written(name)
+
+    def _written(self, name: str) -> ObjectInfo:
+        """What the store holds as ``name`` right after writing it, with its
+        CRC32C (computed by reading it where the store keeps none).
+
+        Raises:
+            IntegrityError: the object is not there.
+            StorageError: it cannot be read.
+        """
+        info = self.stat(name)
+        if info is None:
+            raise IntegrityError(f"{self.where(name)}: the object is not there after the upload")
+        if info.crc32c is None:
+            info = dataclasses.replace(info, crc32c=self.crc32c(name))
+        return info
 
     def get_files(self, pairs: Sequence[tuple[str, str | os.PathLike]],
                   transfers: int = DEFAULT_TRANSFERS) -> list[BaseException | None]:

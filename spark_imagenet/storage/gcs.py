@@ -15,7 +15,7 @@ from spark_imagenet.errors import (
     PreconditionFailed,
     StorageError,
 )
-from spark_imagenet.storage.base import DEFAULT_TRANSFERS, ObjectInfo, Storage
+from spark_imagenet.storage.base import DEFAULT_TRANSFERS, ObjectInfo, Storage, _run_parallel
 
 
 class GCSStorage(Storage):
@@ -29,8 +29,8 @@ class GCSStorage(Storage):
     every object this package writes is either immutable under its name or
     written with a generation precondition. Downloads are checked by the
     client against the object's CRC32C (``DataCorruption`` otherwise);
-    :meth:`put_files`/:meth:`get_files` use ``transfer_manager`` with
-    threads. A missing bucket, 401 and 403 fail at once with a message
+    :meth:`put_files`/:meth:`put_files_info`/:meth:`get_files` use
+    ``transfer_manager`` with threads. A missing bucket, 401 and 403 fail at once with a message
     saying what to check.
 
     Args:
@@ -245,17 +245,45 @@ class GCSStorage(Storage):
         except Exception as e:  # noqa: BLE001
             raise self._error(e, self.where(name), "read") from None
 
-    def put_files(self, pairs: Sequence[tuple[str | os.PathLike, str]],
-                  transfers: int = DEFAULT_TRANSFERS) -> list[BaseException | None]:
+    def _upload_many(self, pairs: Sequence[tuple[str | os.PathLike, str]], transfers: int) -> list:
+        """``transfer_manager.upload_many`` (threads) of ``pairs``: per pair,
+        the blob, whose properties the upload's reply has set (the object
+        resource: size, crc32c, generation), or the StorageError it failed with."""
         from google.cloud.storage import transfer_manager
 
         if not pairs:
             return []
+        blobs = [self.bucket.blob(self._key(n)) for _p, n in pairs]
         results = transfer_manager.upload_many(
-            [(os.fspath(p), self.bucket.blob(self._key(n))) for p, n in pairs],
+            [(os.fspath(p), b) for (p, _n), b in zip(pairs, blobs)],
             upload_kwargs={"checksum": "crc32c", "retry": self._retry, "timeout": 600},
             max_workers=max(1, transfers), worker_type=transfer_manager.THREAD, raise_exception=False)
-        return [None if r is None else self._error(r, self.where(n), "write") for r, (_p, n) in zip(results, pairs)]
+        return [b if r is None else self._error(r, self.where(n), "write")
+                for r, b, (_p, n) in zip(results, blobs, pairs)]
+
+    def put_files(self, pairs: Sequence[tuple[str | os.PathLike, str]],
+                  transfers: int = DEFAULT_TRANSFERS) -> list[BaseException | None]:
+        return [r if isinstance(r, BaseException) else None for r in self._upload_many(pairs, transfers)]
+
+    def put_files_info(self, pairs: Sequence[tuple[str | os.PathLike, str]],
+                       transfers: int = DEFAULT_TRANSFERS) -> list[ObjectInfo | BaseException]:
+        """:meth:`Storage.put_files_info` with no request after the uploads:
+        each object's size, CRC32C and generation come from its upload's
+        reply, the object resource GCS stored (an upload whose bytes do not
+        match the CRC32C the client sent is refused by the service). Only a
+        reply without size or crc32c costs a :meth:`stat` (in parallel)."""
+        out: list[ObjectInfo | BaseException | None] = []
+        for r, (_p, n) in zip(self._upload_many(pairs, transfers), pairs):
+            if isinstance(r, BaseException):
+                out.append(r)
+            elif r.size is None or r.crc32c is None:
+                out.append(None)
+            else:
+                out.append(ObjectInfo(n, int(r.size), r.crc32c, int(r.generation or 0)))
+        unknown = [i for i, o in enumerate(out) if o is None]
+        for i, info in zip(unknown, _run_parallel(self._written, [(pairs[i][1],) for i in unknown], transfers)):
+            out[i] = info
+        return out  # type: ignore[return-value]  # every None was filled in
 
     def get_files(self, pairs: Sequence[tuple[str, str | os.PathLike]],
                   transfers: int = DEFAULT_TRANSFERS) -> list[BaseException | None]:
