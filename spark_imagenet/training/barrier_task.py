@@ -61,7 +61,7 @@ from spark_imagenet.training.interrupts import sigint_handler
 from spark_imagenet.training.logchannel import ChannelSpec, LogSender
 from spark_imagenet.training.outputs import LOCAL_OUTPUT_DIR, MODEL_FILE, TENSORBOARD_DIR, publish
 from spark_imagenet.errors import ConfigError, PeerFailed, SparkImagenetError, TrainingError, WorkerLost
-from spark_imagenet.training.supervisor import EXIT_SUPERVISOR_FAILED, set_death_signal
+from spark_imagenet.training.supervisor import EXIT_PRELOAD_ENDED, EXIT_SUPERVISOR_FAILED, set_death_signal
 
 #: The module run in the child process: the TensorFlow worker (reads a :class:`WorkerSpec`).
 WORKER_MODULE = "spark_imagenet.training.worker"
@@ -195,7 +195,8 @@ def cuda_visible_devices(addresses: Sequence[str], existing: str | None) -> str:
 
 def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any] | None, gpu_addresses: Sequence[str] | None,
               local_workers: int, task_path: Sequence[str] = ()) -> dict[str, str]:
-    """The environment of the TensorFlow worker process.
+    """The environment of the TensorFlow worker process once it trains: :func:`preload_env` (what it is started
+    with) updated with :func:`job_env` (what it sets after its go).
 
     Args:
         base: the task's environment (``os.environ``).
@@ -223,18 +224,32 @@ def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any] | None, gpu_
     Raises:
         ConfigError: see :func:`cuda_visible_devices`.
     """
+    return {**preload_env(base, gpu_addresses, task_path), **job_env(base, tf_config, gpu_addresses, local_workers)}
+
+
+def preload_env(base: Mapping[str, str], gpu_addresses: Sequence[str] | None,
+                task_path: Sequence[str] = ()) -> dict[str, str]:
+    """The environment the TensorFlow worker process is started with, before the rendezvous: what TensorFlow
+    reads when it is imported, all known when the task starts (docs/design.md, 'Starting TensorFlow early, and a
+    spare for the next job').
+
+    Args:
+        base, gpu_addresses, task_path: as for :func:`child_env`.
+
+    Returns:
+        dict: :func:`child_env`'s environment without what :func:`job_env` adds: no TF_CONFIG (dropped from
+        ``base``), no TF_FORCE_GPU_ALLOW_GROWTH unless ``base`` has it.
+
+    Raises:
+        ConfigError: see :func:`cuda_visible_devices`.
+    """
     env = dict(base)
-    if tf_config is None:
-        env.pop("TF_CONFIG", None)
-    else:
-        env["TF_CONFIG"] = json.dumps(tf_config)
+    env.pop("TF_CONFIG", None)
     env["TF_USE_LEGACY_KERAS"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
     if gpu_addresses:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(gpu_addresses, base.get("CUDA_VISIBLE_DEVICES"))
-    elif local_workers > 1:
-        env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     import spark_imagenet
 
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(spark_imagenet.__file__)))
@@ -242,6 +257,24 @@ def child_env(base: Mapping[str, str], tf_config: Mapping[str, Any] | None, gpu_
     paths = [package_parent] + [p for p in paths if p != package_parent]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in _task_only_paths(task_path) if p not in paths])
     return env
+
+
+def job_env(base: Mapping[str, str], tf_config: Mapping[str, Any] | None, gpu_addresses: Sequence[str] | None,
+            local_workers: int) -> dict[str, str]:
+    """The environment variables known only after the rendezvous, which the TensorFlow worker process puts into
+    its ``os.environ`` after its go, before it builds its strategy (TensorFlow reads them then, not at import).
+
+    Args:
+        base, tf_config, gpu_addresses, local_workers: as for :func:`child_env`.
+
+    Returns:
+        dict: TF_CONFIG (JSON) with ``tf_config``; TF_FORCE_GPU_ALLOW_GROWTH=true with no GPU resource, several
+        workers on the host and none in ``base``.
+    """
+    extra = {} if tf_config is None else {"TF_CONFIG": json.dumps(tf_config)}
+    if not gpu_addresses and local_workers > 1 and "TF_FORCE_GPU_ALLOW_GROWTH" not in base:
+        extra["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+    return extra
 
 
 def _task_only_paths(task_path: Sequence[str]) -> list[str]:
@@ -405,6 +438,82 @@ def _echo(raw: bytes, prefix: str, tail: collections.deque, out,
         out.flush()
 
 
+def start_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
+                folder_prefix: str | None = None, preload: bool = False) -> subprocess.Popen:
+    """Start the supervisor of a child (:mod:`spark_imagenet.training.supervisor`) in a new session.
+
+    The supervisor gets ``PR_SET_PDEATHSIG`` = SIGTERM, bound to the calling thread (start it from the
+    thread that outlives it: a task's main thread); its stdin is the lifeline (:func:`finish_child`).
+
+    Args:
+        argv, env, cwd: the child's command, environment (also the supervisor's) and working folder.
+        folder_prefix: the name prefix of the child's temporary folder (:class:`ChildFolder`), or None.
+        preload: start the child at once, before its inputs are written; it waits for its go (``--preload``).
+
+    Returns:
+        The supervisor's ``Popen`` (stdin and stdout pipes, stderr merged into stdout).
+    """
+    command = [sys.executable, "-m", SUPERVISOR_MODULE, "--parent", str(os.getpid())]
+    command += ["--folder", folder_prefix] if folder_prefix is not None else []
+    command += ["--preload"] if preload else []
+    return subprocess.Popen(
+        command + ["--", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_supervisor_preexec,
+    )
+
+
+def end_child(proc: subprocess.Popen) -> None:
+    """End a supervisor started by :func:`start_child` (it kills its child and removes the folder), wait for
+    it and close its pipes; a no-op for one already ended."""
+    if proc.poll() is None:
+        proc.terminate()  # the supervisor kills the child and removes the folder
+        try:
+            proc.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        with contextlib.suppress(OSError):
+            if stream is not None:
+                stream.close()
+
+
+def finish_child(proc: subprocess.Popen, prefix: str, tail_lines: int = TAIL_LINES, out=None,
+                 folder: ChildFolder | None = None,
+                 shown: Callable[[str], str | None] | None = None) -> tuple[int, list[str]]:
+    """Give a child started by :func:`start_child` its inputs and its go, echo its output line by line, and
+    collect its results; the arguments and the result as for :func:`run_child` (``folder.prefix`` unused).
+
+    Raises:
+        whatever ``folder.prepare`` or ``folder.collect`` raises (the child is ended first).
+    """
+    out = out or sys.stderr
+    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        path = None
+        if folder is not None:
+            first = proc.stdout.readline()
+            if first.startswith(b"folder "):
+                path = first[len(b"folder "):].decode("utf-8", errors="surrogateescape").rstrip("\n")
+                folder.prepare(path)
+                with contextlib.suppress(BrokenPipeError):  # a supervisor gone says so by its status
+                    proc.stdin.write(b"run\n")
+                    proc.stdin.flush()
+            elif first:
+                _echo(first, prefix, tail, out, shown)  # the supervisor failed: its message
+        for raw in proc.stdout:
+            _echo(raw, prefix, tail, out, shown)
+        if path is not None:
+            folder.collect(path)
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # releases the folder
+        code = proc.wait()
+    finally:
+        end_child(proc)
+    return code, list(tail)
+
+
 def run_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, prefix: str,
               tail_lines: int = TAIL_LINES, out=None, folder: ChildFolder | None = None,
               shown: Callable[[str], str | None] | None = None) -> tuple[int, list[str]]:
@@ -433,46 +542,8 @@ def run_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, pref
     Raises:
         whatever ``folder.prepare`` or ``folder.collect`` raises (the child is ended first).
     """
-    out = out or sys.stderr
-    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-    command = [sys.executable, "-m", SUPERVISOR_MODULE, "--parent", str(os.getpid())]
-    command += ["--folder", folder.prefix] if folder is not None else []
-    proc = subprocess.Popen(
-        command + ["--", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_supervisor_preexec,
-    )
-    assert proc.stdout is not None and proc.stdin is not None
-    try:
-        path = None
-        if folder is not None:
-            first = proc.stdout.readline()
-            if first.startswith(b"folder "):
-                path = first[len(b"folder "):].decode("utf-8", errors="surrogateescape").rstrip("\n")
-                folder.prepare(path)
-                with contextlib.suppress(BrokenPipeError):  # a supervisor gone says so by its status
-                    proc.stdin.write(b"run\n")
-                    proc.stdin.flush()
-            elif first:
-                _echo(first, prefix, tail, out, shown)  # the supervisor failed: its message
-        for raw in proc.stdout:
-            _echo(raw, prefix, tail, out, shown)
-        if path is not None:
-            folder.collect(path)
-        with contextlib.suppress(OSError):
-            proc.stdin.close()  # releases the folder
-        code = proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.terminate()  # the supervisor kills the child and removes the folder
-            try:
-                proc.wait(STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            with contextlib.suppress(OSError):
-                stream.close()
-    return code, list(tail)
+    proc = start_child(argv, env, cwd, folder.prefix if folder is not None else None)
+    return finish_child(proc, prefix, tail_lines, out, folder, shown)
 
 
 #: TensorFlow errors of a collective whose peer is gone (or of the coordination service), as the worker's
@@ -581,14 +652,82 @@ def _fetch_checkpoint(spec: TaskSpec, folder: str, rank: int, host: str) -> str:
     return local
 
 
-def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: str,
-                shown: Callable[[str], str | None] | None = None) -> dict[str, Any]:
-    """Run the TensorFlow worker process with its own temporary folder; return its result.
+#: The name prefix of a spare's temporary folder (which rank takes it is not known when it starts).
+SPARE_FOLDER_PREFIX = "spark-imagenet-spare-"
 
-    The folder (``spark-imagenet-rank<R>-*`` in the task's temporary
-    directory) holds ``worker.json`` and ``result.json`` and is the child's
-    ``TMPDIR`` (autograph's generated modules); the supervisor removes it
-    however the task ends (:func:`run_child`).
+
+@dataclasses.dataclass
+class Preloaded:
+    """A TensorFlow worker process started before its inputs exist, waiting for its go (docs/design.md,
+    'Starting TensorFlow early, and a spare for the next job').
+
+    Attributes:
+        proc: its supervisor (:func:`start_child` with ``preload``).
+        env: the environment it was started with (:func:`preload_env`).
+        key: what it was started with (:func:`preload_key`); a task takes only a process of its own key.
+        spare: started after an earlier task, for the next one in this Python worker.
+    """
+
+    proc: subprocess.Popen
+    env: dict[str, str]
+    key: tuple
+    spare: bool = False
+
+
+#: This Python worker's spare (PySpark reuses its Python workers from task to task): at most one.
+_SPARE: list[Preloaded] = []
+
+
+def preload_key(env: Mapping[str, str], child_module: str) -> tuple:
+    """What a preloaded process depends on: the interpreter, the module and the environment it was started with."""
+    return sys.executable, child_module, tuple(sorted(env.items()))
+
+
+def start_preloaded(env: Mapping[str, str], child_module: str, folder_prefix: str, spare: bool = False) -> Preloaded:
+    """Start ``python -m child_module --preload {folder}/environ.json {folder}/worker.json {folder}/result.json``
+    under its supervisor (``--preload``), from the calling thread (its death signal is bound to it)."""
+    argv = [sys.executable, "-m", child_module, "--preload", "{folder}/environ.json", "{folder}/worker.json",
+            "{folder}/result.json"]
+    return Preloaded(start_child(argv, env, None, folder_prefix, preload=True), dict(env),
+                     preload_key(env, child_module), spare)
+
+
+def spares_enabled(config: TrainConfig, base: Mapping[str, str]) -> bool:
+    """Whether a task leaves a spare behind: ``config.spare_worker`` and PySpark reuses this Python worker
+    (``spark.python.worker.reuse``, which PySpark passes to its workers as ``SPARK_REUSE_WORKER``)."""
+    return bool(config.spare_worker and base.get("SPARK_REUSE_WORKER"))
+
+
+def take_preloaded(env: Mapping[str, str], child_module: str, rank: int, use_spare: bool) -> Preloaded:
+    """This task's TensorFlow process: this Python worker's spare when ``use_spare``, it still runs and its key
+    matches ``env`` and ``child_module``; else a new one (folder ``spark-imagenet-rank<R>-``). A spare not
+    taken is ended."""
+    key = preload_key(env, child_module)
+    while _SPARE:
+        spare = _SPARE.pop()
+        if use_spare and spare.key == key and spare.proc.poll() is None:
+            return spare
+        end_child(spare.proc)
+    return start_preloaded(env, child_module, f"spark-imagenet-rank{rank}-")
+
+
+def leave_spare(env: Mapping[str, str], child_module: str) -> None:
+    """Start a spare for the next task of this Python worker (ending any other); call it from the task's own
+    thread once its TensorFlow process has ended."""
+    while _SPARE:
+        end_child(_SPARE.pop().proc)
+    _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True))
+
+
+def _run_worker(spec: TaskSpec, message: WorkerSpec, extra_env: Mapping[str, str], held: Preloaded, host: str,
+                shown: Callable[[str], str | None] | None = None) -> dict[str, Any]:
+    """Give the TensorFlow worker process ``held`` its inputs and its go; return its result.
+
+    Its folder (``spark-imagenet-rank<R>-*``, or ``spark-imagenet-spare-*`` for a spare, in the task's temporary
+    directory) holds ``environ.json`` (``extra_env``, :func:`job_env`), ``worker.json`` and ``result.json`` and
+    is the child's ``TMPDIR`` (autograph's generated modules); the supervisor removes it however the task ends
+    (:func:`run_child`). A process that had ended before its go (a spare killed while it waited) is replaced by
+    a new one, started at once.
 
     Raises:
         TrainingError: the process failed (rank, host, exit status and its last
@@ -599,6 +738,8 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: 
 
     def prepare(folder: str) -> None:
         restore = _fetch_checkpoint(spec, folder, rank, host) if spec.resume is not None else None
+        with open(os.path.join(folder, "environ.json"), "w") as f:
+            json.dump(dict(extra_env), f)
         with open(os.path.join(folder, "worker.json"), "w") as f:
             json.dump(dataclasses.replace(message, restore=restore).to_json(), f, indent=1)
 
@@ -618,9 +759,14 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: 
             _log(rank, f"output: {len(names)} file(s) written to {spec.config.output} ({MODEL_FILE}, "
                        f"{sum(1 for n in names if n.startswith(TENSORBOARD_DIR + '/'))} TensorBoard file(s))")
 
-    argv = [sys.executable, "-m", spec.child_module, "{folder}/worker.json", "{folder}/result.json"]
-    code, tail = run_child(argv, env, None, f"[rank {rank}] ",
-                           folder=ChildFolder(f"spark-imagenet-rank{rank}-", prepare, collect), shown=shown)
+    folder = ChildFolder(f"spark-imagenet-rank{rank}-", prepare, collect)
+    _log(rank, f"TensorFlow process: {'a spare, started by an earlier task' if held.spare else 'started by this task'}"
+               f" (supervisor pid {held.proc.pid})")
+    code, tail = finish_child(held.proc, f"[rank {rank}] ", folder=folder, shown=shown)
+    if code == EXIT_PRELOAD_ENDED:
+        _log(rank, "that TensorFlow process had ended before its go; starting a new one")
+        held = start_preloaded(held.env, spec.child_module, folder.prefix)
+        code, tail = finish_child(held.proc, f"[rank {rank}] ", folder=folder, shown=shown)
     if code != 0:
         shown = "\n".join(f"  | {line}" for line in tail) or "  | (no output)"
         missing = next((m.group(1) for line in reversed(tail) for m in [_MISSING_PEER.search(line)] if m), None)
@@ -633,7 +779,8 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, env: dict[str, str], host: 
     if "result" not in got:
         raise TrainingError(f"rank {rank} on {host}: the TensorFlow process exited 0 but wrote no readable result "
                             f"({got.get('error', 'no folder')})")
-    return got["result"]
+    return {**got["result"], "tf_process": {"spare": held.spare, "supervisor_pid": held.proc.pid,
+                                            "task_pid": os.getpid()}}
 
 
 def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
@@ -649,8 +796,9 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     ``"peer_failed"``), so none is killed while blocked in ``allGather``.
 
     Yields:
-        str: one JSON object: the worker's result plus ``"host"`` and
-        ``"python"`` (the task's interpreter, e.g. a shipped environment's);
+        str: one JSON object: the worker's result plus ``"host"``,
+        ``"python"`` (the task's interpreter, e.g. a shipped environment's) and ``"tf_process"``
+        (``{"spare": whether it was a spare left by an earlier task, "supervisor_pid", "task_pid"}``);
         ``{"rank", "host", "python", "peer_failed"}`` when a peer failed before the rendezvous.
 
     Raises:
@@ -664,53 +812,83 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     """
     from pyspark import BarrierTaskContext
 
-    from spark_imagenet.training.gpus import host_has_gpus
-    from spark_imagenet.training.rendezvous import build_tf_config, local_worker_count, rendezvous, split_host_port
+    from spark_imagenet.training.rendezvous import split_host_port
 
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
     host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
+    spares = spares_enabled(spec.config, os.environ)
     # PySpark's forked workers have Python's default SIGINT handler: a terminal's Ctrl-C that reaches
     # them (workers started without the daemon share the JVM's process group) would crash the task;
     # the driver cancels the job instead.
     with sigint_handler(signal.SIG_IGN), _output_to_driver(spec.log_channel, rank, host):
+        held: Preloaded | None = None
         failed: SparkImagenetError | None = None
+        gpus: list[str] | None = None
         try:
-            resources = ctx.resources()  # checked before any download
-            gpus = task_gpus(resources["gpu"].addresses if "gpu" in resources else None,
-                             spec.config.gpus_per_worker, rank, host)
-            train_files, val_files = _stage(spec, rank, host)
-        except SparkImagenetError as e:
-            failed = e
-
-        if spec.config.strategy == "multiworker":
-            try:  # a failed task still comes to the rendezvous, so no peer is killed while it waits there
-                rank, addresses, host = rendezvous(ctx, None if failed is None else " ".join(str(failed).split()))
-            except PeerFailed as e:
-                if failed is not None:
-                    raise failed from None  # the stage fails with this task's own error
-                _log(rank, f"not training: {e}")
-                yield json.dumps({"rank": rank, "host": host, "python": sys.executable, "peer_failed": str(e)})
-                return
-            local_workers = local_worker_count(addresses, host)
-            tf_config: dict[str, Any] | None = build_tf_config(addresses, rank)
-            where = f"cluster {addresses}"
-        elif failed is not None:
-            raise failed
-        else:  # one worker, no cluster: no TF_CONFIG, no ports
-            local_workers, tf_config, where = 1, None, f"strategy {spec.config.strategy}, no cluster"
-        threads = max(1, host_cpus() // max(1, local_workers))
-        warning = gpu_sharing_warning(gpus, local_workers, host_has_gpus() if local_workers > 1 else False)
-        if warning:
-            _log(rank, warning)
-        message = worker_spec(spec, rank, train_files, val_files, threads,
-                              addresses if spec.config.strategy == "multiworker" else ())
-        env = child_env(os.environ, tf_config, gpus, local_workers, task_path=sys.path)  # --py-files reach the child
-        devices = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if gpus else "no GPU resource"
-        _log(rank, f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "
-                   f"{devices}, {where}")
-        cpu_only = not gpus and not host_has_gpus()
-        result = _run_worker(spec, message, env, host, CpuStartupFilter() if cpu_only else None)
-    result["host"] = host
+            try:
+                resources = ctx.resources()  # checked before any download
+                gpus = task_gpus(resources["gpu"].addresses if "gpu" in resources else None,
+                                 spec.config.gpus_per_worker, rank, host)
+                env = preload_env(os.environ, gpus, task_path=sys.path)  # --py-files reach the child
+                # TensorFlow's import overlaps the staging and the rendezvous
+                held = take_preloaded(env, spec.child_module, rank, spares)
+                train_files, val_files = _stage(spec, rank, host)
+            except SparkImagenetError as e:
+                failed = e
+            result = _meet_and_train(ctx, spec, rank, host, failed, held, gpus,
+                                     (train_files, val_files) if failed is None else ([], []))
+        finally:
+            if held is not None:
+                end_child(held.proc)  # a no-op once it has run
+        if spares and held is not None:  # not after a failure: the exception has left already
+            leave_spare(held.env, spec.child_module)
     result["python"] = sys.executable
     yield json.dumps(result)
+
+
+def _meet_and_train(ctx, spec: TaskSpec, rank: int, host: str, failed: SparkImagenetError | None,
+                    held: Preloaded | None, gpus: list[str] | None,
+                    staged: tuple[Sequence[str], Sequence[str]]) -> dict[str, Any]:
+    """The rendezvous (``multiworker``), then the go of ``held`` (started with ``gpus``, the task's GPU
+    addresses) on the ``staged`` train and val files; return its result, or ``{"rank", "host",
+    "peer_failed"}`` when a peer failed before the rendezvous.
+
+    Raises:
+        ``failed`` (this task's own preparation error), after the rendezvous; see :func:`run_task`.
+    """
+    from spark_imagenet.training.gpus import host_has_gpus
+    from spark_imagenet.training.rendezvous import build_tf_config, local_worker_count, rendezvous
+
+    if spec.config.strategy == "multiworker":
+        try:  # a failed task still comes to the rendezvous, so no peer is killed while it waits there
+            rank, addresses, host = rendezvous(ctx, None if failed is None else " ".join(str(failed).split()))
+        except PeerFailed as e:
+            if failed is not None:
+                raise failed from None  # the stage fails with this task's own error
+            _log(rank, f"not training: {e}")
+            return {"rank": rank, "host": host, "peer_failed": str(e)}
+        local_workers = local_worker_count(addresses, host)
+        tf_config: dict[str, Any] | None = build_tf_config(addresses, rank)
+        where = f"cluster {addresses}"
+    elif failed is not None:
+        raise failed
+    else:  # one worker, no cluster: no TF_CONFIG, no ports
+        local_workers, tf_config, where = 1, None, f"strategy {spec.config.strategy}, no cluster"
+    assert held is not None
+    train_files, val_files = staged
+    env = held.env
+    threads = max(1, host_cpus() // max(1, local_workers))
+    warning = gpu_sharing_warning(gpus, local_workers, host_has_gpus() if local_workers > 1 else False)
+    if warning:
+        _log(rank, warning)
+    message = worker_spec(spec, rank, train_files, val_files, threads,
+                          addresses if spec.config.strategy == "multiworker" else ())
+    devices = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if gpus else "no GPU resource"
+    _log(rank, f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "
+               f"{devices}, {where}")
+    cpu_only = not gpus and not host_has_gpus()
+    result = _run_worker(spec, message, job_env(os.environ, tf_config, gpus, local_workers), held, host,
+                         CpuStartupFilter() if cpu_only else None)
+    result["host"] = host
+    return result

@@ -294,6 +294,10 @@ class TrainConfig:
             (multiworker) or ``"reduction-to-one"`` (mirrored).
         allow_unencrypted: train although Spark's network encryption or SSL
             is on (TensorFlow's gRPC between workers is plaintext).
+        spare_worker: each task, once its TensorFlow process has ended, starts
+            a spare one (TensorFlow imported, waiting) that the next task in the
+            same reused PySpark Python worker takes (docs/design.md, 'Starting
+            TensorFlow early, and a spare for the next job'); False: none.
         master: Spark master URL for the command line's session; None = the one
             ``spark-submit`` gives, else ``local[workers]``. :func:`train` with a
             session of your own ignores it.
@@ -398,6 +402,9 @@ class TrainConfig:
     allow_unencrypted: bool = _setting(False, kind="bool", option="--allow-unencrypted",
                                        help="train although Spark's network encryption or SSL is on: TensorFlow's "
                                             "gRPC between the workers (gradients, weights) is not encrypted")
+    spare_worker: bool = _setting(True, kind="bool", option="--no-spare-worker",
+                                  help="leave no spare TensorFlow process (TensorFlow imported, about 0.5 GB of "
+                                       "memory) in each reused Spark Python worker for the next job")
     master: str | None = _setting(None, kind="str", optional=True, option="--master",
                                   help="Spark master URL, or sc://HOST:PORT for a Spark Connect server (default: the one "
                                        "spark-submit gives, else SPARK_REMOTE, else local[WORKERS])")

@@ -2,7 +2,7 @@
 
 Usage (started by :func:`spark_imagenet.training.barrier_task.run_child`)::
 
-    python -m spark_imagenet.training.supervisor --parent PID [--folder PREFIX] -- ARGV...
+    python -m spark_imagenet.training.supervisor --parent PID [--folder PREFIX [--preload]] -- ARGV...
 
 It runs ARGV as its child and ends it, and removes the task's temporary
 folder, however the task ends: PySpark SIGKILLs the Python worker of a
@@ -25,6 +25,17 @@ after the start, and which closes when the task ends or dies):
    ``TMPDIR`` set to it.
 3. It starts the child (stdin ``/dev/null``, stdout and stderr its own; the
    child gets ``PR_SET_PDEATHSIG`` = SIGKILL) and waits for it.
+
+   With ``--preload`` (needs ``--folder``) steps 2 and 3 swap: the child starts
+   right after the ``folder <path>`` line, in the folder, with a pipe as its
+   stdin, and gets ready (the TensorFlow worker imports TensorFlow) while the
+   task writes its inputs; on the task's ``run`` line the supervisor forwards
+   ``run`` to the child's stdin and closes it: that line is the child's go. A
+   child that has already ended by then (killed while it waited) is not
+   reported as the job's failure: the supervisor writes one line saying so and
+   exits with :data:`EXIT_PRELOAD_ENDED` (after step 4's wait for the end of
+   stdin), so the task can start a fresh one (docs/design.md, 'Starting
+   TensorFlow early, and a spare for the next job').
 4. It closes its stdout and stderr (so the task sees the end of the output),
    waits for the end of stdin (the task has read the child's results from the
    folder, or died), removes the folder, and exits as the child did: with its
@@ -51,6 +62,8 @@ from typing import Sequence
 PR_SET_PDEATHSIG = 1
 #: Exit status when the supervisor itself fails (usage, no folder, or the child cannot start).
 EXIT_SUPERVISOR_FAILED = 125
+#: Exit status with ``--preload`` when the child had already ended before its go (the task starts another).
+EXIT_PRELOAD_ENDED = 126
 
 
 class _Terminated(BaseException):
@@ -77,21 +90,24 @@ def _on_sigterm(_signum, _frame) -> None:
     raise _Terminated()
 
 
-def _parse(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
-    """``(parent_pid, folder_prefix or None, child_argv)`` of the command line.
+def _parse(argv: Sequence[str]) -> tuple[int, str | None, bool, list[str]]:
+    """``(parent_pid, folder_prefix or None, preload, child_argv)`` of the command line.
 
     Raises:
-        ValueError: not ``--parent PID [--folder PREFIX] -- ARGV...`` with a non-empty ARGV.
+        ValueError: not ``--parent PID [--folder PREFIX [--preload]] -- ARGV...`` with a non-empty ARGV.
     """
     args = list(argv)
     if "--" not in args:
         raise ValueError("missing '--' before the child's command")
     split = args.index("--")
     options, child = args[:split], args[split + 1:]
+    preload = "--preload" in options
+    options = [o for o in options if o != "--preload"]
     values = dict(zip(options[::2], options[1::2]))
-    if len(options) % 2 or set(values) - {"--parent", "--folder"} or "--parent" not in values or not child:
-        raise ValueError("usage: --parent PID [--folder PREFIX] -- ARGV...")
-    return int(values["--parent"]), values.get("--folder"), child
+    if (len(options) % 2 or set(values) - {"--parent", "--folder"} or "--parent" not in values or not child
+            or (preload and "--folder" not in values)):
+        raise ValueError("usage: --parent PID [--folder PREFIX [--preload]] -- ARGV...")
+    return int(values["--parent"]), values.get("--folder"), preload, child
 
 
 def _await_start(folder: str) -> bool:
@@ -124,7 +140,34 @@ def _exit_like(code: int) -> None:
     os._exit(code)
 
 
-def _run(prefix: str | None, argv: list[str], state: dict) -> int:
+def _start_child(argv: list[str], env: dict, cwd: str | None, state: dict, stdin) -> bool:
+    """Start the child (``PR_SET_PDEATHSIG`` = SIGKILL) into ``state["child"]``; False (with one stderr line)
+    when it cannot start."""
+    me = os.getpid()
+    try:
+        state["child"] = subprocess.Popen(argv, stdin=stdin, env=env, cwd=cwd,
+                                          preexec_fn=lambda: set_death_signal(signal.SIGKILL, me))
+    except OSError as e:
+        print(f"supervisor: cannot start {argv[0]!r}: {e}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def _go(child: subprocess.Popen) -> bool:
+    """Forward the task's ``run`` to a preloaded child's stdin and close it; False (with one stderr line) when
+    the child has already ended (it waited for its go, so that is not the job's failure)."""
+    code = child.poll()
+    if code is not None:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        print(f"supervisor: the preloaded process {how} before its go", file=sys.stderr, flush=True)
+        return False
+    with contextlib.suppress(OSError):  # one that ends now fails like any child: by its exit status
+        child.stdin.write(b"run\n")
+        child.stdin.close()
+    return True
+
+
+def _run(prefix: str | None, argv: list[str], state: dict, preload: bool = False) -> int:
     """Steps 2-4 of the protocol; return the child's exit code (negative: its killing signal)."""
     env = dict(os.environ)
     cwd = None
@@ -134,16 +177,23 @@ def _run(prefix: str | None, argv: list[str], state: dict) -> int:
         except OSError as e:
             print(f"supervisor: cannot create the task's temporary folder: {e}", file=sys.stderr, flush=True)
             return EXIT_SUPERVISOR_FAILED
-        if not _await_start(cwd):
-            return 1
         argv = [a.replace("{folder}", cwd) for a in argv]
         env["TMPDIR"] = cwd  # TensorFlow's temporary files (autograph's modules) go with the folder
-    me = os.getpid()
-    try:
-        state["child"] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                                          preexec_fn=lambda: set_death_signal(signal.SIGKILL, me))
-    except OSError as e:
-        print(f"supervisor: cannot start {argv[0]!r}: {e}", file=sys.stderr, flush=True)
+        if preload:
+            sys.stdout.write(f"folder {cwd}\n")
+            sys.stdout.flush()
+            if not _start_child(argv, env, cwd, state, subprocess.PIPE):
+                return EXIT_SUPERVISOR_FAILED
+            if sys.stdin.buffer.readline().strip() != b"run":
+                return 1
+            if not _go(state["child"]):
+                _close_output()
+                while sys.stdin.buffer.read(65536):
+                    pass
+                return EXIT_PRELOAD_ENDED
+        elif not _await_start(cwd):
+            return 1
+    if not preload and not _start_child(argv, env, cwd, state, subprocess.DEVNULL):
         return EXIT_SUPERVISOR_FAILED
     code = state["child"].wait()
     _close_output()
@@ -179,12 +229,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         try:
-            parent, prefix, child = _parse(sys.argv[1:] if argv is None else argv)
+            parent, prefix, preload, child = _parse(sys.argv[1:] if argv is None else argv)
         except ValueError as e:
             print(f"supervisor: {e}", file=sys.stderr, flush=True)
             os._exit(EXIT_SUPERVISOR_FAILED)
         if os.getppid() == parent:
-            code = _run(prefix, child, state)
+            code = _run(prefix, child, state, preload)
     except _Terminated:
         pass
     finally:

@@ -7,7 +7,7 @@ or ``default`` (one device); the all-reduce is ``config.cross_device_ops``.
 
 Usage::
 
-    python -m spark_imagenet.training.worker WORKER_SPEC_JSON RESULT_JSON
+    python -m spark_imagenet.training.worker [--preload ENV_JSON] WORKER_SPEC_JSON RESULT_JSON
 
 The barrier task starts this in a fresh process (collectives can be configured
 once per process: docs/design.md, 'One TensorFlow process per task') with
@@ -18,6 +18,16 @@ One worker may hold several replicas (one per local GPU).
 
 Input: WORKER_SPEC_JSON, a :class:`~spark_imagenet.training.config.WorkerSpec`
 (``to_json``); nothing else is read.
+
+With ``--preload ENV_JSON`` (how the barrier task starts it: docs/design.md,
+'Starting TensorFlow early, and a spare for the next job') the process first
+imports TensorFlow and this package's training modules (:func:`preload`; no
+strategy, no device, no op), then waits for one line ``run`` on its stdin (its
+go; the end of stdin instead: exit 1 without a word). Only then does it read
+ENV_JSON, a JSON object of environment variables known only after the
+rendezvous (``TF_CONFIG``; ``TF_FORCE_GPU_ALLOW_GROWTH``), which it puts into
+``os.environ`` before building the strategy (TensorFlow reads both then, not
+at import), and then WORKER_SPEC_JSON.
 
 What it does (:func:`run_worker`): threads and seed; the strategy, then one
 all-gather of every worker's shared settings (a mismatch is a
@@ -709,23 +719,64 @@ def _write_json_atomic(path: str, obj: dict) -> None:
     )
 
 
+#: The modules the training imports lazily, imported by :func:`preload` before the go.
+PRELOADED_MODULES = ("spark_imagenet.training.pipeline", "spark_imagenet.training.models.compile",
+                     "spark_imagenet.training.models.registry", "spark_imagenet.training.keras_schedule",
+                     "spark_imagenet.training.schedules", "spark_imagenet.training.checkpoints",
+                     "spark_imagenet.training.checkpointing", "spark_imagenet.storage")
+
+
+def preload() -> None:
+    """Import :data:`PRELOADED_MODULES` (TensorFlow and tf-keras are imported with this module): what the
+    training would import anyway, without building a strategy or touching a device."""
+    import importlib
+
+    for name in PRELOADED_MODULES:
+        importlib.import_module(name)
+
+
+def _await_go(env_path: str) -> bool:
+    """:func:`preload`, wait for the ``run`` line on stdin, then set the environment variables of the JSON
+    object at ``env_path``. Returns False on the end of stdin (no go).
+
+    Raises:
+        OSError, ValueError: ``env_path`` unreadable, or not an object of strings.
+    """
+    preload()
+    if sys.stdin.readline().strip() != "run":
+        return False
+    with open(env_path, encoding="utf-8") as f:
+        environ = json.load(f)
+    if not isinstance(environ, dict) or not all(isinstance(v, str) for v in environ.values()):
+        raise ValueError(f"{env_path}: not a JSON object of strings")
+    os.environ.update(environ)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry: ``python -m spark_imagenet.training.worker WORKER_SPEC_JSON RESULT_JSON``.
+    """Command-line entry: ``python -m spark_imagenet.training.worker [--preload ENV_JSON] WORKER_SPEC_JSON
+    RESULT_JSON``.
 
     Returns:
         0 on success (RESULT_JSON written), 1 on any failure (one line on
         stderr, see the module docstring; the full traceback too with
-        ``SPARK_IMAGENET_DEBUG=1``), 2 on wrong usage.
+        ``SPARK_IMAGENET_DEBUG=1``) and on a ``--preload`` process's stdin
+        ending without a go (silently), 2 on wrong usage.
     """
     argv = sys.argv[1:] if argv is None else argv
+    env_path = None
+    if len(argv) == 4 and argv[0] == "--preload":
+        env_path, argv = argv[1], argv[2:]
     if len(argv) != 2:
-        print("usage: python -m spark_imagenet.training.worker WORKER_SPEC_JSON RESULT_JSON", file=sys.stderr,
-              flush=True)
+        print("usage: python -m spark_imagenet.training.worker [--preload ENV_JSON] WORKER_SPEC_JSON RESULT_JSON",
+              file=sys.stderr, flush=True)
         return 2
     spec_path, result_path = argv
     status = {"stage": STAGE_SPEC}
     rank: Any = "?"
     try:
+        if env_path is not None and not _await_go(env_path):
+            return 1
         with open(spec_path, encoding="utf-8") as f:
             data = json.load(f)
         if isinstance(data, dict):
