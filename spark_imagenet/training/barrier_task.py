@@ -4,28 +4,34 @@
 ``rdd.barrier().mapPartitions`` (bound to a :class:`TaskSpec` with
 ``functools.partial``; both are picklable module-level objects). Each task:
 
+0. starts its TensorFlow worker process (step 3) at once, in preload mode: it
+   imports TensorFlow while the task stages and meets its peers, and waits for
+   its go; or takes the spare that an earlier task left in this reused Python
+   worker (docs/design.md, 'Starting TensorFlow early, and a spare for the next job');
 1. stages its own train shards and its val shards into the host's shard
    cache (:mod:`spark_imagenet.dataset.cache`);
 2. meets the other tasks (:func:`spark_imagenet.training.rendezvous.rendezvous`):
    rank = partition id, every worker's ``host:port``. This happens after the
    downloads, so the probed ports are released only just before TensorFlow
    binds them, and all workers start TensorFlow within moments of each other;
-3. runs ``python -m spark_imagenet.training.worker WORKER_SPEC_JSON RESULT_JSON`` in a
-   fresh child process (TensorFlow's collective ops can be configured once
-   per process, and PySpark reuses its Python workers: tensorflow#34568),
-   with TF_CONFIG (``--strategy multiworker`` only: the one-worker strategies
-   skip the rendezvous and have no cluster), TF_USE_LEGACY_KERAS=1 and the
-   task's GPUs (all of them, :func:`task_gpus`) in its environment (set
-   here, inside the executor: the driver's environment does not reach
-   executors on a cluster). The child runs under a supervisor
+3. gives its go to ``python -m spark_imagenet.training.worker --preload ENV_JSON WORKER_SPEC_JSON
+   RESULT_JSON``, a fresh child process that no other job used (TensorFlow's collective ops can
+   be configured once per process, and PySpark reuses its Python workers: tensorflow#34568),
+   started with TF_USE_LEGACY_KERAS=1 and the task's GPUs (all of them, :func:`task_gpus`) in
+   its environment (:func:`preload_env`; set here, inside the executor: the driver's environment
+   does not reach executors on a cluster), and given TF_CONFIG (``--strategy multiworker`` only:
+   the one-worker strategies skip the rendezvous and have no cluster) in ENV_JSON (:func:`job_env`).
+   The child runs under a supervisor
    (:mod:`spark_imagenet.training.supervisor`) in a session of its own, with
    a per-task temporary folder that the supervisor creates and removes: the
    child's working folder and ``TMPDIR``, holding WORKER_SPEC_JSON (the
-   worker's :class:`~spark_imagenet.training.config.WorkerSpec`) and RESULT_JSON;
+   worker's :class:`~spark_imagenet.training.config.WorkerSpec`), ENV_JSON and RESULT_JSON;
 4. streams the child's output line by line to the task's stderr prefixed
    with ``[rank R]`` (the driver console under ``local[N]``, the executor
    log on a cluster), keeping the last lines for the error message;
-5. yields the child's RESULT_JSON, plus ``host``, as one JSON string.
+5. yields the child's RESULT_JSON, plus ``host``, as one JSON string, after starting a spare
+   for the next task of this Python worker (unless ``spare_worker`` is off or PySpark does not
+   reuse its Python workers).
 
 However the task ends, the child ends with it and the folder is removed:
 PySpark SIGKILLs the Python worker of a cancelled or failed barrier task, so
@@ -88,7 +94,8 @@ class TaskSpec:
         config: the job's settings (``cache`` already absolute).
         storage_options: :meth:`Storage.reopen_options` of the driver's
             storage (e.g. the emulator endpoint), to reopen it in the task.
-        child_module: module run with ``python -m`` in the child.
+        child_module: module run with ``python -m`` in the child; it takes ``--preload ENV_JSON`` as
+            :mod:`spark_imagenet.training.worker` does.
         output_options: :meth:`Storage.reopen_options` of the driver's ``--output``
             storage, to publish the chief's model and TensorBoard logs there.
         log_channel: where to send the task's output lines besides its own
