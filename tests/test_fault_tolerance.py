@@ -74,9 +74,21 @@ def worker_pids(rank: int) -> list[int]:
         except OSError:
             continue
         tf_config = json.loads(environ.get(b"TF_CONFIG", b"{}") or b"{}")
-        if tf_config.get("task", {}).get("index") == rank:
+        if tf_config.get("task", {}).get("index") == rank or _spec_rank(cmdline) == rank:
             found.append(int(entry.name))
     return found
+
+
+def _spec_rank(cmdline: list[bytes]) -> int | None:
+    """The rank in the WORKER_SPEC_JSON of a ``--preload`` worker's command line (its TF_CONFIG comes after its
+    start, through ENV_JSON, so its /proc environ lacks it), or None (not written yet, or no such argument)."""
+    args = [a for a in cmdline if a]
+    if b"--preload" not in args or len(args) < 3:
+        return None
+    try:
+        return json.loads(Path(os.fsdecode(args[-2])).read_text()).get("rank")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 class Saboteur(threading.Thread):
