@@ -19,16 +19,22 @@ What it does:
    per-image work as the training pipeline (random crop box from the JPEG
    header, ``decode_and_crop_jpeg``, bilinear resize to S, flip, uint8, drawn
    from stateless seeds as the pipeline draws them) on JPEG bytes already in
-   memory, through tf.data with ``--parallel`` calls and autotune off; no file
-   reading, parsing, shuffling, batching or normalization. Per round the
-   better of two formulations (``parallel`` and ``parallel + 1`` map calls)
-   counts.
+   memory, through tf.data with ``--parallel`` calls and autotune off, handed
+   on in uint8 batches of B (as the pipeline hands on its batches: one
+   ``next()`` per image cost the ceiling about 5% of its CPU, profiled); no
+   file reading, parsing, shuffling or normalization. Two formulations run
+   (``parallel`` and ``parallel + 1`` map calls); the one with the higher
+   median images/s over the run is the ceiling (chosen once per run: taking
+   the better window of each round would pick the noise's maximum).
 3. **Pipeline**: :func:`spark_imagenet.training.pipeline.train_dataset` on the shards
    (batch B, float32 normalized output), images/s after a warm-up.
 
 Ceiling and pipeline windows alternate for ``--reps`` rounds (default 8; each
 round is one repetition) on persistent iterators: the machine may be shared, so
-load from others drifts and hits both alike; each window also prints how many
+load from others drifts and hits both alike. Each window runs untimed first, at
+least 1 s (``--quick``: 0.25 s) and until the other iterators have refilled
+their buffers (see :class:`Meter`), so that no window is charged for another
+iterator's work. Each window also prints how many
 cores other processes used meanwhile (from ``/proc/stat``; the records carry
 them in ``params.others_cores``).
 
@@ -36,9 +42,10 @@ Records (``--json``; see benchmarks/common.py): ``ceiling images/s``,
 ``pipeline images/s``, ``ceiling images/CPU-s`` and ``pipeline images/CPU-s``
 (images per CPU-second of this process, which load from others moves less),
 and the per-round ratios ``pipeline / ceiling (images/s)`` and ``pipeline /
-ceiling (images/CPU-s)`` (goal: at least 0.95; what the pipeline's own stages,
-reading, parsing, shuffling, batching and the float32 normalization, cost on
-top of the decode).
+ceiling (images/CPU-s)`` (goal: at least 0.95; below 1 by what the pipeline's
+own stages, file reading, parsing, shuffling and the float32 normalization,
+cost on top of the decode). ``params.ceiling_by_calls`` holds both
+formulations' series, ``params.ceiling_calls`` the one chosen.
 
 ``--cpus`` pins the process to those CPUs before TensorFlow starts (parallel
 defaults to their number). ``--scaling 1,2`` runs the benchmark on CPUs 0..n-1
@@ -85,6 +92,8 @@ FULL = {"seconds": 3.0, "warmup": 5.0, "window_warmup": 1.0, "batch_size": 64, "
 QUICK = {"seconds": 1.0, "warmup": 0.5, "window_warmup": 0.25, "batch_size": 32, "limit": 128}
 #: --quick without the shared data: synthetic JPEGs (count, width, height; about ImageNet's mean size).
 QUICK_SYNTHETIC = (64, 500, 375)
+#: Batches the ceiling prefetches (as the pipeline's PREFETCH_BATCHES).
+CEILING_PREFETCH = 2
 #: Rounds of each child of --scaling when --reps is not given (x --repeats 2 = 6 repetitions per CPU count).
 SCALING_CHILD_REPS = 3
 #: ASSUMED training images/s of one NVIDIA H200 at 224 px, bf16 + XLA, and their ranges: docs/projection.md
@@ -228,23 +237,31 @@ def write_shards(images: list[tuple[str, bytes]], sizes: list[tuple[int, int]], 
 class Meter:
     """A persistent iterator over a dataset, measured in windows.
 
-    Iterators stay alive between windows (no refill of shuffle buffers); a
-    paused tf.data iterator only fills its buffers and then waits, so it
-    takes no CPU from the one being measured. Each window first drains those
-    buffers and runs ``warmup`` seconds untimed.
+    Iterators stay alive between windows (no refill of shuffle buffers). A
+    paused tf.data iterator goes on working until its buffers are full
+    (``buffered_images``: its prefetched batches, the batch being built and
+    the decode calls in flight), then waits. That refill would be charged
+    to the next window of another iterator (in images/s and in this
+    process's CPU seconds), so each window first runs untimed for at least
+    ``warmup`` seconds and as long as the other iterators need to refill at
+    half their last rate (:func:`refill_seconds`).
     """
 
-    def __init__(self, name: str, ds, images_per_element: int):
+    def __init__(self, name: str, ds, images_per_element: int, buffered_images: int):
         self.name = name
         self.it = iter(ds)
         self.images_per_element = images_per_element
+        self.buffered_images = buffered_images
+        self.last_rate: float | None = None  # images/s of the last call, warm-up included
 
     def window(self, seconds: float, warmup: float) -> tuple[float, float, float | None]:
         """Returns (images per wall second, images per CPU second of this
         process, cores' worth of CPU used by other processes meanwhile or None)."""
-        end = time.perf_counter() + warmup
+        t0 = time.perf_counter()
+        end, warm = t0 + warmup, 0
         while time.perf_counter() < end:
             next(self.it)
+            warm += self.images_per_element
         n = 0
         busy0, cpu0, start = machine_busy_seconds(), time.process_time(), time.perf_counter()
         while True:
@@ -255,7 +272,14 @@ class Meter:
                 cpu = max(time.process_time() - cpu0, 1e-9)
                 busy1 = machine_busy_seconds()
                 others = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0 - cpu) / elapsed)
+                self.last_rate = (warm + n) / (time.perf_counter() - t0)
                 return n / elapsed, n / cpu, others
+
+
+def refill_seconds(meters: list[Meter], current: Meter) -> float:
+    """The seconds the meters other than ``current`` need to fill their buffers again, sharing the CPUs
+    with ``current``'s warm-up: twice their buffered images over their last rate (0 when unknown)."""
+    return max([2.0 * m.buffered_images / m.last_rate for m in meters if m is not current and m.last_rate] or [0.0])
 
 
 def machine_busy_seconds() -> float | None:
@@ -275,8 +299,9 @@ def others_text(others: float | None) -> str:
     return "" if others is None else f"  (others used {others:.1f} cores)"
 
 
-def ceiling_dataset(jpeg_bytes: list[bytes], image_size: int, calls: int):
-    """In-memory JPEGs -> the training pipeline's per-image work, nothing else."""
+def ceiling_dataset(jpeg_bytes: list[bytes], image_size: int, calls: int, batch_size: int):
+    """In-memory JPEGs -> the training pipeline's per-image work, in uint8 batches of ``batch_size`` (so that
+    both sides are read batch by batch: one ``next()`` per image cost the ceiling about 5% of its CPU)."""
     import tensorflow as tf
 
     from spark_imagenet.training import pipeline
@@ -287,55 +312,75 @@ def ceiling_dataset(jpeg_bytes: list[bytes], image_size: int, calls: int):
 
     ds = tf.data.Dataset.from_tensor_slices(jpeg_bytes).repeat().enumerate()
     ds = ds.map(work, num_parallel_calls=calls, deterministic=False)
-    ds = ds.prefetch(2 * calls)
+    ds = ds.batch(batch_size, drop_remainder=True).prefetch(CEILING_PREFETCH)
     options = tf.data.Options()
     options.autotune.enabled = False
     options.deterministic = False
     return ds.with_options(options)
 
 
-def measure(args, parallel: int, images: list[tuple[str, bytes]], files: list[str],
-            say) -> list[tuple[float, ...]]:
-    """The alternating rounds (``say`` prints a line). Returns one row per round: (better ceiling images/s,
-    better ceiling images/CPU-s, pipeline images/s, its images/CPU-s, cores others used during the pipeline
-    window or nan)."""
+def measure(args, parallel: int, images: list[tuple[str, bytes]], files: list[str], say) -> list[dict]:
+    """The alternating rounds (``say`` prints a line). Returns one dict per round: ``ceilings`` (``[calls,
+    images/s, images/CPU-s]`` of each ceiling formulation), ``pipeline`` (``[images/s, images/CPU-s]``) and
+    ``others`` (cores other processes used during the pipeline window, or None)."""
     from spark_imagenet.training import pipeline
 
     jpeg_bytes = [data for _, data in images]
-    ceilings = [
-        Meter(f"ceiling ({calls} calls)", ceiling_dataset(jpeg_bytes, args.image_size, calls), 1)
-        for calls in (parallel, parallel + 1)
-    ]
-    ds = pipeline.train_dataset(files, args.batch_size, args.image_size, parallel, seed=0)
-    train = Meter("pipeline", ds, args.batch_size)
+    batch = args.batch_size
+    ceilings = [(calls, Meter(f"ceiling ({calls} calls)", ceiling_dataset(jpeg_bytes, args.image_size, calls, batch),
+                              batch, (CEILING_PREFETCH + 1) * batch + calls)) for calls in (parallel, parallel + 1)]
+    ds = pipeline.train_dataset(files, batch, args.image_size, parallel, seed=0)
+    train = Meter("pipeline", ds, batch, (pipeline.PREFETCH_BATCHES + 2) * batch + parallel)  # + the one normalized
+    meters = [m for _, m in ceilings] + [train]
     # One untimed pass fills every shuffle buffer and traces every function.
-    for m in ceilings + [train]:
-        m.window(0.0, args.warmup)
+    for m in meters:
+        m.window(0.0, args.warmup + refill_seconds(meters, m))
     rows = []
     for r in range(repetitions(args)):
-        best = [0.0, 0.0]  # best wall rate, best CPU rate among the ceiling formulations
-        for m in ceilings:
-            rate, cpu_rate, others = m.window(args.seconds, args.window_warmup)
+        row: dict = {"ceilings": []}
+        for calls, m in ceilings:
+            rate, cpu_rate, others = m.window(args.seconds, max(args.window_warmup, refill_seconds(meters, m)))
             say(f"round {r + 1}: {m.name:20s} {rate:7.1f} images/s  {cpu_rate:7.1f} images/CPU-s"
                 + others_text(others))
-            best = [max(best[0], rate), max(best[1], cpu_rate)]
-        rate, cpu_rate, others = train.window(args.seconds, args.window_warmup)
+            row["ceilings"].append([calls, rate, cpu_rate])
+        rate, cpu_rate, others = train.window(args.seconds, max(args.window_warmup, refill_seconds(meters, train)))
+        best, best_cpu = max(c[1] for c in row["ceilings"]), max(c[2] for c in row["ceilings"])
         say(f"round {r + 1}: {train.name:20s} {rate:7.1f} images/s  {cpu_rate:7.1f} images/CPU-s"
-            + others_text(others) + f"  ratio {rate / best[0]:.3f} (per CPU-s {cpu_rate / best[1]:.3f})")
-        rows.append((*best, rate, cpu_rate, float("nan") if others is None else others))
+            + others_text(others) + f"  ratio to the round's better ceiling {rate / best:.3f} "
+            f"(per CPU-s {cpu_rate / best_cpu:.3f})")
+        rows.append(dict(row, pipeline=[rate, cpu_rate], others=others))
     return rows
 
 
-def record_rounds(report: Report, rows: list[tuple[float, ...]], params: dict) -> None:
-    """The records of one benchmark run's rounds (see the module docstring)."""
-    ceiling, ceiling_cpu, rate, rate_cpu = ([r[i] for r in rows] for i in range(4))
-    params = dict(params, others_cores=[None if r[4] != r[4] else round(r[4], 2) for r in rows])
-    report.add("ceiling images/s", "images/s", ceiling, **params)
-    report.add("pipeline images/s", "images/s", rate, **params)
-    report.add("ceiling images/CPU-s", "images/CPU-s", ceiling_cpu, **params)
-    report.add("pipeline images/CPU-s", "images/CPU-s", rate_cpu, **params)
-    report.ratio("pipeline / ceiling (images/s)", rate, ceiling, goal=0.95, **params)
-    report.ratio("pipeline / ceiling (images/CPU-s)", rate_cpu, ceiling_cpu, goal=0.95, **params)
+def series(rows: list[dict]) -> dict:
+    """The per-round series of a run's rounds: ``ceiling`` and ``ceiling_cpu`` of the ceiling formulation
+    with the higher median images/s (``ceiling_calls``; chosen once for the run, not per round, so that
+    the noise of two windows does not pick the ceiling's maximum), ``pipeline``, ``pipeline_cpu``,
+    ``others`` and ``ceiling_by_calls`` (every formulation's images/s and images/CPU-s)."""
+    by_calls = {}
+    for k, (calls, _, _) in enumerate(rows[0]["ceilings"]):
+        by_calls[calls] = {"images/s": [r["ceilings"][k][1] for r in rows],
+                           "images/CPU-s": [r["ceilings"][k][2] for r in rows]}
+    chosen = max(by_calls, key=lambda calls: statistics.median(by_calls[calls]["images/s"]))
+    return {"ceiling": by_calls[chosen]["images/s"], "ceiling_cpu": by_calls[chosen]["images/CPU-s"],
+            "ceiling_calls": chosen, "pipeline": [r["pipeline"][0] for r in rows],
+            "pipeline_cpu": [r["pipeline"][1] for r in rows],
+            "others": [None if r["others"] is None else round(r["others"], 2) for r in rows],
+            "ceiling_by_calls": {str(c): v for c, v in by_calls.items()}}
+
+
+def record_rounds(report: Report, rows: list[dict], params: dict) -> dict:
+    """The records of one benchmark run's rounds (see the module docstring); returns :func:`series`."""
+    s = series(rows)
+    params = dict(params, ceiling_calls=s["ceiling_calls"], others_cores=s["others"],
+                  ceiling_by_calls=s["ceiling_by_calls"])
+    report.add("ceiling images/s", "images/s", s["ceiling"], **params)
+    report.add("pipeline images/s", "images/s", s["pipeline"], **params)
+    report.add("ceiling images/CPU-s", "images/CPU-s", s["ceiling_cpu"], **params)
+    report.add("pipeline images/CPU-s", "images/CPU-s", s["pipeline_cpu"], **params)
+    report.ratio("pipeline / ceiling (images/s)", s["pipeline"], s["ceiling"], goal=0.95, **params)
+    report.ratio("pipeline / ceiling (images/CPU-s)", s["pipeline_cpu"], s["ceiling_cpu"], goal=0.95, **params)
+    return s
 
 
 def run_benchmark(args) -> int:
@@ -371,10 +416,9 @@ def run_benchmark(args) -> int:
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
         files = write_shards(images, sizes, Path(tmp), args.shards)
         rows = measure(args, parallel, images, files, report.say)
-    record_rounds(report, rows, params)
+    result = record_rounds(report, rows, params)
     if args.summary_json is not None:  # a --scaling child: the parent reads the rounds
-        args.summary_json.write_text(json.dumps({"cpus": cpus, "parallel": parallel, "rows": rows,
-                                                 "params": params}))
+        args.summary_json.write_text(json.dumps(dict(result, cpus=cpus, parallel=parallel, params=params)))
     report.close()
     return 0
 
@@ -430,15 +474,16 @@ def scaling(args) -> int:
     per_core: dict[int, list[float]] = {}
     per_cpu_s: dict[int, list[float]] = {}
     for n in counts:
-        rows = [row for result in results[n] for row in result["rows"]]  # (repeat, round) order
+        pooled = {key: [v for result in results[n] for v in result[key]]  # (repeat, round) order
+                  for key in ("ceiling", "pipeline", "pipeline_cpu", "others")}
         params = dict(results[n][0]["params"], repeats=args.repeats, rounds_per_repeat=reps,
-                      others_cores=[None if r[4] != r[4] else round(r[4], 2) for r in rows])
-        per_core[n], per_cpu_s[n] = [r[2] / n for r in rows], [r[3] for r in rows]
+                      others_cores=pooled["others"], ceiling_calls=[r["ceiling_calls"] for r in results[n]])
+        per_core[n], per_cpu_s[n] = [v / n for v in pooled["pipeline"]], pooled["pipeline_cpu"]
         report.add(f"{n} CPU(s): pipeline images/s per core", "images/s", per_core[n], **params)
         report.add(f"{n} CPU(s): pipeline images/CPU-s", "images/CPU-s", per_cpu_s[n], **params)
-        report.add(f"{n} CPU(s): ceiling images/s per core", "images/s", [r[0] / n for r in rows], **params)
-        report.ratio(f"{n} CPU(s): pipeline / ceiling (images/s)", [r[2] for r in rows], [r[0] for r in rows],
-                     **params)
+        report.add(f"{n} CPU(s): ceiling images/s per core", "images/s", [v / n for v in pooled["ceiling"]],
+                   **params)
+        report.ratio(f"{n} CPU(s): pipeline / ceiling (images/s)", pooled["pipeline"], pooled["ceiling"], **params)
     first = counts[0]
     for n in counts[1:]:
         report.ratio(f"{n} / {first} CPU(s): pipeline images/s per core", per_core[n], per_core[first],
