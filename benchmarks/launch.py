@@ -420,9 +420,19 @@ def run_plain(job_file: Path, marks: Path) -> dict[str, Any]:
     procs = []
     for rank in range(WORKERS):
         env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}})}
+        # a session of its own, as ours' supervisor gives its TensorFlow worker: with the kernel's autogroup
+        # scheduling a loaded machine then shares the CPUs between them as between ours' workers
         procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--_worker", str(job_file)],
-                                      env=env))
-    codes = [p.wait() for p in procs]
+                                      env=env, start_new_session=True))
+    try:
+        while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+            time.sleep(0.02)
+        codes = [p.poll() for p in procs]
+    finally:
+        for p in procs:  # a failed or interrupted peer leaves the other waiting for it
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     end = time.time()
     if any(codes):
         raise RuntimeError(f"a plain worker process exited {codes}")
@@ -496,11 +506,20 @@ def run_child(variant: str, rep: int, run: Path, dataset: Path, size: dict[str, 
         raise ChildFailed(f"the {variant} run of repetition {rep + 1} exited {proc.returncode}"
                           f"{'' if lines else ' without a result'}; its last output lines:\n{tail}")
     result = json.loads(lines[-1][len(RESULT_PREFIX):])
+    result["load_1min"] = load_1min()
     for i, one in enumerate(result["jobs"]):
         if "first step" not in one["events"]:
             raise ChildFailed(f"the {variant} run of repetition {rep + 1}: job {i + 1} recorded no first step "
                               f"(events: {sorted(one['events'])}; probe file {marks})")
     return result
+
+
+def load_1min() -> float | None:
+    """``/proc/loadavg``'s 1-minute load now (after a child: mostly the load during its run), or None."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def kinds(variant: str) -> tuple[str, ...]:
@@ -512,8 +531,9 @@ def label(variant: str, kind: str) -> str:
     return f"{variant} {kind}" if kind else variant
 
 
-def record_times(report: Report, results: dict[str, list[dict]], params: dict[str, Any]) -> dict[tuple, dict]:
-    """The call-to-first-step and whole-job records of every variant and kind; returns their series."""
+def record_times(report: Report, results: dict[str, list[dict]], base: dict[str, Any]) -> dict[tuple, dict]:
+    """The call-to-first-step and whole-job records of every variant and kind (with the machine's load after
+    each repetition: the machine is shared); returns their series."""
     series: dict[tuple, dict] = {}
     for variant, runs in results.items():
         for i, kind in enumerate(kinds(variant)):
@@ -523,6 +543,7 @@ def record_times(report: Report, results: dict[str, list[dict]], params: dict[st
             what = ("fresh processes every time: one kind, compared with ours' cold and warm" if variant == "plain"
                     else "the first job of a fresh driver process (new SparkSession, JVM, Python workers)"
                     if kind == "cold" else "the second job in the same SparkSession")
+            params = dict(base, load_1min_after_each_rep=[run["load_1min"] for run in runs])
             report.add(f"{label(variant, kind)}: call to first step", "s", s["first step"], **params, job=what,
                        marker="end of the first training batch (on_train_batch_end of batch 0), last worker")
             report.add(f"{label(variant, kind)}: whole job", "s", s["whole job"], **params, job=what,
@@ -530,7 +551,7 @@ def record_times(report: Report, results: dict[str, list[dict]], params: dict[st
                                                                        if variant == "plain" else ""))
         if variant != "plain":
             report.add(f"{variant}: SparkSession start (outside the timings)", "s",
-                       [run["session_s"] for run in runs], **params)
+                       [run["session_s"] for run in runs], **base)
     return series
 
 

@@ -3,24 +3,24 @@ against a Spark standalone cluster (a master and a worker started from the insta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+import cluster_util
+from cluster_util import CLUSTER_START_S, NET, alive_workers, free_port, spark_class
 from data_util import build, small_layout
 
 REPO = Path(__file__).resolve().parents[1]
 SUBMIT = REPO / "submit"
 #: Bounded waits (seconds): a job here takes well under a minute; these only stop a hang.
 JOB_TIMEOUT_S = 600
-CLUSTER_START_S = 120
 
 
 def script_env(**extra: str) -> dict:
@@ -120,27 +120,6 @@ def test_every_script_is_executable_in_the_repository():
 
 
 # ---------------------------------------------------------------- a standalone cluster
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spark_class() -> str:
-    import pyspark
-
-    return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
-
-
-def alive_workers(ui_port: int, host: str = "127.0.0.1") -> int:
-    """Workers the master's web UI reports alive (0 while it is not up)."""
-    try:
-        with urllib.request.urlopen(f"http://{host}:{ui_port}/json/", timeout=5) as r:
-            return int(json.load(r).get("aliveworkers", 0))
-    except OSError:
-        return 0
-
-
 @pytest.fixture
 def standalone(tmp_path):
     """A standalone master and one worker of 2 cores on 127.0.0.1; yields the master URL."""
@@ -185,94 +164,20 @@ def test_standalone_sh_trains_on_a_standalone_cluster(dataset, standalone, tmp_p
 
 
 # ---------------------------------------------------- a standalone cluster of two "hosts"
-#: The test hosts' network: a bridge of this machine's own (nothing leaves it) and one namespace per worker.
-NET = "10.77.0"
-
-
-def sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, text=True, timeout=60)
-
-
-def make_hosts(tag: str, count: int) -> tuple[str, list[tuple[str, str]]]:
-    """A bridge with the driver's address and ``count`` namespaces, each with its own address on it.
-
-    Returns:
-        ``(bridge, [(namespace, address), ...])``.
-    """
-    bridge = f"sib{tag}"
-    sh("ip", "link", "add", bridge, "type", "bridge")
-    sh("ip", "addr", "add", f"{NET}.1/24", "dev", bridge)
-    sh("ip", "link", "set", bridge, "up")
-    hosts = []
-    for i in range(1, count + 1):
-        ns, veth, address = f"si{tag}w{i}", f"si{tag}v{i}", f"{NET}.{10 + i}"
-        hosts.append((ns, address))
-        sh("ip", "netns", "add", ns)
-        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        sh("ip", "link", "set", veth, "master", bridge)
-        sh("ip", "link", "set", veth, "up")
-        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-    return bridge, hosts
-
-
-def remove_hosts(tag: str, count: int) -> None:
-    """Remove what :func:`make_hosts` made, whatever exists of it."""
-    for i in range(1, count + 1):
-        subprocess.run(["ip", "netns", "delete", f"si{tag}w{i}"], capture_output=True, timeout=60)
-        subprocess.run(["ip", "link", "delete", f"si{tag}v{i}"], capture_output=True, timeout=60)
-    subprocess.run(["ip", "link", "delete", f"sib{tag}"], capture_output=True, timeout=60)
-
-
-def can_make_namespaces() -> str | None:
-    """Why network namespaces cannot be made here, or None."""
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    probe = f"sip{os.getpid() % 10000}"
-    p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if p.returncode != 0:
-        return f"`ip netns add` failed: {p.stderr.strip()}"
-    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
-    return None
-
-
 @pytest.fixture
 def two_host_cluster(tmp_path):
-    """A standalone master on the bridge and one 1-core worker in each of two namespaces; yields
-    ``(master URL, [worker addresses])``. Everything is removed afterwards, also when the test fails."""
-    why = can_make_namespaces()
+    """A standalone master on the bridge and one 1-core worker in each of two namespaces
+    (:func:`cluster_util.two_host_cluster`); yields ``(master URL, [worker addresses])``. Everything is removed
+    afterwards, also when the test fails."""
+    why = cluster_util.can_make_namespaces()
     if why:
         pytest.skip(why)
-    tag = str(os.getpid() % 10000)
-    log = open(tmp_path / "cluster.log", "w")
-    procs: list[subprocess.Popen] = []
-    try:
-        _bridge, hosts = make_hosts(tag, 2)
-        port, ui = free_port(), free_port()
-        env = {**os.environ, "SPARK_LOCAL_IP": f"{NET}.1", "SPARK_LOG_DIR": str(tmp_path / "logs")}
-        procs.append(subprocess.Popen([spark_class(), "org.apache.spark.deploy.master.Master", "--host", f"{NET}.1",
-                                       "--port", str(port), "--webui-port", str(ui)], env=env, stdout=log, stderr=log))
-        for i, (ns, address) in enumerate(hosts):
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, "env", f"SPARK_LOCAL_IP={address}", spark_class(),
-                 "org.apache.spark.deploy.worker.Worker", "--host", address, "--cores", "1", "--memory", "2g",
-                 "--work-dir", str(tmp_path / f"work{i}"), f"spark://{NET}.1:{port}"],
-                env=env, stdout=log, stderr=log))
-        deadline = time.monotonic() + CLUSTER_START_S
-        while alive_workers(ui, f"{NET}.1") < 2:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                log.flush()
-                pytest.fail("the cluster did not start:\n" + (tmp_path / "cluster.log").read_text()[-3000:])
-            time.sleep(1)
-        yield f"spark://{NET}.1:{port}", [address for _ns, address in hosts]
-    finally:
-        for p in procs:  # `ip netns exec` execs, so these are the JVMs themselves
-            p.kill()
-        for p in procs:
-            p.wait(timeout=60)
-        log.close()
-        remove_hosts(tag, 2)
+    with contextlib.ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(cluster_util.two_host_cluster(tmp_path))
+        except cluster_util.ClusterError as e:
+            pytest.fail(str(e))
+        yield cluster
 
 
 @pytest.mark.slow
