@@ -2,17 +2,18 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/launch.py [--reps 5] [--root DIR] [--json [FILE]]
-    .venv/bin/python benchmarks/launch.py --quick        # 1 repetition of the tiniest job, about a minute
+    .venv/bin/python benchmarks/launch.py [--reps 5] [--root DIR] [--warm-pause S] [--json [FILE]]
+    .venv/bin/python benchmarks/launch.py --quick        # 1 repetition of the tiniest job (see below)
 
 Three ways to run the same two-worker MultiWorkerMirroredStrategy job (AlexNet at width 0.25, 72 px, batch 4
 per worker, 1 epoch, on the same TFRecord shards of a small synthetic Kaggle tree, built first with
 :func:`spark_imagenet.dataset.sharding.shard`):
 
 * **ours**: :func:`spark_imagenet.training.driver.train` (what ``spark-imagenet train`` runs): driver checks,
-  one barrier stage, each task stages its shards into a fresh shard cache, meets the other task, and starts a
-  fresh TensorFlow worker process (``spark_imagenet.training.worker``); after training it also evaluates the
-  validation images (``val images`` in the params).
+  one barrier stage; each task starts its TensorFlow worker process (``spark_imagenet.training.worker
+  --preload``, or takes the spare an earlier task of its Python worker left), stages its shards into a fresh
+  shard cache and meets the other task meanwhile, then gives the process its go; after training it also
+  evaluates the validation images (``val_images`` in the params) and leaves a spare for the next job.
 * **peer**: spark-tensorflow-distributor 1.0.0, ``MirroredStrategyRunner(num_slots=2, local_mode=False,
   use_gpu=False).run(fn)``: its tasks import TensorFlow in the reused PySpark Python worker itself and run
   ``fn`` inside their own strategy scope. ``fn`` (:func:`train_fn`) builds our model (models registry,
@@ -25,7 +26,9 @@ per worker, 1 epoch, on the same TFRecord shards of a small synthetic Kaggle tre
 
 Cold and warm: each repetition of ours and of the peer is a fresh driver process (a child of this script:
 new SparkSession, JVM and Python workers) that runs the job twice: the first job is **cold**, the second
-(same session) **warm**. The SparkSession start itself is timed apart and is in neither. The plain processes
+(same session) **warm**, right after the first (``--warm-pause S`` waits S seconds between them: ours' spare
+for the next job, started when the first job ends, has then finished importing TensorFlow). The
+SparkSession start itself is timed apart and is in neither. The plain processes
 are fresh each time, so plain has one kind, compared with both. Repetitions alternate the order of the
 variants (ours, peer, plain, then plain, peer, ours, ...) so drifting load hits them alike.
 
@@ -44,9 +47,19 @@ workers, supervisors, TensorFlow workers) appends timestamped events to one file
 ``import tensorflow`` start and end, MultiWorkerMirroredStrategy's set-up (its ``CollectiveAllReduceExtended``
 constructor), the models registry's ``build_model`` / ``compile_model``, ours' task functions (``_stage``,
 ``rendezvous``, ``_run_worker``) and the watchdog callback's fit / first batch / evaluation hooks. It only
-wraps those functions to write one line each; it changes nothing they do. The breakdown records are the
-gaps between consecutive events, each event taken on the last process to reach it (so the gaps add up to
-the call-to-first-step time).
+wraps those functions to write one line each; it changes nothing they do. Each event of a job is taken on
+the last process to reach it, the TensorFlow workers' events only from the processes that trained in that
+job (not from a spare started for the next one; a spare's import finished before the call is not in the
+job). The breakdown records order a variant's events by their median time and give, per repetition, the
+gap from the latest earlier event to each event (0 where it overlapped the one before), so the gaps add up
+to the call-to-first-step time.
+
+A loaded shared machine skews the comparison: with the kernel's autogroup scheduling
+(``/proc/sys/kernel/sched_autogroup_enabled``) every session gets an equal share of the CPUs, and ours'
+supervisor starts each TensorFlow process in a session of its own (so do the plain workers here), while the
+peer imports and trains inside PySpark's Python workers, in the driver's session. Under load the peer then
+gets less CPU than ours; on a quiet machine this plays no part. Each record's params hold the 1-minute load
+after each repetition.
 
 Records (``--json``, benchmarks/common.py): ``{ours,peer} {cold,warm}: call to first step`` and ``...: whole
 job``, ``plain: call to first step`` / ``plain: whole job``, the per-repetition ratios ``ours/peer
@@ -66,6 +79,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,18 +107,17 @@ PROBE_ENV = "SPARK_IMAGENET_LAUNCH_PROBE"
 RESULT_PREFIX = "LAUNCH-RESULT "
 #: Seconds one child (a driver running two jobs) may take before it counts as hung.
 CHILD_TIMEOUT_S = 600
-#: The events of each variant, in the order they happen (the breakdown's gaps are between consecutive ones).
-EVENTS = {
-    "ours": ("call", "planned", "checked", "submitted", "task started", "shards staged", "rendezvous done",
-             "worker launch", "worker python start", "tensorflow import start", "tensorflow imported",
-             "strategy start", "strategy created", "model build start", "model compiled", "fit start",
-             "first step", "training done", "evaluation done", "returned"),
-    "peer": ("call", "tensorflow import start", "tensorflow imported", "strategy start", "strategy created",
-             "model build start", "model compiled", "fit start", "first step", "training done", "returned"),
-    "plain": ("call", "worker python start", "tensorflow import start", "tensorflow imported", "strategy start",
-              "strategy created", "model build start", "model compiled", "fit start", "first step",
-              "training done", "returned"),
-}
+#: The probe's events in their usual order: the breakdown orders a variant's events by their median time and
+#: uses this order only between events of equal median.
+EVENTS = ("call", "planned", "checked", "submitted", "task started", "shards staged", "worker python start",
+          "tensorflow import start", "rendezvous done", "run_worker called", "tensorflow imported",
+          "strategy start", "strategy created", "model build start", "model built", "model compiled", "fit start",
+          "first step", "training done", "evaluation done", "returned")
+#: Events of the TensorFlow worker processes: counted only from the processes that trained in the job (that
+#: reached its first step), not from a spare started for the next job.
+WORKER_EVENTS = {"worker python start", "tensorflow import start", "tensorflow imported", "strategy start",
+                 "strategy created", "model build start", "model built", "model compiled", "fit start", "first step",
+                 "training done", "evaluation done"}
 
 PROBE = r'''"""Written by benchmarks/launch.py: a job's launch events (active with $SPARK_IMAGENET_LAUNCH_PROBE).
 
@@ -158,7 +171,7 @@ def _tensorflow(module):
 
 def _task(module):
     wrap(module, "_stage", "task started", "shards staged")
-    wrap(module, "_run_worker", "worker launch")
+    wrap(module, "_run_worker", "run_worker called")
 
 
 def _watchdog(module):
@@ -228,6 +241,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--root", type=Path, default=None,
                    help="folder for the temporary dataset, caches and probe files (default: a new temporary "
                         "folder); what this run writes there is removed at the end")
+    p.add_argument("--warm-pause", type=float, default=0.0, metavar="S",
+                   help="seconds between the cold and the warm job of a driver (default: 0, back to back; ours' "
+                        "spare TensorFlow process for the next job is then still starting)")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="comma-separated subset of ours,peer,plain (default: all three)")
     p.add_argument("--_child", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
@@ -240,6 +256,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown or "ours" not in chosen:
         p.error(f"--variants {args.variants}: give ours and any of peer, plain (comma-separated)")
     args.variants = [v for v in VARIANTS if v in chosen]
+    if args.warm_pause < 0:
+        p.error(f"--warm-pause {args.warm_pause}: give 0 or more seconds")
     return args
 
 
@@ -349,28 +367,25 @@ def train_config(size: dict[str, Any], cache: Path | None):
 
 
 # ------------------------------------------------------------------ the children
-def read_marks(path: Path, start: float, end: float, exclude_pid: int | None = None) -> dict[str, float]:
-    """The latest time of each event in ``[start, end]``, relative to ``start``. A ``python start`` of a
-    training worker (ours' ``spark_imagenet.training.worker``, plain's ``--_worker``) is ``worker python
-    start``; TensorFlow imports of ``exclude_pid`` (the driver) are left out."""
-    latest: dict[str, float] = {}
-    if not path.exists():
-        return latest
-    for line in path.read_text().splitlines():
+def read_marks(path: Path, start: float, end: float) -> dict[str, float]:
+    """The latest time of each event in ``[start, end]``, relative to ``start``. Events of TensorFlow worker
+    processes (:data:`WORKER_EVENTS`; a ``python start`` there is ``worker python start``) count only from the
+    processes that reached the job's first step; an event before the call (a spare's import finished before
+    the job) is not in the job's breakdown."""
+    marks = []
+    for line in path.read_text().splitlines() if path.exists() else []:
         try:
-            m = json.loads(line)
+            marks.append(json.loads(line))
         except ValueError:
             continue
-        event = m["event"]
-        if event == "python start":
-            cmd = m.get("cmd", "")
-            if "spark_imagenet.training.worker" not in cmd and "--_worker" not in cmd:
-                continue
-            event = "worker python start"
-        if event.startswith("tensorflow") and m["pid"] == exclude_pid:
+    inside = [m for m in marks if start <= m["t"] <= end]
+    trained = {m["pid"] for m in inside if m["event"] == "first step"}
+    latest: dict[str, float] = {}
+    for m in inside:
+        event = "worker python start" if m["event"] == "python start" else m["event"]
+        if event in WORKER_EVENTS and m["pid"] not in trained:
             continue
-        if start <= m["t"] <= end:
-            latest[event] = max(latest.get(event, 0.0), m["t"] - start)
+        latest[event] = max(latest.get(event, 0.0), m["t"] - start)
     return latest
 
 
@@ -388,7 +403,7 @@ def run_ours(spark, job: dict[str, Any], marks: Path, probe) -> dict[str, Any]:
     start = time.time()
     result = driver.train(spark, job["dataset"], config, log=lines.append)
     end = time.time()
-    events = read_marks(marks, start, end, os.getpid())
+    events = read_marks(marks, start, end)
     return {"events": events, "whole": end - start, "val_images": result["val"]["images"],
             "steps": result["config"].get("steps_per_epoch")}
 
@@ -400,7 +415,7 @@ def run_peer(job: dict[str, Any], marks: Path) -> dict[str, Any]:
     start = time.time()
     MirroredStrategyRunner(num_slots=WORKERS, local_mode=False, use_gpu=False).run(train_fn, job=job)
     end = time.time()
-    return {"events": read_marks(marks, start, end, os.getpid()), "whole": end - start}
+    return {"events": read_marks(marks, start, end), "whole": end - start}
 
 
 def free_ports(count: int) -> list[int]:
@@ -436,7 +451,7 @@ def run_plain(job_file: Path, marks: Path) -> dict[str, Any]:
     end = time.time()
     if any(codes):
         raise RuntimeError(f"a plain worker process exited {codes}")
-    return {"events": read_marks(marks, start, end, os.getpid()), "whole": end - start}
+    return {"events": read_marks(marks, start, end), "whole": end - start}
 
 
 def child(args) -> int:
@@ -456,7 +471,9 @@ def child(args) -> int:
                               conf={"spark.ui.enabled": "false"})
         out["session_s"] = time.time() - t
         try:
-            for _ in range(2):  # cold, then warm in the same session
+            for n in range(2):  # cold, then warm in the same session
+                if n:
+                    time.sleep(job["warm_pause_s"])
                 out["jobs"].append(run_ours(spark, job, marks, probe) if args._child == "ours"
                                    else run_peer(job["fn"], marks))
         finally:
@@ -486,13 +503,14 @@ class ChildFailed(Exception):
     """A child run failed; the message says which and shows its last output lines."""
 
 
-def run_child(variant: str, rep: int, run: Path, dataset: Path, size: dict[str, Any],
-              fn: dict[str, Any]) -> dict[str, Any]:
+def run_child(variant: str, rep: int, run: Path, dataset: Path, size: dict[str, Any], fn: dict[str, Any],
+              warm_pause: float = 0.0) -> dict[str, Any]:
     """Run one ``--_child VARIANT`` in a folder of its own (marks, job file, a fresh shard cache); its result."""
     folder = run / f"{variant}-{rep}"
     folder.mkdir()
     marks = folder / "marks.jsonl"
-    job = {"dataset": str(dataset), "size": size, "cache": str(folder / "cache"), "fn": {**fn, "marks": str(marks)}}
+    job = {"dataset": str(dataset), "size": size, "cache": str(folder / "cache"), "fn": {**fn, "marks": str(marks)},
+           "warm_pause_s": warm_pause}
     (folder / "job.json").write_text(json.dumps(job))
     argv = [sys.executable, str(Path(__file__).resolve()), "--_child", variant, "--_job", str(folder / "job.json")]
     try:
@@ -570,19 +588,33 @@ def record_ratios(report: Report, series: dict[tuple, dict], params: dict[str, A
                              **({"goal_at_most": goal} if goal else {}))
 
 
+def breakdown_order(events: list[dict[str, float]]) -> list[str]:
+    """The events every repetition has, by median time (ties: :data:`EVENTS`' order)."""
+    names = [n for n in events[0] if all(n in e for e in events)]
+    rank = {n: i for i, n in enumerate(EVENTS)}
+    return sorted(names, key=lambda n: (statistics.median(e[n] for e in events), rank.get(n, len(EVENTS))))
+
+
 def record_breakdown(report: Report, results: dict[str, list[dict]], params: dict[str, Any]) -> None:
-    """The gaps between consecutive probe events of each variant and kind (events every repetition has)."""
+    """The breakdown of each variant and kind: its events by median time; in each repetition, each event's
+    time as the latest of it and the events before it in that order, and the gaps between consecutive
+    events. So the gaps add up to the call-to-first-step time; a gap is 0 where that event came earlier in a
+    repetition (it overlapped the one before)."""
     for variant, runs in results.items():
         for i, kind in enumerate(kinds(variant)):
-            events = []
-            for run in runs:
-                e = dict(run["jobs"][i]["events"], call=0.0, returned=run["jobs"][i]["whole"])
-                events.append(e)
-            present = [name for name in EVENTS[variant] if all(name in e for e in events)]
-            for a, b in zip(present, present[1:]):
-                report.add(f"{label(variant, kind)}: breakdown: {a} to {b}", "s",
-                           [max(0.0, e[b] - e[a]) for e in events], **params,
-                           events="each event on the last process to reach it (probe of benchmarks/launch.py)")
+            events = [dict(run["jobs"][i]["events"], call=0.0, returned=run["jobs"][i]["whole"]) for run in runs]
+            order = breakdown_order(events)
+            gaps: dict[str, list[float]] = {}
+            for e in events:
+                reached = 0.0
+                for a, b in zip(order, order[1:]):
+                    later = max(reached, e[b])
+                    gaps.setdefault(f"{a} to {b}", []).append(later - reached)
+                    reached = later
+            for name, values in gaps.items():
+                report.add(f"{label(variant, kind)}: breakdown: {name}", "s", values, **params,
+                           events="each event on the last process to reach it (the probe of benchmarks/launch.py); "
+                                  "the events by median time; each gap from the latest earlier event")
 
 
 def job_params(args, size: dict[str, Any], fn: dict[str, Any], variants: list[str]) -> dict[str, Any]:
@@ -591,6 +623,7 @@ def job_params(args, size: dict[str, Any], fn: dict[str, Any], variants: list[st
             "image_size": SETTINGS["image_size"], "batch_size_per_worker": size["batch_size"], "epochs": 1,
             "steps": fn["steps"], "train_images": size["classes"] * size["train_per_class"],
             "val_images": fn["val_images"], "ours_evaluates_val": True, "variants": variants,
+            "warm_pause_s": args.warm_pause,
             "order": "repetitions alternate " + ",".join(variants) + " / " + ",".join(reversed(variants)),
             "peer": "spark-tensorflow-distributor 1.0.0 MirroredStrategyRunner(num_slots=2, local_mode=False, "
                     "use_gpu=False)", "plain": "2 subprocesses with hand-written TF_CONFIG (localhost ports)"}
@@ -624,7 +657,7 @@ def run_benchmark(args) -> int:
         for rep in range(reps):
             for variant in variants if rep % 2 == 0 else variants[::-1]:
                 t = time.monotonic()
-                results[variant].append(run_child(variant, rep, run, dataset, size, fn))
+                results[variant].append(run_child(variant, rep, run, dataset, size, fn, args.warm_pause))
                 report.say(f"  repetition {rep + 1}: {variant} done in {time.monotonic() - t:.1f} s")
         params = job_params(args, size, fn, variants)
         series = record_times(report, results, params)

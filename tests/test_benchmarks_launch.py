@@ -28,7 +28,7 @@ def _expected(peer: bool) -> set[str]:
     names |= {"plain: call to first step", "plain: whole job", "ours: SparkSession start (outside the timings)"}
     names |= {f"ours/plain {k}: {m}" for k in ("cold", "warm") for m in ("call to first step", "whole job")}
     names |= {"ours cold: breakdown: call to planned", "ours cold: breakdown: fit start to first step",
-              "ours warm: breakdown: shards staged to rendezvous done", "plain: breakdown: fit start to first step"}
+              "ours warm: breakdown: fit start to first step", "plain: breakdown: fit start to first step"}
     if peer:
         names |= {f"peer {k}: {m}" for k in ("cold", "warm") for m in ("call to first step", "whole job")}
         names |= {f"ours/peer {k}: {m}" for k in ("cold", "warm") for m in ("call to first step", "whole job")}
@@ -46,14 +46,16 @@ def test_quick_json_records_are_well_formed_and_the_run_folder_is_removed(tmp_pa
         assert by_name["ours/peer warm: whole job"]["params"]["goal_at_most"] == 1.5
     else:
         assert "not installed" in stderr and launch.PEER_INSTALL in stderr
-    # the breakdown of ours adds up to its call-to-first-step time (consecutive gaps of one event list)
-    gaps = [r for name, r in by_name.items() if name.startswith("ours cold: breakdown: ")]
-    first_step = by_name["ours cold: call to first step"]["values"]
-    ordered = list(launch.EVENTS["ours"])
-    upto = ordered.index("first step")
-    total = [sum(r["values"][i] for r in gaps
-                 if ordered.index(r["measurement"].rsplit(" to ", 1)[1]) <= upto) for i in range(len(first_step))]
-    assert total == pytest.approx(first_step, rel=1e-6, abs=1e-3)
+    # the breakdown of ours adds up to its call-to-first-step time: the gaps chain from the call to the first step
+    for kind in ("cold", "warm"):
+        gaps = {name.split(": breakdown: ")[1]: r["values"] for name, r in by_name.items()
+                if name.startswith(f"ours {kind}: breakdown: ")}
+        chain = {name.split(" to ")[0]: (name.split(" to ")[1], values) for name, values in gaps.items()}
+        event, total = "call", [0.0] * len(by_name[f"ours {kind}: call to first step"]["values"])
+        while event != "first step":
+            event, values = chain[event]
+            total = [t + v for t, v in zip(total, values)]
+        assert total == pytest.approx(by_name[f"ours {kind}: call to first step"]["values"], rel=1e-6, abs=1e-3)
     assert list(tmp_path.iterdir()) == []  # the dataset, caches and probe files are gone
 
 
@@ -76,16 +78,39 @@ def test_probe_records_the_interpreter_start_and_wraps_hooked_functions(tmp_path
     assert proc.returncode == 0 and not marks.exists()
 
 
-def test_read_marks_keeps_the_latest_event_of_the_window_and_names_worker_starts(tmp_path):
+def test_read_marks_keeps_the_latest_event_of_the_window_from_the_processes_that_trained(tmp_path):
     path = tmp_path / "marks.jsonl"
-    lines = [{"t": 99.0, "pid": 1, "event": "first step"},  # before the window
-             {"t": 101.0, "pid": 2, "event": "python start", "cmd": "python -m pyspark.daemon"},
-             {"t": 102.0, "pid": 3, "event": "python start", "cmd": "python -m spark_imagenet.training.worker a b"},
+    lines = [{"t": 99.0, "pid": 3, "event": "tensorflow imported"},  # before the call (a spare ready in advance)
+             {"t": 101.0, "pid": 1, "event": "planned"},  # the driver
+             {"t": 101.5, "pid": 2, "event": "task started"},  # a task
+             {"t": 102.0, "pid": 3, "event": "python start", "cmd": "python -m spark_imagenet.training.worker"},
              {"t": 102.5, "pid": 4, "event": "python start", "cmd": "python launch.py --_worker job.json"},
-             {"t": 103.0, "pid": 7, "event": "tensorflow imported"},  # the driver's own import: left out
-             {"t": 104.0, "pid": 3, "event": "first step"}, {"t": 105.0, "pid": 4, "event": "first step"}]
+             {"t": 103.0, "pid": 4, "event": "tensorflow imported"},
+             {"t": 104.0, "pid": 3, "event": "first step"}, {"t": 105.0, "pid": 4, "event": "first step"},
+             {"t": 106.0, "pid": 5, "event": "python start", "cmd": "python -m spark_imagenet.training.worker"},
+             {"t": 107.0, "pid": 5, "event": "tensorflow imported"},  # a spare for the next job: not counted
+             {"t": 111.0, "pid": 4, "event": "training done"}]  # after the window
     path.write_text("".join(json.dumps(m) + "\n" for m in lines) + "not json\n")
-    assert launch.read_marks(path, 100.0, 110.0, exclude_pid=7) == {"worker python start": 2.5, "first step": 5.0}
+    assert launch.read_marks(path, 100.0, 110.0) == {"planned": 1.0, "task started": 1.5, "worker python start": 2.5,
+                                                      "tensorflow imported": 3.0, "first step": 5.0}
+
+
+def test_breakdown_gaps_follow_the_median_order_and_add_up():
+    class Sink:
+        def __init__(self):
+            self.added = {}
+
+        def add(self, name, unit, values, **params):
+            self.added[name] = values
+
+    runs = [{"jobs": [{"events": {"a": 1.0, "b": 3.0, "first step": 4.0}, "whole": 5.0}]},
+            {"jobs": [{"events": {"a": 2.5, "b": 2.0, "first step": 6.0}, "whole": 7.0}]},  # b before a here
+            {"jobs": [{"events": {"a": 1.0, "b": 2.0, "first step": 4.0}, "whole": 4.5}]}]
+    sink = Sink()
+    launch.record_breakdown(sink, {"plain": runs}, {})
+    assert sink.added == {"plain: breakdown: call to a": [1.0, 2.5, 1.0], "plain: breakdown: a to b": [2.0, 0.0, 1.0],
+                          "plain: breakdown: b to first step": [1.0, 3.5, 2.0],
+                          "plain: breakdown: first step to returned": [1.0, 1.0, 0.5]}
 
 
 def test_a_root_that_is_a_file_is_refused(tmp_path):
