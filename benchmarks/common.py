@@ -61,12 +61,40 @@ def add_options(parser: argparse.ArgumentParser, reps: int = FULL_REPS, quick_re
     """
     parser.add_argument("--quick", action="store_true",
                         help="a small run that finishes in under a minute (checks the script; its numbers are noise)")
-    parser.add_argument("--reps", type=int, default=None,
+    parser.add_argument("--reps", type=_positive, default=None,
                         help=f"repetitions of each measurement (default: {reps}, with --quick {quick_reps})")
-    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
-                        help="write one JSON object per measurement, one per line, to FILE (default: stdout; "
-                             "the human-readable lines then go to stderr)")
+    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=_json_target,
+                        help="write one JSON object per measurement, one per line, to FILE (replaced if it "
+                             "exists; default: stdout, the human-readable lines then go to stderr)")
     parser.set_defaults(_full_reps=reps, _quick_reps=quick_reps)
+
+
+def _positive(text: str) -> int:
+    """argparse type of ``--reps``: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least 1 repetition is needed")
+    return value
+
+
+def _json_target(text: str) -> str:
+    """argparse type of ``--json``: ``-`` (stdout) or a file path that can be written, checked before the run
+    (so a long run does not lose its records at the end). Its folder is created if missing."""
+    if text == "-":
+        return text
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: give a file name, e.g. {path / 'records.jsonl'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text} cannot be written: {e.strerror or e}") from None
+    return text
 
 
 def repetitions(args: argparse.Namespace) -> int:

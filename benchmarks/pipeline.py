@@ -187,8 +187,9 @@ def load_images(args) -> tuple[list[tuple[str, bytes]], str] | None:
     if folder is None or not folder.is_dir():
         where = args.data if args.data is not None else f"../shared/data/{SAMPLE}"
         print(f"benchmarks/pipeline.py: data folder {where} not found. It should hold ImageNet JPEGs "
-              f"(../shared/data/{SAMPLE} beside the repository); pass --data DIR (or --quick, which draws "
-              "synthetic JPEGs when the shared data is absent).", file=sys.stderr)
+              f"(../shared/data/{SAMPLE} beside the repository); pass --data DIR"
+              + ("." if args.data is not None else
+                 " (or --quick, which draws synthetic JPEGs when the shared data is absent)."), file=sys.stderr)
         return None
     jpegs = list_jpegs(folder, args.limit)
     if len(jpegs) < args.batch_size:

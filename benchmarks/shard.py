@@ -307,9 +307,10 @@ def prepare(args: argparse.Namespace, base: Path, report: Report) -> dict:
     else:
         data = args.data or shared_data("imagenet-sample")
         if data is None or not data.is_dir():
-            fail("no input: ../shared/data/imagenet-sample is absent"
-                             + (f" and --data {args.data} is not a folder" if args.data else "")
-                             + "; pass --data DIR (flat <wnid>_<name>.JPEG files), --tree KAGGLE_DIR, or --quick")
+            fail((f"--data {args.data} is not a folder" if args.data else
+                  "no input: ../shared/data/imagenet-sample is absent")
+                 + "; pass --data DIR (flat <wnid>_<name>.JPEG files) or --tree KAGGLE_DIR"
+                 + ("" if args.data else ", or --quick (it generates a small tree)"))
         tree, where = tree_from_flat(data, base / "tree", args.limit, args.val_every), str(data)
     from spark_imagenet.errors import SparkImagenetError
     from spark_imagenet.source import open_source

@@ -58,7 +58,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 def test_a_missing_data_folder_is_exit_2_naming_the_options(tmp_path):
     proc = _run("--data", str(tmp_path / "absent"), "--reps", "1")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "--data" in proc.stderr and "--quick" in proc.stderr and "Traceback" not in proc.stderr
+    assert f"--data {tmp_path / 'absent'} is not a folder" in proc.stderr and "--tree" in proc.stderr
+    assert "--quick" not in proc.stderr and "Traceback" not in proc.stderr  # --data was given: --quick is no remedy
 
 
 def test_a_folder_that_is_not_a_kaggle_tree_is_exit_2(tmp_path):

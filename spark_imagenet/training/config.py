@@ -403,7 +403,7 @@ class TrainConfig:
                                        help="train although Spark's network encryption or SSL is on: TensorFlow's "
                                             "gRPC between the workers (gradients, weights) is not encrypted")
     spare_worker: bool = _setting(True, kind="bool", option="--no-spare-worker",
-                                  help="leave no spare TensorFlow process (TensorFlow imported, about 0.5 GB of "
+                                  help="leave no spare TensorFlow process (TensorFlow imported, 0.5 to 0.7 GB of "
                                        "memory) in each reused Spark Python worker for the next job")
     master: str | None = _setting(None, kind="str", optional=True, option="--master",
                                   help="Spark master URL, or sc://HOST:PORT for a Spark Connect server (default: the one "
