@@ -12,9 +12,9 @@ from __future__ import annotations
 import platform
 import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
+
+from server_util import stop_server, wait_for_http
 
 
 def _binary() -> Path:
@@ -50,15 +50,8 @@ class GCSEmulator:
             [str(_binary()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root", str(self.root),
              "-host", "127.0.0.1", "-port", str(self.port), "-external-url", self.endpoint, "-log-level", "warn"],
             stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/storage/v1/b", timeout=1).read()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"fake-gcs-server did not start (see {self.log.name})")
-                time.sleep(0.1)
+        if not wait_for_http(f"{self.endpoint}/storage/v1/b", self.proc, 20):
+            raise RuntimeError(f"fake-gcs-server did not start (see {self.log.name})")
 
     def client(self):
         """A google-cloud-storage client on the emulator (anonymous)."""
@@ -76,9 +69,4 @@ class GCSEmulator:
         return self.root / bucket / name
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+        stop_server(self.proc, self.log)

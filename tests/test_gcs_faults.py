@@ -20,9 +20,8 @@ import pytest
 
 from data_util import small_layout
 from fault_proxy import FaultProxy
-from spark_imagenet.dataset import cache
-from spark_imagenet.dataset import transfer
-from spark_imagenet.training.staging import fetch_rank
+from spark_imagenet.storage import committed
+from spark_imagenet.training.task.staging import fetch_rank
 from spark_imagenet.errors import ManifestError, StorageError
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
 from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
@@ -35,8 +34,7 @@ def dataset(tmp_path_factory) -> tuple[Path, Manifest]:
     """A small dataset built on local disk once: its folder and manifest."""
     root = tmp_path_factory.mktemp("faults")
     out = root / "out"
-    shard(small_layout(root / "src"), out, train_shards=4, val_shards=2, processes=2, progress=False,
-          log=lambda m: None)
+    shard(small_layout(root / "src"), out, train_shards=4, val_shards=2, processes=2, progress=False)
     return out, Manifest.load(open_storage(out))
 
 
@@ -66,14 +64,13 @@ def assert_failed_at_once(proxy: FaultProxy, most: int = 1) -> None:
     assert len(seen) <= 2 * most, [(s.method, s.path, s.outcome) for s in seen]
 
 
-def test_round_trip_survives_429_5xx_resets_and_truncation(dataset, gcs_bucket, gcs_emulator, proxy, tmp_path,
+def test_round_trip_survives_429_5xx_resets_and_truncation(log_lines, dataset, gcs_bucket, gcs_emulator, proxy, tmp_path,
                                                             monkeypatch):
     """503/429/resets/cut bodies on uploads, listings and downloads: the client retries until the copy is exact."""
     out, manifest = dataset
-    # Our own second attempt (transfer/cache ATTEMPTS=2) is turned off, so only
-    # the client's backoff can absorb the faults.
-    monkeypatch.setattr(transfer, "ATTEMPTS", 1)
-    monkeypatch.setattr(cache, "ATTEMPTS", 1)
+    # Our own second attempt (committed.ATTEMPTS=2, shared by uploads and downloads) is turned off, so
+    # only the client's backoff can absorb the faults.
+    monkeypatch.setattr(committed, "ATTEMPTS", 1)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     url = f"gs://{gcs_bucket}/ds"
     b = re.escape(gcs_bucket)
@@ -81,8 +78,9 @@ def test_round_trip_survives_429_5xx_resets_and_truncation(dataset, gcs_bucket, 
     commit = proxy.add_rule(503, method="POST", path=r"ifGenerationMatch=0")  # the manifest's create-only write
     uploads = [proxy.add_rule(a, method="POST", path=rf"^/upload/storage/v1/b/{b}/o\?") for a in (503, 429, "reset")]
     listing = [proxy.add_rule(a, method="GET", path=rf"^/storage/v1/b/{b}/o\?") for a in (503, "truncate")]
-    lines: list[str] = []
-    stats = upload(out, url, transfers=4, log=lines.append)
+    lines = log_lines
+    lines.clear()  # the lines from here on
+    stats = upload(out, url, transfers=4)
     for rule in [commit, *uploads, *listing]:
         assert rule.injected == rule.times, rule
     shards = [s for split in manifest.splits.values() for s in split.shards]
@@ -102,7 +100,7 @@ def test_round_trip_survives_429_5xx_resets_and_truncation(dataset, gcs_bucket, 
     read = proxy.add_rule("reset", method="GET", path=rf"^/download/storage/v1/b/{b}/o/ds%2F{MANIFEST_NAME}")
     downloads = [proxy.add_rule(a, method="GET", path=rf"^/download/storage/v1/b/{b}/o/ds%2F(train|val)-")
                  for a in (503, 429, "reset", "truncate", 502)]
-    train, val = fetch_rank(url, 0, 1, tmp_path / "cache", transfers=4, storage_options={"endpoint": proxy.url})
+    train, val = fetch_rank(open_storage(url, endpoint=proxy.url), 0, 1, tmp_path / "cache", transfers=4)
     for rule in [stat, read, *downloads]:
         assert rule.injected == rule.times, rule
     assert train.downloaded + val.downloaded == len(shards)
@@ -120,7 +118,7 @@ def test_lost_response_of_the_manifest_commit_is_not_a_conflict(dataset, gcs_buc
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     url = f"gs://{gcs_bucket}/ds"
     commit = proxy.add_rule("truncate", method="POST", path=r"ifGenerationMatch=0")
-    stats = upload(out, url, log=lambda m: None)
+    stats = upload(out, url)
     assert commit.injected == 1
     assert stats.manifest_written  # recognised as this run's own write, not another run's
     commits = [s for s in proxy.seen if "ifGenerationMatch=0" in s.path]
@@ -143,9 +141,9 @@ def _denied_calls(url, out, proxy, tmp_path):
     """load, fetch_rank and upload through the proxy, keyed by the URL their messages must start with."""
     return {
         f"{url}/{MANIFEST_NAME}": lambda: Manifest.load(open_storage(url, endpoint=proxy.url)),
-        f"{url}/{MANIFEST_NAME} ": lambda: fetch_rank(url, 0, 1, tmp_path / "cache",
-                                                      storage_options={"endpoint": proxy.url}),
-        url: lambda: upload(out, url, log=lambda m: None),
+        f"{url}/{MANIFEST_NAME} ": lambda: fetch_rank(open_storage(url, endpoint=proxy.url), 0, 1,
+                                                      tmp_path / "cache"),
+        url: lambda: upload(out, url),
     }
 
 
@@ -202,7 +200,7 @@ def test_403_on_writes_names_the_write_role(dataset, gcs_bucket, proxy, monkeypa
     proxy.add_rule(403, method="DELETE", times=None)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     with pytest.raises(StorageError) as err:
-        upload(out, url, log=lambda m: None)
+        upload(out, url)
     message = str(err.value)
     assert "access denied (403" in message and "roles/storage.objectAdmin" in message, message
     assert f"{url}/train-" in message or f"{url}/val-" in message
@@ -219,8 +217,8 @@ def test_missing_bucket_fails_at_once_naming_it(dataset, gcs_emulator, proxy, tm
     url = "gs://no-such-bucket-for-spark-imagenet/ds"
     calls = [
         lambda: Manifest.load(open_storage(url, endpoint=proxy.url)),
-        lambda: fetch_rank(url, 0, 1, tmp_path / "cache", storage_options={"endpoint": proxy.url}),
-        lambda: upload(out, url, log=lambda m: None),
+        lambda: fetch_rank(open_storage(url, endpoint=proxy.url), 0, 1, tmp_path / "cache"),
+        lambda: upload(out, url),
     ]
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     for call in calls:
@@ -241,7 +239,7 @@ def test_missing_manifest_fails_at_once_saying_how_to_build_it(gcs_bucket, proxy
     url = f"gs://{gcs_bucket}/nothing-here"
     calls = [
         lambda: Manifest.load(open_storage(url, endpoint=proxy.url)),
-        lambda: fetch_rank(url, 0, 1, tmp_path / "cache", storage_options={"endpoint": proxy.url}),
+        lambda: fetch_rank(open_storage(url, endpoint=proxy.url), 0, 1, tmp_path / "cache"),
     ]
     for call in calls:
         proxy.seen.clear()

@@ -69,8 +69,8 @@ def test_file_url_with_a_host_is_refused():
 
 
 @pytest.mark.parametrize("url, message", [
-    ("", r"empty bucket URL: give a local path, file:// URL or gs://bucket/prefix"),
-    ("s3://bucket/ds", r"s3://bucket/ds: unknown URL scheme 's3'; use a local path"),
+    ("", r"empty bucket URL: give a local path \(or file:///PATH\), gs://BUCKET/PREFIX, s3://"),
+    ("ftp://bucket/ds", r"ftp://bucket/ds: unknown URL scheme .ftp.; give a local path"),
     ("https://storage.googleapis.com/b/o", r"unknown URL scheme 'https'"),
     ("gs:///ds", r"gs:///ds: no bucket name; write gs://BUCKET/PREFIX"),
     ("gs://", r"no bucket name"),
@@ -131,6 +131,19 @@ def test_reopen_options_round_trip(tmp_path, monkeypatch):
     local = open_storage(f"file://{tmp_path}/ds")
     assert local.reopen_options() == {}
     assert open_storage(local.url, **local.reopen_options()).root == local.root
+
+
+def test_a_used_gcs_storage_pickles_without_its_client(gcs_bucket, monkeypatch):
+    """A storage handle made once (and used) on the driver, pickled to a process without the driver's
+    environment, reaches the same bucket through the same endpoint with a client of its own."""
+    import pickle
+
+    gcs = open_storage(f"gs://{gcs_bucket}/ds")
+    gcs.write_bytes("a", b"bytes")  # the client now exists
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")  # an executor does not have it
+    again = pickle.loads(pickle.dumps(gcs))
+    assert (again.url, again.endpoint) == (gcs.url, gcs.endpoint) and again._client is None
+    assert again.read_bytes("a") == b"bytes" and gcs.read_bytes("a") == b"bytes"
 
 
 # -- LocalStorage -----------------------------------------------------------------------------------
@@ -454,25 +467,41 @@ def retry_logger():
     logger.propagate = saved[2]
 
 
-def test_report_retries_prints_one_short_line_and_installs_once(retry_logger):
-    stream = io.StringIO()
-    report_retries(stream, every=0.0)
-    report_retries(io.StringIO(), every=0.0)  # a second call installs nothing
+def test_report_retries_logs_one_short_line_and_installs_once(retry_logger, log_lines):
+    report_retries(every=0.0)
+    report_retries(every=0.0)  # a second call installs nothing
     from spark_imagenet.storage.gcs import _RetryReporter
 
     # exactly one reporter (pytest's own capture handlers may sit beside it)
     assert sum(isinstance(h, _RetryReporter) for h in retry_logger.handlers) == 1
     retry_logger.debug("Retrying due to %s, sleeping %.1fs ...", "503 Service Unavailable", 1.3)
-    assert stream.getvalue() == ("storage: transient error (503 Service Unavailable); retrying with backoff, "
-                                 "for up to 120 s per call\n")
+    assert log_lines == ["storage: transient error (503 Service Unavailable); retrying with backoff, "
+                         "for up to 120 s per call"]
 
 
-def test_report_retries_rate_limits(retry_logger):
-    stream = io.StringIO()
-    report_retries(stream, every=1e9)  # only the first line can be printed
+def test_report_retries_rate_limits(retry_logger, log_lines):
+    report_retries(every=1e9)  # only the first line can be logged
     for i in range(3):
         retry_logger.debug(f"Retrying due to error {i}, sleeping 1s")
-    assert stream.getvalue().count("\n") == 1 and "error 0" in stream.getvalue()
+    assert len(log_lines) == 1 and "error 0" in log_lines[0]
+
+
+def test_report_retries_outlives_the_stream_that_was_stderr_when_installed(retry_logger, monkeypatch, capsys):
+    """The command line installs the reporter once per process; a later retry must not write to the
+    sys.stderr of that moment (a test's capture, closed since): that raised ValueError out of the client's
+    retry loop and failed the retried call."""
+    gone = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", gone)
+    from spark_imagenet import logs
+
+    with logs.console():
+        report_retries(every=0.0)
+    monkeypatch.undo()
+    gone.close()
+    with logs.console():
+        retry_logger.debug("Retrying due to ConnectionError, sleeping 1s")  # must not raise
+    assert "storage: transient error (ConnectionError)" in capsys.readouterr().err
+    retry_logger.debug("Retrying due to ConnectionError, sleeping 1s")  # no console, no handler: still no raise
 
 
 def test_delete_that_fails_is_a_storage_error(tmp_path):

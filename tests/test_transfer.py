@@ -29,10 +29,6 @@ from spark_imagenet.errors import ConfigError, IntegrityError, ManifestError, St
 from spark_imagenet.storage import GCSStorage, LocalStorage, crc32c_bytes, open_storage
 
 
-def _quiet(msg: str) -> None:
-    pass
-
-
 @pytest.fixture
 def fake_ds(tmp_path):
     """A small dataset of random-bytes shards (bucket_util.make_bucket: 4 train + 1 val): folder, manifest."""
@@ -49,11 +45,12 @@ def _state(folder: Path) -> dict[str, tuple[bytes, int]]:
 # -- upload, local folder to local folder -----------------------------------------------------------
 
 
-def test_upload_local_to_local_copies_the_dataset_and_its_report(local_ds, tmp_path):
+def test_upload_local_to_local_copies_the_dataset_and_its_report(log_lines, local_ds, tmp_path):
     local, manifest = local_ds
     dest = tmp_path / "dest"
-    lines = []
-    stats = upload(local, dest, transfers=3, log=lines.append)
+    lines = log_lines
+    lines.clear()  # the lines from here on
+    stats = upload(local, dest, transfers=3)
     assert (stats.uploaded, stats.skipped, stats.manifest_written) == (6, 0, True)
     assert stats.bytes_uploaded == sum(s.bytes for s in all_shards(manifest))
     assert Manifest.load(LocalStorage(dest)) == manifest
@@ -64,14 +61,15 @@ def test_upload_local_to_local_copies_the_dataset_and_its_report(local_ds, tmp_p
     assert f"{dest / MANIFEST_NAME} written" in lines[-1] and "uploaded 6 shard(s)" in lines[-1]
 
 
-def test_upload_rerun_transfers_nothing(local_ds, tmp_path):
+def test_upload_rerun_transfers_nothing(log_lines, local_ds, tmp_path):
     """The same upload again rewrites no file (same bytes and mtimes) and reports everything skipped."""
     local, _ = local_ds
     dest = tmp_path / "dest"
-    upload(f"file://{local}", f"file://{dest}", log=_quiet)  # URLs and paths alike
+    upload(f"file://{local}", f"file://{dest}")  # URLs and paths alike
     before = _state(dest)
-    lines = []
-    again = upload(local, dest, log=lines.append)
+    lines = log_lines
+    lines.clear()  # the lines from here on
+    again = upload(local, dest)
     assert (again.uploaded, again.skipped, again.bytes_uploaded, again.manifest_written) == (0, 6, 0, False)
     assert _state(dest) == before
     dataset_id = Manifest.load(LocalStorage(local)).dataset_id
@@ -83,14 +81,14 @@ def test_upload_reuploads_a_corrupted_or_missing_destination_object(fake_ds, tmp
     the committed manifest is left as it is."""
     src, manifest = fake_ds
     dest = tmp_path / "dest"
-    upload(src, dest, log=_quiet)
+    upload(src, dest)
     names = [s.name for s in all_shards(manifest)]
     data = bytearray((dest / names[1]).read_bytes())
     data[7] ^= 0x01
     (dest / names[1]).write_bytes(bytes(data))
     (dest / names[3]).unlink()
     before = _state(dest)
-    stats = upload(src, dest, log=_quiet)
+    stats = upload(src, dest)
     assert (stats.uploaded, stats.skipped, stats.manifest_written) == (2, 3, False)
     after = _state(dest)
     assert sorted(n for n in after if after[n] != before.get(n)) == sorted([names[1], names[3]])
@@ -106,7 +104,7 @@ def test_upload_resumes_a_run_interrupted_before_the_commit(fake_ds, tmp_path):
     dest.mkdir()
     for s in all_shards(manifest)[:3]:
         shutil.copyfile(src / s.name, dest / s.name)
-    stats = upload(src, dest, log=_quiet)
+    stats = upload(src, dest)
     assert (stats.uploaded, stats.skipped, stats.manifest_written) == (2, 3, True)
     assert Manifest.load(LocalStorage(dest)) == manifest
 
@@ -122,10 +120,10 @@ def test_upload_refuses_a_different_dataset_unless_overwrite(fake_ds, tmp_path):
     before = _state(dest)
     with pytest.raises(ConfigError, match=rf"upload DEST {dest} already holds a different dataset \(id "
                                           rf"{old.dataset_id}, 2 classes, 15 train images.*pass --overwrite"):
-        upload(src, dest, log=_quiet)
+        upload(src, dest)
     assert _state(dest) == before
 
-    stats = upload(src, dest, overwrite=True, log=_quiet)
+    stats = upload(src, dest, overwrite=True)
     assert (stats.uploaded, stats.manifest_written) == (5, True)
     assert Manifest.load(LocalStorage(dest)) == new
     assert sorted(p.name for p in dest.iterdir()) == sorted([MANIFEST_NAME] + [s.name for s in all_shards(new)])
@@ -140,22 +138,22 @@ def test_upload_refuses_a_folder_of_other_files_unless_overwrite(fake_ds, tmp_pa
     (dest / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match=rf"upload DEST {dest} is not empty and holds no manifest.json "
                                           r"\(e.g. notes.txt\)"):
-        upload(src, dest, log=_quiet)
+        upload(src, dest)
     assert sorted(p.name for p in dest.iterdir()) == ["notes.txt"]
-    stats = upload(src, dest, overwrite=True, log=_quiet)
+    stats = upload(src, dest, overwrite=True)
     assert stats.manifest_written and (dest / "notes.txt").read_text() == "mine"  # not a shard: kept
 
 
 def test_upload_checks_its_arguments_before_touching_anything(fake_ds, tmp_path):
     src, _ = fake_ds
     with pytest.raises(ConfigError, match="--transfers 0: must be at least 1"):
-        upload(src, tmp_path / "d", transfers=0, log=_quiet)
+        upload(src, tmp_path / "d", transfers=0)
     with pytest.raises(ConfigError, match=r"upload SOURCE gs://b/ds: must be a local folder"):
-        upload("gs://b/ds", tmp_path / "d", log=_quiet)  # refused before any client is made
+        upload("gs://b/ds", tmp_path / "d")  # refused before any client is made
     with pytest.raises(ConfigError, match=rf"SOURCE and DEST are the same folder \({src}\)"):
-        upload(src, f"file://{src}/", log=_quiet)
-    with pytest.raises(ManifestError, match=rf"{tmp_path / 'empty'}/manifest.json does not exist"):
-        upload(tmp_path / "empty", tmp_path / "d", log=_quiet)
+        upload(src, f"file://{src}/")
+    with pytest.raises(ManifestError, match=rf"the dataset folder {tmp_path / 'empty'} does not exist"):
+        upload(tmp_path / "empty", tmp_path / "d")
     assert not (tmp_path / "d").exists()
 
 
@@ -166,7 +164,7 @@ def test_upload_refuses_missing_or_resized_localall_shards(fake_ds, tmp_path):
     with open(src / second.name, "ab") as f:
         f.write(b"x")
     with pytest.raises(ManifestError) as err:
-        upload(src, tmp_path / "dest", log=_quiet)
+        upload(src, tmp_path / "dest")
     msg = str(err.value)
     assert msg.startswith(f"2 local shard(s) in {src} do not match its manifest.json; nothing was uploaded")
     assert f"{src / first.name}: missing" in msg
@@ -179,10 +177,10 @@ def test_a_repair_upload_brings_the_quality_report_back_in_line(local_ds, tmp_pa
     a destination report that differs from the source's."""
     local, manifest = local_ds
     dest = tmp_path / "dest"
-    upload(local, dest, log=_quiet)
+    upload(local, dest)
     (dest / QUALITY_REPORT_NAME).write_text("{}")
     (dest / all_shards(manifest)[0].name).unlink()
-    stats = upload(local, dest, log=_quiet)
+    stats = upload(local, dest)
     assert (stats.uploaded, stats.manifest_written) == (1, False)
     assert (dest / QUALITY_REPORT_NAME).read_bytes() == (local / QUALITY_REPORT_NAME).read_bytes()
 
@@ -260,17 +258,18 @@ def test_publish_uploads_verifies_and_skips_what_is_there(fake_ds, tmp_path):
     assert (again.uploaded, again.skipped) == (4, 6) and again is stats
 
 
-def test_publish_retries_a_mismatch_once_then_fails_naming_it(fake_ds, tmp_path):
+def test_publish_retries_a_mismatch_once_then_fails_naming_it(log_lines, fake_ds, tmp_path):
     """An object whose bytes do not match its manifest entry is uploaded twice, then deleted and reported."""
     src, manifest = fake_ds
     good, bad = all_shards(manifest)[:2]
     wrong_crc = dataclasses.replace(bad, crc32c=crc32c_bytes(b"something else"))
     wrong_size = dataclasses.replace(all_shards(manifest)[2], bytes=1)
     dest = LocalStorage(tmp_path / "dest")
-    lines = []
+    lines = log_lines
+    lines.clear()  # the lines from here on
     with pytest.raises(StorageError) as err:
         publish(dest, [(src / good.name, good), (src / bad.name, wrong_crc),
-                       (src / wrong_size.name, wrong_size)], log=lines.append)
+                       (src / wrong_size.name, wrong_size)], announce=True)
     msg = str(err.value)
     assert msg.startswith(f"2 shard(s) could not be uploaded intact to {dest.url}: ")
     assert (f"{bad.name} (attempt 1: the bucket reports crc32c {bad.crc32c}, the manifest says "
@@ -282,14 +281,15 @@ def test_publish_retries_a_mismatch_once_then_fails_naming_it(fake_ds, tmp_path)
     assert len(lines) == 2 and lines[1].startswith("uploading 2 shard(s)") and lines[1].endswith("(retry)")
 
 
-def test_publish_stops_at_once_on_a_failure_that_is_not_a_mismatch(fake_ds, tmp_path):
+def test_publish_stops_at_once_on_a_failure_that_is_not_a_mismatch(log_lines, fake_ds, tmp_path):
     src, manifest = fake_ds
     a, b = all_shards(manifest)[:2]
     dest = LocalStorage(tmp_path / "dest")
-    lines = []
+    lines = log_lines
+    lines.clear()  # the lines from here on
     with pytest.raises(StorageError, match=rf"^1 shard\(s\) could not be uploaded to {dest.url}; nothing was "
-                                           rf"committed: cannot publish {tmp_path / 'gone'}"):
-        publish(dest, [(src / a.name, a), (tmp_path / "gone", b)], log=lines.append)
+                                           rf"committed \(no manifest written\): cannot publish {tmp_path / 'gone'}"):
+        publish(dest, [(src / a.name, a), (tmp_path / "gone", b)], announce=True)
     assert len(lines) == 1  # no second round
     assert not dest.exists(b.name)
     with pytest.raises(ConfigError, match="--transfers 0"):
@@ -356,7 +356,7 @@ def test_publish_reports_an_object_missing_after_its_upload(fake_ds, tmp_path):
     assert isinstance(results[1], IntegrityError) and "not there after the upload" in str(results[1])
     assert isinstance(results[2], StorageError) and not isinstance(results[2], IntegrityError)
     with pytest.raises(StorageError) as err:
-        publish(dest, [(src / good.name, good), (src / lost.name, lost)], present={}, log=_quiet)
+        publish(dest, [(src / good.name, good), (src / lost.name, lost)], present={})
     assert (f"1 shard(s) could not be uploaded intact to {dest.url}: {lost.name} (attempt 1: {dest.where(lost.name)}: "
             "the object is not there after the upload, attempt 2: ") in str(err.value)
     assert [o.name for o in dest.list()] == [good.name]
@@ -376,7 +376,7 @@ def test_commit_manifest_create_only_and_compare_and_swap(fake_ds, tmp_path):
     assert Manifest.load(dest) == newer
 
 
-def test_commit_manifest_when_someone_committed_first(fake_ds, tmp_path):
+def test_commit_manifest_when_someone_committed_first(log_lines, fake_ds, tmp_path):
     _src, manifest = fake_ds
     dest = LocalStorage(tmp_path / "dest")
     manifest.save(dest)
@@ -384,8 +384,9 @@ def test_commit_manifest_when_someone_committed_first(fake_ds, tmp_path):
     assert commit_manifest(dest, manifest, 0) is manifest
     # the same dataset written by another run (another build time): theirs is used
     ours = dataclasses.replace(manifest, created="2030-01-01T00:00:00+00:00")
-    lines = []
-    assert commit_manifest(dest, ours, 0, log=lines.append) == manifest
+    lines = log_lines
+    lines.clear()  # the lines from here on
+    assert commit_manifest(dest, ours, 0) == manifest
     assert lines == [(f"another run committed this same dataset (id {manifest.dataset_id}) to {dest.url} first; "
                       "using it")]
     assert Manifest.load(dest) == manifest
@@ -494,7 +495,7 @@ def test_publish_to_gcs_without_metadata_in_the_replies_stats_each_object(fake_d
     assert sorted(store.reads) == sorted(("stat", s.name) for _p, s in files)
 
 
-def test_publish_to_gcs_catches_a_mismatch_and_names_it(fake_ds, gcs_bucket):
+def test_publish_to_gcs_catches_a_mismatch_and_names_it(log_lines, fake_ds, gcs_bucket):
     """The bucket holding other bytes than the manifest says (CRC32C or size) is caught from the upload
     replies: uploaded once more, then reported by name with what to do, the bad objects deleted."""
     src, manifest = fake_ds
@@ -502,10 +503,11 @@ def test_publish_to_gcs_catches_a_mismatch_and_names_it(fake_ds, gcs_bucket):
     wrong_crc = dataclasses.replace(bad, crc32c=crc32c_bytes(b"something else"))
     wrong_size = dataclasses.replace(short, bytes=short.bytes + 1)
     store = _CountingGCS(f"gs://{gcs_bucket}/ds")
-    lines = []
+    lines = log_lines
+    lines.clear()  # the lines from here on
     with pytest.raises(StorageError) as err:
         publish(store, [(src / good.name, good), (src / bad.name, wrong_crc), (src / short.name, wrong_size)],
-                present={}, log=lines.append)
+                present={}, announce=True)
     msg = str(err.value)
     assert msg.startswith(f"2 shard(s) could not be uploaded intact to gs://{gcs_bucket}/ds: ")
     assert (f"{bad.name} (attempt 1: the bucket reports crc32c {bad.crc32c}, the manifest says "
@@ -522,13 +524,13 @@ def test_upload_reuploads_only_missing_or_damaged_objects(local_ds, gcs_bucket):
     """After an interrupted upload (one object missing, one replaced), a rerun uploads exactly those two."""
     local, manifest = local_ds
     url = f"gs://{gcs_bucket}/ds"
-    upload(local, url, log=lambda m: None)
+    upload(local, url)
     remote = open_storage(url)
     names = [s.name for s in all_shards(manifest)]
     remote.delete(names[0])
     remote.write_bytes(names[1], b"not the shard")
     before = gcs_generations(gcs_bucket, "ds")
-    stats = upload(local, url, log=lambda m: None)
+    stats = upload(local, url)
     assert (stats.uploaded, stats.skipped) == (2, 4)
     after = gcs_generations(gcs_bucket, "ds")
     changed = sorted(n for n in after if after[n] != before.get(n))
@@ -548,7 +550,7 @@ def test_upload_refuses_corrupt_local_shards_and_uploads_nothing(local_ds, gcs_b
     data[100] ^= 0x55
     (copy / victim.name).write_bytes(bytes(data))
     with pytest.raises(ManifestError, match=rf"{victim.name}: crc32c .* the manifest says {victim.crc32c}"):
-        upload(copy, f"gs://{gcs_bucket}/ds", log=lambda m: None)
+        upload(copy, f"gs://{gcs_bucket}/ds")
     assert open_storage(f"gs://{gcs_bucket}/ds").list() == []
 
 
@@ -558,8 +560,8 @@ def test_concurrent_commits_leave_exactly_one_dataset(tree, gcs_bucket, tmp_path
     url = f"gs://{gcs_bucket}/race"
     storage = open_storage(url)
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    ma = shard(tree, a_dir, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
-    mb = shard(tree, b_dir, train_shards=4, val_shards=2, per_class=5, progress=False, log=lambda m: None)
+    ma = shard(tree, a_dir, train_shards=4, val_shards=2, progress=False)
+    mb = shard(tree, b_dir, train_shards=4, val_shards=2, per_class=5, progress=False)
     assert ma.dataset_id != mb.dataset_id
     # both look before either writes
     da = check_destination(storage, ma.dataset_id, overwrite=False)
@@ -581,12 +583,12 @@ def test_repair_never_deletes_a_concurrent_overwrite(tree, local_ds, gcs_bucket,
     local, mx = local_ds
     url = f"gs://{gcs_bucket}/race"
     storage = open_storage(url)
-    upload(local, url, log=lambda m: None)
+    upload(local, url)
     storage.delete(mx.splits["train"].shards[3].name)
-    my = shard(tree, tmp_path / "y", train_shards=2, val_shards=2, progress=False, log=lambda m: None)
+    my = shard(tree, tmp_path / "y", train_shards=2, val_shards=2, progress=False)
     dy = check_destination(storage, my.dataset_id, overwrite=True)
     publish(storage, [(tmp_path / "y" / s.name, s) for s in all_shards(my)], present=dy.objects)
-    repair = upload(local, url, log=lambda m: None)  # the repair runs while Y is not committed yet
+    repair = upload(local, url)  # the repair runs while Y is not committed yet
     assert (repair.uploaded, repair.manifest_written) == (1, False)
     names = {o.name for o in storage.list()}
     assert {s.name for s in all_shards(my)} <= names  # Y's shards untouched

@@ -14,11 +14,11 @@ import concurrent.futures
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import google_crc32c
 
-from spark_imagenet.errors import AccessError, IntegrityError, StorageError
+from spark_imagenet.errors import AccessError, ConfigError, IntegrityError, StorageError
 
 #: Read size for checksumming and copying files, in bytes (8 MiB).
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -58,6 +58,21 @@ def crc32c_file(path: str | os.PathLike) -> str:
     return base64.b64encode(crc.digest()).decode("ascii")
 
 
+def not_found_error(check_root: Callable[[], None], what: str) -> StorageError:
+    """The error for a 404 on ``what``: the one ``check_root`` raises when the bucket (or container) itself is
+    missing, else ``what does not exist``.
+
+    Args:
+        check_root: raises a StorageError when the bucket is missing (a missing object alone answers 404 too).
+        what: the object's URL, for the message.
+    """
+    try:
+        check_root()
+    except StorageError as missing:
+        return missing
+    return StorageError(f"{what} does not exist")
+
+
 @dataclasses.dataclass(frozen=True)
 class ObjectInfo:
     """One object (file) in a bucket.
@@ -79,6 +94,24 @@ class ObjectInfo:
     generation: int | None = None
 
 
+def check_transfers(transfers: int, option: str = "--transfers") -> int:
+    """Refuse a number of parallel transfers below 1.
+
+    Args:
+        transfers: the value given.
+        option: the option or argument that set it, for the message.
+
+    Returns:
+        int: ``transfers``.
+
+    Raises:
+        ConfigError: ``transfers`` is not an integer >= 1 (names ``option``).
+    """
+    if isinstance(transfers, bool) or not isinstance(transfers, int) or transfers < 1:
+        raise ConfigError(f"{option} {transfers}: must be at least 1")
+    return transfers
+
+
 def _run_parallel(fn, pairs: Sequence[tuple], transfers: int) -> list[Any]:
     """Call ``fn(*pair)`` for every pair on ``transfers`` threads; one result
     per pair, in order: what ``fn`` returned (None for the ``put_file``-like
@@ -95,7 +128,7 @@ def _run_parallel(fn, pairs: Sequence[tuple], transfers: int) -> list[Any]:
         return list(pool.map(one, pairs))
 
 
-def unretryable(errors: Sequence[BaseException | None], what: str) -> StorageError | None:
+def unretryable(errors: Sequence[BaseException | None], what: str, noun: str = "shard") -> StorageError | None:
     """The error that should end a batch of transfers now, or None.
 
     A batch's failures (as :meth:`Storage.put_files`/:meth:`Storage.get_files`
@@ -106,11 +139,13 @@ def unretryable(errors: Sequence[BaseException | None], what: str) -> StorageErr
     Args:
         errors: one entry per transfer, None for a success.
         what: the start of the message, e.g. ``"could not be fetched from gs://b/p"``.
+        noun: what one transfer moves, for the message (``"shard"``, ``"file"``).
 
     Returns:
         StorageError | None: the first :class:`AccessError` (a missing
         bucket, 401, 403) as it is; else a StorageError ``"N shard(s) <what>:
-        <the first 5 errors>"`` when any failure is not a mismatch; else None.
+        <the first 5 errors>"`` when any failure is not a mismatch (each
+        error names its object); else None.
     """
     denied = next((e for e in errors if isinstance(e, AccessError)), None)
     if denied is not None:
@@ -118,7 +153,7 @@ def unretryable(errors: Sequence[BaseException | None], what: str) -> StorageErr
     fatal = [e for e in errors if e is not None and not isinstance(e, IntegrityError)]
     if not fatal:
         return None
-    return StorageError(f"{len(fatal)} shard(s) {what}: " + "; ".join(str(e) for e in fatal[:5])
+    return StorageError(f"{len(fatal)} {noun}(s) {what}: " + "; ".join(str(e) for e in fatal[:5])
                         + (f"; ... and {len(fatal) - 5} more" if len(fatal) > 5 else ""))
 
 
@@ -176,6 +211,15 @@ class Storage(abc.ABC):
             raise StorageError(f"{self.where(name)} does not exist")
         if info.crc32c is not None:
             return info.crc32c
+        return self._computed_crc32c(name)
+
+    def _computed_crc32c(self, name: str) -> str:
+        """CRC32C of object ``name`` computed from its bytes (:meth:`crc32c` when :meth:`stat` has none); this
+        reads it whole, a store that can stream overrides it.
+
+        Raises:
+            StorageError: the object cannot be read.
+        """
         return crc32c_bytes(self.read_bytes(name))
 
     @abc.abstractmethod
@@ -333,6 +377,11 @@ class Storage(abc.ABC):
         ``None`` for remote storage (stage in a temporary folder instead)."""
         return None
 
+    def tidy(self, prefix: str) -> None:
+        """After the objects under ``prefix/`` were deleted: remove what is left of that folder on a local
+        filesystem (temporary files a killed writer left, empty directories); nothing for buckets, whose
+        prefixes are not objects. Never raises."""
+
     def root_exists(self) -> bool:
         """Whether the storage's own folder exists (always True for buckets,
         whose prefixes are not objects)."""
@@ -350,3 +399,13 @@ class Storage(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+    def __eq__(self, other: object) -> bool:
+        """Handles of the same store and folder, reopened the same way, are equal (a pickled copy equals its
+        original; clients and caches are not compared)."""
+        if not isinstance(other, Storage):
+            return NotImplemented
+        return (type(self), self.url, self.reopen_options()) == (type(other), other.url, other.reopen_options())
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.url))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from typing import Any, Sequence
 from urllib.parse import urlparse
@@ -15,7 +14,9 @@ from spark_imagenet.errors import (
     PreconditionFailed,
     StorageError,
 )
-from spark_imagenet.storage.base import DEFAULT_TRANSFERS, ObjectInfo, Storage, _run_parallel
+from spark_imagenet.storage.base import DEFAULT_TRANSFERS, ObjectInfo, Storage, _run_parallel, not_found_error
+
+logger = logging.getLogger(__name__)
 
 
 class GCSStorage(Storage):
@@ -44,7 +45,8 @@ class GCSStorage(Storage):
         page_size: objects per listing request (GCS's maximum is 1000).
         retry_seconds: how long one call keeps retrying transient errors,
             in seconds (default 120, the library's own default).
-        client: an existing ``google.cloud.storage.Client`` to use instead.
+        client: an existing ``google.cloud.storage.Client`` to use instead (not pickled: a copy
+            creates its own from ``endpoint`` and ``project``).
 
     Raises:
         StorageError: the URL has no bucket name, or the client cannot be
@@ -68,6 +70,13 @@ class GCSStorage(Storage):
         self._client = client
         self._bucket = None
         self._bucket_ok = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling keeps: the URL, endpoint, project and settings, not the client (a client holds
+        connections and credentials that cannot be pickled); the copy makes its own on first use, with the
+        endpoint this one resolved (so an executor without ``STORAGE_EMULATOR_HOST`` reaches the same
+        emulator)."""
+        return {**self.__dict__, "_client": None, "_bucket": None, "_bucket_ok": False}
 
     # -- plumbing -----------------------------------------------------------
 
@@ -143,11 +152,7 @@ class GCSStorage(Storage):
         if isinstance(e, gexc.PreconditionFailed):
             return PreconditionFailed(f"{what} already exists or was changed by another writer (412)")
         if isinstance(e, gexc.NotFound):
-            try:
-                self._check_bucket()
-            except StorageError as missing:
-                return missing
-            return StorageError(f"{what} does not exist")
+            return not_found_error(self._check_bucket, what)
         if isinstance(e, gexc.Unauthorized):
             return AccessError(
                 f"{what}: the credentials were rejected (401: {detail}). Refresh them with `gcloud auth "
@@ -327,39 +332,39 @@ class GCSStorage(Storage):
 
 
 class _RetryReporter(logging.Handler):
-    """Prints google-api-core's "Retrying due to ..." debug records as one
-    short line, at most once per ``every`` seconds."""
+    """Passes google-api-core's "Retrying due to ..." debug records on as one short WARNING line of this
+    module's logger, at most once per ``every`` seconds (so whoever shows the package's lines shows it: the
+    command line's console on stderr, or a library user's own logging)."""
 
-    def __init__(self, stream, every: float):
+    def __init__(self, every: float):
         super().__init__(logging.DEBUG)
-        self.stream, self.every, self.last = stream, every, float("-inf")
+        self.every, self.last = every, float("-inf")
 
     def emit(self, record: logging.LogRecord) -> None:
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        text = record.getMessage().replace("Retrying due to ", "")
-        why = text.split(", sleeping")[0][:200]
-        print(f"storage: transient error ({why}); retrying with backoff, for up to 120 s per call",
-              file=self.stream, flush=True)
+        try:
+            now = time.monotonic()
+            if now - self.last < self.every:
+                return
+            self.last = now
+            why = record.getMessage().replace("Retrying due to ", "").split(", sleeping")[0][:200]
+            logger.warning("storage: transient error (%s); retrying with backoff, for up to 120 s per call", why)
+        except Exception:  # noqa: BLE001 - a report that fails must never fail the retried call
+            self.handleError(record)
 
 
-def report_retries(stream=None, every: float = 10.0) -> None:
-    """Make the storage client's retries visible: while google-cloud-storage
-    retries a transient error (429, 5xx, a refused or reset connection) with
-    backoff, print one line about it to ``stream`` every ``every`` seconds at
-    most, instead of waiting silently for up to 120 s. The command line calls
-    this; library users may, or configure the ``google.api_core.retry``
-    logger themselves. Calling it twice installs one reporter.
+def report_retries(every: float = 10.0) -> None:
+    """Make the storage client's retries visible: while google-cloud-storage retries a transient error (429,
+    5xx, a refused or reset connection) with backoff, log one WARNING line about it (logger
+    ``spark_imagenet.storage.gcs``) every ``every`` seconds at most, instead of waiting silently for up to
+    120 s. The command line calls this; library users may, or configure the ``google.api_core.retry`` logger
+    themselves. Calling it twice installs one reporter.
 
     Args:
-        stream: where to print (default ``sys.stderr``).
         every: least interval between two lines, in seconds.
     """
-    logger = logging.getLogger("google.api_core.retry")
-    if any(isinstance(h, _RetryReporter) for h in logger.handlers):
+    retry_logger = logging.getLogger("google.api_core.retry")
+    if any(isinstance(h, _RetryReporter) for h in retry_logger.handlers):
         return
-    logger.addHandler(_RetryReporter(stream or sys.stderr, every))
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
+    retry_logger.addHandler(_RetryReporter(every))
+    retry_logger.setLevel(logging.DEBUG)
+    retry_logger.propagate = False

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shutil
 import stat as stat_module
 import uuid
 from pathlib import Path
+from typing import Any
 
 from spark_imagenet.errors import PreconditionFailed, StorageError
 from spark_imagenet.storage.base import ObjectInfo, Storage, crc32c_file
@@ -169,6 +171,16 @@ class LocalStorage(Storage):
         except OSError as e:  # a folder, no permission: as GCSStorage, best_effort only skips retries
             raise StorageError(f"cannot delete {self._path(name)}: {e}") from e
 
+    def tidy(self, prefix: str) -> None:
+        top = self._path(prefix)
+        for folder, _dirs, files in sorted(os.walk(top), key=lambda w: len(w[0]), reverse=True):
+            for fn in files:
+                if self._is_tmp(fn):  # left by a killed writer: nobody writes into a folder being removed
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(folder, fn))
+            with contextlib.suppress(OSError):  # not empty: something else lives there, leave it
+                os.rmdir(folder)
+
     def staging_dir(self) -> Path:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -189,3 +201,19 @@ class LocalStorage(Storage):
         with contextlib.suppress(OSError):
             if self.root.is_dir() and not any(self.root.iterdir()):
                 self.root.rmdir()
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any, *, indent: int = 2) -> None:
+    """Write ``data`` as JSON to the local file ``path`` atomically (:meth:`LocalStorage.write_bytes`: a
+    reader sees the old file or the whole new one).
+
+    Args:
+        path: the file (its folder is created).
+        data: anything :func:`json.dumps` accepts.
+        indent: JSON indentation; the text ends with a newline.
+
+    Raises:
+        StorageError: the file cannot be written (names it and why).
+    """
+    target = Path(path).expanduser().absolute()
+    LocalStorage(target.parent).write_bytes(target.name, (json.dumps(data, indent=indent) + "\n").encode("utf-8"))

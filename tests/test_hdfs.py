@@ -1,0 +1,179 @@
+"""hdfs:// and webhdfs:// end to end against Hadoop's MiniDFSCluster with WebHDFS on (tests/hdfs_cluster.py),
+through fsspec's webhdfs client: the Storage contract, create-only renames, the committed-object primitive,
+shard -> upload -> fetch, clear errors. The cluster starts once per session (its jars come from Maven, as for
+the YARN tests); without Java or Maven the tests skip, saying why."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+import store_contract
+from server_util import serving
+from spark_imagenet.errors import StorageError
+from spark_imagenet.storage import open_storage
+
+pytest.importorskip("fsspec", reason="the hdfs extra (fsspec) is not installed: pip install '.[test]'")
+from spark_imagenet.storage.hdfs import HDFSStorage  # noqa: E402
+
+#: Every test here starts a server or a cluster (seconds to tens of seconds): the slow tier.
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def mini_dfs(tmp_path_factory):
+    """A MiniDFSCluster for the whole session."""
+    from hdfs_cluster import MiniDFS, Unavailable
+
+    yield from serving(MiniDFS, Unavailable, tmp_path_factory.mktemp("hdfs"))
+
+
+@pytest.fixture
+def hdfs_url(mini_dfs, monkeypatch):
+    """``hdfs://127.0.0.1:<rpc port>/<new folder>``, with HADOOP_CONF_DIR naming the WebHDFS address for this
+    test (and the processes it starts)."""
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(mini_dfs.conf_dir))
+    monkeypatch.setenv("HADOOP_USER_NAME", "tester")
+    return f"hdfs://127.0.0.1:{mini_dfs.rpc_port}/tests/{uuid.uuid4().hex[:8]}"
+
+
+def _rot(url):
+    """Replace a file with the same bytes but one flipped (HDFS keeps no file checksum a reader sees)."""
+    storage = open_storage(url)
+
+    def rot(name: str) -> None:
+        data = bytearray(storage.read_bytes(name))
+        data[len(data) // 2] ^= 0xFF
+        storage.write_bytes(name, bytes(data))
+
+    return rot
+
+
+def test_storage_contract(hdfs_url, mini_dfs):
+    storage = open_storage(hdfs_url)
+    assert isinstance(storage, HDFSStorage) and storage.http_port == mini_dfs.http_port  # from hdfs-site.xml
+    store_contract.objects_and_checksums(storage)
+
+
+def test_webhdfs_url_names_the_same_files(hdfs_url, mini_dfs):
+    storage = open_storage(hdfs_url)
+    storage.write_bytes("same", b"1")
+    other = open_storage(f"webhdfs://127.0.0.1:{mini_dfs.http_port}/{storage.prefix}")
+    assert other.read_bytes("same") == b"1"
+
+
+def test_create_only_rename_refuses_a_second_create(hdfs_url):
+    store_contract.conditional_writes(open_storage(hdfs_url))
+
+
+def test_put_files_info_get_files_and_pickle(hdfs_url, tmp_path):
+    store_contract.files_and_pickling(open_storage(hdfs_url), tmp_path)
+
+
+def test_committed_set_rot_caught_and_rerun(hdfs_url, tmp_path):
+    store_contract.committed_sets(open_storage(hdfs_url), tmp_path, _rot(hdfs_url))
+
+
+@pytest.mark.slow
+def test_shard_upload_fetch_and_rot(hdfs_url, tree, local_ds, tmp_path):
+    store_contract.shard_upload_fetch(hdfs_url, tree, local_ds, tmp_path, _rot(hdfs_url), dict(os.environ))
+
+
+def test_writes_leave_no_temporary_files_and_folders_tidy(hdfs_url):
+    storage = open_storage(hdfs_url)
+    storage.write_bytes("d/a", b"a")
+    storage.write_bytes("d/a", b"b")
+    raw = storage._call("LISTSTATUS", storage._path("d")).json()["FileStatuses"]["FileStatus"]
+    assert [s["pathSuffix"] for s in raw] == ["a"]
+    storage.delete("d/a")
+    storage.tidy("d")
+    assert storage._status(storage._path("d")) is None
+
+
+def test_dead_webhdfs_port_is_named(mini_dfs, monkeypatch):
+    from gcs_emulator import free_port
+
+    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
+    port = free_port()
+    storage = HDFSStorage("hdfs://127.0.0.1:8020/x", webhdfs_port=port, retries=0)
+    with pytest.raises(StorageError, match=rf"cannot reach WebHDFS at http://127.0.0.1:{port} \(the NameNode's HTTP"):
+        storage.list()
+
+
+def test_url_forms_and_port_sources(tmp_path, monkeypatch):
+    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
+    assert open_storage("hdfs://nn:8020/a/b/").http_port == 9870
+    assert open_storage("hdfs://nn/a").where("c") == "hdfs://nn/a/c"
+    assert open_storage("webhdfs://nn:50070/a").http_port == 50070
+    (tmp_path / "hdfs-site.xml").write_text("<configuration><property><name>dfs.namenode.http-address</name>"
+                                            "<value>0.0.0.0:9999</value></property></configuration>")
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    s = open_storage("hdfs://nn:8020/a")
+    assert s.http_port == 9999 and s.reopen_options()["webhdfs_port"] == 9999
+    with pytest.raises(StorageError, match=r"a webhdfs:// URL needs the NameNode's HTTP port"):
+        open_storage("webhdfs://nn/a")
+    with pytest.raises(StorageError, match=r"no host"):
+        open_storage("hdfs:///a")
+
+
+@pytest.mark.slow
+def test_a_handle_made_on_the_driver_works_on_an_executor(hdfs_url, spark):
+    store_contract.travels_to_an_executor(spark, open_storage(hdfs_url), {})
+
+
+@pytest.mark.slow
+def test_two_concurrent_shard_runs_leave_one_dataset(hdfs_url, tree):
+    store_contract.concurrent_shard_runs(hdfs_url, tree)
+
+
+def _block_file(mini_dfs, data: bytes):
+    """The DataNode's file holding ``data`` (one block)."""
+    found = [p for p in mini_dfs.blocks.rglob("blk_*") if p.suffix != ".meta" and p.stat().st_size == len(data)
+             and p.read_bytes() == data]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_block_rotten_on_the_datanodes_disk_is_caught(hdfs_url, mini_dfs, tmp_path):
+    """A byte flipped in a block file on the DataNode's disk: HDFS's own block checksum stops the read, reported
+    as an IntegrityError naming the file; the committed-object download retries once, then names it."""
+    from spark_imagenet.errors import IntegrityError
+    from spark_imagenet.storage.committed import Entry, download_verified
+    from spark_imagenet.storage import crc32c_bytes
+
+    storage = open_storage(hdfs_url)
+    data = bytes(range(256)) * 512 + b"rot-test"
+    storage.write_bytes("shard", data)
+    block = _block_file(mini_dfs, data)
+    raw = bytearray(block.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    block.write_bytes(bytes(raw))
+    with pytest.raises(IntegrityError, match=rf"{storage.where('shard')}: the DataNode broke off the transfer"):
+        storage.get_file("shard", tmp_path / "shard")
+    with pytest.raises(StorageError, match=r"shard \(attempt 1: .*attempt 2: "):
+        download_verified(storage, [(Entry("shard", len(data), crc32c_bytes(data)), tmp_path / "out" / "shard")])
+    assert not (tmp_path / "out" / "shard").exists()
+
+
+@pytest.mark.slow
+def test_training_reads_and_writes_the_store(hdfs_url, spark, tree, tmp_path):
+    store_contract.train_from_the_store(spark, hdfs_url, tree, tmp_path, {})
+
+
+def test_the_crc32c_is_kept_in_an_extended_attribute(hdfs_url):
+    """A write records its checked CRC32C in an extended attribute (a rerun's check reads no data); a file
+    written by another client has none and is checksummed by reading it."""
+    from spark_imagenet.storage import crc32c_bytes
+    from spark_imagenet.storage.hdfs import CRC32C_XATTR
+
+    storage = open_storage(hdfs_url)
+    storage.write_bytes("ours", b"abc" * 1000)
+    assert storage._crc32c_xattr(storage._path("ours")) == crc32c_bytes(b"abc" * 1000)
+    assert storage.crc32c("ours") == crc32c_bytes(b"abc" * 1000)
+    storage._send(storage._path("theirs"), b"xyz" * 7)  # a plain WebHDFS CREATE, as another client writes
+    assert storage._crc32c_xattr(storage._path("theirs")) is None
+    assert storage.crc32c("theirs") == crc32c_bytes(b"xyz" * 7)
+    raw = storage._call("GETXATTRS", storage._path("ours"), encoding="text").json()["XAttrs"]
+    assert [a["name"] for a in raw] == [CRC32C_XATTR]

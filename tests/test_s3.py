@@ -1,0 +1,164 @@
+"""s3:// end to end against moto's standalone S3 server (tests/s3_server.py) with the real boto3 client: the
+Storage contract, conditional PutObject, the committed-object primitive, shard -> upload -> fetch, clear errors.
+The server starts once per session; it is skipped (with the reason) where moto is not installed."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import uuid
+
+import pytest
+
+import store_contract
+from server_util import serving
+from spark_imagenet.errors import AccessError, StorageError
+from spark_imagenet.storage import open_storage
+
+boto3 = pytest.importorskip("boto3", reason="the s3 extra (boto3) is not installed: pip install '.[test]'")
+from spark_imagenet.storage.s3 import S3Storage  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def moto_s3(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1:<free port> for the whole session."""
+    from s3_server import MotoS3, Unavailable
+
+    yield from serving(MotoS3, Unavailable, tmp_path_factory.mktemp("moto"))
+
+
+@pytest.fixture
+def s3_url(moto_s3, monkeypatch, request):
+    """``s3://<new bucket>/t`` on the server, with AWS_ENDPOINT_URL and dummy credentials set for this test
+    (and the processes it starts)."""
+    from s3_server import CREDENTIALS
+
+    bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:6]
+    moto_s3.create_bucket(bucket)
+    for k, v in {**CREDENTIALS, "AWS_ENDPOINT_URL": moto_s3.endpoint}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return f"s3://{bucket}/t"
+
+
+def _rot(moto_s3, url):
+    storage = open_storage(url)
+    return lambda name: moto_s3.rot(storage.bucket, storage._key(name))
+
+
+def test_storage_contract(s3_url):
+    storage = open_storage(s3_url)
+    assert isinstance(storage, S3Storage)
+    store_contract.objects_and_checksums(storage)
+    # the server keeps the CRC32C sent with every write: stat reports it without reading the object
+    storage.write_bytes("x", b"payload")
+    from spark_imagenet.storage import crc32c_bytes
+
+    assert storage.stat("x").crc32c == crc32c_bytes(b"payload")
+
+
+def test_conditional_put_refuses_a_second_create(s3_url):
+    store_contract.conditional_writes(open_storage(s3_url))
+
+
+def test_put_files_info_get_files_and_pickle(s3_url, tmp_path):
+    store_contract.files_and_pickling(open_storage(s3_url), tmp_path)
+
+
+def test_server_checksums_off_reads_every_upload_back(s3_url, tmp_path):
+    """With server_checksums=False nothing the server reports is trusted: stat has no CRC32C, and an upload is
+    verified by reading it back (the option travels with a pickled or reopened copy)."""
+    storage = S3Storage(s3_url, server_checksums=False)
+    storage.write_bytes("y", b"abc")
+    assert storage.stat("y").crc32c is None
+    store_contract.files_and_pickling(storage, tmp_path)
+    assert open_storage(s3_url, **storage.reopen_options()).server_checksums is False
+    assert pickle.loads(pickle.dumps(storage)).server_checksums is False
+
+
+def test_committed_set_rot_caught_and_rerun(s3_url, moto_s3, tmp_path):
+    store_contract.committed_sets(open_storage(s3_url), tmp_path, _rot(moto_s3, s3_url))
+
+
+@pytest.mark.slow
+def test_shard_upload_fetch_and_rot(s3_url, moto_s3, tree, local_ds, tmp_path):
+    store_contract.shard_upload_fetch(s3_url, tree, local_ds, tmp_path, _rot(moto_s3, s3_url), dict(os.environ))
+
+
+def test_get_file_checks_the_servers_crc32c(s3_url, moto_s3, tmp_path):
+    """A download whose bytes differ from the CRC32C the server keeps is an IntegrityError naming the object."""
+    storage = open_storage(s3_url)
+    storage.write_bytes("obj", b"0123456789" * 100)
+    _rot(moto_s3, s3_url)("obj")
+    from spark_imagenet.errors import IntegrityError
+
+    with pytest.raises(IntegrityError, match=rf"{re.escape(storage.where('obj'))}: the downloaded bytes have crc32c"):
+        storage.get_file("obj", tmp_path / "obj")
+
+
+def test_missing_bucket_and_bad_credentials_are_named(moto_s3, s3_url, monkeypatch):
+    """A missing bucket says how to create it; refused credentials say what to check and print no secret."""
+    with pytest.raises(AccessError, match=r"bucket s3://no-such-bucket-here does not exist at the endpoint "
+                                          r".*aws s3 mb s3://no-such-bucket-here"):
+        open_storage("s3://no-such-bucket-here/ds").stat("manifest.json")
+    with pytest.raises(AccessError, match="no-such-bucket-here does not exist"):
+        open_storage("s3://no-such-bucket-here/ds").list()
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(AccessError, match=r"no usable AWS credentials .*AWS_ACCESS_KEY_ID") as err:
+        open_storage(s3_url).write_bytes("k", b"v")
+    assert "testing" not in str(err.value)
+
+
+def test_dead_endpoint_is_named(monkeypatch):
+    from gcs_emulator import free_port
+    from s3_server import CREDENTIALS
+
+    for k, v in CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    storage = S3Storage("s3://bkt/ds", endpoint=endpoint, max_attempts=1)
+    with pytest.raises(StorageError, match=rf"cannot reach the endpoint {endpoint} \(from AWS_ENDPOINT_URL"):
+        storage.list()
+
+
+@pytest.mark.parametrize("url, message", [
+    ("s3://", r"no bucket name; write s3://BUCKET/PREFIX"),
+    ("s3://bkt/a?versionId=3", r"'\?' and '#' are not allowed in a s3:// URL"),
+])
+def test_bad_urls_are_refused(url, message):
+    with pytest.raises(StorageError, match=message):
+        open_storage(url)
+
+
+def test_url_and_reopen_options(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    storage = open_storage("s3://bkt/a/b/")
+    assert (storage.url, storage.bucket, storage.prefix) == ("s3://bkt/a/b", "bkt", "a/b")
+    assert storage.where("c/d") == "s3://bkt/a/b/c/d"
+    opts = storage.reopen_options()
+    assert opts["endpoint"] == "http://127.0.0.1:9" and opts["region"] == "eu-west-1"
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    assert open_storage("s3://bkt/a/b", **opts).endpoint == "http://127.0.0.1:9"
+
+
+@pytest.mark.slow
+def test_a_handle_made_on_the_driver_works_on_an_executor(s3_url, spark):
+    credentials = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    store_contract.travels_to_an_executor(spark, open_storage(s3_url), credentials)
+
+
+@pytest.mark.slow
+def test_two_concurrent_shard_runs_leave_one_dataset(s3_url, tree):
+    store_contract.concurrent_shard_runs(s3_url, tree)
+
+
+@pytest.mark.slow
+def test_training_reads_and_writes_the_store(s3_url, spark, tree, tmp_path):
+    credentials = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    store_contract.train_from_the_store(spark, s3_url, tree, tmp_path, credentials)
