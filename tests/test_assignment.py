@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from spark_imagenet.training.assignment import assign, record_shard_count
+from spark_imagenet.training.job.assignment import assign, record_shard_count
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo
 from spark_imagenet.source.synset import SynsetClass

@@ -1,4 +1,4 @@
-"""The task side (spark_imagenet.training.barrier_task): the TensorFlow worker process's
+"""The task side (spark_imagenet.training.task.barrier_task): the TensorFlow worker process's
 environment (TF_CONFIG, GPUs), its output, its death with the task, and the WorkerSpec
 each rank is given."""
 
@@ -14,9 +14,12 @@ import time
 
 import pytest
 
-from spark_imagenet.training.barrier_task import CpuStartupFilter, child_env, cuda_visible_devices, run_child
+from spark_imagenet.training.job.outcome import Failure
+from child_util import run_child, worker_env as child_env
+from spark_imagenet.training.task.child import CpuStartupFilter
+from spark_imagenet.training.task.environment import cuda_visible_devices
 from spark_imagenet.errors import ConfigError
-from spark_imagenet.training.rendezvous import build_tf_config
+from spark_imagenet.training.task.rendezvous import build_tf_config
 
 
 # ---------------------------------------------------- child environment
@@ -64,10 +67,10 @@ def test_child_env_of_a_one_worker_strategy_has_no_tf_config():
 def test_child_env_lets_python_m_find_the_package(tmp_path):
     env = child_env({"PATH": os.environ.get("PATH", "")}, build_tf_config(["h:1"], 0), None, 1)
     # -S: no site-packages (no installed copy of the package): only the PYTHONPATH child_env built
-    out = subprocess.run([sys.executable, "-S", "-c", "import spark_imagenet.training.rendezvous as r; print(r.__name__)"],
+    out = subprocess.run([sys.executable, "-S", "-c", "import spark_imagenet.training.task.rendezvous as r; print(r.__name__)"],
                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "spark_imagenet.training.rendezvous"
+    assert out.stdout.strip() == "spark_imagenet.training.task.rendezvous"
 
 
 # ------------------------------------------------------------ child output
@@ -131,8 +134,8 @@ def test_child_dies_when_the_task_process_is_killed(tmp_path):
     child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
     task_code = (
         "import os, sys\n"
-        "from spark_imagenet.training.barrier_task import run_child\n"
-        f"run_child([sys.executable, '-c', {child_code!r}], dict(os.environ), '.', '[t] ')\n"
+        "from spark_imagenet.training.task.child import finish_child, start_child\n"
+        f"finish_child(start_child([sys.executable, '-c', {child_code!r}], dict(os.environ), '.'), '[t] ')\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     task = subprocess.Popen([sys.executable, "-c", task_code], env=env, cwd=tmp_path)
@@ -153,6 +156,7 @@ def test_child_dies_when_the_task_process_is_killed(tmp_path):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_child_of_a_killed_barrier_task_dies(spark, tmp_path):
     # rank 0 runs a child that would sleep for 5 minutes; rank 1 fails once that child is up.
     # Spark then kills rank 0's task (and its Python worker): the child must not outlive it.
@@ -166,8 +170,10 @@ def test_child_of_a_killed_barrier_task_dies(spark, tmp_path):
 
         from pyspark import BarrierTaskContext
 
+        from spark_imagenet.training.task.child import finish_child, start_child
+
         if BarrierTaskContext.get().partitionId() == 0:
-            run_child([sys.executable, "-c", child_code], dict(os.environ), str(tmp_path), "[rank 0] ")
+            finish_child(start_child([sys.executable, "-c", child_code], dict(os.environ), str(tmp_path)), "[rank 0] ")
         else:
             for _ in range(600):
                 if pid_file.exists() and pid_file.read_text():
@@ -187,37 +193,24 @@ def test_child_of_a_killed_barrier_task_dies(spark, tmp_path):
 
 
 # ------------------------------------------------------- the worker's message
-def test_worker_spec_of_each_rank(tmp_path):
-    """What run_task gives each TensorFlow worker: the job plus that rank's files and counts."""
-    from bucket_util import make_bucket
-    from spark_imagenet.training.barrier_task import TaskSpec, worker_spec
-    from spark_imagenet.training.config import TrainConfig
-    from spark_imagenet.training.driver import plan_job
-
-    job = plan_job(str(make_bucket(tmp_path / "b", train=4, val=1)), TrainConfig(workers=2, batch_size=2))
-    spec = TaskSpec(url=job.url, dataset_id=job.manifest.dataset_id, num_classes=job.manifest.num_classes,
-                    assignment=job.assignment, config=job.config)
-    one = worker_spec(spec, 1, ["/c/t1", "/c/t3"], ["/c/v0"], threads=3)
-    assert one.rank == 1 and one.workers == 2 and one.num_classes == 2 and one.config is job.config
-    assert one.train_files == ("/c/t1", "/c/t3") and one.train_examples == 10  # 2 shards x 5 examples
-    assert one.val_record_shard == (2, 1) and one.val_examples == 2 and one.val_examples_total == 5
-    assert one.steps_per_epoch == job.assignment.steps_per_epoch and one.parallel == 3 and one.threads == 3
-    fixed = worker_spec(TaskSpec(**{**spec.__dict__, "config": job.config.replace(parallel=1)}), 0,
-                        ["/c/t0"], ["/c/v0"], threads=3)
-    assert fixed.parallel == 1 and fixed.threads == 3
-
-
-@pytest.mark.parametrize("code, tail, lost", [
-    (-9, [], True),  # SIGKILL (the OOM killer, a dying machine)
-    (3, ["worker rank 0: no training step finished in 20 s (--step-timeout 20); ..."], True),
-    (1, ["worker rank 0 failed while training (fit): UnavailableError: rank 1 (h:1) stopped sending heartbeats"], True),
-    (1, ["worker rank 1 failed while training (fit): DeadlineExceededError: the chief ..."], True),
-    (1, ["Timeout (0:10:00)!", "Thread 0x1 (most recent call first):"], True),
-    (1, ["worker rank 0 failed while reading data: ImageError: train-00000.tfrecord record 3 ..."], False),
-    (1, ["worker rank 0 failed while building the strategy: TrainingError: the workers disagree ..."], False),
-    (1, ["worker rank 0 failed while training (fit): InvalidArgumentError: logits and labels ..."], False),
+@pytest.mark.parametrize("code, outcome, lost", [
+    (-9, None, True),  # SIGKILL (the OOM killer, a dying machine): whatever it wrote
+    (-9, Failure(stage="reading data", message="ImageError: x"), True),
+    (3, Failure(stage="training (fit)", message="no step", error="WorkerLost"), True),  # the step watchdog
+    (3, None, True),
+    (1, Failure(stage="training (fit)", message="UnavailableError: x", error="WorkerLost"), True),  # the worker said
+    (1, Failure(stage="building the strategy", message="not all up", error="WorkerLost"), True),  # start-up timeout
+    (1, Failure(stage="reading data", message="ImageError: train-00000.tfrecord record 3", error="ImageError"), False),
+    (1, Failure(stage="training (fit)", message="InvalidArgumentError: logits and labels"), False),
+    (1, None, False),
 ])
-def test_worker_lost_tells_a_lost_worker_from_a_failure_that_would_recur(code, tail, lost):
-    from spark_imagenet.training.barrier_task import worker_lost
+def test_a_lost_worker_is_told_from_a_failure_that_would_recur(code, outcome, lost):
+    """The task decides from the exit status and the failure the worker wrote, never from its output's words."""
+    from spark_imagenet.training.task.barrier_task import process_failure
 
-    assert worker_lost(code, tail) is lost
+    failure = process_failure(outcome, code, ["a", "b"], 1, "h", "m")
+    assert failure.lost is lost and failure.rank == 1 and failure.host == "h" and failure.exit_status == code
+    assert failure.output == ("a", "b") and failure.process.startswith("the TensorFlow process (m) ")
+    if outcome is not None and not lost:
+        assert failure.error == outcome.error and failure.message == outcome.message
+    assert failure.describe().startswith("rank 1 on h: the TensorFlow process (m) ")

@@ -1,4 +1,4 @@
-"""Training checkpoints in --checkpoint-dir (spark_imagenet.training.checkpoints) on real storage: local folders
+"""Training checkpoints in --checkpoint-dir (spark_imagenet.training.job.checkpoints) on real storage: local folders
 and gs:// through the fake-gcs emulator. Commit, latest, pruning, half-written folders, foreign formats, the
 compatibility check and verified downloads."""
 
@@ -14,8 +14,8 @@ import pytest
 
 from spark_imagenet.errors import ConfigError, StorageError
 from spark_imagenet.storage import crc32c_file, open_storage
-from spark_imagenet.training import checkpoints as ck
-from spark_imagenet.training.checkpoints import (
+from spark_imagenet.training.job import checkpoints as ck
+from spark_imagenet.training.job.checkpoints import (
     META_NAME,
     CheckpointFile,
     CheckpointMeta,
@@ -26,7 +26,7 @@ from spark_imagenet.training.checkpoints import (
     download,
     latest,
 )
-from spark_imagenet.training.config import TrainConfig
+from spark_imagenet.training.job.config import TrainConfig
 
 SETTINGS = RunSettings(dataset_id="d" * 16, model="alexnet", width=0.25, image_size=96, num_classes=10, workers=2,
                        batch_size=8, seed=3, learning_rate=0.01, epochs=5)
@@ -97,7 +97,7 @@ def test_latest_is_the_highest_epoch_and_keep_prunes_the_oldest(store, tmp_path)
     assert latest(store)[0] == "epoch-000002"
     assert folders(store) == ["epoch-000001", "epoch-000002"]
     commit_epoch(store, tmp_path, 3)
-    name, got = latest(store)
+    name, got = latest(store, announce=True)
     assert (name, got.epoch, got.step) == ("epoch-000003", 3, 36)
     assert folders(store) == ["epoch-000002", "epoch-000003"]
     if hasattr(store, "root"):  # a local folder leaves no empty directory behind
@@ -118,7 +118,7 @@ def test_other_objects_in_the_dir_are_left_alone(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["no-meta", "missing-file", "short-file", "not-json"])
-def test_a_half_written_checkpoint_is_skipped(store, tmp_path, damage):
+def test_a_half_written_checkpoint_is_skipped(log_lines, store, tmp_path, damage):
     commit_epoch(store, tmp_path, 1)
     commit_epoch(store, tmp_path, 2)
     if damage == "no-meta":
@@ -129,8 +129,9 @@ def test_a_half_written_checkpoint_is_skipped(store, tmp_path, damage):
         store.write_bytes(f"epoch-000002/{DATA}", b"cut short")
     else:
         store.write_bytes(f"epoch-000002/{META_NAME}", b'{"format": "spark-imagenet-checkpoint", "epo')
-    lines = []
-    name, got = latest(store, log=lines.append)
+    lines = log_lines
+    lines.clear()  # the lines from here on
+    name, got = latest(store, announce=True)
     assert (name, got.epoch) == ("epoch-000001", 1)
     assert len(lines) == 1 and store.where("epoch-000002") in lines[0]
     if damage in ("missing-file", "short-file"):
@@ -158,20 +159,19 @@ def test_an_interrupted_recommit_never_mixes_old_and_new_files(store, tmp_path, 
     taken for the old checkpoint."""
     commit_epoch(store, tmp_path, 1)
     commit_epoch(store, tmp_path, 2)
-    real = store.put_files
+    real = store.put_files_info
 
     def cut_short(pairs, transfers=8):
         assert [n.rsplit("/", 1)[1] for _p, n in pairs] == ["note.txt", DATA, "ckpt.index"]
-        real(pairs[:2], transfers)
-        return [None, None, StorageError("connection reset")]
+        return [*real(pairs[:2], transfers), StorageError("connection reset")]
 
-    monkeypatch.setattr(store, "put_files", cut_short)
+    monkeypatch.setattr(store, "put_files_info", cut_short)
     with pytest.raises(StorageError, match="connection reset"):
         commit_epoch(store, tmp_path, 2, salt=1)
     assert latest(store)[0] == "epoch-000001"
     monkeypatch.undo()
     commit_epoch(store, tmp_path, 2, salt=1)
-    name, got = latest(store)
+    name, got = latest(store, announce=True)
     assert name == "epoch-000002"
     download(store, name, got, tmp_path / "restore")
     assert (tmp_path / "restore" / DATA).read_bytes() == bytes((2 * 7 + 1 + i) % 256 for i in range(70_000))
@@ -211,7 +211,7 @@ def test_a_meta_in_the_folder_of_another_epoch_is_an_error(tmp_path):
 def test_download_verifies_and_names_a_corrupted_file(store, tmp_path, how):
     """An object replaced after the commit (the store's own checksum agrees with it) fails the meta's check."""
     commit_epoch(store, tmp_path, 1)
-    name, got = latest(store)
+    name, got = latest(store, announce=True)
     size = next(f.size for f in got.files if f.name == DATA)
     store.write_bytes(f"{name}/{DATA}", b"\0" * (size if how == "same-size" else size - 1))
     with pytest.raises(StorageError) as e:
@@ -284,7 +284,7 @@ def test_run_settings_from_a_train_config_and_the_options_exist():
     assert (template.epoch, template.step, template.files, template.settings()) == (2, 24, (), SETTINGS)
     assert template.replace(epoch=3, step=36, history=meta(3).history).history == meta(3).history
     assert ck.new_meta(config, "d" * 16, 10, 12).epoch == 1
-    options = {f.metadata["rule"].option for f in dataclasses.fields(TrainConfig) if "rule" in f.metadata}
+    options = {f.metadata["rule"].option for _, f in TrainConfig.settings()}
     assert {o for o in ck.OPTIONS.values() if o.startswith("--")} <= options
 
 

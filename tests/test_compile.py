@@ -18,10 +18,10 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import ConfigError  # noqa: E402
-from spark_imagenet.training import checkpointing  # noqa: E402
-from spark_imagenet.training.keras_schedule import KerasSchedule  # noqa: E402
-from spark_imagenet.training.models.alexnet import build_alexnet  # noqa: E402
-from spark_imagenet.training.models.compile import (  # noqa: E402
+from spark_imagenet.training.worker import model_state  # noqa: E402
+from spark_imagenet.training.worker.keras_schedule import KerasSchedule  # noqa: E402
+from spark_imagenet.training.worker.models.alexnet import build_alexnet  # noqa: E402
+from spark_imagenet.training.worker.models.compile import (  # noqa: E402
     SmoothedSparseCrossentropy,
     compile_model,
     decayed_kernels,
@@ -29,8 +29,8 @@ from spark_imagenet.training.models.compile import (  # noqa: E402
     float32_logits,
     set_precision,
 )
-from spark_imagenet.training.optimizers import LARS  # noqa: E402
-from spark_imagenet.training.schedules import Schedule  # noqa: E402
+from spark_imagenet.training.worker.optimizers import LARS  # noqa: E402
+from spark_imagenet.training.job.schedules import Schedule  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -153,6 +153,7 @@ def test_lars_matches_numpy_for_several_steps():
     assert (again.momentum, again.lars_weight_decay, again.trust_coefficient) == (0.9, 1e-2, 0.02)
 
 
+@pytest.mark.slow
 def test_lars_velocities_survive_a_checkpoint(tmp_path):
     x, y = _colours(16)
     model = _tiny_alexnet()
@@ -160,11 +161,11 @@ def test_lars_velocities_survive_a_checkpoint(tmp_path):
     assert isinstance(model.optimizer, LARS)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     prefix = str(tmp_path / "ckpt")
-    checkpointing._trackable(model).write(prefix)
+    model_state._trackable(model).write(prefix)
     other = _tiny_alexnet(seed=9)
     compile_model(other, 0.1, optimizer="lars", momentum=0.9, weight_decay=5e-4)
     other.optimizer.build(other.trainable_variables)
-    checkpointing._trackable(other).read(prefix).assert_existing_objects_matched()
+    model_state._trackable(other).read(prefix).assert_existing_objects_matched()
     assert int(other.optimizer.iterations) == 2
     assert any(np.abs(v.numpy()).sum() > 0 for v in model.optimizer.velocities)
     for a, b in zip(model.optimizer.velocities, other.optimizer.velocities):
@@ -178,6 +179,7 @@ def _fit_losses(model: keras.Model, epochs: int = 4) -> list[float]:
     return model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0).history["xent"]
 
 
+@pytest.mark.slow
 def test_mixed_bfloat16_trains_with_float32_logits():
     set_precision("mixed_bfloat16")
     model = _tiny_alexnet()
@@ -197,6 +199,7 @@ def test_float32_model_keeps_its_outputs():
     assert float32_logits(model) is model
 
 
+@pytest.mark.slow
 def test_mixed_float16_wraps_the_optimizer_in_loss_scaling():
     set_precision("mixed_float16")
     model = _tiny_alexnet()
@@ -213,6 +216,7 @@ def test_mixed_float16_wraps_the_optimizer_in_loss_scaling():
     assert float(keras.backend.get_value(model.optimizer.learning_rate)) == pytest.approx(0.0005, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_jit_compile_trains_on_cpu():
     model = _tiny_alexnet()
     compile_model(model, 0.2, optimizer="lars", weight_decay=5e-4, label_smoothing=0.1, jit_compile=True)
@@ -221,8 +225,9 @@ def test_jit_compile_trains_on_cpu():
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 def test_a_trained_model_saves_and_loads_without_training_losses(tmp_path):
-    from spark_imagenet.training.evaluate import load_model
+    from spark_imagenet.training.worker.evaluate import load_model
 
     set_precision("mixed_bfloat16")
     model = _tiny_alexnet()
@@ -263,7 +268,7 @@ import numpy as np, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import tf_keras as keras
-from spark_imagenet.training.models.compile import compile_model
+from spark_imagenet.training.worker.models.compile import compile_model
 
 def weights_after_steps(strategy, optimizer, jit):
     with strategy.scope():
@@ -289,6 +294,7 @@ print(json.dumps({name: [weights_after_steps(mirrored, *run), weights_after_step
 """
 
 
+@pytest.mark.slow
 def test_two_replicas_train_as_one_with_weight_decay_lars_and_xla():
     """The L2 term is counted once per step, not once per replica, and LARS' per-tensor norms agree: 2
     synchronous replicas (MirroredStrategy over 2 logical CPUs, the loss scaling tf-keras also applies under
@@ -303,20 +309,21 @@ def test_two_replicas_train_as_one_with_weight_decay_lars_and_xla():
 
 
 @pytest.mark.slow
-def test_bf16_xla_lars_label_smoothing_train_end_to_end(spark, tmp_path):
+def test_bf16_xla_lars_label_smoothing_train_end_to_end(log_lines, spark, tmp_path):
     """The issue's 'mixed_bfloat16 and --jit-compile train a tiny model on CPU', through the driver on local
     Spark: two MultiWorkerMirroredStrategy workers (XLA-compiled steps with their gradient all-reduce), LARS,
     label smoothing 0.1, one epoch of a tiny AlexNet at 67 px."""
     from data_util import small_layout
     from spark_imagenet.dataset.sharding import shard
-    from spark_imagenet.training.driver import train
+    from spark_imagenet.training.driver.launch import train
 
     tree = small_layout(tmp_path / "kaggle")  # 4 classes x 6 train, 3 val each
-    shard(tree, tmp_path / "bucket", train_shards=2, val_shards=1, processes=1, progress=False, log=lambda m: None)
-    lines: list[str] = []
+    shard(tree, tmp_path / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
+    lines = log_lines
+    lines.clear()  # the lines from here on
     out = train(spark, str(tmp_path / "bucket"), 2, epochs=1, batch_size=4, image_size=67, width=0.25,
                 learning_rate=1.0, optimizer="lars", precision="mixed_bfloat16", jit_compile=True,
-                label_smoothing=0.1, cache=tmp_path / "cache", output=str(tmp_path / "out"), log=lines.append)
+                label_smoothing=0.1, cache=tmp_path / "cache", output=str(tmp_path / "out"))
     assert "recipe: optimizer lars, momentum 0.9, weight decay 0.0005, label smoothing 0.1, precision " \
            "mixed_bfloat16, XLA on" in lines
     # what each worker compiled: LARS, bfloat16 layers, XLA for the forward pass and gradients
@@ -325,7 +332,6 @@ def test_bf16_xla_lars_label_smoothing_train_end_to_end(spark, tmp_path):
     assert model.get_layer("conv1").compute_dtype == "bfloat16" and model.output.dtype == tf.float32
     assert model.losses == []
     assert [w["steps"] for w in out["per_worker"]] == [3, 3]  # 24 images / (4 x 2) per step
-    for w in out["per_worker"]:
-        assert math.isfinite(w["train_loss"]) and w["train_loss"] > 0
+    assert math.isfinite(out["train"]["loss"]) and out["train"]["loss"] > 0
     assert out["val"]["images"] == 12 and math.isfinite(out["val"]["loss"])
     assert 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1

@@ -1,5 +1,4 @@
-"""TrainConfig (validated once, versioned JSON), TOML job files, and WorkerSpec, the
-one message of the TensorFlow worker process."""
+"""TrainConfig (validated once, versioned JSON) and TOML job files (WorkerSpec: tests/test_plan.py)."""
 
 from __future__ import annotations
 
@@ -9,23 +8,15 @@ from pathlib import Path
 import pytest
 
 from spark_imagenet.errors import ConfigError
-from spark_imagenet.training.config import (
-    JOB_FORMAT_VERSION,
+from spark_imagenet.training.job.config import (
+    ENVELOPE,
+    DataConfig,
+    RecipeConfig,
+    RunConfig,
+    ScalingConfig,
     TrainConfig,
-    WorkerSpec,
-    dump_job,
-    load_job_file,
-    resolve_job,
 )
-
-
-def worker_spec(**changes) -> WorkerSpec:
-    fields = dict(config=TrainConfig(workers=2, batch_size=8), rank=1, workers=2, num_classes=10,
-                  train_files=("/c/train-00001.tfrecord",), train_examples=40, val_files=("/c/val-00000.tfrecord",),
-                  val_record_shard=(2, 1), val_examples=9, val_examples_total=18, steps_per_epoch=5, val_steps=2,
-                  parallel=2, threads=1)
-    fields.update(changes)
-    return WorkerSpec(**fields)
+from spark_imagenet.training.job.jobfile import dump_job, load_job_file, resolve_job
 
 
 # ------------------------------------------------------------------ TrainConfig
@@ -71,17 +62,17 @@ def test_unknown_keys_suggest_the_closest_and_list_the_known():
         TrainConfig.from_mapping({"workers": 2, "bach_size": 8, "zzz": 1}, "train()")
     msg = str(e.value)
     assert "'bach_size' (did you mean 'batch_size'?)" in msg and "'zzz'" in msg
-    assert "known keys are: workers, model, epochs, batch_size" in msg
+    assert "known keys are: scaling, data, recipe, run, workers, gpus_per_worker" in msg
 
 
 def test_json_round_trip_and_version():
     c = TrainConfig(workers=3, epochs=7, results="r.json", conf={"spark.a": "1"})
     data = json.loads(json.dumps(c.to_json()))
-    assert data["format_version"] == JOB_FORMAT_VERSION and data["conf"] == {"spark.a": "1"}
+    assert data["format_version"] == ENVELOPE.version and data["conf"] == {"spark.a": "1"}
     assert TrainConfig.from_json(data) == c
     with pytest.raises(ConfigError, match="format_version 99 is not supported"):
         TrainConfig.from_json({**data, "format_version": 99})
-    with pytest.raises(ConfigError, match="expected a JSON object"):
+    with pytest.raises(ConfigError, match="not a spark-imagenet training config"):
         TrainConfig.from_json([1])
 
 
@@ -89,8 +80,9 @@ def test_json_round_trip_and_version():
 def test_job_file_round_trip(tmp_path):
     c = TrainConfig(workers=2, epochs=3, cache="/data/cache", conf={"spark.executor.memory": "4g"})
     text = dump_job(c, "gs://b/imagenet")
-    assert text.startswith('url = "gs://b/imagenet"\nworkers = 2\n')
-    assert "parallel" not in text and "[conf]" in text  # no value: omitted
+    assert text.startswith('url = "gs://b/imagenet"\n\n[scaling]\nworkers = 2\n')
+    assert "parallel" not in text and "[scaling.conf]" in text  # no value: omitted
+    assert text.index("[data]") < text.index("cache =") < text.index("[recipe]") < text.index("epochs = 3")
     path = tmp_path / "job.toml"
     path.write_text(text)
     values = load_job_file(path)
@@ -106,7 +98,13 @@ def test_layers_later_wins_and_conf_merges_per_key():
 
 
 @pytest.mark.parametrize("text, fragments", [
-    ("workers = 2\nbach_size = 3\n", ["unknown key(s) 'bach_size' (did you mean 'batch_size'?)", "url, workers"]),
+    ("workers = 2\nbach_size = 3\n", ["unknown key(s) 'bach_size' (did you mean 'batch_size'?)",
+                                      "url, scaling, data, recipe, run, workers"]),
+    ("[scaling]\nworkers = 2\nepochs = 3\n", ["[scaling] has no setting 'epochs': it belongs in [recipe]"]),
+    ("[recipe]\nepoch = 3\n", ["[recipe]: unknown key(s) 'epoch' (did you mean 'epochs'?)", "model, width"]),
+    ("workers = 2\n[scaling]\nworkers = 3\n", ["workers is given twice (at the top level and in [scaling])"]),
+    ("recipe = 3\n", ["recipe must be a table ([recipe] with its settings)"]),
+    ("[scaling]\nconf = 3\n", ["conf must be a table ([scaling.conf]"]),
     ("workers = 2\nepochs = = 3\n", ["not a valid TOML file", "line 2"]),
     ("url = 3\n", ["url must be a dataset URL string"]),
     ("conf = 3\n", ["conf must be a table"]),
@@ -138,43 +136,37 @@ def test_example_job_file_documents_every_key_with_its_default():
             assert values[key] == getattr(defaults, key), key
 
 
-# ------------------------------------------------------------------ WorkerSpec
-def test_worker_spec_json_round_trip():
-    spec = worker_spec()
-    data = json.loads(json.dumps(spec.to_json()))
-    assert data["format"] == "spark-imagenet-worker-spec" and data["config"]["batch_size"] == 8
-    assert WorkerSpec.from_json(data) == spec
-    assert spec.seed == 1  # job seed 0 + rank 1
+def test_sections_hold_the_settings_and_the_flat_names_read_them():
+    c = TrainConfig(scaling=ScalingConfig(workers=4, strategy="multiworker"), recipe={"epochs": 9, "model": "alexnet"},
+                    run=RunConfig(output="gs://b/run"), batch_size=16)
+    assert isinstance(c.recipe, RecipeConfig) and isinstance(c.data, DataConfig)
+    assert (c.scaling.workers, c.recipe.epochs, c.recipe.batch_size, c.run.output) == (4, 9, 16, "gs://b/run")
+    assert (c.workers, c.epochs, c.batch_size, c.output) == (4, 9, 16, "gs://b/run")  # the compatibility view
+    assert c == TrainConfig(workers=4, epochs=9, batch_size=16, output="gs://b/run")
+    assert c.replace(epochs=3).recipe.epochs == 3 and c.replace(epochs=3).scaling == c.scaling
+    assert c.recipe.learning_rate == 0.01  # the model's recipe fills what is left at None
+    assert [name for name, _ in TrainConfig.settings()][:1] == ["scaling"] and len(TrainConfig.keys()) == 41
+    with pytest.raises(ConfigError, match=r"section 'run' must be a RunConfig \(or a mapping of its settings\), "
+                                          r"got ScalingConfig"):
+        TrainConfig(workers=1, run=ScalingConfig(workers=1))
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'epochs'"):
+        TrainConfig(workers=1, scaling={"epochs": 3})
+    with pytest.raises(ConfigError, match=r"strategy \(--strategy\) mirrored runs one worker"):
+        ScalingConfig(workers=2, strategy="mirrored")  # a section checks its own settings
+    with pytest.raises(ConfigError, match=r"seed \(--seed\) 4294967295 is too large"):
+        TrainConfig(workers=2, seed=2**32 - 1)  # and the job the checks across sections
+    with pytest.raises(AttributeError, match="no attribute 'epoch'"):
+        c.epoch  # noqa: B018
 
 
-@pytest.mark.parametrize("change, fragment", [
-    ({"rank": 2}, "rank 2 is not in 0..workers-1"),
-    ({"workers": 3}, "workers = 3 but the job has 2"),
-    ({"train_files": ()}, "no train_files"),
-    ({"val_steps": 1}, "val_steps 1 * batch_size 8 is less than this worker's val_examples 9"),
-    ({"val_files": ()}, "val_examples is 9 but val_files is empty"),
-    ({"val_record_shard": (2, 2)}, "val_record_shard must be null or [n, i]"),
-    ({"steps_per_epoch": 0}, "steps_per_epoch must be an integer >= 1"),
-    ({"train_files": "one.tfrecord"}, "train_files must be a list of file paths"),
-])
-def test_worker_spec_rejects_impossible_values(change, fragment):
-    with pytest.raises(ConfigError) as e:
-        worker_spec(**change)
-    assert fragment in str(e.value)
-
-
-def test_worker_spec_from_json_names_missing_and_unknown_keys():
-    data = worker_spec().to_json()
-    del data["val_steps"]
-    with pytest.raises(ConfigError, match="missing key.*val_steps"):
-        WorkerSpec.from_json(data)
-    data = {**worker_spec().to_json(), "learning_rate": 0.1}
-    with pytest.raises(ConfigError, match="unknown key.*'learning_rate'"):
-        WorkerSpec.from_json(data)
-    data = worker_spec().to_json()
-    data["config"]["model"] = "vgg16"
-    with pytest.raises(ConfigError, match="'vgg16' is not a known model"):
-        WorkerSpec.from_json(data)
+def test_a_job_file_without_sections_still_loads(tmp_path):
+    path = tmp_path / "old.toml"
+    path.write_text('workers = 2\nepochs = 3\noutput = "run"\n[conf]\n"spark.a" = "1"\n')
+    c = resolve_job([load_job_file(path)])
+    assert (c.workers, c.epochs, c.output, c.spark_conf) == (2, 3, str(tmp_path / "run"), {"spark.a": "1"})
+    path.write_text('url = "d"\n[scaling]\nworkers = 2\n[scaling.conf]\n"spark.a" = "1"\n[recipe]\nepochs = 3\n')
+    values = load_job_file(path)
+    assert values == {"url": str(tmp_path / "d"), "workers": 2, "conf": {"spark.a": "1"}, "epochs": 3}
 
 
 def test_conf_tables_flatten_dotted_keys_and_bad_conf_is_a_config_error():
@@ -262,3 +254,50 @@ def test_dumped_job_leaves_recipe_values_to_the_recipe(tmp_path):
     assert TrainConfig.from_mapping(values) == config
     longer = TrainConfig.from_mapping({**values, "epochs": 90})
     assert longer.warmup_epochs == 5.0 and longer.momentum == 0.8
+
+
+def test_overwrite_is_a_setting_of_the_job_file_and_the_command_line(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('workers = 2\noutput = "run"\noverwrite = true\n')
+    config = resolve_job([load_job_file(job)])
+    assert config.overwrite and config.output == str(tmp_path / "run")
+    assert "overwrite = true" in dump_job(config)
+    assert not TrainConfig(workers=1).overwrite
+    with pytest.raises(ConfigError, match=r"overwrite \(--overwrite\) must be true or false"):
+        TrainConfig(workers=1, overwrite="yes")
+
+
+def test_keep_checkpoints_is_a_run_setting_of_the_job_file_and_the_command_line(tmp_path):
+    assert TrainConfig(workers=1).keep_checkpoints == 2 and TrainConfig(workers=1).run.keep_checkpoints == 2
+    job = tmp_path / "job.toml"
+    job.write_text("workers = 2\n[run]\nkeep_checkpoints = 5\n")
+    config = resolve_job([load_job_file(job)])
+    assert config.keep_checkpoints == 5 and "keep_checkpoints = 5" in dump_job(config)
+    for bad in (0, "3", 1.5):
+        with pytest.raises(ConfigError, match=r"keep_checkpoints \(--keep-checkpoints\) must be an integer"):
+            TrainConfig(workers=1, keep_checkpoints=bad)
+
+
+def test_keep_checkpoints_may_change_when_a_run_resumes():
+    from spark_imagenet.training.job.checkpoints import CheckpointMeta, RunSettings, check_compatible, new_meta
+
+    before = TrainConfig(workers=1, epochs=3, keep_checkpoints=2)
+    meta = new_meta(before, "d", 10, 4, {}).replace(epoch=2, step=8)
+    assert isinstance(meta, CheckpointMeta)
+    check_compatible(meta, RunSettings.from_config(before.replace(keep_checkpoints=7), dataset_id="d",
+                                                   num_classes=10), "here")
+
+
+def test_print_config_writes_floats_with_six_significant_digits(tmp_path):
+    """--print-config (dump_job) writes 0.3, not 0.30000000000000004, also in the recipe's comment lines and in
+    lists, and reads back to the rounded values."""
+    config = TrainConfig(workers=2, epochs=7, learning_rate=0.1 * 3, crop_area=(1 / 3, 1.0))
+    text = dump_job(config)
+    assert "learning_rate = 0.3\n" in text and "0.30000000000000004" not in text
+    assert "# warmup_epochs = 0.388889  (the alexnet recipe's)" in text  # 7 epochs of 90's 5: 0.3888...
+    assert "0.333333," in text and "0.3333333333" not in text
+    job = tmp_path / "job.toml"
+    job.write_text(text)
+    again = resolve_job([load_job_file(job)])
+    assert again.learning_rate == 0.3 and again.crop_area == (0.333333, 1.0)
+    assert again.warmup_epochs == config.warmup_epochs  # a comment: derived from the recipe again

@@ -1,58 +1,85 @@
-"""The driver side of training (spark_imagenet.training.driver): settings, planning
+"""The driver side of training (spark_imagenet.training.driver.launch): settings, planning
 without Spark, and task failures rebuilt on the driver with their own class, on real
 local Spark."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bucket_util import make_bucket
 from spark_imagenet.errors import ConfigError, ManifestError, SparkImagenetError, StorageError, TrainingError
-from spark_imagenet.training.config import TrainConfig
-from spark_imagenet.training.driver import _error_classes, as_config, plan_job, task_error, train
+from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.training.driver.launch import as_config, plan_job, task_error, train
+from spark_imagenet.training.job.outcome import FAILURE_MARKER, Failure, LostPeer
 
 
-def test_task_error_extracts_the_package_error():
+def _error_classes(base: type[SparkImagenetError] = SparkImagenetError) -> dict[str, type[SparkImagenetError]]:
+    """This package's error classes by name: ``base`` and all its subclasses, at any depth."""
+    found = {base.__name__: base}
+    for sub in base.__subclasses__():
+        found.update(_error_classes(sub))
+    return found
+
+
+FAILURE = Failure(stage="training (fit)", message="InvalidArgumentError: logits and labels", rank=1,
+                  host="10.0.0.2", exit_status=1, output=("hello", "worker rank 1 failed"),
+                  process="the TensorFlow process (m) exited with code 1")
+
+
+def test_task_error_rebuilds_the_failure_the_task_raised():
+    """The driver takes the task's Failure from its JSON line inside Spark's message: no pattern over words."""
     text = ("An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
             ": org.apache.spark.SparkException: Job aborted due to stage failure: ...\n"
             "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
-            "spark_imagenet.errors.TrainingError: rank 1 on 10.0.0.2: the TensorFlow process exited with code 1; "
-            "its last 2 output line(s):\n  | hello\n  | replica rank 1 failed\n(end of rank 1 output)\n"
+            f"spark_imagenet.errors.TrainingError: {FAILURE.to_error()}\n"
             " SQLSTATE: 38000\n\tat org.apache.spark.api.python.BasePythonRunner.handle(PythonRunner.scala:1)\n")
     err = task_error(text)
-    assert type(err) is TrainingError
-    assert str(err).startswith("rank 1 on 10.0.0.2") and str(err).endswith("(end of rank 1 output)")
-    assert "\tat " not in str(err) and "SQLSTATE" not in str(err)
+    assert type(err) is TrainingError and err.failure == FAILURE
+    assert str(err) == FAILURE.describe()
+    assert str(err).startswith("rank 1 on 10.0.0.2: the TensorFlow process (m) exited with code 1 while training")
+    assert str(err).endswith("(end of rank 1 output)")
+    assert "\tat " not in str(err) and "SQLSTATE" not in str(err) and FAILURE_MARKER not in str(err)
+
+
+def test_task_error_of_a_failure_outside_our_code():
     other = task_error("org.apache.spark.SparkException: Job aborted due to stage failure: boom\n"
                        "ValueError: bad value\n\tat org.apache.X.y(X.scala:1)\n")
     assert type(other) is TrainingError and "Job aborted" in str(other) and "ValueError: bad value" in str(other)
-    assert "\tat " not in str(other)
+    assert "\tat " not in str(other) and getattr(other, "failure", None) is None
 
 
-@pytest.mark.parametrize("name", sorted(_error_classes()))
+def test_a_failure_survives_its_json_line():
+    lost = replace(FAILURE, error="WorkerLost", lost_peers=(LostPeer(0, "h:1", "does not answer"),))
+    assert Failure.find("noise\n" + str(lost.to_error()) + "\nmore") == lost
+    assert Failure.from_json(lost.to_json()) == lost and lost.lost and not FAILURE.lost
+    assert lost.summary().startswith("rank 1 on 10.0.0.2: lost its peer: rank 0 (h:1) does not answer; the "
+                                     "TensorFlow process (m) exited with code 1 while training (fit): ")
+    assert "\n" not in lost.summary()
+    assert Failure.find("no failure here") is None and Failure.find(FAILURE_MARKER + "{not json") is None
+
+
+#: The classes checked in the fast tier (a Spark job each); the slow tier checks every class.
+FAST_ERRORS = ("AccessError", "ConfigError", "WorkerLost")
+
+
+@pytest.mark.parametrize("name", [n if n in FAST_ERRORS else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(_error_classes())])
 def test_every_error_class_survives_the_trip_from_a_task(spark, name):
-    """A task raises each of the package's error classes (subclasses of subclasses too, e.g. a 403's
-    AccessError); the driver rebuilds the same class and message from what Spark reports."""
-    message = f"rank 0 on h: the {name} message"
+    """A task raises the error of a Failure of each of the package's error classes (subclasses of subclasses
+    too, e.g. a 403's AccessError); the driver rebuilds the same class and message from what Spark reports."""
+    failure = Failure(stage="staging its shards", message=f"the {name} message", error=name, rank=0, host="h")
 
     def fail(_items):
-        import spark_imagenet.errors as errors
-
-        raise getattr(errors, name)(message)
+        raise failure.to_error()
 
     with pytest.raises(Exception) as e:
         spark.sparkContext.parallelize([0], 1).mapPartitions(fail).collect()
     err = task_error(str(e.value))
-    assert type(err).__name__ == name and type(err) is _error_classes()[name]
-    assert str(err) == message
-
-
-def test_error_classes_include_the_deep_subclasses():
-    names = set(_error_classes())
-    assert {"AccessError", "IntegrityError", "PreconditionFailed", "ArchiveError", "StorageError"} <= names
-    assert all(issubclass(c, SparkImagenetError) for c in _error_classes().values())
+    assert type(err) is _error_classes()[name]
+    assert str(err) == f"rank 0 on h: the {name} message" and err.failure == failure
 
 
 def test_config_object_and_keyword_forms_agree():
@@ -104,6 +131,7 @@ def test_gpus_the_session_cannot_give_are_refused_before_launch(spark, tmp_path)
         train(spark, str(make_bucket(tmp_path / "b")), 1, gpus_per_worker=1)
 
 
+@pytest.mark.slow
 def test_task_failure_reaches_the_driver_as_a_clear_error(spark, tmp_path):
     # rank 1's train shard is corrupted in the bucket: its barrier task fails while staging it,
     # rank 0 is waiting in the rendezvous and gets killed; the driver re-raises the task's error.
@@ -135,6 +163,7 @@ def test_a_spark_failure_of_a_lost_executor_is_worker_lost_and_others_are_not():
     assert type(lost) is WorkerLost and "ExecutorLostFailure" in str(lost)
     other = task_error("org.apache.spark.SparkException: Job aborted due to stage failure: bad conf\n\tat x.y(Z)")
     assert type(other) is TrainingError
-    rebuilt = task_error("...spark_imagenet.errors.WorkerLost: rank 1 on h: the TensorFlow process was killed by "
-                         "SIGKILL; its last 1 output line(s):\n  | x\n(end of rank 1 output)\n\tat x")
+    killed = replace(FAILURE, error="WorkerLost", exit_status=-9,
+                     process="the TensorFlow process (m) was killed by SIGKILL")
+    rebuilt = task_error(f"...spark_imagenet.errors.WorkerLost: {killed.to_error()}\n\tat x")
     assert type(rebuilt) is WorkerLost and str(rebuilt).endswith("(end of rank 1 output)")

@@ -1,5 +1,5 @@
 """GPUs per worker and the choice of strategy: the driver's check of Spark's GPU settings
-(spark_imagenet.training.gpus), the task side's GPU mapping through a real local-cluster with a
+(spark_imagenet.training.job.gpus), the task side's GPU mapping through a real local-cluster with a
 fake discovery script, and the one-worker strategies (mirrored, default) trained end to end on CPU."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 
 from data_util import build, small_layout
 from spark_imagenet.errors import ConfigError
-from spark_imagenet.training.barrier_task import gpu_sharing_warning, task_gpus
-from spark_imagenet.training.gpus import check_gpu_conf, host_has_gpus
+from spark_imagenet.training.task.environment import gpu_sharing_warning, task_gpus
+from spark_imagenet.training.job.gpus import check_gpu_conf, host_has_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01, "epochs": 1}
@@ -119,14 +119,14 @@ def test_gpus_configured_but_not_asked_for_is_a_warning():
 
 # --------------------------------------------------------- the task side
 def test_task_gpus_needs_as_many_as_asked():
-    assert task_gpus(["0", "1"], 2, 0, "h") == ["0", "1"]
-    assert task_gpus(["3"], 0, 0, "h") == ["3"]  # given but not asked for: used
-    assert task_gpus(None, 0, 0, "h") is None and task_gpus([], 0, 0, "h") is None
-    with pytest.raises(ConfigError, match=r"rank 1 on h: --gpus-per-worker 2 but Spark gave this task 1 GPU\(s\) "
+    assert task_gpus(["0", "1"], 2) == ["0", "1"]
+    assert task_gpus(["3"], 0) == ["3"]  # given but not asked for: used
+    assert task_gpus(None, 0) is None and task_gpus([], 0) is None
+    with pytest.raises(ConfigError, match=r"^--gpus-per-worker 2 but Spark gave this task 1 GPU\(s\) "
                                           r"\['0'\]; set spark.task.resource.gpu.amount=2"):
-        task_gpus(["0"], 2, 1, "h")
+        task_gpus(["0"], 2)
     with pytest.raises(ConfigError, match="gave this task 0 GPU"):
-        task_gpus(None, 1, 0, "h")
+        task_gpus(None, 1)
 
 
 def test_gpu_sharing_warning_and_probe(tmp_path):
@@ -162,20 +162,20 @@ CLUSTER_JOB = textwrap.dedent("""
 
     def task(_):
         from spark_imagenet.errors import ConfigError
-        from spark_imagenet.training.barrier_task import cuda_visible_devices, task_gpus
+        from spark_imagenet.training.task.environment import cuda_visible_devices, task_gpus
 
         ctx = BarrierTaskContext.get()
         addresses = list(ctx.resources()["gpu"].addresses)
         try:
-            task_gpus(addresses, 2, ctx.partitionId(), "h")
+            task_gpus(addresses, 2)
             too_few = None
         except ConfigError as e:
             too_few = str(e)
-        gpus = task_gpus(addresses, 1, ctx.partitionId(), "h")
+        gpus = task_gpus(addresses, 1)
         yield json.dumps({"rank": ctx.partitionId(), "addresses": addresses, "too_few": too_few,
                           "visible": cuda_visible_devices(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))})
 
-    from spark_imagenet.training.gpus import check_gpu_conf
+    from spark_imagenet.training.job.gpus import check_gpu_conf
 
     out = {"check": check_gpu_conf(lambda k: sc.getConf().get(k), 1, 2, sc.master),
            "tasks": [json.loads(r) for r in sc.parallelize(range(2), 2).barrier().mapPartitions(task).collect()]}
@@ -220,25 +220,26 @@ def bucket(tmp_path_factory):
     ("mirrored", "reduction-to-one", "ReductionToOneDevice"),
     ("default", "auto", "none (one device)"),
 ])
-def test_one_worker_strategies_train_on_cpu(spark, bucket, strategy, cross_device_ops, all_reduce):
-    from spark_imagenet.training.driver import train
+def test_one_worker_strategies_train_on_cpu(log_lines, spark, bucket, strategy, cross_device_ops, all_reduce):
+    from spark_imagenet.training.driver.launch import train
 
-    lines: list[str] = []
+    lines = log_lines
+    lines.clear()  # the lines from here on
     out = train(spark, str(bucket / "bucket"), 1, strategy=strategy, cross_device_ops=cross_device_ops,
-                cache=bucket / "cache", log=lines.append, **SMALL)
+                cache=bucket / "cache", **SMALL)
     assert out["workers"] == 1 and len(out["per_worker"]) == 1
     assert out["val"]["images"] == 12 and 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1
     w = out["per_worker"][0]
-    assert w["steps"] == 24 // SMALL["batch_size"] and w["train_loss"] > 0
+    assert w["steps"] == 24 // SMALL["batch_size"] and out["train"]["loss"] > 0
     # which strategy ran is in the worker's record (strategy, all_reduce, devices: tests/test_worker.py) and on
     # its "[rank 0] strategy: ..." line; results.combine does not carry those keys yet
 
 
 @pytest.mark.slow
 def test_multiworker_ring_all_reduce_trains_two_workers(spark, bucket):
-    from spark_imagenet.training.driver import train
+    from spark_imagenet.training.driver.launch import train
 
     out = train(spark, str(bucket / "bucket"), 2, strategy="multiworker", cross_device_ops="ring",
-                cache=bucket / "cache", log=lambda m: None, **SMALL)
+                cache=bucket / "cache", **SMALL)
     assert [w["rank"] for w in out["per_worker"]] == [0, 1]
     assert out["val"]["images"] == 12

@@ -11,7 +11,9 @@ import time
 import pytest
 
 from spark_imagenet.errors import ConfigError, TrainingError
-from spark_imagenet.training.logchannel import ChannelSpec, LogSender, LogServer
+from spark_imagenet.training.driver.logserver import LogServer
+from spark_imagenet.training.job.logchannel import ChannelSpec
+from spark_imagenet.training.task.logsender import LogSender
 
 HOST = "127.0.0.1"
 

@@ -1,4 +1,4 @@
-"""Tests for spark_imagenet.training.models: AlexNet and ResNet-50 shapes, parameter counts, errors, compile and
+"""Tests for spark_imagenet.training.worker.models: AlexNet and ResNet-50 shapes, parameter counts, errors, compile and
 learning; a user's builder (``--model package.module:function``) checked on the driver and in the worker."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import ConfigError  # noqa: E402
-from spark_imagenet.training.models.registry import MODELS, build_model, compile_model  # noqa: E402
-from spark_imagenet.training.models.alexnet_layers import feature_map_size, min_image_size  # noqa: E402
+from spark_imagenet.training.worker.models.registry import MODELS, build_model, compile_model  # noqa: E402
+from spark_imagenet.training.job.alexnet_layers import feature_map_size, min_image_size  # noqa: E402
 
 
 def _alexnet_params(num_classes: int, flatten: int, width: float = 1.0) -> int:
@@ -157,9 +157,9 @@ def test_width_quarter_96px_learns_from_scratch_with_sgd_momentum():
 
 
 def test_driver_side_table_matches_the_models():
-    from spark_imagenet.training.models.specs import FIXED_WIDTH, MIN_IMAGE_SIZE, RECIPES, check_model_settings
-    from spark_imagenet.training.models.alexnet_layers import min_image_size
-    from spark_imagenet.training.models.resnet import MIN_IMAGE_SIZE as RESNET_MIN
+    from spark_imagenet.training.job.model_specs import FIXED_WIDTH, MIN_IMAGE_SIZE, RECIPES, check_model_settings
+    from spark_imagenet.training.job.alexnet_layers import min_image_size
+    from spark_imagenet.training.worker.models.resnet import MIN_IMAGE_SIZE as RESNET_MIN
 
     assert set(MIN_IMAGE_SIZE) == set(MODELS) == set(RECIPES) == {"alexnet", "resnet50"}
     assert FIXED_WIDTH <= set(MODELS)
@@ -219,7 +219,7 @@ def test_resnet50_refuses_other_widths_and_small_sizes():
 # ---------------------------------------------------------------- a user's builder, driver side (no TensorFlow)
 
 def _driver_error(model: str) -> str:
-    from spark_imagenet.training.models.specs import check_model_settings
+    from spark_imagenet.training.job.model_specs import check_model_settings
 
     with pytest.raises(ConfigError) as info:
         check_model_settings(model, 64)
@@ -229,7 +229,7 @@ def _driver_error(model: str) -> str:
 
 
 def test_user_builder_found_on_the_driver_by_its_source():
-    from spark_imagenet.training.models.specs import check_model_settings, recipe_for, USER_RECIPE
+    from spark_imagenet.training.job.model_specs import check_model_settings, recipe_for, USER_RECIPE
 
     note = check_model_settings("user_model:build", 64)
     assert note.startswith("user_model:build: build found in ") and note.endswith("user_model.py")
@@ -246,11 +246,11 @@ def test_user_builder_module_missing_on_the_driver():
 
 
 def test_user_builder_module_missing_in_the_worker_spec_check(monkeypatch):
-    """The worker (``python -m spark_imagenet.training.worker``) checks its spec's config again: the message
+    """The worker (``python -m spark_imagenet.training.worker.main``) checks its spec's config again: the message
     names its own path."""
     import types
 
-    main = types.SimpleNamespace(__spec__=types.SimpleNamespace(name="spark_imagenet.training.worker"))
+    main = types.SimpleNamespace(__spec__=types.SimpleNamespace(name="spark_imagenet.training.worker.main"))
     monkeypatch.setitem(sys.modules, "__main__", main)
     message = _driver_error("user_model_typo:build")
     assert "cannot find module user_model_typo on the TensorFlow worker's Python path" in message
@@ -270,7 +270,7 @@ def test_user_builder_bad_forms_on_the_driver():
 def test_user_builder_source_checks(tmp_path, monkeypatch):
     """Definitions in if/try blocks and imports count; a syntax error and a folder without code are named;
     a compiled module without source is accepted (checked in the first task)."""
-    from spark_imagenet.training.models.specs import check_model_settings
+    from spark_imagenet.training.job.model_specs import check_model_settings
 
     (tmp_path / "ubpkg").mkdir()
     (tmp_path / "ubpkg" / "__init__.py").write_text("")
@@ -294,7 +294,7 @@ def test_user_builder_source_checks(tmp_path, monkeypatch):
 def test_user_builder_check_starts_no_tensorflow_on_the_driver():
     import subprocess
 
-    code = ("import sys\nfrom spark_imagenet.training.config import TrainConfig\n"
+    code = ("import sys\nfrom spark_imagenet.training.job.config import TrainConfig\n"
             "TrainConfig(model='user_model:build', image_size=64, workers=1)\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tf_keras', 'keras')))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
@@ -304,7 +304,7 @@ def test_user_builder_check_starts_no_tensorflow_on_the_driver():
 
 
 def test_train_config_names_model_for_a_missing_builder():
-    from spark_imagenet.training.config import TrainConfig
+    from spark_imagenet.training.job.config import TrainConfig
 
     with pytest.raises(ConfigError, match=r"model \(--model\) 'nosuch\.mod:fn': cannot find module nosuch\.mod"):
         TrainConfig(model="nosuch.mod:fn", workers=1)
@@ -351,12 +351,12 @@ def test_user_builder_of_keras3_gets_its_own_message():
 
 
 def test_the_tensorflow_child_gets_the_tasks_extra_path(tmp_path, monkeypatch):
-    """child_env appends the task's sys.path entries that a fresh interpreter lacks (what --py-files and
+    """The worker's environment (preload_env) appends the task's sys.path entries that a fresh interpreter lacks (what --py-files and
     addPyFile add), so the worker process imports the user's module the task could import."""
     import subprocess
     import sysconfig
 
-    from spark_imagenet.training.barrier_task import child_env
+    from child_util import worker_env as child_env
 
     shipped = tmp_path / "userFiles"
     shipped.mkdir()

@@ -1,4 +1,4 @@
-"""Tests of the tf.data input pipeline (spark_imagenet.training.pipeline) on small
+"""Tests of the tf.data input pipeline (spark_imagenet.training.worker.pipeline) on small
 generated JPEGs in TFRecord shards written with the project's own record
 writer (spark_imagenet.dataset.tfrecord, the format spark_imagenet.dataset.sharding writes)."""
 
@@ -15,12 +15,12 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from spark_imagenet.training import pipeline  # noqa: E402
+from spark_imagenet.training.worker import bad_records, pipeline, preprocessing  # noqa: E402
 from spark_imagenet.errors import ConfigError, ImageError, ManifestError  # noqa: E402
 from spark_imagenet.dataset.tfrecord import encode_example, write_record  # noqa: E402
 
-MEAN = np.array(pipeline.MEAN_RGB, np.float32)
-STD = np.array(pipeline.STD_RGB, np.float32)
+MEAN = np.array(preprocessing.MEAN_RGB, np.float32)
+STD = np.array(preprocessing.STD_RGB, np.float32)
 
 
 def jpeg_bytes(pixels: np.ndarray, quality: int = 95) -> bytes:
@@ -103,7 +103,7 @@ def test_train_normalization_of_a_solid_colour(tmp_path):
 
 def test_normalizer_matches_the_formula():
     x = np.random.default_rng(3).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
-    got = pipeline.normalizer(8)(tf.constant(x)).numpy()
+    got = preprocessing.normalizer(8)(tf.constant(x)).numpy()
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, (x.astype(np.float32) - MEAN) / STD, rtol=0, atol=1e-5)
 
@@ -130,7 +130,7 @@ def test_eval_center_crop(tmp_path):
     img[4:60, 40:68] = (0, 0, 255)
     data = jpeg_bytes(img, quality=100)
     files = [write_shard(tmp_path / "val-00000-of-00001.tfrecord", [(data, 7, "frame.JPEG")])]
-    window = pipeline.center_crop_window(tf.constant([64, 80, 3])).numpy().tolist()
+    window = preprocessing.center_crop_window(tf.constant([64, 80, 3])).numpy().tolist()
     assert window == [4, 12, 56, 56]
     batches = list(pipeline.eval_dataset(files, 1, 56, 1, None, examples=1, steps=1))
     assert len(batches) == 1
@@ -188,7 +188,7 @@ def test_bad_jpeg_names_shard_and_record(tmp_path):
     bad_file = write_shard(tmp_path / "train-00001-of-00002.tfrecord", records)
     files = good + [bad_file]
 
-    found = pipeline.find_bad_records(files, limit=None)
+    found = bad_records.find_bad_records(files, limit=None)
     assert [(b.path, b.index, b.filename) for b in found] == [(bad_file, 2, "broken.JPEG")]
 
     ds = pipeline.train_dataset(files, 3, 16, 2, seed=0, shuffle_buffer=4)
@@ -214,7 +214,7 @@ def test_find_bad_records_truncated_jpeg_and_corrupt_file(tmp_path):
     rng = np.random.default_rng(4)
     data = jpeg_bytes(random_image(rng))
     truncated = write_shard(tmp_path / "a.tfrecord", [(data, 0, "a.JPEG"), (data[: len(data) // 2], 1, "half.JPEG")])
-    found = pipeline.find_bad_records([truncated])
+    found = bad_records.find_bad_records([truncated])
     assert [(b.index, b.filename) for b in found] == [(1, "half.JPEG")]
 
     # Flip one byte inside the second record's payload: TFRecord's CRC catches it.
@@ -222,7 +222,7 @@ def test_find_bad_records_truncated_jpeg_and_corrupt_file(tmp_path):
     raw = bytearray(open(intact, "rb").read())
     raw[len(raw) - 40] ^= 0xFF
     open(intact, "wb").write(bytes(raw))
-    found = pipeline.find_bad_records([truncated, intact], limit=None)
+    found = bad_records.find_bad_records([truncated, intact], limit=None)
     assert [(os.path.basename(b.path), b.index) for b in found] == [("a.tfrecord", 1), ("b.tfrecord", 1)]
     assert "corrupted record" in found[1].reason
     with pytest.raises(ImageError, match=r"b\.tfrecord, record 1: unreadable TFRecord"):
@@ -355,9 +355,9 @@ def test_epoch_argument_errors(tmp_path):
 def test_stateless_crop_window():
     shape = tf.constant([48, 64, 3])
     seed = tf.constant([7, 11], tf.int64)
-    first = pipeline.random_crop_window(shape, stateless_seed=seed).numpy()
-    assert np.array_equal(first, pipeline.random_crop_window(shape, stateless_seed=seed).numpy())
-    windows = {tuple(pipeline.random_crop_window(shape, stateless_seed=tf.constant([7, k], tf.int64)).numpy())
+    first = preprocessing.random_crop_window(shape, stateless_seed=seed).numpy()
+    assert np.array_equal(first, preprocessing.random_crop_window(shape, stateless_seed=seed).numpy())
+    windows = {tuple(preprocessing.random_crop_window(shape, stateless_seed=tf.constant([7, k], tf.int64)).numpy())
                for k in range(20)}
     assert len(windows) > 10
     for y, x, h, w in windows:
@@ -421,7 +421,7 @@ def test_crop_area_range_of_the_window():
     shape = tf.constant([48, 64, 3])
     areas = []
     for k in range(30):
-        y, x, h, w = pipeline.random_crop_window(shape, stateless_seed=tf.constant([3, k], tf.int64),
+        y, x, h, w = preprocessing.random_crop_window(shape, stateless_seed=tf.constant([3, k], tf.int64),
                                                  area_range=(0.4, 0.5)).numpy()
         assert 0 <= y and 0 <= x and y + h <= 48 and x + w <= 64
         areas.append(h * w / (48 * 64))
@@ -488,19 +488,37 @@ def test_bad_augmentation_values_are_refused(tmp_path, kwargs, match):
         pipeline.train_dataset(files, 2, 16, 1, **kwargs)
 
 
+_FAULTS_PER_BATCH = """
+import resource, sys
+from spark_imagenet.training.worker import pipeline
+if not pipeline._reuse_freed_memory():
+    print("not-glibc")
+    sys.exit()
+it = iter(pipeline.train_dataset(sys.argv[1:], 64, 224, 2, seed=0, shuffle_buffer=8))
+for _ in range(6):  # warm-up: every thread's arena has held a batch
+    next(it)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(6):
+    next(it)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 6)
+"""
+
+
 def test_batches_reuse_freed_memory(tmp_path):
     # A float32 batch of 64 x 224 px is 38.5 MB (9,409 pages): without the malloc settings every batch
-    # was a fresh mmap whose pages all faulted in on first write.
-    if not pipeline._reuse_freed_memory():
-        pytest.skip("not glibc: the malloc settings do not apply")
-    import resource
+    # is a fresh mmap whose pages all fault in on first write (measured: 10,300-11,400 faults per batch).
+    # With them, 27 fresh processes measured 0-5,100 (median ~400): which glibc arena a tf.data thread
+    # gets is chance, and a batch in a thread arena's 64 MiB heap is sometimes unmapped when freed. So the
+    # bound is three quarters of a batch, in a fresh process as the TensorFlow worker is one (in pytest's
+    # own process, after hundreds of tests, the arenas hold what earlier tests left: CI once saw 7,904).
+    import subprocess
+    import sys
 
     files = make_shards(tmp_path, shards=1, per_shard=8)
-    it = iter(pipeline.train_dataset(files, 64, 224, 2, seed=0, shuffle_buffer=8))
-    for _ in range(6):  # warm-up: every thread's arena has held a batch
-        next(it)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(6):
-        next(it)
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 6
-    assert faults < 9409 / 2, f"{faults:.0f} page faults per batch"
+    out = subprocess.run([sys.executable, "-c", _FAULTS_PER_BATCH, *files], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    if out.stdout.strip() == "not-glibc":
+        pytest.skip("not glibc: the malloc settings do not apply")
+    faults = float(out.stdout.split()[-1])
+    assert faults < 9409 * 3 / 4, f"{faults:.0f} page faults per batch"

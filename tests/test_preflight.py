@@ -1,18 +1,19 @@
 """The driver's checks before a barrier launch: dynamic allocation, task slots, the
 results path, network encryption, train shards per worker, and that
-spark.python.worker.reuse is not needed (spark_imagenet.training.preflight), on real local Spark."""
+spark.python.worker.reuse is not needed (spark_imagenet.training.driver.preflight), on real local Spark."""
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from bucket_util import make_bucket
 from spark_imagenet.errors import ConfigError
-from spark_imagenet.training.config import TrainConfig
-from spark_imagenet.training.driver import plan_job, train
-from spark_imagenet.training.preflight import (
+from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.training.driver.launch import plan_job, train
+from spark_imagenet.training.driver.preflight import (
     NETWORK_ENCRYPTION_KEYS,
     available_slots,
     check_cluster_conf,
@@ -24,7 +25,7 @@ from spark_imagenet.training.preflight import (
     slots_from_master,
     spark_seconds,
 )
-from spark_imagenet.training.spark_session import local_session
+from spark_imagenet.training.driver.spark_session import local_session
 
 
 def test_dynamic_allocation_is_refused_before_launch(tmp_path):
@@ -201,7 +202,7 @@ def test_training_runs_with_python_worker_reuse_off(tmp_path):
     from spark_imagenet.dataset.sharding import shard
 
     tree = small_layout(tmp_path / "kaggle")  # 4 classes x 6 train, 3 val each
-    shard(tree, tmp_path / "bucket", train_shards=2, val_shards=1, processes=1, progress=False, log=lambda m: None)
+    shard(tree, tmp_path / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
     results = tmp_path / "r.json"
     p = subprocess.run([sys.executable, "-m", "spark_imagenet", "train", str(tmp_path / "bucket"), "--workers", "2",
                         "--master", "local[2]", "--epochs", "1", "--batch-size", "4", "--image-size", "72",
@@ -215,13 +216,49 @@ def test_training_runs_with_python_worker_reuse_off(tmp_path):
 
 
 def test_a_local_output_for_a_cluster_master_is_refused_unless_every_host_mounts_it():
-    from spark_imagenet.training.preflight import check_output_reachable
+    from spark_imagenet.training.driver.preflight import check_output_reachable
 
     with pytest.raises(ConfigError) as e:
         check_output_reachable("/data/runs/one", "spark://m:7077", False)
     assert "--output /data/runs/one is a path on the driver's disk" in str(e.value)
-    assert "--output gs://BUCKET/PREFIX" in str(e.value) and "--shared-filesystem" in str(e.value)
+    assert "--output URL, URL one of gs://BUCKET/PREFIX, s3://BUCKET/PREFIX" in str(e.value)
+    assert "--shared-filesystem" in str(e.value)
     check_output_reachable("/data/runs/one", "spark://m:7077", True)
     check_output_reachable("/data/runs/one", "local-cluster[2,1,1024]", False)  # this machine
     check_output_reachable("gs://b/runs/one", "yarn", False)
     check_output_reachable(None, "yarn", False)
+
+
+@pytest.mark.parametrize("master, workers, slots", [
+    ("local[2]", 4, 2), ("local[2,3]", 4, 2), ("local[2, 3]", 3, 2), ("local", 2, 1),
+    ("local[*]", (os.cpu_count() or 1) + 1, os.cpu_count() or 1), ("local[*,2]", (os.cpu_count() or 1) + 1,
+                                                                   os.cpu_count() or 1),
+    ("local-cluster[2,1,1024]", 3, 2)])
+def test_the_master_url_alone_refuses_more_workers_than_its_slots(master, workers, slots):
+    """local[N], local[N,F], local[*] (this machine's cores) and local-cluster[E,C,MB] are parsed from the
+    URL, so `train --workers 4 --master 'local[2]'` is refused before a JVM starts."""
+    from spark_imagenet.training.driver.preflight import check_slots_of_master_url
+
+    with pytest.raises(ConfigError, match=rf"--workers {workers} needs {workers} barrier task slots, only {slots} "
+                                          rf"available \(master {re.escape(master)}; from the master URL"):
+        check_slots_of_master_url(master, workers, {})
+    check_slots_of_master_url(master, slots, {})  # as many as it has: passes
+    check_slots_of_master_url("spark://h:7077", 99, {})  # a cluster's slots are counted once it runs
+
+
+@pytest.mark.parametrize("master", ["local[x]", "local[2", "local[]", "local[2,]", "local-cluster[2,1]"])
+def test_a_master_spark_cannot_parse_is_refused_before_spark(master):
+    with pytest.raises(ConfigError, match=rf"master \(--master\) '{re.escape(master)}' is not a Spark master URL: "
+                                          r"use local, local\[N\], local\[\*\], local\[N,F\]"):
+        TrainConfig(workers=1, master=master)
+
+
+def test_train_refuses_more_workers_than_local_slots_at_once(capsys):
+    import time
+
+    from spark_imagenet.cli import main
+
+    started = time.monotonic()
+    assert main(["train", "/no/such/dataset", "--workers", "4", "--master", "local[2,3]"]) == 2
+    assert time.monotonic() - started < 5  # no JVM: it starts in 5-10 s
+    assert "--workers 4 needs 4 barrier task slots, only 2 available" in capsys.readouterr().err

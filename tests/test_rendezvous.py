@@ -7,7 +7,7 @@ import json
 import pytest
 
 from spark_imagenet.errors import ConfigError
-from spark_imagenet.training.rendezvous import build_tf_config, join_host_port, local_worker_count, split_host_port
+from spark_imagenet.training.task.rendezvous import build_tf_config, join_host_port, local_worker_count, split_host_port
 
 
 # ------------------------------------------------------------- TF_CONFIG
@@ -57,7 +57,7 @@ def test_local_worker_count():
 
 # ------------------------------------------------- real barrier rendezvous
 def test_rendezvous_in_a_local_barrier_stage(spark):
-    from spark_imagenet.training.rendezvous import rendezvous
+    from spark_imagenet.training.task.rendezvous import rendezvous
 
     def task(_):
         from pyspark import BarrierTaskContext
@@ -89,7 +89,7 @@ def test_rendezvous_in_a_local_barrier_stage(spark):
 def test_a_task_that_failed_before_the_rendezvous_ends_it_for_all(spark):
     """Rank 1 comes with a failure: both tasks raise PeerFailed naming it, none is left waiting in allGather."""
     from spark_imagenet.errors import PeerFailed
-    from spark_imagenet.training.rendezvous import rendezvous
+    from spark_imagenet.training.task.rendezvous import rendezvous
 
     def task(_):
         from pyspark import BarrierTaskContext

@@ -1,8 +1,9 @@
-"""Tests for spark_imagenet.training.schedules (pure Python) and .keras_schedule (the same formula in TensorFlow):
+"""Tests for spark_imagenet.training.job.schedules (pure Python) and .keras_schedule (the same formula in TensorFlow):
 warm-up, step drops, cosine, scaling, validation, JSON, TF equality, resume at a restored step, saving."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -16,8 +17,8 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import ConfigError  # noqa: E402
-from spark_imagenet.training.keras_schedule import KerasSchedule  # noqa: E402
-from spark_imagenet.training.schedules import Schedule, default_boundaries  # noqa: E402
+from spark_imagenet.training.worker.keras_schedule import KerasSchedule  # noqa: E402
+from spark_imagenet.training.job.schedules import Schedule, default_boundaries  # noqa: E402
 
 
 def make(**kw) -> Schedule:
@@ -133,8 +134,8 @@ def test_json_round_trip():
 @pytest.mark.parametrize("data, message", [
     ({"format": "other"}, "not a spark-imagenet learning-rate schedule"),
     ({**make().to_json(), "format_version": 2}, "format_version 2 is not supported"),
-    ({k: v for k, v in make().to_json().items() if k != "epochs"}, "missing field(s) epochs"),
-    ({**make().to_json(), "colour": 1}, "unknown field(s) colour"),
+    ({k: v for k, v in make().to_json().items() if k != "epochs"}, "missing key(s) epochs"),
+    ({**make().to_json(), "colour": 1}, "unknown key(s) colour"),
     ({**make().to_json(), "kind": "linear"}, "--lr-schedule"),
 ])
 def test_from_json_refuses(data, message):
@@ -275,3 +276,23 @@ def test_saved_model_with_its_optimizer_reloads(tmp_path):
     assert int(opt.iterations.numpy()) == 6
     np.testing.assert_allclose(opt._learning_rate(opt.iterations).numpy(), s.at(6), rtol=1e-6)
     np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
+
+
+def test_extending_a_finished_run_says_the_schedule_is_stretched():
+    from spark_imagenet.training.job.schedules import extension_note
+
+    cosine = Schedule(kind="cosine", base_lr=0.002, global_batch=256, steps_per_epoch=10, epochs=10, scaling="none")
+    note = extension_note(cosine, planned_epochs=4, epochs_done=4)
+    planned = dataclasses.replace(cosine, epochs=4)
+    assert note == (f"lr: --epochs 10 instead of the checkpoint's 4 stretches the cosine schedule to 10 epochs: the "
+                    f"learning rate goes from {planned.at(39):.3g} (the last step trained) to {cosine.at(40):.3g} "
+                    "at epoch 5 (the 4-epoch schedule had 0)")
+    assert cosine.at(40) > 100 * planned.at(39)  # the jump the line warns about
+    assert "at epoch 3" in extension_note(cosine, planned_epochs=4, epochs_done=2)  # a relaunch mid-run too
+    assert extension_note(cosine, planned_epochs=10, epochs_done=4) is None  # the same run resumed
+    assert extension_note(cosine, planned_epochs=4, epochs_done=10) is None  # nothing left to train
+    constant = dataclasses.replace(cosine, kind="constant")
+    assert extension_note(constant, planned_epochs=4, epochs_done=4) is None
+    fixed = dataclasses.replace(cosine, kind="step", boundaries=(2, 3))
+    assert extension_note(fixed, planned_epochs=4, epochs_done=4) is None  # --lr-boundaries do not move
+    assert "step schedule" in extension_note(dataclasses.replace(cosine, kind="step"), 4, 4)  # default drops do

@@ -1,4 +1,4 @@
-"""The step watchdog (spark_imagenet.training.watchdog): deadline, feeding, pausing, peer diagnosis, the default
+"""The step watchdog (spark_imagenet.training.worker.watchdog): deadline, feeding, pausing, peer diagnosis, the default
 exit; and, marked slow, two real MultiWorkerMirroredStrategy workers, one SIGSTOPped or stuck."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_imagenet.training import watchdog as wd
-from spark_imagenet.training.watchdog import ALL_ANSWER, EXIT_STEP_TIMEOUT, NO_ANSWER, StepWatchdog
+from spark_imagenet.training.worker import watchdog as wd
+from spark_imagenet.training.worker.watchdog import ALL_ANSWER, EXIT_STEP_TIMEOUT, NO_ANSWER, StepWatchdog
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -171,13 +171,16 @@ def test_probe_peers():
                     f"rank 3 (d:4) {NO_ANSWER}")
     assert wd.probe_peers(peers, 3, 1.0, lambda task, t: None) == ALL_ANSWER
     assert wd.probe_peers(["a:1"], 0, 1.0, probe).startswith("no peer to probe")
+    lost = wd.probe_lost_peers(peers, 0, 0.1, probe)
+    assert [(p.rank, p.address) for p in lost] == [(1, "b:2"), (2, "c:3"), (3, "d:4")]
+    assert lost[0].why == NO_ANSWER and lost[1].why.startswith("has restarted")
 
 
 def test_a_failing_diagnosis_still_gives_the_message(monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("boom")
 
-    monkeypatch.setattr(wd, "probe_peers", broken)
+    monkeypatch.setattr(wd, "probe_lost_peers", broken)
     dog, clock, messages, fired = make(5.0, peers=["a:1", "b:2"])
     dog.arm()
     clock.now += 6
@@ -223,8 +226,9 @@ def test_keras_fit_feeds_it_and_a_stuck_batch_fires_it():
     assert messages[0].endswith("last progress: train batch 3 of epoch 1 finished")
 
 
+@pytest.mark.slow
 def test_default_expiry_prints_one_line_and_exits_3():
-    code = ("import time\nfrom spark_imagenet.training.watchdog import StepWatchdog\n"
+    code = ("import time\nfrom spark_imagenet.training.worker.watchdog import StepWatchdog\n"
             "StepWatchdog(0.2, rank=3).arm()\ntime.sleep(60)\nprint('not reached')\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
@@ -250,7 +254,7 @@ CHILD = textwrap.dedent("""
     import tf_keras as keras
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
     from tensorflow.python.eager import context
-    from spark_imagenet.training.watchdog import StepWatchdog, peers_from_tf_config
+    from spark_imagenet.training.worker.watchdog import StepWatchdog, peers_from_tf_config
 
     context.context().configure_coordination_service(
         service_type="standalone", service_leader="/job:worker/replica:0/task:0", heartbeat_timeout_in_ms=600_000,

@@ -1,4 +1,4 @@
-"""The TensorFlow worker process (spark_imagenet.training.worker): failure reporting,
+"""The TensorFlow worker process (spark_imagenet.training.worker.main): failure reporting,
 and real one-worker and two-worker MultiWorkerMirroredStrategy runs in child
 processes on tiny generated TFRecord shards, each given a WorkerSpec."""
 
@@ -21,7 +21,11 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from spark_imagenet.training.config import TrainConfig, WorkerSpec  # noqa: E402
+from spark_imagenet.errors import ConfigError  # noqa: E402
+from spark_imagenet.training.job.config import TrainConfig  # noqa: E402
+from spark_imagenet.training.job.plan import WORKER, WorkerSpec  # noqa: E402
+from spark_imagenet.training.job.schedules import schedule_for  # noqa: E402
+from spark_imagenet.training.job.outcome import Failure, read_outcome  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,10 +89,10 @@ def shards(tmp_path_factory) -> dict:
 
 
 #: The settings of the job (TrainConfig); the other keys of base_config belong to the worker.
-JOB_KEYS = ("workers", "model", "epochs", "batch_size", "image_size", "width", "learning_rate", "seed")
+JOB_KEYS = ("workers", "model", "epochs", "batch_size", "image_size", "width", "learning_rate", "seed", "parallel")
 #: Job keys a test may set (TrainConfig's defaults otherwise).
 OPTIONAL_JOB_KEYS = ("strategy", "cross_device_ops", "gpus_per_worker", "optimizer", "precision", "jit_compile",
-                     "weight_decay", "label_smoothing", "lr_schedule", "warmup_epochs", "output")
+                     "weight_decay", "label_smoothing", "lr_schedule", "warmup_epochs", "output", "startup_timeout")
 
 
 def base_config(shards: dict, **overrides) -> dict:
@@ -121,10 +125,15 @@ def base_config(shards: dict, **overrides) -> dict:
         "val_examples_total": 18,
     }
     cfg.update(overrides)
-    job = {k: cfg[k] if k == "workers" else cfg.pop(k) for k in JOB_KEYS}
+    job = {k: cfg.pop(k) for k in JOB_KEYS}
     job.update({k: cfg.pop(k) for k in OPTIONAL_JOB_KEYS if k in cfg})
-    return {"format": "spark-imagenet-worker-spec", "format_version": 1,
-            "config": {"format": "spark-imagenet-train-config", "format_version": 1, **job}, **cfg}
+    config = {"format": "spark-imagenet-train-config", "format_version": 1, **job}
+    try:  # the job's one schedule, as the driver builds it (a spec a test breaks on purpose gets a default one)
+        schedule = schedule_for(TrainConfig.from_json(config), cfg["steps_per_epoch"]).to_json()
+    except ConfigError:
+        schedule = schedule_for(TrainConfig(workers=1), 1).to_json()
+    return {"format": WORKER.format, "format_version": WORKER.version, "config": config,
+            "schedule": schedule, "dataset_id": "test", **cfg}
 
 
 def child_env(tf_config: dict | None = None) -> dict:
@@ -140,12 +149,12 @@ def child_env(tf_config: dict | None = None) -> dict:
 
 
 def start_worker(tmp: Path, config: dict, name: str, tf_config: dict | None = None) -> tuple[subprocess.Popen, Path]:
-    """Start ``python -m spark_imagenet.training.worker`` on ``config``; return (process, result path)."""
+    """Start ``python -m spark_imagenet.training.worker.main`` on ``config``; return (process, result path)."""
     cfg_path = tmp / f"{name}-config.json"
     result_path = tmp / f"{name}-result.json"
     cfg_path.write_text(json.dumps(config))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_imagenet.training.worker", str(cfg_path), str(result_path)],
+        [sys.executable, "-m", "spark_imagenet.training.worker.main", str(cfg_path), str(result_path)],
         cwd=REPO,
         env=child_env(tf_config),
         stdout=subprocess.PIPE,
@@ -196,32 +205,38 @@ def assert_integral(fraction: float, n: int) -> None:
 def test_base_config_is_a_valid_worker_spec(shards):
     spec = WorkerSpec.from_json(base_config(shards, val_record_shard=[4, 0]))
     assert spec.val_record_shard == (4, 0) and spec.config == TrainConfig(
-        workers=1, epochs=3, batch_size=8, image_size=72, width=0.25, learning_rate=0.005)
+        workers=1, epochs=3, batch_size=8, image_size=72, width=0.25, learning_rate=0.005, parallel=1)
 
 
 # --------------------------------------------------------------------------- failures in a child process
 
 
+@pytest.mark.slow
 def test_child_reports_unknown_model_on_one_stderr_line(shards, tmp_path):
     proc, result = start_worker(tmp_path, base_config(shards, model="vgg16"), "bad-model")
     [(rc, _stdout, stderr)] = finish([proc])
     assert rc == 1
-    assert not result.exists()
+    failure = read_outcome(result)  # what its task reads: the typed failure, not the line
+    assert isinstance(failure, Failure) and failure.stage == "reading its spec" and failure.error == "ConfigError"
+    assert failure.rank == 0 and "'vgg16' is not a known model" in failure.message and not failure.lost
     lines = [ln for ln in stderr.splitlines() if ln.startswith("worker rank")]
     assert len(lines) == 1, stderr
     assert lines[0].startswith("worker rank 0 failed while reading its spec: ConfigError: ")
     assert "'vgg16' is not a known model" in lines[0] and "choose one of: alexnet" in lines[0]
 
 
+@pytest.mark.slow
 def test_child_reports_missing_shard_with_stage(shards, tmp_path):
     missing = str(tmp_path / "train-00009-of-00010.tfrecord")
     proc, result = start_worker(tmp_path, base_config(shards, train_files=[missing]), "missing")
     [(rc, _stdout, stderr)] = finish([proc])
     assert rc == 1
-    assert not result.exists()
+    failure = read_outcome(result)
+    assert (failure.stage, failure.error, failure.rank) == ("reading data", "TrainingError", 0)
     assert f"worker rank 0 failed while reading data: TrainingError: train shard {missing} does not exist" in stderr
 
 
+@pytest.mark.slow
 def test_child_names_a_corrupt_shard(shards, tmp_path):
     """Data errors inside fit go through pipeline.naming_bad_records: the
     failure line names the shard file, not just TensorFlow's DataLossError."""
@@ -230,12 +245,14 @@ def test_child_names_a_corrupt_shard(shards, tmp_path):
     proc, result = start_worker(tmp_path, base_config(shards, train_files=[str(corrupt)]), "corrupt")
     [(rc, _stdout, stderr)] = finish([proc])
     assert rc == 1
-    assert not result.exists()
+    failure = read_outcome(result)
+    assert (failure.stage, failure.error) == ("training (fit)", "ImageError") and str(corrupt) in failure.message
     line = next(ln for ln in stderr.splitlines() if ln.startswith("worker rank"))
     assert line.startswith("worker rank 0 failed while training (fit): ImageError: ")
     assert str(corrupt) in line
 
 
+@pytest.mark.slow
 def test_child_reports_too_small_image_size(shards, tmp_path):
     proc, _ = start_worker(tmp_path, base_config(shards, image_size=64), "small")
     [(rc, _stdout, stderr)] = finish([proc])
@@ -343,12 +360,13 @@ def test_lone_worker_gives_up_after_startup_timeout(shards, tmp_path):
     (the strategy blocks in C++ holding the GIL and ignores SIGTERM)."""
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    cfg = base_config(shards, workers=2, val_record_shard=[2, 0], val_examples=9, val_steps=2, startup_timeout_s=5)
+    cfg = base_config(shards, workers=2, val_record_shard=[2, 0], val_examples=9, val_steps=2, startup_timeout=5)
     tf_config = {"cluster": cluster, "task": {"type": "worker", "index": 0}}
     proc, result = start_worker(tmp_path, cfg, "alone", tf_config=tf_config)
     [(rc, stdout, stderr)] = finish([proc])
     assert rc == 1
-    assert not result.exists()
+    failure = read_outcome(result)  # written before the wait: the faulthandler's exit runs no Python code
+    assert failure.lost and failure.stage == "building the strategy" and "--startup-timeout 5 s" in failure.message
     assert "strategy: waiting for 2 worker(s) (at most 5 s)" in stdout
     assert "Timeout (0:00:05)!" in stderr
     assert "collective_all_reduce_strategy.py" in stderr  # the stack shows where it waited
@@ -378,13 +396,14 @@ def test_each_strategy_trains_one_worker_on_cpu(shards, tmp_path, strategy, ops,
     assert f"all-reduce {all_reduce}" in stdout
 
 
+@pytest.mark.slow
 def test_lars_under_float16_loss_scaling_logs_the_scheduled_rate_and_saves_the_model(shards, tmp_path):
     """The worker's recipe wiring: LARS inside a LossScaleOptimizer (mixed_float16) with a warm-up + cosine
     schedule trains; the epoch lines read the rate through both wrappers; the saved model.keras loads back
     (float32 logits, no weight-decay term) for evaluate/predict."""
-    from spark_imagenet.training.schedules import Schedule
+    from spark_imagenet.training.job.schedules import Schedule
 
-    from spark_imagenet.training.worker import LOCAL_OUTPUT_DIR, MODEL_FILE
+    from spark_imagenet.training.job.outputs import LOCAL_OUTPUT_DIR, MODEL_FILE
 
     cfg = base_config(shards, epochs=2, optimizer="lars", precision="mixed_float16", learning_rate=2.0,
                       lr_schedule="cosine", warmup_epochs=1.0, weight_decay=5e-4, label_smoothing=0.1,
@@ -405,6 +424,7 @@ def test_lars_under_float16_loss_scaling_logs_the_scheduled_rate_and_saves_the_m
     assert model.get_layer("conv1").compute_dtype == "float16"
 
 
+@pytest.mark.slow
 def test_mirrored_nccl_without_gpus_is_a_clear_error(shards, tmp_path):
     cfg = base_config(shards, epochs=1, strategy="mirrored", cross_device_ops="nccl")
     proc, _ = start_worker(tmp_path, cfg, "nccl")
@@ -423,16 +443,26 @@ LEADER_GONE = ("Collective ops is aborted by: Deadline Exceeded\n\nRPC: /tensorf
                "The error could be from a previous operation. Restart your program to reset.")
 
 
-def test_the_failure_line_names_the_worker_that_stopped_sending_heartbeats():
-    from spark_imagenet.training.worker import _one_line, lost_peers
+def test_the_failure_names_the_worker_that_stopped_sending_heartbeats():
+    """The worker classifies TensorFlow's own exception where it catches it; the task reads the Failure."""
+    from spark_imagenet.errors import TrainingError
+    from spark_imagenet.training.job.outcome import LostPeer
+    from spark_imagenet.training.worker.main import failure_of, lost_peers
 
     peers = ["10.0.0.1:4000", "10.0.0.2:4001"]
-    assert lost_peers(UNHEALTHY, peers) == "rank 1 (10.0.0.2:4001) stopped sending heartbeats (stopped, killed or " \
-                                           "unreachable)"
-    assert lost_peers(LEADER_GONE, peers).startswith("the chief, rank 0 (10.0.0.1:4000), which runs TensorFlow's")
-    assert lost_peers("Socket closed", peers) is None
-    line = _one_line(tf.errors.UnavailableError(None, None, UNHEALTHY), peers)
-    assert line.startswith("UnavailableError: rank 1 (10.0.0.2:4001) stopped sending heartbeats")
+    assert lost_peers(UNHEALTHY, peers) == (
+        LostPeer(1, "10.0.0.2:4001", "stopped sending heartbeats (stopped, killed or unreachable)"),)
+    [chief] = lost_peers(LEADER_GONE, peers)
+    assert chief.rank == 0 and chief.address == "10.0.0.1:4000" and "coordination service" in chief.why
+    assert lost_peers("Socket closed", peers) == ()
+    failure = failure_of(tf.errors.UnavailableError(None, None, UNHEALTHY), "training (fit)", 0, peers)
+    assert failure.lost and failure.rank == 0 and failure.lost_peers == lost_peers(UNHEALTHY, peers)
+    assert failure.message.startswith("UnavailableError: ")
+    assert failure.describe().startswith("rank 0 on None: lost its peer: rank 1 (10.0.0.2:4001) stopped sending")
     # without a named peer the hint stays general
-    assert _one_line(tf.errors.UnavailableError(None, None, "Socket closed")).endswith("see the other workers' "
-                                                                                     "messages)")
+    unnamed = failure_of(tf.errors.UnavailableError(None, None, "Socket closed"), "training (fit)", 0)
+    assert unnamed.lost and unnamed.message.endswith("see the other workers' messages)")
+    bad = failure_of(tf.errors.InvalidArgumentError(None, None, "logits"), "training (fit)", 0)
+    assert not bad.lost and bad.error == "TrainingError" and bad.message == "InvalidArgumentError: logits"
+    own = failure_of(TrainingError("workers disagree"), "building the strategy", 1)
+    assert own.error == "TrainingError" and own.message == "TrainingError: workers disagree"

@@ -1,7 +1,7 @@
 """A user's own model builder, as a user would write one: ``--model user_model:build``.
 
 Used by tests/test_models.py and tests/test_models_e2e.py. The other functions are deliberately wrong builders
-for the worker-side checks of :func:`spark_imagenet.training.models.registry.build_model`.
+for the worker-side checks of :func:`spark_imagenet.training.worker.models.registry.build_model`.
 """
 
 from __future__ import annotations

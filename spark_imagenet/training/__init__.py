@@ -1,22 +1,17 @@
-"""Training: the driver side, the barrier task side and the TensorFlow worker process.
+"""Training, in one folder per process a module runs in.
 
-Driver side (never imports TensorFlow):
+* :mod:`.job`: the job contract every process reads (settings, schedule, shard assignment, checkpoint and
+  output folders, model names and recipes). No TensorFlow, no Spark.
+* :mod:`.driver`: the Spark driver (the ``spark-imagenet train`` process or a user's ``train(spark, ...)``):
+  check, plan, launch the barrier stage, report. No TensorFlow.
+* :mod:`.task`: each Spark barrier task (a PySpark Python worker on an executor) and the supervisor it
+  starts: stage shards, meet the peers, run and watch the TensorFlow worker. No TensorFlow.
+* :mod:`.worker`: the TensorFlow worker process (a fresh child of each barrier task), and the TensorFlow
+  commands ``evaluate`` and ``predict``. The only folder that imports TensorFlow.
 
-* :mod:`.driver`: ``train``: check, plan, launch the barrier stage, report.
-* :mod:`.spark_session`: the SparkSession for the command line (Java check, master, conf).
-* :mod:`.assignment`: which shards and validation records each rank reads.
-
-Task side (inside each Spark barrier task; no TensorFlow either):
-
-* :mod:`.barrier_task`: stage shards, rendezvous, run the TensorFlow worker process.
-* :mod:`.staging`: fetch one rank's shards into the host's cache.
-* :mod:`.rendezvous`: ranks and ``host:port`` of every worker, ``TF_CONFIG``.
-
-TensorFlow worker process (a fresh child of each barrier task):
-
-* :mod:`.worker`: one ``MultiWorkerMirroredStrategy`` worker (it may hold several replicas).
-* :mod:`.pipeline`: the ``tf.data`` input pipeline.
-* :mod:`.models`: the models (``.models.specs`` is TensorFlow-free for the driver).
+Imports go downwards only: ``driver`` may import ``task`` (it hands the task function to Spark) and ``job``;
+``task`` imports ``job``; ``worker`` imports ``job``; ``job`` imports none of them (checked by import-linter,
+``pyproject.toml``).
 
 Layer: above :mod:`spark_imagenet.dataset`; below :mod:`spark_imagenet.demo` and the CLI.
 """

@@ -1,0 +1,415 @@
+"""What a training checkpoint is: its meta (``checkpoint.json``) and whether a job can resume from it.
+
+No TensorFlow and no storage access here: :mod:`spark_imagenet.training.job.checkpoints` moves the files.
+
+``checkpoint.json`` (format ``spark-imagenet-checkpoint``, ``format_version`` 1, through
+:class:`~spark_imagenet.storage.envelope.Envelope`)::
+
+    {
+      "format": "spark-imagenet-checkpoint",
+      "format_version": 1,
+      "epoch": 3, "epochs": 90, "step": 3753,
+      "dataset_id": "<the manifest's dataset_id>", "model": "alexnet", "width": 1.0,
+      "image_size": 224, "num_classes": 1000, "workers": 8, "batch_size": 128, "seed": 0,
+      "learning_rate": 0.01, "optimizer": "sgd", "precision": "float32",
+      "files": [{"name": "ckpt.index", "size": 1234, "crc32c": "<base64>"}, ...],
+      "history": {"loss": [6.1, 5.2, 4.8], "val_top1": [0.02, 0.05, 0.09]},
+      "created": "2026-12-01T18:00:00Z"
+    }
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+from typing import Any, Sequence
+
+from spark_imagenet.errors import ConfigError
+from spark_imagenet.storage.committed import Entry
+from spark_imagenet.storage.envelope import Envelope
+
+META_NAME = "checkpoint.json"
+FORMAT = "spark-imagenet-checkpoint"
+FORMAT_VERSION = 1
+#: What to do about a checkpoint this job cannot resume from.
+REMEDY = "use another --checkpoint-dir, or remove the old checkpoints (its epoch-* folders) to start afresh"
+#: ``checkpoint.json``'s versioned-JSON form.
+ENVELOPE = Envelope(FORMAT, FORMAT_VERSION, "spark-imagenet checkpoint", error=ConfigError, remedy=REMEDY)
+
+#: that sets each in that job, for messages. ``epochs`` is not here: see :func:`check_compatible`.
+OPTIONS = {
+    "dataset_id": "the dataset's manifest",
+    "num_classes": "the dataset's classes",
+    "model": "--model",
+    "width": "--width",
+    "image_size": "--image-size",
+    "workers": "--workers",
+    "batch_size": "--batch-size",
+    "seed": "--seed",
+    "learning_rate": "--learning-rate",
+    "optimizer": "--optimizer",
+    "precision": "--precision",
+}
+#: Fields a ``checkpoint.json`` written before they existed lacks, and the value such a run had.
+DEFAULTS = {"optimizer": "sgd", "precision": "float32"}
+#: Why a field must match, where it is not plain (added to the message).
+_WHY = {"workers": "the global batch (batch_size x workers), the steps per epoch and each worker's shards "
+                   "depend on it",
+        "optimizer": "the optimizer's saved state differs (SGD and LARS keep different slots)",
+        "precision": "mixed_float16 adds a loss-scale optimizer, whose state the checkpoint does or does not hold"}
+#: Integer fields and their minimum.
+_INTS = {"epoch": 1, "epochs": 1, "step": 0, "image_size": 1, "num_classes": 1, "workers": 1, "batch_size": 1,
+         "seed": 0}
+_FLOATS = ("width", "learning_rate")
+_STRINGS = ("dataset_id", "model", "created", "optimizer", "precision")
+
+
+def utc_now() -> str:
+    """The current UTC time as ``2026-12-01T18:00:00Z`` (the form of :attr:`CheckpointMeta.created`)."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+#: One TensorFlow file of a checkpoint: ``name`` (relative to the checkpoint's folder, ``/``-separated),
+#: ``size`` in bytes, ``crc32c`` (form of :func:`spark_imagenet.storage.crc32c_bytes`); a committed set's entry.
+CheckpointFile = Entry
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """The values of a job that decide whether it can resume from a checkpoint (see :func:`check_compatible`).
+
+    Attributes:
+        dataset_id: the dataset manifest's ``dataset_id``.
+        model: ``--model``.
+        width: ``--width``.
+        image_size: ``--image-size``.
+        num_classes: the dataset's class count.
+        workers: ``--workers``.
+        batch_size: ``--batch-size`` (per worker).
+        seed: ``--seed``.
+        learning_rate: ``--learning-rate``.
+        epochs: ``--epochs``, the run's total.
+        optimizer: ``--optimizer`` (``"sgd"`` or ``"lars"``).
+        precision: ``--precision`` (``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``).
+    """
+
+    dataset_id: str
+    model: str
+    width: float
+    image_size: int
+    num_classes: int
+    workers: int
+    batch_size: int
+    seed: int
+    learning_rate: float
+    epochs: int
+    optimizer: str = DEFAULTS["optimizer"]
+    precision: str = DEFAULTS["precision"]
+
+    @classmethod
+    def from_config(cls, config: Any, *, dataset_id: str, num_classes: int) -> "RunSettings":
+        """The settings of a job.
+
+        Args:
+            config: a :class:`~spark_imagenet.training.job.config.TrainConfig` (any object with its attributes
+                ``model``, ``width``, ``image_size``, ``workers``, ``batch_size``, ``seed``,
+                ``learning_rate``, ``epochs``, ``optimizer`` and ``precision``).
+            dataset_id: the dataset manifest's ``dataset_id``.
+            num_classes: the dataset's class count.
+
+        Returns:
+            RunSettings: the job's values.
+        """
+        return cls(dataset_id=dataset_id, num_classes=num_classes,
+                   **{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)
+                      if f.name not in ("dataset_id", "num_classes")})
+
+
+def expected_for(config: Any, manifest: Any) -> RunSettings:
+    """A job's :class:`RunSettings`: :meth:`RunSettings.from_config` with its dataset manifest's
+    ``dataset_id`` and ``num_classes``."""
+    return RunSettings.from_config(config, dataset_id=manifest.dataset_id, num_classes=manifest.num_classes)
+
+
+def new_meta(config: Any, dataset_id: str, num_classes: int, steps_per_epoch: int,
+             history: dict[str, list[float]] | None = None) -> "CheckpointMeta":
+    """The meta a run's commits start from, each completing it with ``replace(epoch=..., step=..., history=...)``.
+
+    Args:
+        config: the job (as :meth:`RunSettings.from_config`).
+        dataset_id: the dataset manifest's ``dataset_id``.
+        num_classes: the dataset's class count.
+        steps_per_epoch: training steps of one epoch.
+        history: the Keras history of the epochs before this run's first (the resumed checkpoint's), or None.
+
+    Returns:
+        CheckpointMeta: ``epoch`` = the epochs ``history`` covers (its longest list, at least 1: a template,
+        not a checkpoint), ``step`` = ``epoch x steps_per_epoch``, no ``files``.
+
+    Raises:
+        ConfigError: as :class:`CheckpointMeta`.
+    """
+    history = {k: list(v) for k, v in (history or {}).items()}
+    epoch = max([1, *(len(v) for v in history.values())])
+    settings = RunSettings.from_config(config, dataset_id=dataset_id, num_classes=num_classes)
+    return CheckpointMeta.create(settings, epoch=epoch, step=epoch * steps_per_epoch, history=history)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bad_name(name: Any) -> bool:
+    """Whether ``name`` cannot be a file of a checkpoint folder (absolute, empty part, ``..``, ``\\``)."""
+    return (not isinstance(name, str) or not name or name.startswith("/") or "\\" in name
+            or any(part in ("", ".", "..") for part in name.split("/")))
+
+
+def _file_problems(files: Sequence[Any]) -> list[str]:
+    """What is wrong with a meta's ``files`` (pure)."""
+    problems = []
+    for f in files:
+        if not isinstance(f, CheckpointFile):
+            problems.append(f"files: {f!r} is not a (name, size, crc32c) entry")
+        elif _bad_name(f.name) or f.name == META_NAME:
+            problems.append(f"files: {f.name!r} is not a file name inside the checkpoint's folder"
+                            + (f" ({META_NAME} is the meta's own name)" if f.name == META_NAME else ""))
+        elif not _is_int(f.size) or f.size < 0 or not isinstance(f.crc32c, str) or not f.crc32c:
+            problems.append(f"files: {f.name}: size {f.size!r} and crc32c {f.crc32c!r} must be bytes >= 0 and a "
+                            "base64 CRC32C")
+    names = [f.name for f in files if isinstance(f, CheckpointFile)]
+    if len(set(names)) != len(names):
+        problems.append("files: a name is listed twice")
+    return problems
+
+
+def _problems(meta: "CheckpointMeta") -> list[str]:
+    """What is wrong with a meta's values (pure): one line per field."""
+    problems = []
+    for name, minimum in _INTS.items():
+        value = getattr(meta, name)
+        if not _is_int(value) or value < minimum:
+            problems.append(f"{name} must be an integer >= {minimum}, got {value!r}")
+    for name in _FLOATS:
+        value = getattr(meta, name)
+        if not _is_number(value) or not math.isfinite(value) or value <= 0:
+            problems.append(f"{name} must be a number > 0, got {value!r}")
+    for name in _STRINGS:
+        if not isinstance(getattr(meta, name), str) or not getattr(meta, name):
+            problems.append(f"{name} must be a non-empty string, got {getattr(meta, name)!r}")
+    if not problems and meta.epoch > meta.epochs:
+        problems.append(f"epoch {meta.epoch} is past the run's epochs {meta.epochs}")
+    if not isinstance(meta.files, tuple):
+        problems.append(f"files must be a tuple, got {type(meta.files).__name__}")
+    else:
+        problems.extend(_file_problems(meta.files))
+    if not isinstance(meta.history, dict):
+        problems.append(f"history must be a dict of lists, got {type(meta.history).__name__}")
+        return problems
+    for key, values in meta.history.items():
+        if not isinstance(key, str) or not isinstance(values, list) or not all(map(_is_number, values)):
+            problems.append(f"history: {key!r} must name a list of numbers")
+        elif _is_int(meta.epoch) and len(values) > meta.epoch:
+            problems.append(f"history: {key!r} holds {len(values)} values for {meta.epoch} epoch(s)")
+    return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointMeta:
+    """A parsed ``checkpoint.json``: what a checkpoint holds and which run wrote it. Validated when built.
+
+    Attributes:
+        epoch: completed epochs (>= 1, counted from 1 as Keras prints them).
+        epochs: the run's total epochs (``--epochs``), ``>= epoch``.
+        step: global optimizer steps done (>= 0).
+        dataset_id: the dataset manifest's ``dataset_id``.
+        model: ``--model``.
+        width: ``--width`` (> 0).
+        image_size: ``--image-size``.
+        num_classes: the dataset's class count.
+        workers: ``--workers``.
+        batch_size: ``--batch-size`` (per worker).
+        seed: ``--seed``.
+        learning_rate: ``--learning-rate`` (> 0).
+        optimizer: ``--optimizer`` (``"sgd"`` in a ``checkpoint.json`` without it).
+        precision: ``--precision`` (``"float32"`` in a ``checkpoint.json`` without it).
+        files: the TensorFlow files, names relative to the checkpoint's folder
+            (:func:`~spark_imagenet.training.job.checkpoints.commit` fills it).
+        history: the Keras history of the epochs so far, ``{"loss": [per epoch], ...}`` (at most ``epoch``
+            values per key; a metric computed every other epoch has fewer).
+        created: ISO-8601 UTC time, ``2026-12-01T18:00:00Z`` (default: now).
+
+    Raises:
+        ConfigError: a value of the wrong type or out of range (every one is named).
+    """
+
+    epoch: int
+    epochs: int
+    step: int
+    dataset_id: str
+    model: str
+    width: float
+    image_size: int
+    num_classes: int
+    workers: int
+    batch_size: int
+    seed: int
+    learning_rate: float
+    optimizer: str = DEFAULTS["optimizer"]
+    precision: str = DEFAULTS["precision"]
+    files: tuple[CheckpointFile, ...] = ()
+    history: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    created: str = dataclasses.field(default_factory=utc_now)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.files, (list, tuple)):  # (name, size, crc32c) triples as CheckpointFile
+            object.__setattr__(self, "files", tuple(
+                CheckpointFile(*f) if isinstance(f, (list, tuple)) and len(f) == 3 else f for f in self.files))
+        if isinstance(self.history, dict):
+            object.__setattr__(self, "history", {k: [float(x) if _is_number(x) else x for x in v]
+                                                 if isinstance(v, (list, tuple)) else v
+                                                 for k, v in self.history.items()})
+        for name in _FLOATS:
+            if _is_int(getattr(self, name)):
+                object.__setattr__(self, name, float(getattr(self, name)))
+        problems = _problems(self)
+        if problems:
+            raise ConfigError("invalid checkpoint meta: " + "; ".join(problems))
+
+    @classmethod
+    def create(cls, settings: RunSettings, *, epoch: int, step: int,
+               history: dict[str, list[float]] | None = None) -> "CheckpointMeta":
+        """The meta of a job's checkpoint after ``epoch`` (``files`` empty:
+        :func:`~spark_imagenet.training.job.checkpoints.commit` fills them).
+
+        Args:
+            settings: the job's values.
+            epoch: completed epochs.
+            step: global optimizer steps done.
+            history: the Keras history so far.
+
+        Raises:
+            ConfigError: as the class.
+        """
+        return cls(epoch=epoch, step=step, history=dict(history or {}), **dataclasses.asdict(settings))
+
+    def replace(self, **changes: Any) -> "CheckpointMeta":
+        """A copy with ``changes`` applied (validated again; raises ConfigError as the class)."""
+        return dataclasses.replace(self, **changes)
+
+    def settings(self) -> RunSettings:
+        """The :class:`RunSettings` of the run that wrote this checkpoint."""
+        return RunSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RunSettings)})
+
+    def to_json(self) -> dict[str, Any]:
+        """The meta as a JSON-serialisable dict (format of the module doc)."""
+        return ENVELOPE.to_json(self._body())
+
+    def _body(self) -> dict[str, Any]:
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        body["files"] = [f._asdict() for f in self.files]
+        body["history"] = {k: list(v) for k, v in self.history.items()}
+        return body
+
+    def dumps(self) -> str:
+        """The meta as indented JSON text."""
+        return ENVELOPE.dumps(self._body())
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = META_NAME) -> "CheckpointMeta":
+        """Parse and validate a ``checkpoint.json`` dict.
+
+        Args:
+            data: the decoded JSON.
+            where: the file, named in error messages.
+
+        Returns:
+            CheckpointMeta: the meta.
+
+        Raises:
+            ConfigError: another format or format version (says what to do), or a missing or invalid field.
+        """
+        # a file written before the DEFAULTS fields existed: the values such a run had
+        data = {**DEFAULTS, **ENVELOPE.from_json(data, where)}
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}; {REMEDY}")
+        try:
+            files = tuple(CheckpointFile(f["name"], f["size"], f["crc32c"]) for f in data["files"])
+            return cls(**{**{n: data[n] for n in names}, "files": files})
+        except (KeyError, TypeError) as e:
+            raise ConfigError(f"{where}: malformed files entry ({type(e).__name__}: {e}); {REMEDY}") from None
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}; {REMEDY}") from None
+
+    @classmethod
+    def loads(cls, text: str | bytes, where: str = META_NAME) -> "CheckpointMeta":
+        """Parse ``checkpoint.json`` text.
+
+        Raises:
+            ConfigError: not JSON, or invalid (see :meth:`from_json`).
+        """
+        return cls.from_json(ENVELOPE.decode(text, where), where)
+
+
+def describe(meta: CheckpointMeta) -> str:
+    """A checkpoint for log lines: ``the checkpoint of epoch 1 (step 12, 2026-12-01T18:00:00Z)``."""
+    return f"the checkpoint of epoch {meta.epoch} (step {meta.step}, {meta.created})"
+
+
+def differences(meta: CheckpointMeta, expected: RunSettings) -> list[str]:
+    """Why a job cannot resume from a checkpoint, one line per reason (pure; empty: it can).
+
+    Args:
+        meta: the checkpoint.
+        expected: the job's values.
+
+    Returns:
+        list[str]: e.g. ``"--image-size 224 in the checkpoint, 128 in this job"``, in :data:`OPTIONS` order,
+        then the epochs rule.
+    """
+    lines = []
+    for field, option in OPTIONS.items():
+        ours, theirs = getattr(meta, field), getattr(expected, field)
+        if ours != theirs:
+            label = option if option.startswith("--") else f"{field} ({option})"
+            why = f" ({_WHY[field]})" if field in _WHY else ""
+            lines.append(f"{label} {ours!r} in the checkpoint, {theirs!r} in this job{why}")
+    if meta.epoch > expected.epochs:
+        lines.append(f"--epochs {expected.epochs} in this job, but the checkpoint has completed {meta.epoch} "
+                     f"epoch(s) (give --epochs {meta.epoch} or more to resume from it)")
+    return lines
+
+
+def check_compatible(meta: CheckpointMeta, expected: RunSettings, where: str) -> None:
+    """Refuse to resume a job from a checkpoint another run wrote.
+
+    Must match: the dataset (its ``dataset_id`` and class count), ``--model``, ``--width``,
+    ``--image-size``, ``--batch-size``, ``--seed``, ``--learning-rate``, ``--optimizer``, ``--precision``
+    and ``--workers`` (the optimizer and precision decide which optimizer state the checkpoint holds). A different
+    worker count is refused: the global batch (``batch_size x workers``), the steps per epoch (so what
+    ``step`` means) and which shards each worker reads (so the data order) all depend on it; TensorFlow
+    would restore the weights, but the run would not be the one the checkpoint belongs to, and a run launched
+    again after a lost worker keeps its count anyway. A different ``--epochs`` (the run's total) is allowed,
+    to extend a run, as long as the checkpoint's completed epochs are at most the new total (equal: nothing
+    is left to train).
+
+    Args:
+        meta: the checkpoint.
+        expected: the job's values (:meth:`RunSettings.from_config`).
+        where: the checkpoint, for the message (e.g. the URL of its ``checkpoint.json``).
+
+    Raises:
+        ConfigError: the job differs; the message names ``where``, every differing field with the checkpoint's
+            value, the job's and the option that sets it, and what to do.
+    """
+    lines = differences(meta, expected)
+    if lines:
+        raise ConfigError(f"{where}: this job cannot resume from {describe(meta)}: " + "; ".join(lines)
+                          + f". Run with the checkpoint's values to resume from it, or {REMEDY}")

@@ -1,0 +1,259 @@
+"""What goes into a training job: one value per process hop, each adding only its own part (no TensorFlow, no Spark).
+
+* :class:`JobPlan`: the job resolved once on the driver (:func:`spark_imagenet.training.driver.launch.plan_job`):
+  the settings, the dataset, its manifest and the assignment of shards to ranks, the learning-rate schedule
+  (built here, once) and the storage handles of the dataset, the output and the checkpoints
+  (:class:`~spark_imagenet.storage.Storage` objects opened once on the driver; a handle pickles without its
+  client, and the copy makes its own on first use). Frozen and picklable: the driver hands it to every barrier
+  task inside the task's spec.
+* the barrier task adds its rank and the resume point (:class:`~spark_imagenet.training.task.barrier_task.TaskSpec`
+  carries the plan and the resume point; the rank is the task's partition);
+* :class:`WorkerSpec`: what one TensorFlow worker process reads (its ``worker.json``): the job's part the worker
+  needs (settings, schedule, dataset id and classes, checkpoint storage), the task's part (rank, peers, threads,
+  the local checkpoint to restore) and the worker's own files and step counts.
+
+Example::
+
+    job = plan_job("gs://bucket/imagenet", TrainConfig(workers=8))   # on the driver
+    job.schedule.describe()                                          # the one schedule of the job
+    spec = worker_spec(job, rank=3, train_files=[...], val_files=[...], threads=4)   # in the task
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from spark_imagenet.dataset.manifest import Manifest
+from spark_imagenet.errors import ConfigError
+from spark_imagenet.storage import Storage, open_storage
+from spark_imagenet.training.job.assignment import Assignment
+from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.storage.envelope import Envelope
+from spark_imagenet.training.job.outcome import SAME_VERSION
+from spark_imagenet.training.job.schedules import Schedule
+
+#: The worker spec's JSON form (``worker.json``).
+WORKER = Envelope("spark-imagenet-worker-spec", 2, "spark-imagenet worker spec", remedy=SAME_VERSION)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """A training job resolved on the driver, before Spark is involved; every task receives it (pickled).
+
+    Attributes:
+        config: the job's settings (``cache``, a local ``output`` and ``checkpoint_dir`` made absolute).
+        dataset: the dataset's storage (opened on the driver, pickled to every task).
+        manifest: the dataset's manifest.
+        assignment: shards and validation records of every rank.
+        schedule: the learning-rate schedule of every optimizer step (built once, here).
+        output: the ``--output`` storage, or None.
+        checkpoints: the ``--checkpoint-dir`` storage, or None.
+    """
+
+    config: TrainConfig
+    dataset: Storage
+    manifest: Manifest
+    assignment: Assignment
+    schedule: Schedule
+    output: Storage | None = None
+    checkpoints: Storage | None = None
+
+    @property
+    def url(self) -> str:
+        """str: the dataset's URL."""
+        return self.dataset.url
+
+    @property
+    def dataset_id(self) -> str:
+        """str: the manifest's dataset id (names the cache sub-folder, recorded in checkpoints)."""
+        return self.manifest.dataset_id
+
+    @property
+    def num_classes(self) -> int:
+        """int: the model's output width."""
+        return self.manifest.num_classes
+
+
+def _check_int(where: str, name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}: key {name!r} must be an integer >= {minimum}, got {value!r:.100}")
+
+
+def _check_paths(where: str, name: str, value: Any) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where}: key {name!r} must be a list of non-empty strings, got {value!r:.200}")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """What one TensorFlow worker process trains on: the job's part, its task's part and its own.
+
+    Attributes:
+        config: the job's settings.
+        schedule: the job's learning-rate schedule (:attr:`JobPlan.schedule`).
+        dataset_id: the manifest's dataset id (recorded in checkpoints).
+        num_classes: the dataset's class count (the logits' width).
+        checkpoints: the ``--checkpoint-dir`` storage, or None. In the JSON form (``worker.json``, a file
+            read by another process) it is ``{"url", "options"}``: its URL and
+            :meth:`~spark_imagenet.storage.Storage.reopen_options`, reopened with
+            :func:`~spark_imagenet.storage.open_storage`.
+        rank: this worker's rank, ``0 <= rank < config.workers`` (0 is the chief).
+        peers: every worker's ``host:port`` in rank order (TF_CONFIG's), named by the step watchdog; empty for
+            one worker.
+        threads: TensorFlow intra/inter-op threads; None = TensorFlow's default.
+        restore: a local folder holding the checkpoint to resume from (its ``checkpoint.json`` and TensorFlow
+            files), or None to start at epoch 1.
+        train_files: local paths of this worker's train shards (non-empty).
+        train_examples: examples in those shards.
+        val_files: local paths of the val shards this worker reads.
+        val_record_shard: ``(n, i)``: keep every n-th val record from offset i (a val shard shared by several
+            workers), or None for all records.
+        val_examples: val examples this worker evaluates.
+        val_examples_total: val examples of all workers together.
+        steps_per_epoch: train steps per epoch (the same on every worker).
+        val_steps: evaluation steps (the same on every worker; enough for the largest worker's
+            ``val_examples``).
+
+    Raises:
+        ConfigError: a wrong type or impossible value, naming the key.
+    """
+
+    config: TrainConfig
+    schedule: Schedule
+    dataset_id: str
+    num_classes: int
+    rank: int
+    train_files: tuple[str, ...]
+    train_examples: int
+    val_files: tuple[str, ...]
+    val_examples: int
+    val_examples_total: int
+    steps_per_epoch: int
+    val_steps: int
+    val_record_shard: tuple[int, int] | None = None
+    checkpoints: Storage | None = None
+    peers: tuple[str, ...] = ()
+    threads: int | None = None
+    restore: str | None = None
+
+    def __post_init__(self) -> None:
+        where = f"worker spec of rank {self.rank}"
+        if not isinstance(self.config, TrainConfig) or not isinstance(self.schedule, Schedule):
+            raise ConfigError(f"{where}: 'config' must be a TrainConfig and 'schedule' a Schedule")
+        for name, minimum in (("rank", 0), ("num_classes", 1), ("train_examples", 0), ("val_examples", 0),
+                              ("val_examples_total", 0), ("steps_per_epoch", 1), ("val_steps", 0)):
+            _check_int(where, name, getattr(self, name), minimum)
+        if self.checkpoints is not None and not isinstance(self.checkpoints, Storage):
+            raise ConfigError(f"{where}: 'checkpoints' must be a Storage or None, got {self.checkpoints!r:.100}")
+        for name in ("train_files", "val_files", "peers"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+            _check_paths(where, name, getattr(self, name))
+        if self.val_record_shard is not None:
+            pair = tuple(self.val_record_shard) if isinstance(self.val_record_shard, (list, tuple)) else ()
+            if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair) \
+                    or not 0 <= pair[1] < pair[0]:
+                raise ConfigError(f"{where}: key 'val_record_shard' must be [n, i] with 0 <= i < n, got {pair!r}")
+            object.__setattr__(self, "val_record_shard", pair)
+        if self.threads is not None:
+            _check_int(where, "threads", self.threads, 0)
+        if self.rank >= self.workers:
+            raise ConfigError(f"{where}: rank {self.rank} is not in 0..workers-1 (workers = {self.workers})")
+        if not self.train_files:
+            raise ConfigError(f"{where}: no train_files; every worker needs its own shards")
+        if self.val_steps * self.config.batch_size < self.val_examples:
+            raise ConfigError(
+                f"{where}: val_steps {self.val_steps} * batch_size {self.config.batch_size} is less than this "
+                f"worker's val_examples {self.val_examples}; val_steps must be ceil(max val_examples / batch_size)")
+        if self.val_examples > 0 and not self.val_files:
+            raise ConfigError(f"{where}: val_examples is {self.val_examples} but val_files is empty")
+
+    @property
+    def workers(self) -> int:
+        """int: the cluster's worker count (``config.workers``)."""
+        return self.config.workers
+
+    @property
+    def parallel(self) -> int:
+        """int: tf.data parallel calls: ``config.parallel``, else :attr:`threads`, else 1."""
+        return self.config.parallel or self.threads or 1
+
+    @property
+    def startup_timeout_s(self) -> float:
+        """float: seconds to wait for the other workers while the strategy is built (0 = no limit)."""
+        return self.config.startup_timeout
+
+    @property
+    def seed(self) -> int:
+        """int: this worker's seed: the job's seed plus the rank (distinct augmentation per worker)."""
+        return self.config.seed + self.rank
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object: format name and version, then the fields (the config, schedule and checkpoint storage
+        as objects)."""
+        data: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            data[f.name] = (value.to_json() if hasattr(value, "to_json") else list(value)
+                            if isinstance(value, tuple) else value)
+        if self.checkpoints is not None:
+            data["checkpoints"] = {"url": self.checkpoints.url, "options": self.checkpoints.reopen_options()}
+        return WORKER.to_json(data)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "worker spec") -> "WorkerSpec":
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ConfigError: not an object of this format and version, a missing or unknown key, or an invalid
+                value (naming the key).
+        """
+        fields = WORKER.fields_for(cls, data, where)
+        fields["config"] = TrainConfig.from_json(fields["config"], f"{where}, key 'config'")
+        fields["schedule"] = Schedule.from_json(fields["schedule"], f"{where}, key 'schedule'")
+        if fields.get("checkpoints") is not None:
+            fields["checkpoints"] = _reopen(fields["checkpoints"], f"{where}, key 'checkpoints'")
+        for name in ("train_files", "val_files", "peers", "val_record_shard"):
+            if isinstance(fields.get(name), list):
+                fields[name] = tuple(fields[name])
+        return cls(**fields)
+
+
+def _reopen(data: Any, where: str) -> Storage:
+    """The storage of a worker spec's ``{"url", "options"}`` (:meth:`WorkerSpec.to_json`), reopened.
+
+    Raises:
+        ConfigError: not that shape (names ``where``), or :func:`~spark_imagenet.storage.open_storage`'s
+            errors (an unknown scheme).
+    """
+    if (not isinstance(data, dict) or set(data) != {"url", "options"} or not isinstance(data["url"], str)
+            or not isinstance(data["options"], dict)):
+        raise ConfigError(f"{where}: expected {{\"url\": str, \"options\": object}}, got {data!r:.200}")
+    return open_storage(data["url"], **data["options"])
+
+
+def worker_spec(job: JobPlan, rank: int, train_files: Sequence[str], val_files: Sequence[str],
+                threads: int | None = None, peers: Sequence[str] = ()) -> WorkerSpec:
+    """The spec of rank ``rank``'s TensorFlow worker: the job's part, the task's part, this worker's files and
+    step counts (``restore`` is set once the checkpoint to resume from has been fetched).
+
+    Args:
+        job: the job.
+        rank: the worker's rank.
+        train_files, val_files: its staged shard files.
+        threads: CPUs for this worker (the host's CPUs / workers on the host); also the tf.data parallelism
+            unless ``config.parallel`` is set.
+        peers: every worker's ``host:port`` in rank order (empty without a cluster).
+    """
+    plan, assignment = job.assignment[rank], job.assignment
+    return WorkerSpec(
+        config=job.config, schedule=job.schedule, dataset_id=job.dataset_id, num_classes=job.num_classes,
+        checkpoints=job.checkpoints, rank=rank, peers=tuple(peers), threads=threads,
+        train_files=tuple(train_files), train_examples=plan.train_examples, val_files=tuple(val_files),
+        val_record_shard=plan.val_record_shard, val_examples=plan.val_examples,
+        val_examples_total=assignment.val_examples_total, steps_per_epoch=assignment.steps_per_epoch,
+        val_steps=assignment.val_steps)
+
+
+__all__ = ["JobPlan", "WORKER", "WorkerSpec", "worker_spec"]

@@ -1,0 +1,281 @@
+"""A barrier task's child process (the TensorFlow worker) under its supervisor, and the spare a task leaves.
+
+:func:`start_child` starts the supervisor (:mod:`spark_imagenet.training.task.supervisor`) in a session of its
+own, bound to the task by ``PR_SET_PDEATHSIG``; :func:`finish_child` gives the child its inputs (a
+:class:`ChildFolder`) and its go, echoes its output line by line with a prefix, and collects its results;
+:func:`end_child` ends it. A task starts its TensorFlow process early (:func:`take_preloaded`) and may leave a
+spare for the next task of its Python worker (:func:`leave_spare`; docs/design.md, 'Starting TensorFlow early,
+and a spare for the next job'). No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+from typing import Callable, Mapping, Sequence
+
+from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.training.task.supervisor import EXIT_SUPERVISOR_FAILED, set_death_signal
+
+#: The module that runs the child, ends it and removes its folder when the task dies.
+SUPERVISOR_MODULE = "spark_imagenet.training.task.supervisor"
+#: Lines of child output kept for the error message of a failed rank.
+TAIL_LINES = 40
+#: Seconds to wait for the supervisor after asking it to stop (it stops at once).
+STOP_WAIT_S = 30
+
+
+def _supervisor_preexec() -> None:
+    """preexec_fn of the supervisor: SIGTERM when the task (its parent) dies, held back until
+    the supervisor's handler is in place (the supervisor checks for a parent already gone)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    set_death_signal(signal.SIGTERM)
+
+
+def exit_description(code: int) -> str:
+    """How a process ended: ``"exited with code 1"``, ``"was killed by SIGKILL"``, ``"could not be started (...)"``."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    if code == EXIT_SUPERVISOR_FAILED:
+        return f"could not be started (supervisor exit status {code})"
+    return f"exited with code {code}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildFolder:
+    """A temporary folder of the child, created and removed by the supervisor.
+
+    The folder is the child's working folder and ``TMPDIR``; ``{folder}`` in
+    the child's command is replaced by its path.
+
+    Attributes:
+        prefix: the folder's name prefix (``tempfile.mkdtemp``), e.g. ``"spark-imagenet-rank0-"``.
+        prepare: called with the folder's path before the child starts (to write its inputs).
+        collect: called with the folder's path after the child's output has
+            ended, before the folder is removed (to read its results).
+    """
+
+    prefix: str
+    prepare: Callable[[str], None]
+    collect: Callable[[str], None]
+
+
+#: TensorFlow's start-up lines on a host without a CUDA driver: true, but they read like failures
+#: ("failed call to cuInit: ... CUDA error") on every CPU-only rank.
+_CPU_STARTUP_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|Could not find cuda drivers on your machine, GPU will not be used"
+    r"|failed call to cuInit"
+    r"|Unable to register cu(DNN|FFT|BLAS) factory"
+    r"|computation placer already registered"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+    r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags"
+)
+
+
+class CpuStartupFilter:
+    """Hides TensorFlow's CUDA start-up lines of a worker that has no GPU, on a host without one.
+
+    Called with each output line; returns the line to echo, or None. The first
+    hidden line is replaced by one line saying that TensorFlow trains on the CPU
+    and that its CUDA start-up lines are not shown; the hidden lines stay in
+    :func:`finish_child`'s tail, so a failure's message still carries them.
+    Use it only where no GPU was asked for or found (a GPU worker's CUDA
+    errors are real).
+
+    Args:
+        notice: the line shown in place of the first hidden one.
+
+    Attributes:
+        hidden: how many lines were hidden.
+    """
+
+    NOTICE = "TensorFlow found no CUDA driver or GPU here: training on the CPU (its CUDA start-up lines not shown)"
+
+    def __init__(self, notice: str = NOTICE) -> None:
+        self.hidden = 0
+        self.notice = notice
+
+    def __call__(self, line: str) -> str | None:
+        if not _CPU_STARTUP_NOISE.search(line):
+            return line
+        self.hidden += 1
+        return self.notice if self.hidden == 1 else None
+
+
+def _echo(raw: bytes, prefix: str, tail: collections.deque, out,
+          shown: Callable[[str], str | None] | None = None) -> None:
+    line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    line = line.rsplit("\r", 1)[-1]  # a progress bar redraws with \r: keep what the terminal would show
+    tail.append(line)
+    echo = line if shown is None else shown(line)
+    if echo is not None:
+        out.write(f"{prefix}{echo}\n")
+        out.flush()
+
+
+def start_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
+                folder_prefix: str | None = None, preload: bool = False) -> subprocess.Popen:
+    """Start the supervisor of a child (:mod:`spark_imagenet.training.task.supervisor`) in a new session.
+
+    The supervisor gets ``PR_SET_PDEATHSIG`` = SIGTERM, bound to the calling thread (start it from the
+    thread that outlives it: a task's main thread); its stdin is the lifeline (:func:`finish_child`).
+
+    Args:
+        argv, env, cwd: the child's command, environment (also the supervisor's) and working folder.
+        folder_prefix: the name prefix of the child's temporary folder (:class:`ChildFolder`), or None.
+        preload: start the child at once, before its inputs are written; it waits for its go (``--preload``).
+
+    Returns:
+        The supervisor's ``Popen`` (stdin and stdout pipes, stderr merged into stdout).
+    """
+    command = [sys.executable, "-m", SUPERVISOR_MODULE, "--parent", str(os.getpid())]
+    command += ["--folder", folder_prefix] if folder_prefix is not None else []
+    command += ["--preload"] if preload else []
+    return subprocess.Popen(
+        command + ["--", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_supervisor_preexec,
+    )
+
+
+def end_child(proc: subprocess.Popen) -> None:
+    """End a supervisor started by :func:`start_child` (it kills its child and removes the folder), wait for
+    it and close its pipes; a no-op for one already ended."""
+    if proc.poll() is None:
+        proc.terminate()  # the supervisor kills the child and removes the folder
+        try:
+            proc.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        with contextlib.suppress(OSError):
+            if stream is not None:
+                stream.close()
+
+
+def finish_child(proc: subprocess.Popen, prefix: str, tail_lines: int = TAIL_LINES, out=None,
+                 folder: ChildFolder | None = None,
+                 shown: Callable[[str], str | None] | None = None) -> tuple[int, list[str]]:
+    """Give a child started by :func:`start_child` its inputs and its go, echo its output line by line, and
+    collect its results. The child ends, and its folder is removed, when this call returns or raises, or this
+    process dies (even by SIGKILL).
+
+    Args:
+        proc: the supervisor :func:`start_child` returned.
+        prefix: put before each echoed line, e.g. ``"[rank 1] "``.
+        tail_lines: how many of the last lines to keep.
+        out: text stream to echo to (default ``sys.stderr``).
+        folder: the child's temporary folder (:class:`ChildFolder`; its ``prefix`` was given to
+            :func:`start_child`), or None when the child was started without one.
+        shown: called with each line, returns what to echo instead (None: nothing), e.g.
+            :class:`CpuStartupFilter`; every line is kept in the tail either way.
+
+    Returns:
+        ``(exit_code, last_lines)``; a negative code is the killing signal, 125 (``EXIT_SUPERVISOR_FAILED``) a
+        child that could not be started.
+
+    Raises:
+        whatever ``folder.prepare`` or ``folder.collect`` raises (the child is ended first).
+    """
+    out = out or sys.stderr
+    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        path = None
+        if folder is not None:
+            first = proc.stdout.readline()
+            if first.startswith(b"folder "):
+                path = first[len(b"folder "):].decode("utf-8", errors="surrogateescape").rstrip("\n")
+                folder.prepare(path)
+                with contextlib.suppress(BrokenPipeError):  # a supervisor gone says so by its status
+                    proc.stdin.write(b"run\n")
+                    proc.stdin.flush()
+            elif first:
+                _echo(first, prefix, tail, out, shown)  # the supervisor failed: its message
+        for raw in proc.stdout:
+            _echo(raw, prefix, tail, out, shown)
+        if path is not None:
+            folder.collect(path)
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # releases the folder
+        code = proc.wait()
+    finally:
+        end_child(proc)
+    return code, list(tail)
+
+
+#: The name prefix of a spare's temporary folder (which rank takes it is not known when it starts).
+SPARE_FOLDER_PREFIX = "spark-imagenet-spare-"
+
+
+@dataclasses.dataclass
+class Preloaded:
+    """A TensorFlow worker process started before its inputs exist, waiting for its go (docs/design.md,
+    'Starting TensorFlow early, and a spare for the next job').
+
+    Attributes:
+        proc: its supervisor (:func:`start_child` with ``preload``).
+        env: the environment it was started with (:func:`preload_env`).
+        key: what it was started with (:func:`preload_key`); a task takes only a process of its own key.
+        spare: started after an earlier task, for the next one in this Python worker.
+    """
+
+    proc: subprocess.Popen
+    env: dict[str, str]
+    key: tuple
+    spare: bool = False
+
+
+#: This Python worker's spare (PySpark reuses its Python workers from task to task): at most one.
+_SPARE: list[Preloaded] = []
+
+
+def preload_key(env: Mapping[str, str], child_module: str) -> tuple:
+    """What a preloaded process depends on: the interpreter, the module and the environment it was started with."""
+    return sys.executable, child_module, tuple(sorted(env.items()))
+
+
+def start_preloaded(env: Mapping[str, str], child_module: str, folder_prefix: str, spare: bool = False) -> Preloaded:
+    """Start ``python -m child_module --preload {folder}/environ.json {folder}/worker.json {folder}/result.json``
+    under its supervisor (``--preload``), from the calling thread (its death signal is bound to it)."""
+    argv = [sys.executable, "-m", child_module, "--preload", "{folder}/environ.json", "{folder}/worker.json",
+            "{folder}/result.json"]
+    return Preloaded(start_child(argv, env, None, folder_prefix, preload=True), dict(env),
+                     preload_key(env, child_module), spare)
+
+
+def spares_enabled(config: TrainConfig, base: Mapping[str, str]) -> bool:
+    """Whether a task leaves a spare behind: ``config.spare_worker`` and PySpark reuses this Python worker
+    (``spark.python.worker.reuse``, which PySpark passes to its workers as ``SPARK_REUSE_WORKER``)."""
+    return bool(config.spare_worker and base.get("SPARK_REUSE_WORKER"))
+
+
+def take_preloaded(env: Mapping[str, str], child_module: str, rank: int, use_spare: bool) -> Preloaded:
+    """This task's TensorFlow process: this Python worker's spare when ``use_spare``, it still runs and its key
+    matches ``env`` and ``child_module``; else a new one (folder ``spark-imagenet-rank<R>-``). A spare not
+    taken is ended."""
+    key = preload_key(env, child_module)
+    while _SPARE:
+        spare = _SPARE.pop()
+        if use_spare and spare.key == key and spare.proc.poll() is None:
+            return spare
+        end_child(spare.proc)
+    return start_preloaded(env, child_module, f"spark-imagenet-rank{rank}-")
+
+
+def leave_spare(env: Mapping[str, str], child_module: str) -> None:
+    """Start a spare for the next task of this Python worker (ending any other); call it from the task's own
+    thread once its TensorFlow process has ended."""
+    while _SPARE:
+        end_child(_SPARE.pop().proc)
+    _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True))

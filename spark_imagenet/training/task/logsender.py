@@ -1,0 +1,229 @@
+"""The barrier task's side of the log channel: :class:`LogSender` (the protocol and its bounds:
+:mod:`spark_imagenet.training.job.logchannel`)."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+from collections import deque
+
+from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.job.logchannel import (
+    CHUNK_BYTES,
+    MAX_HOST_CHARS,
+    SEND_TIMEOUT_S,
+    ChannelSpec,
+    check_positive,
+    one_line,
+)
+
+
+class LogSender:
+    """The task side of the log channel: a bounded queue and a daemon thread that writes it out.
+
+    The thread starts with the sender: it connects once, writes the secret
+    line, then the queued lines. It gives up for good (recorded in
+    :attr:`error`; everything queued or sent afterwards counts as dropped)
+    when the connection cannot be made, breaks, or takes no data for
+    :data:`SEND_TIMEOUT_S` seconds. Use as a context manager or call
+    :meth:`close`.
+
+    Args:
+        spec: ChannelSpec, the job's channel (``LogServer.spec`` on the driver).
+        rank: int, this task's rank (>= 0), the first field of every line.
+        host: str, this task's host name; tabs and line breaks become spaces,
+            and it is cut to 255 characters.
+        queue_lines: int, the most lines queued; a line that does not fit is
+            dropped and counted in :attr:`dropped`.
+        queue_bytes: int, the most bytes queued (encoded lines), likewise.
+        connect_timeout_s: float, seconds to wait for the connection.
+
+    Attributes:
+        dropped: int, lines that were not sent (queue full, no connection,
+            closed).
+        sent: int, lines handed to the socket.
+        error: str | None, why sending stopped (one line), or None.
+
+    Raises:
+        ConfigError: a spec that is not a ChannelSpec, a negative rank, a host
+            that is not a string, or a bound that is not positive.
+    """
+
+    def __init__(self, spec: ChannelSpec, rank: int, host: str, *, queue_lines: int = 2000,
+                 queue_bytes: int = 8 * 2**20, connect_timeout_s: float = 5.0) -> None:
+        if not isinstance(spec, ChannelSpec):
+            raise ConfigError(f"log sender needs a ChannelSpec, got {type(spec).__name__}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ConfigError(f"log sender rank {rank!r} must be an integer >= 0")
+        if not isinstance(host, str):
+            raise ConfigError(f"log sender host {host!r} must be a string")
+        for name, value, integer in (("queue_lines", queue_lines, True), ("queue_bytes", queue_bytes, True),
+                                     ("connect_timeout_s", connect_timeout_s, False)):
+            check_positive(name, value, integer)
+        self._spec, self._connect_timeout = spec, float(connect_timeout_s)
+        safe_host = host.replace("\t", " ").replace("\r", " ").replace("\n", " ")[:MAX_HOST_CHARS]
+        self._prefix = f"{rank}\t{safe_host}\t".encode("utf-8", errors="replace")
+        self._max_lines, self._max_bytes = queue_lines, queue_bytes
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pending: deque[bytes] = deque()
+        self._pending_bytes = 0
+        self._inflight = 0  # lines taken off the queue and not yet written
+        self._sock: socket.socket | None = None
+        self._stopped = False  # no more sending: failed, or closed
+        self._closing = False
+        self.dropped = self.sent = 0
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, name=f"spark-imagenet-log-sender-{rank}", daemon=True)
+        self._thread.start()
+
+    def send(self, text: str) -> None:
+        """Queue ``text`` for the driver; never blocks, never raises.
+
+        Args:
+            text: str, one or more lines (split at line breaks; a non-str is
+                sent as ``str(text)``). Lines that do not fit the queue, or
+                come after the sender stopped, are dropped and counted.
+        """
+        try:
+            lines = [self._prefix + ln.encode("utf-8", errors="replace") + b"\n"
+                     for ln in (str(text).splitlines() or [""])]
+            with self._lock:
+                for line in lines:
+                    if (self._stopped or self._closing or len(self._pending) >= self._max_lines
+                            or self._pending_bytes + len(line) > self._max_bytes):
+                        self.dropped += 1
+                    else:
+                        self._pending.append(line)
+                        self._pending_bytes += len(line)
+            self._wake.set()
+        except Exception:  # noqa: BLE001 - logging must never fail the task
+            with self._lock:
+                self.dropped += 1
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Flush what can be sent within ``timeout_s`` seconds, then close; idempotent.
+
+        What is still queued after the timeout is counted as dropped and the
+        connection is shut down (the thread, a daemon, ends on its own).
+
+        Args:
+            timeout_s: float, seconds to wait for the queue to drain.
+        """
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        self._wake.set()
+        self._thread.join(max(0.0, timeout_s))
+        if self._thread.is_alive():
+            self._stop(f"close gave up flushing after {timeout_s:g} s")
+            sock = self._sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in sendall
+                except OSError:
+                    pass
+
+    def __enter__(self) -> LogSender:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the sender thread
+    def _stop(self, error: str | None) -> None:
+        """Stop sending for good: record the first error, count what is queued as dropped."""
+        with self._lock:
+            if error and self.error is None:
+                self.error = error
+            self._stopped = True
+            self.dropped += len(self._pending) + self._inflight
+            self._inflight = 0
+            self._pending.clear()
+            self._pending_bytes = 0
+
+    def _run(self) -> None:
+        """The thread: connect, authenticate, then write batches until closed or broken."""
+        where = f"{self._spec.host}:{self._spec.port}"
+        try:
+            sock = socket.create_connection((self._spec.host, self._spec.port), timeout=self._connect_timeout)
+        except OSError as e:
+            self._stop(f"cannot connect to the log server at {where}: {one_line(e)}")
+            return
+        with self._lock:
+            self._sock = sock
+        try:
+            sock.settimeout(SEND_TIMEOUT_S)
+            self._write(sock, self._spec.secret.encode("utf-8") + b"\n")
+            while self._pump(sock):
+                pass
+            self._stop(None)
+            sock.shutdown(socket.SHUT_WR)
+        except TimeoutError:
+            self._stop(f"the log server at {where} stalled: it took no data for {SEND_TIMEOUT_S:g} s")
+        except OSError as e:
+            self._stop(f"the connection to the log server at {where} broke: {one_line(e)}")
+        finally:
+            sock.close()
+
+    def _pump(self, sock: socket.socket) -> bool:
+        """Wait for lines and write one batch; False when done (closing and drained, or stopped).
+
+        Raises:
+            OSError: the connection broke, or the server has closed it.
+        """
+        if not self._closing:  # closing: drain without waiting (its wake-up may have been consumed already)
+            self._wake.wait(0.5)
+        self._wake.clear()
+        batch = self._take()
+        if batch:
+            self._write(sock, batch)
+            with self._lock:
+                self.sent += self._inflight
+                self._inflight = 0
+            return True
+        with self._lock:
+            if self._stopped or self._closing:
+                return False
+        if _peer_closed(sock):
+            raise ConnectionResetError("the server closed the connection")
+        return True
+
+    def _take(self) -> bytes:
+        """Take queued lines, about :data:`CHUNK_BYTES` at most (at least one line), off the queue."""
+        out: list[bytes] = []
+        size = 0
+        with self._lock:
+            while self._pending and (not out or size + len(self._pending[0]) <= CHUNK_BYTES):
+                line = self._pending.popleft()
+                out.append(line)
+                size += len(line)
+            self._pending_bytes -= size
+            self._inflight = len(out)
+        return b"".join(out)
+
+    @staticmethod
+    def _write(sock: socket.socket, data: bytes) -> None:
+        """Write ``data`` in chunks, each within the socket's send timeout (no SIGPIPE)."""
+        view = memoryview(data)
+        flags = getattr(socket, "MSG_NOSIGNAL", 0)
+        for start in range(0, len(view), CHUNK_BYTES):
+            sock.sendall(view[start:start + CHUNK_BYTES], flags)
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True when the server has closed its end (it never writes, so readable means end or reset)."""
+    selector = selectors.DefaultSelector()
+    try:
+        selector.register(sock, selectors.EVENT_READ)
+        if not selector.select(0):
+            return False
+        return sock.recv(1, socket.MSG_DONTWAIT if hasattr(socket, "MSG_DONTWAIT") else 0) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        selector.close()

@@ -1,0 +1,30 @@
+"""The TensorFlow worker process: the only part of the package that imports TensorFlow.
+
+* :mod:`.main`: one ``MultiWorkerMirroredStrategy`` worker (``python -m spark_imagenet.training.worker.main``):
+  its spec in, its result or failure out; :mod:`.strategy` (the strategy and the workers' agreement) and
+  :mod:`.training` (datasets, model, ``fit``, evaluation, checkpoints, ``--output``) do the work.
+* :mod:`.pipeline`: the ``tf.data`` input pipeline (per-image work in :mod:`.preprocessing`, naming a bad
+  record in :mod:`.bad_records`).
+* :mod:`.models`: AlexNet, ResNet-50, a user's builder, and compiling them.
+* :mod:`.model_state` (the ``tf.train.Checkpoint`` of model, optimizer and dropout generators; the folder
+  store is :mod:`spark_imagenet.training.job.checkpoints`), :mod:`.keras_schedule`, :mod:`.optimizers`,
+  :mod:`.watchdog`: the training loop's parts.
+* :mod:`.native_log`: TensorFlow's import-time log lines at the level asked for, once each.
+* :mod:`.tf_internals`: every private TensorFlow and tf-keras API the package uses, behind small shims, with
+  the TensorFlow version each was checked against.
+* :mod:`.evaluate`, :mod:`.predict`: the ``evaluate`` and ``predict`` commands (run in a child Python).
+
+TensorFlow's set-up is made here, once, before any module of this folder imports it: the Keras 2 API of
+``tf_keras`` (``TF_USE_LEGACY_KERAS=1``), which MultiWorkerMirroredStrategy needs (Keras 3 fails under it;
+docs/design.md), and TensorFlow's C++ log level (``TF_CPP_MIN_LOG_LEVEL=2``: no INFO or WARNING lines),
+which :mod:`.native_log` also applies to the lines TensorFlow's libraries print while it is imported.
+"""
+
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no INFO lines from TensorFlow's C++ logging
+
+from spark_imagenet.training.worker import native_log  # noqa: E402  (after the environment above)
+
+native_log.install()

@@ -1,0 +1,146 @@
+"""``spark-imagenet predict MODEL_URL IMAGE...``: the top-5 classes of each image, with names and probabilities.
+
+Run as ``python -m spark_imagenet.training.worker.predict MODEL_URL IMAGE_OR_FOLDER... [--labels URL] [--top K]
+[--json]``; the command line starts it in a child Python. Each image gets the view training evaluates with
+(:func:`spark_imagenet.training.worker.preprocessing.eval_image`: central crop, resize, normalization); files that are
+not JPEG (PNG, CMYK JPEG, ...) are converted to RGB JPEG with Pillow first, as sharding does. A folder
+stands for the image files in it (``.jpeg``, ``.jpg``, ``.png``, any case, sorted; not recursive).
+
+``MODEL_URL`` is a ``model.keras`` file or an ``--output`` folder; the class names come from ``labels.json``
+beside the model (or ``--labels``). Exit status 0, or 2 with one ``spark-imagenet: error:`` line naming the
+file at fault (nothing is skipped silently).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+
+from spark_imagenet.arguments import ArgumentParser  # noqa: E402
+from spark_imagenet.dataset.images import image_files  # noqa: E402
+from spark_imagenet.errors import ConfigError, SparkImagenetError  # noqa: E402
+from spark_imagenet.storage import open_storage, store_schemes  # noqa: E402
+from spark_imagenet.training.worker.evaluate import fetched_model, load_model  # noqa: E402
+from spark_imagenet.training.job.outputs import LABELS_FILE  # noqa: E402
+
+
+def jpeg_bytes(path: Path) -> bytes:
+    """The file's bytes when it is an RGB or greyscale JPEG, else the image re-encoded as RGB JPEG (Pillow).
+
+    Raises:
+        ConfigError: not an image Pillow can read (names the file).
+    """
+    from PIL import Image
+
+    data = path.read_bytes()
+    try:
+        with Image.open(path) as image:  # a path, so Pillow's message names the file, not a buffer object
+            if image.format == "JPEG" and image.mode in ("RGB", "L"):
+                return data
+            out = io.BytesIO()
+            image.convert("RGB").save(out, format="JPEG", quality=95)
+            return out.getvalue()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not an image that can be read ({e})") from None
+
+
+def read_labels(model_url: str, labels_url: str | None, classes: int | None) -> list[dict[str, Any]]:
+    """The class list for the model's outputs (``labels.json`` beside the model, or ``labels_url``).
+
+    Args:
+        model_url: the model's URL (its folder holds the default ``labels.json``).
+        labels_url: the labels file, or None for the default.
+        classes: the model's output count, or None to read the file without checking its length.
+
+    Raises:
+        ConfigError: no readable labels file, or one whose length differs from the model's outputs.
+    """
+    if labels_url is None:
+        folder = model_url.rsplit("/", 1)[0] if model_url.endswith(".keras") else model_url.rstrip("/")
+        folder, name = folder or ".", LABELS_FILE
+    else:
+        folder, name = (labels_url.rsplit("/", 1) + [""])[:2] if "/" in labels_url else (".", labels_url)
+    try:
+        labels = json.loads(open_storage(folder).read_bytes(name))
+    except (SparkImagenetError, ValueError) as e:
+        raise ConfigError(f"cannot read the class names {folder}/{name} ({e}); give --labels with the "
+                          "labels.json of the run that trained the model") from None
+    if not isinstance(labels, list) or (classes is not None and len(labels) != classes):
+        raise ConfigError(f"{folder}/{name} lists {len(labels) if isinstance(labels, list) else 'no'} classes "
+                          f"but the model has {classes} outputs: give the labels.json of this model's run")
+    return labels
+
+
+def predict(model, files: Sequence[Path], labels: Sequence[dict[str, Any]], top: int = 5,
+            jpegs: Sequence[bytes] | None = None) -> list[dict[str, Any]]:
+    """The ``top`` classes of each image, most probable first.
+
+    Args:
+        model: a classifier: float32 ``[B, S, S, 3]`` normalized images -> logits ``[B, C]``.
+        files: the image files.
+        labels: ``labels.json``'s entries (``id``, ``wnid``, ``names``), one per output.
+        top: classes per image.
+        jpegs: the files' images as :func:`jpeg_bytes` gives them, when already read (None: read them now).
+
+    Returns:
+        list[dict]: per image ``{"file", "top": [{"id", "wnid", "name", "probability"}, ...]}``.
+
+    Raises:
+        ConfigError: a file that is not a readable image (names it).
+    """
+    import tensorflow as tf
+
+    from spark_imagenet.training.worker import preprocessing
+
+    size = int(model.input_shape[1])
+    normalize = preprocessing.normalizer(size)
+    jpegs = [jpeg_bytes(f) for f in files] if jpegs is None else jpegs
+    images = tf.stack([preprocessing.eval_image(tf.constant(data), size) for data in jpegs])
+    probabilities = tf.nn.softmax(model(normalize(images), training=False), axis=-1).numpy()
+    out = []
+    for path, row in zip(files, probabilities):
+        best = row.argsort()[::-1][:top]
+        out.append({"file": str(path), "top": [
+            {"id": int(i), "wnid": labels[i]["wnid"], "name": (labels[i]["names"] or [""])[0],
+             "probability": float(row[i])} for i in best]})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``predict`` command (see the module docstring); returns the exit status."""
+    parser = ArgumentParser(prog="spark-imagenet predict",
+                                     description="the top classes of each image, with names and probabilities")
+    parser.add_argument("model", help="a model.keras file or the --output folder of a run (a local path or a "
+                        f"bucket URL: {store_schemes()})")
+    parser.add_argument("images", nargs="+", help="JPEG (or PNG) files, or folders of them")
+    parser.add_argument("--labels", help="the run's labels.json (default: the one beside the model)")
+    parser.add_argument("--top", type=int, default=5, help="classes per image (default 5)")
+    parser.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    args = parser.parse_args(argv)
+    try:
+        files = image_files(args.images)  # the images, labels and model are checked before TensorFlow starts
+        jpegs = [jpeg_bytes(f) for f in files]
+        with fetched_model(args.model) as local:
+            read_labels(args.model, args.labels, None)
+            model = load_model(args.model, local)
+        labels = read_labels(args.model, args.labels, int(model.output_shape[-1]))
+        results = predict(model, files, labels, max(1, args.top), jpegs)
+    except SparkImagenetError as e:
+        print(f"spark-imagenet: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    for r in results:
+        print(r["file"])
+        for rank, c in enumerate(r["top"], 1):
+            print(f"  {rank}. {c['probability']:7.2%}  {c['wnid']}  {c['name']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The job's values going in (spark_imagenet.training.job.plan): the plan the driver resolves once, the worker
+spec each TensorFlow worker reads, and the hop in between (each adds only its own part)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+
+import pytest
+
+from bucket_util import make_bucket
+from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.driver.launch import plan_job
+from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.storage import LocalStorage, open_storage
+from spark_imagenet.training.job.plan import WorkerSpec, worker_spec
+from spark_imagenet.training.job.schedules import schedule_for
+from spark_imagenet.training.task.barrier_task import TaskSpec
+
+
+def spec(**changes) -> WorkerSpec:
+    config = TrainConfig(workers=2, batch_size=8)
+    fields = dict(config=config, schedule=schedule_for(config, 5), dataset_id="d", num_classes=10, rank=1,
+                  train_files=("/c/train-00001.tfrecord",), train_examples=40, val_files=("/c/val-00000.tfrecord",),
+                  val_record_shard=(2, 1), val_examples=9, val_examples_total=18, steps_per_epoch=5, val_steps=2,
+                  threads=1, checkpoints=LocalStorage("/c/ckpt"))
+    fields.update(changes)
+    return WorkerSpec(**fields)
+
+
+def test_worker_spec_json_round_trip():
+    one = spec()
+    data = json.loads(json.dumps(one.to_json()))
+    assert data["format"] == "spark-imagenet-worker-spec" and data["config"]["batch_size"] == 8
+    assert data["schedule"]["format"] == "spark-imagenet-lr-schedule" and data["checkpoints"]["url"] == "/c/ckpt"
+    assert WorkerSpec.from_json(data) == one
+    assert one.seed == 1 and one.workers == 2 and one.parallel == 1  # job seed 0 + rank 1; threads 1
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"rank": 2}, "rank 2 is not in 0..workers-1"),
+    ({"train_files": ()}, "no train_files"),
+    ({"val_steps": 1}, "val_steps 1 * batch_size 8 is less than this worker's val_examples 9"),
+    ({"val_files": ()}, "val_examples is 9 but val_files is empty"),
+    ({"val_record_shard": (2, 2)}, "'val_record_shard' must be [n, i] with 0 <= i < n"),
+    ({"steps_per_epoch": 0}, "'steps_per_epoch' must be an integer >= 1"),
+    ({"train_files": 3}, "'train_files' must be a list of non-empty strings"),
+    ({"schedule": None}, "'schedule' a Schedule"),
+])
+def test_worker_spec_rejects_impossible_values(change, fragment):
+    with pytest.raises(ConfigError) as e:
+        spec(**change)
+    assert fragment in str(e.value)
+
+
+def test_worker_spec_from_json_names_missing_and_unknown_keys_and_other_versions():
+    data = spec().to_json()
+    del data["val_steps"]
+    with pytest.raises(ConfigError, match="missing key.*val_steps"):
+        WorkerSpec.from_json(data)
+    with pytest.raises(ConfigError, match="unknown key.*learning_rate"):
+        WorkerSpec.from_json({**spec().to_json(), "learning_rate": 0.1})
+    with pytest.raises(ConfigError, match="version 1"):
+        WorkerSpec.from_json({**spec().to_json(), "format_version": 1})
+    data = spec().to_json()
+    data["config"]["model"] = "vgg16"
+    with pytest.raises(ConfigError, match="'vgg16' is not a known model"):
+        WorkerSpec.from_json(data)
+
+
+def test_the_plan_is_resolved_once_and_each_hop_adds_its_own_part(tmp_path):
+    """The driver's plan carries the settings, the dataset, the one schedule and the storage handles; the
+    task's spec adds the resume point; the worker's spec adds the rank, files and step counts."""
+    bucket = make_bucket(tmp_path / "b", train=4, val=1)
+    job = plan_job(str(bucket), TrainConfig(workers=2, batch_size=2, checkpoint_dir=str(tmp_path / "ckpt"),
+                                            output=str(tmp_path / "out")))
+    assert job.schedule == schedule_for(job.config, job.assignment.steps_per_epoch)
+    assert job.dataset == open_storage(str(bucket)) and job.dataset.url == str(bucket)
+    assert job.checkpoints.url == str(tmp_path / "ckpt") and job.output.url == str(tmp_path / "out")
+    task = TaskSpec(job)
+    assert pickle.loads(pickle.dumps(task)) == task  # what functools.partial hands to Spark
+    assert {f.name for f in dataclasses.fields(task)} == {"job", "resume", "log_channel", "child_module"}
+    one = worker_spec(job, 1, ["/c/t1", "/c/t3"], ["/c/v0"], threads=3)
+    assert one.rank == 1 and one.workers == 2 and one.num_classes == 2 and one.config is job.config
+    assert one.schedule is job.schedule and one.checkpoints is job.checkpoints and one.dataset_id == "fake-b"
+    assert one.train_files == ("/c/t1", "/c/t3") and one.train_examples == 10  # 2 shards x 5 examples
+    assert one.val_record_shard == (2, 1) and one.val_examples == 2 and one.val_examples_total == 5
+    assert one.steps_per_epoch == job.assignment.steps_per_epoch and one.parallel == 3 and one.threads == 3
+    fixed = worker_spec(dataclasses.replace(job, config=job.config.replace(parallel=1)), 0, ["/c/t0"], ["/c/v0"],
+                        threads=3)
+    assert fixed.parallel == 1 and fixed.threads == 3
+    assert WorkerSpec.from_json(json.loads(json.dumps(one.to_json()))) == one
+
+
+def test_the_plan_carries_storage_handles_that_pickle_without_their_clients(tmp_path, gcs_bucket):
+    """The driver opens each storage once; the plan pickles it to the tasks (a GCS handle without its client,
+    with the emulator endpoint the driver's environment named), and the worker spec's JSON reopens it."""
+    bucket = make_bucket(tmp_path / "b", train=4, val=1)
+    gcs = open_storage(f"gs://{gcs_bucket}/runs/ckpt")
+    gcs.exists("x")  # used: its client is made
+    job = dataclasses.replace(plan_job(str(bucket), TrainConfig(workers=2, batch_size=2)), checkpoints=gcs)
+    again = pickle.loads(pickle.dumps(TaskSpec(job))).job
+    assert again == job and again.checkpoints is not gcs and again.checkpoints.endpoint == gcs.endpoint
+    assert again.checkpoints.exists("x") is False and again.dataset.read_bytes("manifest.json")
+    one = worker_spec(job, 0, ["/c/t0"], ["/c/v0"])
+    data = json.loads(json.dumps(one.to_json()))
+    assert data["checkpoints"] == {"url": gcs.url, "options": gcs.reopen_options()}
+    assert WorkerSpec.from_json(data).checkpoints == gcs
+    with pytest.raises(ConfigError, match=r"key 'checkpoints': expected \{\"url\": str"):
+        WorkerSpec.from_json({**data, "checkpoints": "gs://x"})
