@@ -96,7 +96,7 @@ def parse_example(record: bytes) -> dict:
 
 
 DATA = ("ILSVRC", "Data", "CLS-LOC")
-QUIET = dict(processes=2, progress=False, log=lambda m: None)
+QUIET = dict(processes=2, progress=False)
 
 
 def build(source, out, **kw):

@@ -34,7 +34,7 @@ def build(tree: Path, out: Path, **kw):
 
     kw.setdefault("train_shards", 4)
     kw.setdefault("val_shards", 2)
-    return shard(tree, out, processes=2, progress=False, log=lambda m: None, **kw)
+    return shard(tree, out, processes=2, progress=False, **kw)
 
 
 def all_shards(manifest) -> list:

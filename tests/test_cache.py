@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from spark_imagenet.dataset.cache import default_cache_dir, fetch
-from spark_imagenet.errors import StorageError
 from spark_imagenet.dataset.manifest import ShardInfo
+from spark_imagenet.errors import StorageError
 from spark_imagenet.storage import LocalStorage, crc32c_file
 
 
@@ -206,6 +206,7 @@ def test_default_cache_dir_outlives_the_spark_application(monkeypatch, tmp_path)
     assert default_cache_dir() == tmp_path / "nm" / "usercache" / "ann" / "spark-imagenet-cache"
 
 
+@pytest.mark.slow
 def test_default_cache_dir_in_a_real_spark_task_is_not_the_application_folder(spark):
     """In a task of a real local Spark, SPARK_LOCAL_DIRS is the application's blockmgr folder; the default
     cache is beside it, not inside it."""
@@ -220,3 +221,23 @@ def test_default_cache_dir_in_a_real_spark_task_is_not_the_application_folder(sp
     app_dir = Path(local_dirs.split(",")[0])
     assert app_dir.name.startswith("blockmgr-"), local_dirs
     assert Path(cache) == app_dir.parent / "spark-imagenet-cache"
+
+
+def test_fetch_rank_takes_the_storage_handle_of_a_plan(tmp_path):
+    """fetch_rank reads through the Storage it is given (the handle a job's plan carries, pickled as tasks get
+    it), not a URL and a dict of options; a URL string is refused, saying what to pass."""
+    import pickle
+
+    from bucket_util import make_bucket
+
+    from spark_imagenet.errors import ConfigError
+    from spark_imagenet.storage import open_storage
+    from spark_imagenet.training.task.staging import fetch_rank
+
+    root = make_bucket(tmp_path / "bucket", train=4, val=2)
+    handle = pickle.loads(pickle.dumps(open_storage(str(root))))
+    train, val = fetch_rank(handle, 1, 2, tmp_path / "cache")
+    assert [Path(p).name for p in train] == ["train-00001-of-00004.tfrecord", "train-00003-of-00004.tfrecord"]
+    assert [Path(p).name for p in val] == ["val-00001-of-00002.tfrecord"]
+    with pytest.raises(ConfigError, match=r"fetch_rank takes the dataset's Storage \(open_storage\(url\)\), got"):
+        fetch_rank(str(root), 0, 2, tmp_path / "cache")

@@ -37,18 +37,18 @@ from spark_imagenet.source.zip_archive import TAR_MEMBER
 from spark_imagenet.units import human_size
 
 
-def test_extract_both_forms_gives_the_tree_shard_reads(kaggle, tmp_path):
+def test_extract_both_forms_gives_the_tree_shard_reads(log_lines, kaggle, tmp_path):
     ref = build(kaggle["tree"], tmp_path / "ref")
-    root = extract(kaggle["root"], tmp_path / "a", progress=False, log=lambda m: None)
+    root = extract(kaggle["root"], tmp_path / "a", progress=False)
     assert root == tmp_path / "a"
     same_tree(kaggle["tree"], root)
-    nested = extract(kaggle["nested"], tmp_path / "b", progress=False, log=lambda m: None)
+    nested = extract(kaggle["nested"], tmp_path / "b", progress=False)
     assert nested == tmp_path / "b" and not (nested / TAR_MEMBER).exists()
     same_tree(kaggle["tree"], nested)
-    top = extract(kaggle["top"], tmp_path / "c", progress=False, log=lambda m: None)
+    top = extract(kaggle["top"], tmp_path / "c", progress=False)
     assert top == tmp_path / "c" / "imagenet-object-localization-challenge"
     same_tree(kaggle["tree"], top)
-    top = extract(kaggle["nested-top"], tmp_path / "d", progress=False, log=lambda m: None)
+    top = extract(kaggle["nested-top"], tmp_path / "d", progress=False)
     assert top == tmp_path / "d" / "top"
     same_tree(kaggle["tree"], top)
     assert not any(p.name.endswith(".spark-imagenet-partial") for p in (tmp_path / "b").rglob("*"))
@@ -56,8 +56,9 @@ def test_extract_both_forms_gives_the_tree_shard_reads(kaggle, tmp_path):
     assert m.dataset_id == ref.dataset_id and m.splits == ref.splits
     # A rerun keeps what is there (same sizes) and writes nothing.
     before = {p: p.stat().st_mtime_ns for p in tree_files(nested)}
-    msgs = []
-    extract(kaggle["nested"], tmp_path / "b", progress=False, log=msgs.append)
+    msgs = log_lines
+    msgs.clear()  # the lines from here on
+    extract(kaggle["nested"], tmp_path / "b", progress=False)
     assert {p: p.stat().st_mtime_ns for p in tree_files(nested)} == before
     assert "0 bytes written" in msgs[-1]
 
@@ -71,7 +72,7 @@ def test_extract_refuses_zip_slip(tmp_path, member, reason):
     z = valid_zip_with(tmp_path, "slip", {member: b"gotcha"})
     dest = tmp_path / "dest" / "inner"
     with pytest.raises(ArchiveError) as e:
-        extract(z, dest, progress=False, log=lambda m: None)
+        extract(z, dest, progress=False)
     msg = str(e.value)
     assert f"{member}: {reason}" in msg and "nothing was written" in msg and str(dest) in msg
     assert not (tmp_path / "dest").exists()  # nothing inside DEST, not even DEST
@@ -84,13 +85,13 @@ def test_extract_refuses_every_zip_link(tmp_path):
     dest = tmp_path / "dest"
     with pytest.raises(ArchiveError, match=r"refused to extract 2 member\(s\); nothing was written:\n  a/b: a "
                        r"symbolic link to \.\.: the link target has a '\.\.' component\n  a/b/c: a symbolic link"):
-        extract(z, dest, progress=False, log=lambda m: None)
+        extract(z, dest, progress=False)
     assert not dest.exists() and not os.path.lexists(tmp_path / "c")
     z = zip_with_links(tmp_path, "links", {"a/b": "..", "a/b/c": "..", "ILSVRC/escape": "../../../etc",
                                             "ILSVRC/cls-loc": "Data/CLS-LOC", "ILSVRC/abs": "/etc/passwd"})
     dest = tmp_path / "dest"
     with pytest.raises(ArchiveError) as e:
-        extract(z, dest, progress=False, log=lambda m: None)
+        extract(z, dest, progress=False)
     msg = str(e.value)
     assert f"{z}: refused to extract 5 member(s); nothing was written:" in msg
     for line in ("a/b: a symbolic link to ..: the link target has a '..' component",
@@ -127,12 +128,12 @@ def test_extract_refuses_tar_slip_in_the_nested_form(tmp_path):
     # The chain alone (which looks safe member by member) is refused too.
     z = zip_nested_form(tree, tmp_path / "chain.zip", tar_bytes=tar_gz_of(tree, extra=[(c, b"") for c in chain]))
     with pytest.raises(ArchiveError, match=r"refused to extract 3 member\(s\); nothing was written"):
-        extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
+        extract(z, tmp_path / "dest", progress=False)
     assert not (tmp_path / "dest").exists()
     extra = [(evil, b"gotcha"), (up, b"gotcha"), (sym, b""), (hard, b""), (fifo, b"")] + [(c, b"") for c in chain]
     z = zip_nested_form(tree, tmp_path / "slip.zip", tar_bytes=tar_gz_of(tree, extra=extra))
     with pytest.raises(ArchiveError) as e:
-        extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
+        extract(z, tmp_path / "dest", progress=False)
     msg = str(e.value)
     assert f"member {TAR_MEMBER}: refused to extract 8 member(s); nothing was written" in msg and "tar-slip" in msg
     assert "ILSVRC/../../evil.txt: a '..' component" in msg and "../up.txt: a '..' component" in msg
@@ -170,7 +171,7 @@ def test_extract_checks_free_space_first(tmp_path):
     z, tree = _zip_declaring(tmp_path, 2**45)  # 32 TiB
     dest = tmp_path / "new" / "dest"
     with pytest.raises(ConfigError) as e:
-        extract(z, dest, progress=False, log=lambda m: None)
+        extract(z, dest, progress=False)
     msg = str(e.value)
     st = os.statvfs(tmp_path)
     data = 2**45 + sum(p.stat().st_size for p in tree_files(tree))
@@ -195,7 +196,7 @@ def test_extract_counts_a_block_per_file_and_a_margin(tmp_path):
     st = os.statvfs(tmp_path)
     z, _ = _zip_declaring(tmp_path, st.f_bavail * st.f_frsize - others - SPACE_MARGIN // 2)
     with pytest.raises(ConfigError, match=r"not enough free space to extract .*one \d+-byte block for each"):
-        extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
+        extract(z, tmp_path / "dest", progress=False)
     assert not (tmp_path / "dest").exists()
 
 
@@ -203,7 +204,7 @@ def test_extract_refuses_a_member_shorter_than_its_declared_size(tmp_path):
     z, _ = _zip_declaring(tmp_path, 5000)
     dest = tmp_path / "dest"
     with pytest.raises(ArchiveError, match=r"huge.JPEG: 1 bytes read where the archive declares 5000"):
-        extract(z, dest, progress=False, log=lambda m: None)
+        extract(z, dest, progress=False)
     assert not (dest / "ILSVRC/Data/CLS-LOC/test/huge.JPEG").exists()
     assert (dest / EXTRACT_MARKER).exists()  # the extract stopped midway: shard refuses the folder
     with pytest.raises(LayoutError, match=rf"{dest} is an incomplete extract.* Rerun `spark-imagenet extract {z} "
@@ -219,7 +220,7 @@ def test_extract_refuses_duplicate_members(tmp_path):
         zf.writestr("ILSVRC/Data/CLS-LOC/val", b"a file named like a folder")
     dest = tmp_path / "dest"
     with pytest.raises(ArchiveError) as e:
-        extract(z, dest, progress=False, log=lambda m: None)
+        extract(z, dest, progress=False)
     msg = str(e.value)
     assert f"{z}: refused to extract 2 member(s); nothing was written" in msg
     assert "\n  LOC_synset_mapping.txt: given twice (as a file, then as a file): which copy is meant?" in msg
@@ -233,7 +234,7 @@ def test_refusals_say_what_is_wrong_with_each_kind_of_name(tmp_path):
                                             "ILSVRC/Data/CLS-LOC/test/fd/inner.txt": b"inner\n",
                                             "ILSVRC/.": b"dot\n"})
     with pytest.raises(ArchiveError) as e:
-        extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
+        extract(z, tmp_path / "dest", progress=False)
     msg = str(e.value)
     assert ("\n  ILSVRC/.: a file member whose name ends in '/.', so it names the folder ILSVRC/, not a file" in msg)
     assert ("\n  ILSVRC/Data/CLS-LOC/test/fd: a file, and also the folder of other members (such as "
@@ -247,7 +248,7 @@ def test_refusals_say_what_is_wrong_with_each_kind_of_name(tmp_path):
                                                     "ILSVRC/Data/CLS-LOC//test/n.txt": b"2"})
     for z, shard_too in ((image, True), (other, False)):
         with pytest.raises(ArchiveError, match="given twice") as e:
-            extract(z, tmp_path / "dest", progress=False, log=lambda m: None)
+            extract(z, tmp_path / "dest", progress=False)
         assert ("spark-imagenet shard refuses an image member given twice too" in str(e.value)) == shard_too
     with pytest.raises(ArchiveError, match="image member"):
         build(image, tmp_path / "out")
@@ -257,13 +258,13 @@ def test_refusals_say_what_is_wrong_with_each_kind_of_name(tmp_path):
 
 
 def test_names_too_long_for_the_file_system_are_refused_before_anything_is_written(tmp_path, monkeypatch):
-    import spark_imagenet.source.extract as archive
+    import spark_imagenet.source.extract_members as archive
 
     long = "ILSVRC/Data/CLS-LOC/test/" + "x" * 300 + ".txt"
     z = valid_zip_with(tmp_path, "long", {long: b"long\n", "ILSVRC/Data/CLS-LOC/test/" + "y" * 256 + "/a.txt": b""})
     dest = tmp_path / "dest"
     with pytest.raises(ArchiveError) as e:
-        extract(z, dest, progress=False, log=lambda m: None)
+        extract(z, dest, progress=False)
     msg = str(e.value)
     name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
     assert "refused to extract 2 member(s); nothing was written" in msg
@@ -280,9 +281,9 @@ def test_names_too_long_for_the_file_system_are_refused_before_anything_is_writt
     limit = base + longest + len(".spark-imagenet-partial") + 1  # every member fits, with its temporary name
     k = limit - 5 - base - len("ILSVRC/Data/CLS-LOC/test/")  # fits, but not under its temporary name
     z = valid_zip_with(tmp_path, "path2", {"ILSVRC/Data/CLS-LOC/test/" + "b" * k: b"too long"})
-    monkeypatch.setattr(archive, "_limits", lambda d: (255, limit + 1))
+    monkeypatch.setattr(archive, "name_limits", lambda d: (255, limit + 1))
     with pytest.raises(ArchiveError) as e:
-        extract(z, dest, progress=False, log=lambda m: None)
+        extract(z, dest, progress=False)
     msg = str(e.value)
     full = limit - 5
     assert msg.count("\n  ") == 1 and f"{'b' * k}: {full} bytes as a path under {dest} ({full + 24} under the " \
@@ -294,7 +295,7 @@ def test_names_too_long_for_the_file_system_are_refused_before_anything_is_writt
     # A name that fits NAME_MAX but not with the temporary suffix is written under a shorter temporary name.
     fits = "ILSVRC/Data/CLS-LOC/test/" + "z" * (name_max - 10)
     z = valid_zip_with(tmp_path, "fits", {fits: b"fits\n"})
-    root = extract(z, tmp_path / "fits", progress=False, log=lambda m: None)
+    root = extract(z, tmp_path / "fits", progress=False)
     assert (root / fits).read_bytes() == b"fits\n"
 
 
@@ -313,7 +314,7 @@ def test_a_folder_that_cannot_be_looked_at_is_a_clear_error(kaggle, tmp_path, mo
     monkeypatch.setattr(os, "lstat", lstat)
     with pytest.raises(ConfigError, match=rf"^cannot look at {blocked} \(Permission denied\), where the archive's "
                        r"member LOC_val_solution.csv goes; nothing was written"):
-        extract(kaggle["root"], root, progress=False, log=lambda m: None)
+        extract(kaggle["root"], root, progress=False)
 
 
 _SLOW_EXTRACT = """
@@ -324,12 +325,12 @@ def replace(a, b):  # each file takes 50 ms to put in place: the kill lands mid-
     real(a, b)
 os.replace = replace
 from spark_imagenet.source.extract import extract
-extract(sys.argv[1], sys.argv[2], progress=False, log=lambda m: None)
+extract(sys.argv[1], sys.argv[2], progress=False)
 """
 
 
-def test_a_killed_extract_lists_every_file_it_wrote(kaggle, tmp_path):
-    from spark_imagenet.source.extract import _WrittenList
+def test_a_killed_extract_lists_every_file_it_wrote(log_lines, kaggle, tmp_path):
+    from spark_imagenet.source.extract_write import WrittenList
 
     dest = tmp_path / "dest"
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_EXTRACT, str(kaggle["root"]), str(dest)])
@@ -345,26 +346,27 @@ def test_a_killed_extract_lists_every_file_it_wrote(kaggle, tmp_path):
     assert proc.returncode == -signal.SIGKILL
     files = written()
     assert 8 <= len(files) < len(tree_files(kaggle["tree"])) and (dest / EXTRACT_MARKER).exists()
-    names, complete = _WrittenList.parse(dest / WRITTEN_LIST)
+    names, complete = WrittenList.parse(dest / WRITTEN_LIST)
     assert not complete  # killed while its gzip member was open
     assert {p.relative_to(dest).as_posix() for p in files} <= names  # every file under its final name is listed
     victim = files[-1]
     good = victim.read_bytes()
     victim.write_bytes(bytes(len(good)))  # corrupted, same size
-    msgs: list[str] = []
-    extract(kaggle["root"], dest, progress=False, log=msgs.append)  # rewritten, not refused
+    msgs = log_lines
+    msgs.clear()  # the lines from here on
+    extract(kaggle["root"], dest, progress=False)  # rewritten, not refused
     assert victim.read_bytes() == good
     same_tree(kaggle["tree"], dest)
-    names, complete = _WrittenList.parse(dest / WRITTEN_LIST)  # mended, then appended to
+    names, complete = WrittenList.parse(dest / WRITTEN_LIST)  # mended, then appended to
     assert complete and names == {p.relative_to(kaggle["tree"]).as_posix() for p in tree_files(kaggle["tree"])}
     assert not (dest / EXTRACT_MARKER).exists()
 
 
 def _extracted(kaggle, dest: Path) -> Path:
-    return extract(kaggle["root"], dest, progress=False, log=lambda m: None)
+    return extract(kaggle["root"], dest, progress=False)
 
 
-def test_rerun_compares_crc_and_rewrites_only_its_own_files(kaggle, tmp_path):
+def test_rerun_compares_crc_and_rewrites_only_its_own_files(log_lines, kaggle, tmp_path):
     root = _extracted(kaggle, tmp_path / "x")
     csv = root / "LOC_val_solution.csv"
     image = root.joinpath(*DATA, "train", "n90000001", "n90000001_2.JPEG")
@@ -373,21 +375,23 @@ def test_rerun_compares_crc_and_rewrites_only_its_own_files(kaggle, tmp_path):
     csv.write_bytes(good_csv + b"edited\n")  # another size
     others = [p for p in tree_files(root) if p not in (csv, image) and p.name != WRITTEN_LIST]
     before = {p: p.stat().st_mtime_ns for p in others}
-    msgs: list[str] = []
-    extract(kaggle["root"], root, progress=False, log=msgs.append)
+    msgs = log_lines
+    msgs.clear()  # the lines from here on
+    extract(kaggle["root"], root, progress=False)
     assert image.read_bytes() == good_image and csv.read_bytes() == good_csv  # extract wrote them: rewritten
     assert {p: p.stat().st_mtime_ns for p in others} == before  # the rest is kept, not rewritten
     assert f"{human_size(len(good_csv) + len(good_image))} written in 2 file(s)" in msgs[-1]
 
 
-def test_rerun_of_the_nested_form_writes_only_what_is_missing_or_wrong(kaggle, tmp_path):
-    root = extract(kaggle["nested"], tmp_path / "n", progress=False, log=lambda m: None)
+def test_rerun_of_the_nested_form_writes_only_what_is_missing_or_wrong(log_lines, kaggle, tmp_path):
+    root = extract(kaggle["nested"], tmp_path / "n", progress=False)
     gone = root.joinpath(*DATA, "val", "ILSVRC2012_val_00000002.JPEG")
     bad = root.joinpath(*DATA, "train", "n90000003", "n90000003_1.JPEG")
     gone.unlink()
     bad.write_bytes(b"\xff" * bad.stat().st_size)
-    msgs: list[str] = []
-    extract(kaggle["nested"], root, progress=False, log=msgs.append)
+    msgs = log_lines
+    msgs.clear()  # the lines from here on
+    extract(kaggle["nested"], root, progress=False)
     same_tree(kaggle["tree"], root)
     assert "in 2 file(s)" in msgs[-1] and "pass 2 of 2" in " ".join(msgs)
 
@@ -405,7 +409,7 @@ def test_extract_does_not_overwrite_files_it_did_not_write(kaggle, tmp_path):
     image.write_bytes(bytes(len(real)))  # the same size as the member, other bytes
     same_mtime = same.stat().st_mtime_ns
     with pytest.raises(ConfigError) as e:
-        extract(kaggle["root"], dest, progress=False, log=lambda m: None)
+        extract(kaggle["root"], dest, progress=False)
     msg = str(e.value)
     assert f"{dest} already holds 2 file(s) or folder(s) that differ from {kaggle['root']}'s members" in msg
     assert f"\n  {mine}: 13 bytes where the archive's member has" in msg
@@ -413,13 +417,13 @@ def test_extract_does_not_overwrite_files_it_did_not_write(kaggle, tmp_path):
     assert "nothing was written" in msg and "--overwrite" in msg
     assert mine.read_text() == "my own notes\n" and sorted(p.name for p in dest.iterdir()) == [
         "ILSVRC", "LOC_synset_mapping.txt", "LOC_val_solution.csv"]
-    extract(kaggle["root"], dest, overwrite=True, progress=False, log=lambda m: None)
+    extract(kaggle["root"], dest, overwrite=True, progress=False)
     assert mine.read_bytes() == (kaggle["tree"] / "LOC_val_solution.csv").read_bytes() and image.read_bytes() == real
     assert same.stat().st_mtime_ns == same_mtime
     same_tree(kaggle["tree"], dest)
 
 
-def test_interrupted_extract_is_refused_by_shard_until_rerun(kaggle, tmp_path):
+def test_interrupted_extract_is_refused_by_shard_until_rerun(log_lines, kaggle, tmp_path):
     # A stored member late in the zip is corrupt: the extract stops there, with most files written.
     z = tmp_path / "late-damage.zip"
     z.write_bytes(kaggle["top"].read_bytes())
@@ -430,7 +434,7 @@ def test_interrupted_extract_is_refused_by_shard_until_rerun(kaggle, tmp_path):
     z.write_bytes(bytes(data))
     dest = tmp_path / "dest"
     with pytest.raises(ArchiveError, match=rf"{info.filename} cannot be read .*Bad CRC-32"):
-        extract(z, dest, progress=False, log=lambda m: None)
+        extract(z, dest, progress=False)
     root = dest / "imagenet-object-localization-challenge"
     assert root.joinpath(*DATA, "train").is_dir() and (root / EXTRACT_MARKER).exists()
     for folder in (dest, root):
@@ -441,14 +445,16 @@ def test_interrupted_extract_is_refused_by_shard_until_rerun(kaggle, tmp_path):
     assert not (tmp_path / "out").exists()
     # The rerun (with the zip downloaded again) finishes it; then shard reads it.
     z.write_bytes(kaggle["top"].read_bytes())
-    msgs: list[str] = []
-    assert extract(z, dest, progress=False, log=msgs.append) == root
+    msgs = log_lines
+    msgs.clear()  # the lines from here on
+    assert extract(z, dest, progress=False) == root
     assert not (dest / EXTRACT_MARKER).exists() and not (root / EXTRACT_MARKER).exists()
     assert "in 1 file(s)" in msgs[-1]
     same_tree(kaggle["tree"], root)
     build(root, tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_extract_says_a_rerun_finishes_it(kaggle, tmp_path):
     z = tmp_path / "big.zip"
     z.write_bytes(kaggle["root"].read_bytes())
@@ -472,7 +478,7 @@ def test_ctrl_c_during_extract_says_a_rerun_finishes_it(kaggle, tmp_path):
     assert (dest / EXTRACT_MARKER).exists() and not partial.exists()
     with pytest.raises(LayoutError, match="incomplete extract"):
         build(dest, tmp_path / "out")
-    extract(z, dest, progress=False, log=lambda m: None)
+    extract(z, dest, progress=False)
     assert (dest / big).stat().st_size == 2**30 and not (dest / EXTRACT_MARKER).exists()
     (dest / big).unlink()
 

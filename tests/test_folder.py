@@ -55,7 +55,7 @@ def test_the_source_path_is_resolved(tree, tmp_path, monkeypatch):
     spellings = [tmp_path / "data" / ".." / "data" / "kaggle", "kaggle", tmp_path / "link"]
     for given in spellings:
         assert FolderSource.open(given).path == str(tree.resolve())
-    kw = dict(train_shards=2, val_shards=1, processes=1, progress=False, log=lambda m: None)
+    kw = dict(train_shards=2, val_shards=1, processes=1, progress=False)
     out = tmp_path / "out"
     first = shard(spellings[0], out, **kw)
     assert first.source == {"kind": "kaggle-cls-loc-dir", "path": str(tree.resolve())}
@@ -73,6 +73,5 @@ def test_zip_source_path_is_resolved(tree, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "data")
     for given in ("../root.zip", tmp_path / "data" / ".." / "root.zip", tmp_path / "link.zip"):
         assert open_source(given).path == str(z.resolve())
-    m = shard("../link.zip", tmp_path / "out", train_shards=2, val_shards=1, processes=1, progress=False,
-              log=lambda m: None)
+    m = shard("../link.zip", tmp_path / "out", train_shards=2, val_shards=1, processes=1, progress=False)
     assert m.source == {"kind": "kaggle-cls-loc-zip", "path": str(z.resolve()), "form": "root"}

@@ -25,8 +25,12 @@ import pytest
 from data_util import REPO, small_layout
 from fake_kaggle import RULES_MESSAGE, FakeKaggle, listing_for_tree
 from spark_imagenet.source import kaggle as dl
-from spark_imagenet.source.kaggle import DEFAULT_COMPETITION, download, rules_url
+from spark_imagenet.source import kaggle_client
+from spark_imagenet.source.kaggle_credentials import find_credentials
+from spark_imagenet.source.kaggle import DEFAULT_COMPETITION, download
+from spark_imagenet.source.kaggle_client import rules_url
 from spark_imagenet.errors import DownloadError
+from spark_imagenet.logs import collect
 
 ARCHIVE = f"{DEFAULT_COMPETITION}.zip"
 CHUNK = 1 << 20  # the client writes in chunks of 1 MiB
@@ -81,9 +85,9 @@ def sha256(data: bytes) -> str:
 
 
 def run(dest: Path, **kw) -> tuple[Path, list[str]]:
-    lines: list[str] = []
     kw.setdefault("progress", False)
-    path = download(dest=dest, log=lines.append, **kw)
+    with collect() as lines:
+        path = download(dest=dest, **kw)
     return path, lines
 
 
@@ -94,8 +98,10 @@ def test_full_download(fake, api_key, served, tmp_path):
     assert not Path(str(path) + ".kaggle-partial").exists()
     assert [s.status for s in fake.api_calls("ListDataFiles")] == [200]
     assert [s.status for s in fake.api_calls("DownloadDataFiles")] == [302]
-    [get] = fake.file_requests()
+    get, *resumed = fake.file_requests()
     assert get.status == 200 and "Range" not in get.headers and get.headers["Authorization"].startswith("Basic ")
+    # on a loaded machine the client may time out a slow read: it then resumes the partial file, never restarts it
+    assert all("Range" in r.headers for r in resumed), [(r.status, r.headers) for r in resumed]
     assert any("KAGGLE_USERNAME and KAGGLE_KEY" in ln for ln in lines)
     assert any("from the sizes in the competition's file list" in ln for ln in lines)
     assert os.listdir(tmp_path / "dl") == [ARCHIVE]  # the lock file is gone
@@ -294,6 +300,25 @@ def test_no_credentials(fake, tmp_path):
     assert not (tmp_path / "dl").exists()
 
 
+def test_credentials_follow_the_clients_own_token_lookup(home, tmp_path, monkeypatch):
+    """The access token is found by the client's function (kagglesdk), so places only it knows count too: inside a
+    Kaggle notebook, the notebook's token file comes before KAGGLE_API_TOKEN and ~/.kaggle/access_token."""
+    (home / ".kaggle").mkdir()
+    (home / ".kaggle" / "access_token").write_text("KGAT_file\n")
+    assert find_credentials() == dl.Credentials("token", str(home / ".kaggle" / "access_token"))
+    token_file = tmp_path / "token"
+    token_file.write_text("KGAT_named\n")
+    monkeypatch.setenv("KAGGLE_API_TOKEN", str(token_file))
+    assert find_credentials().source == f"the file {token_file} named by KAGGLE_API_TOKEN"
+    notebook = tmp_path / "notebook-token"
+    notebook.write_text("KGAT_notebook\n")
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    monkeypatch.setenv("KAGGLE_DATA_PROXY_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("KAGGLE_API_V1_TOKEN", str(notebook))
+    found = find_credentials()
+    assert found.kind == "token" and "Kaggle notebook" in found.source, found
+
+
 def test_malformed_kaggle_json_is_named(fake, tmp_path, monkeypatch):
     config = tmp_path / "cfg"
     config.mkdir()
@@ -343,8 +368,8 @@ def test_kaggle_json_permission_warning(fake, served, tmp_path, monkeypatch):
 
 def test_long_file_list_takes_size_from_the_download(fake, api_key, served, tmp_path, monkeypatch):
     # ImageNet's list has 1.4 million entries: past LIST_PAGES pages the size comes from Content-Length.
-    monkeypatch.setattr(dl, "LIST_PAGE_SIZE", 10)
-    monkeypatch.setattr(dl, "LIST_PAGES", 2)
+    monkeypatch.setattr(kaggle_client, "LIST_PAGE_SIZE", 10)
+    monkeypatch.setattr(kaggle_client, "LIST_PAGES", 2)
     path, lines = run(tmp_path / "dl")
     assert sha256(path.read_bytes()) == sha256(served[0])
     assert len(fake.api_calls("ListDataFiles")) == 2

@@ -162,13 +162,14 @@ def test_cmyk_and_ycck_repair_to_the_right_colours(kind):
         assert np.abs(mean - rgb).max() < 4, (cmyk, mean)
 
 
-def test_shard_repairs_skips_and_reports_every_kind(bad_tree, tmp_path):
+def test_shard_repairs_skips_and_reports_every_kind(log_lines, bad_tree, tmp_path):
     import tensorflow as tf
 
     tree, kinds = bad_tree
     out = tmp_path / "bucket"
-    logged = []
-    m = build(tree, out, on_corrupt="skip", log=logged.append)
+    logged = log_lines
+    logged.clear()  # the lines from here on
+    m = build(tree, out, on_corrupt="skip")
     report = json.loads((out / QUALITY_REPORT_NAME).read_text())
     by_file = {f["file"]: f for f in report["files"]}
     for path, kind in kinds.items():
@@ -220,7 +221,7 @@ def test_shard_repairs_skips_and_reports_every_kind(bad_tree, tmp_path):
             assert 0x0112 not in Image.open(io.BytesIO(stored)).getexif()  # the tag is dropped
 
     # The training pipeline's eval path reads every record (no decode error left).
-    from spark_imagenet.training import pipeline
+    from spark_imagenet.training.worker import pipeline
 
     files = [str(out / s.name) for s in m.splits["val"].shards]
     n = m.splits["val"].examples
@@ -232,7 +233,7 @@ def test_error_mode_lists_every_corrupt_file_and_writes_nothing(bad_tree, tmp_pa
     tree, kinds = bad_tree
     out = tmp_path / "bucket"
     with pytest.raises(ImageError) as e:
-        build(tree, out, log=lambda m: None)
+        build(tree, out)
     msg = str(e.value)
     bad = sorted(p for p, k in kinds.items() if k in ("truncated", "empty"))
     assert f"{len(bad)} image file(s)" in msg and len(bad) == 4
@@ -243,13 +244,13 @@ def test_error_mode_lists_every_corrupt_file_and_writes_nothing(bad_tree, tmp_pa
 
 def test_skip_mode_is_another_dataset(tmp_path):
     tree = small_layout(tmp_path / "src", num_classes=2, train_per_class=3, val_per_class=2)
-    a = build(tree, tmp_path / "a", log=lambda m: None)
-    b = build(tree, tmp_path / "b", on_corrupt="skip", log=lambda m: None)
+    a = build(tree, tmp_path / "a")
+    b = build(tree, tmp_path / "b", on_corrupt="skip")
     assert a.dataset_id != b.dataset_id and a.splits["train"].examples == b.splits["train"].examples == 6
     from spark_imagenet.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--on-corrupt"):
-        build(tree, tmp_path / "c", on_corrupt="ignore", log=lambda m: None)
+        build(tree, tmp_path / "c", on_corrupt="ignore")
 
 
 def test_decode_failure_in_training_names_shard_and_record(tmp_path):
@@ -257,7 +258,7 @@ def test_decode_failure_in_training_names_shard_and_record(tmp_path):
     InvalidArgumentError."""
     import tensorflow as tf
 
-    from spark_imagenet.training import pipeline
+    from spark_imagenet.training.worker import pipeline
     from spark_imagenet.dataset.tfrecord import encode_example, write_record
 
     shard_path = tmp_path / "val-00000-of-00001.tfrecord"
@@ -364,8 +365,7 @@ def test_a_real_jpeg_with_trailing_bytes_is_stored_as_read(tmp_path):
         path.write_bytes(path.read_bytes() + trailer)
     for verify in ("header", "decode"):
         out = tmp_path / verify
-        m = shard(tree, out, train_shards=1, val_shards=1, processes=1, verify=verify, progress=False,
-                  log=lambda msg: None)
+        m = shard(tree, out, train_shards=1, val_shards=1, processes=1, verify=verify, progress=False)
         assert m.selection["quality"]["train"] == {"files": 8, "examples": 8, "repaired": 0, "skipped": 0}
         stored = {r["image/filename"].decode(): r for r in all_records(out, m).values()}
         for path in files[: len(TRAILERS)]:

@@ -14,6 +14,7 @@ from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
 from spark_imagenet.dataset.report import format_quality, format_summary, inspect, quality_totals
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.errors import ManifestError
+from spark_imagenet.logs import collect
 
 DATA = ("ILSVRC", "Data", "CLS-LOC")
 
@@ -29,9 +30,8 @@ def built(tmp_path_factory):
     (train / "n90000001" / "n90000001_2.JPEG").write_bytes(cmyk.getvalue())
     (train / "n90000002" / "n90000002_3.JPEG").write_bytes(b"")
     out = base / "out"
-    lines: list[str] = []
-    m = shard(tree, out, train_shards=2, val_shards=1, processes=1, on_corrupt="skip", progress=False,
-              log=lines.append)
+    with collect() as lines:
+        m = shard(tree, out, train_shards=2, val_shards=1, processes=1, on_corrupt="skip", progress=False)
     return out, m, lines
 
 

@@ -189,7 +189,7 @@ def test_bad_shard_counts(tree, tmp_path):
 
 @requires_shared(ILSVRC_MINI)
 def test_real_ilsvrc_mini_shards(tmp_path):
-    m = shard(ILSVRC_MINI, tmp_path / "mini", train_shards=8, val_shards=2, progress=False, log=lambda m: None)
+    m = shard(ILSVRC_MINI, tmp_path / "mini", train_shards=8, val_shards=2, progress=False)
     assert m.num_classes == 100
     assert [s.examples for s in m.splits["train"].shards] == [150] * 8
     assert m.splits["val"].examples == 300
@@ -226,34 +226,34 @@ def _cmyk_jpeg() -> bytes:
 def test_a_bug_in_the_repair_surfaces_also_with_on_corrupt_skip(tree, tmp_path, monkeypatch, bug):
     """Only the decoder's own errors make an image corrupt; any other error raised while repairing is a bug
     and must not turn every repaired image into a skipped one."""
-    import spark_imagenet.dataset.sharding as sharding
+    import spark_imagenet.dataset.shard_writer as shard_writer
     from spark_imagenet.source.folder import FileReader
 
     def broken_repair(data, finding):
         raise bug
 
-    monkeypatch.setattr(sharding, "repair", broken_repair)
+    monkeypatch.setattr(shard_writer, "repair", broken_repair)
     with pytest.raises(type(bug), match="a bug in the repair"):
-        sharding.check_image(_cmyk_jpeg(), "cmyk.JPEG")
+        shard_writer.check_image(_cmyk_jpeg(), "cmyk.JPEG")
     cmyk = tree.joinpath(*DATA, "train", "n90000000", "n90000000_1.JPEG")
     cmyk.write_bytes(_cmyk_jpeg())
-    img = sharding.ImageFile(str(cmyk), 0, "n90000000", cmyk.stat().st_size)
-    job = sharding._ShardJob("train", 0, "train-00000-of-00001.tfrecord", str(tmp_path / "shard.partial"), (img,),
-                             "decode", FileReader(), on_corrupt="skip")
+    img = shard_writer.ImageFile(str(cmyk), 0, "n90000000", cmyk.stat().st_size)
+    job = shard_writer.ShardJob("train", 0, "train-00000-of-00001.tfrecord", str(tmp_path / "shard.partial"), (img,),
+                                "decode", FileReader(), on_corrupt="skip")
     with pytest.raises(type(bug), match="a bug in the repair"):
-        sharding._write_shard(job)  # what a worker process runs
+        shard_writer.write_shard(job)  # what a worker process runs
     with pytest.raises(type(bug), match="a bug in the repair"):
-        sharding._check_and_frame([(img, cmyk.read_bytes())], "decode")  # the stream form's worker step
+        shard_writer.check_and_frame([(img, cmyk.read_bytes())], "decode")  # the stream form's worker step
 
 
 @pytest.mark.parametrize("error", [OSError("broken data stream"), SyntaxError("broken PNG file")])
 def test_a_decoder_error_in_the_repair_is_a_corrupt_image(monkeypatch, error):
-    import spark_imagenet.dataset.sharding as sharding
+    import spark_imagenet.dataset.shard_writer as shard_writer
 
     def failing_decode(data, finding):
         raise error
 
-    monkeypatch.setattr(sharding, "repair", failing_decode)
-    stored, _h, _w, finding = sharding.check_image(_cmyk_jpeg(), "cmyk.JPEG")
+    monkeypatch.setattr(shard_writer, "repair", failing_decode)
+    stored, _h, _w, finding = shard_writer.check_image(_cmyk_jpeg(), "cmyk.JPEG")
     assert stored is None and finding.category == "corrupt"
     assert finding.reason == f"does not decode for repair: {error}"

@@ -19,6 +19,7 @@ from spark_imagenet.source.extract import extract
 from spark_imagenet.source.zip_archive import TAR_MEMBER
 
 
+@pytest.mark.slow
 def test_shards_from_both_zip_forms_equal_the_directory(kaggle, tmp_path):
     ref = build(kaggle["tree"], tmp_path / "dir")
     want = decoded(tmp_path / "dir", ref)
@@ -47,6 +48,7 @@ def test_shards_from_both_zip_forms_equal_the_directory(kaggle, tmp_path):
         assert first[r["image/filename"].decode()[:-5]] == wnids[r["image/class/label"]]
 
 
+@pytest.mark.slow
 def test_selection_from_zips_equals_the_directory(kaggle, tmp_path):
     kw = dict(classes=2, per_class=4, seed=3, train_shards=2, val_shards=1)
     ref = build(kaggle["tree"], tmp_path / "dir", **kw)
@@ -59,6 +61,7 @@ def test_selection_from_zips_equals_the_directory(kaggle, tmp_path):
     assert again.dataset_id == ref.dataset_id and again.source == ref.source
 
 
+@pytest.mark.slow
 def test_bad_images_inside_zips_are_listed_with_zip_and_member(tmp_path):
     """Both zip forms: an unusable image is listed with the zip and member (error) or skipped (skip), and a
     repairable one (a PNG named .JPEG) is stored repaired, as from a folder (tests/test_quality.py)."""
@@ -196,6 +199,7 @@ def test_shard_of_a_missing_zip_says_it_does_not_exist(tmp_path):
     assert p.returncode == 2 and f"{missing} does not exist" in p.stderr and "not a directory" not in p.stderr
 
 
+@pytest.mark.slow
 def test_both_zip_forms_straight_to_a_bucket(kaggle, gcs_bucket, tmp_path):
     """`--out gs://...`: the stream form's spill files and shards live in the temp folder, then are uploaded."""
     from spark_imagenet.storage import open_storage
@@ -208,3 +212,15 @@ def test_both_zip_forms_straight_to_a_bucket(kaggle, gcs_bucket, tmp_path):
         assert sorted(o.name for o in open_storage(url).list()) == sorted(
             ["manifest.json", "quality-report.json"] + [s.name for sp in m.splits.values() for s in sp.shards])
 
+
+
+def test_zip_archive_does_not_import_tar_stream():
+    """tar_stream builds on zip_archive; the package's open_zip_source, above both, picks the form (no cycle)."""
+    import ast
+
+    import spark_imagenet.source.zip_archive as zip_archive
+
+    tree = ast.parse(Path(zip_archive.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not any("tar_stream" in name for name in imported), imported

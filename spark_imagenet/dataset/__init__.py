@@ -6,6 +6,7 @@
 * :mod:`.sharding`: build the shards and the manifest from a Kaggle source (``shard``).
 * :mod:`.transfer`: publish shards to a bucket, verified and resumable (``upload``).
 * :mod:`.cache`: the per-host verified cache of shards that barrier tasks read.
+* :mod:`.images`: image files a user names (``predict``), checked from their headers.
 
 Layer: above :mod:`spark_imagenet.source`, below :mod:`spark_imagenet.training`.
 """

@@ -16,11 +16,11 @@ Rules:
   marker matches (same crc32c as the manifest, same size, mtime and inode, so
   nothing rewrote the file since it was hashed) or, without a marker, its
   CRC32C is computed once and matches (the marker is then written).
-* Otherwise the shard is downloaded (several in parallel, ``Storage.get_files``)
-  to a temporary name unique to this process and attempt, checked (size, then
-  CRC32C against the manifest), and renamed into place (atomic on one
-  filesystem); a failed or mismatching download is tried once more, then
-  :class:`StorageError` naming the shard. A file at the final name is never
+* Otherwise the shard is downloaded (several in parallel) to a temporary name
+  unique to this process and attempt, checked (size, then CRC32C against the
+  manifest), and renamed into place (atomic on one filesystem); a mismatching
+  download is tried once more, then :class:`StorageError` naming the shard
+  (:func:`spark_imagenet.storage.committed.download_verified`). A file at the final name is never
   partial: a download killed midway leaves only its temporary file.
 * All of this happens under an exclusive ``fcntl.flock`` on the shard's
   ``.lock`` file, so two tasks on one host never fetch the same shard at once:
@@ -34,21 +34,24 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
-from spark_imagenet.errors import ConfigError, StorageError
+from spark_imagenet.errors import StorageError
 from spark_imagenet.dataset.manifest import ShardInfo
-from spark_imagenet.storage import DEFAULT_TRANSFERS, Storage, crc32c_file, unretryable
+from spark_imagenet.storage import DEFAULT_TRANSFERS, Storage, crc32c_file
+from spark_imagenet.storage.base import check_transfers
+from spark_imagenet.storage.committed import Entry, download_verified
+
+logger = logging.getLogger(__name__)
 
 #: Folder name of the cache under the Spark local dir.
 CACHE_FOLDER = "spark-imagenet-cache"
-#: Downloads per shard before giving up (the first try plus one retry).
-ATTEMPTS = 2
 #: Shards whose locks one task holds at a time (bounds open descriptors).
 LOCK_GROUP = 64
 MARKER_SUFFIX = ".verified"
@@ -190,66 +193,28 @@ class FetchResult(list):
         return self.bytes_downloaded / 1e6 / self.seconds if self.bytes_downloaded and self.seconds > 0 else 0.0
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
 def _download_group(storage: Storage, todo: list[tuple[ShardInfo, Path]], transfers: int,
-                    result: FetchResult, log: Callable[[str], None] | None) -> None:
-    """Download ``todo`` (locks held by the caller) with ``transfers`` in
-    parallel, verify each against the manifest and rename it into place; the
-    failures are tried once more, then StorageError names every one."""
-    problems: dict[str, list[str]] = {}
-    for attempt in range(1, ATTEMPTS + 1):
-        if not todo:
-            return
-        tmps = [_tmp_name(path) for _shard, path in todo]
-        start = time.monotonic()
-        errors = storage.get_files([(shard.name, tmp) for (shard, _p), tmp in zip(todo, tmps)], transfers)
-        stop = unretryable(errors, f"could not be fetched from {storage.url}")
-        if stop is not None:
-            for tmp in tmps:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
-            raise stop
-        failed = []
-        for (shard, path), tmp, err in zip(todo, tmps, errors):
-            why = None
-            try:
-                if err is not None:
-                    why = str(err)
-                elif (size := tmp.stat().st_size) != shard.bytes:
-                    why = f"{size} bytes, the manifest says {shard.bytes}"
-                elif (crc := crc32c_file(tmp)) != shard.crc32c:
-                    why = f"crc32c {crc}, the manifest says {shard.crc32c}"
-                else:
-                    os.replace(tmp, path)
-                    _write_marker(path, crc)
-                    result.downloaded += 1
-                    result.bytes_downloaded += shard.bytes
-                    if log:
-                        log(f"fetched {shard.name} ({shard.bytes} bytes) in {time.monotonic() - start:.1f} s")
-            except OSError as e:
-                why = f"cannot write {tmp}: {e}"
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
-            if why is not None:
-                problems.setdefault(shard.name, []).append(f"attempt {attempt}: {why}")
-                failed.append((shard, path))
-        todo = failed
-    if todo:
-        raise StorageError(
-            f"{len(todo)} shard(s) from {storage.url} could not be fetched intact into {todo[0][1].parent}: "
-            + "; ".join(f"{shard.name} ({', '.join(problems[shard.name])})" for shard, _p in todo)
-            + ". If the bucket's file changed, rebuild the shards or restore the file; "
-            "if the local disk is full, free space or choose another --cache folder."
-        )
+                    result: FetchResult) -> None:
+    """Download ``todo`` (locks held by the caller) verified against the manifest
+    (:func:`~spark_imagenet.storage.committed.download_verified`), each renamed into
+    place and marked; the failures are tried once more, then StorageError names every one."""
+    start = time.monotonic()
+
+    def verified(entry: Entry, path: Path) -> None:
+        _write_marker(path, entry.crc32c)
+        result.downloaded += 1
+        result.bytes_downloaded += entry.size
+        logger.info(f"fetched {entry.name} ({entry.size} bytes) in {time.monotonic() - start:.1f} s")
+
+    download_verified(
+        storage, [(Entry(s.name, s.bytes, s.crc32c), path) for s, path in todo], transfers=transfers,
+        noun="shard", reference="the manifest", on_verified=verified,
+        remedy="If the bucket's file changed, rebuild the shards or restore the file; if the local disk is full, "
+               "free space or choose another --cache folder.")
 
 
 def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.PathLike | None = None, *,
-          dataset_id: str | None = None, transfers: int = DEFAULT_TRANSFERS,
-          log: Callable[[str], None] | None = None) -> FetchResult:
+          dataset_id: str | None = None, transfers: int = DEFAULT_TRANSFERS) -> FetchResult:
     """Make verified local copies of shards, reusing cached ones.
 
     Shards are handled in groups of :data:`LOCK_GROUP`: the group's locks are
@@ -266,7 +231,6 @@ def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.Pat
             :func:`default_cache_dir`.
         dataset_id: the manifest's ``dataset_id`` (names the sub-folder).
         transfers: downloads in parallel (``--transfers``), at least 1.
-        log: called with one line per shard downloaded (not for reused ones).
 
     Returns:
         FetchResult: absolute local paths, in the order of ``shards``, with
@@ -279,8 +243,7 @@ def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.Pat
             cache folder that cannot be created.
         ConfigError: ``transfers`` < 1.
     """
-    if transfers < 1:
-        raise ConfigError(f"--transfers {transfers}: must be at least 1")
+    check_transfers(transfers)
     start = time.monotonic()
     base = dataset_cache_dir(cache_dir, dataset_id, storage)
     result = FetchResult()
@@ -310,7 +273,7 @@ def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.Pat
                     else:
                         _remove_stale(path)
                         todo.append((shard, path))
-                _download_group(storage, todo, transfers, result, log)
+                _download_group(storage, todo, transfers, result)
         except OSError as e:  # lock files, markers, stale copies: the cache folder itself
             raise StorageError(
                 f"cannot use the cache folder {base} ({e.strerror or e}"

@@ -36,10 +36,14 @@ from typing import Any
 from spark_imagenet.errors import ManifestError, SparkImagenetError
 from spark_imagenet.source.synset import SynsetClass
 from spark_imagenet.storage import Storage
+from spark_imagenet.storage.envelope import Envelope
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "spark-imagenet-manifest"
 FORMAT_VERSION = 1
+#: The manifest's versioned-JSON form.
+ENVELOPE = Envelope(FORMAT, FORMAT_VERSION, "spark-imagenet manifest", error=ManifestError,
+                    remedy="rebuild the shards with `spark-imagenet shard`")
 #: Class ids are 0-based (as TFDS); the TF reference converters use 1-based
 #: ids with 0 = background. We never mix the two: this is recorded in every
 #: manifest and checked on load.
@@ -128,9 +132,7 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         """The manifest as a JSON-serialisable dict (format of the module doc)."""
         splits = {k: v.to_json() for k, v in self.splits.items()}
-        return {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+        return ENVELOPE.to_json({
             "dataset_id": self.dataset_id,
             "created": self.created,
             "label_base": LABEL_BASE,
@@ -145,7 +147,7 @@ class Manifest:
                 "bytes": sum(v.bytes for v in self.splits.values()),
                 "shards": sum(len(v.shards) for v in self.splits.values()),
             },
-        }
+        })
 
     def dumps(self) -> str:
         """The manifest as indented JSON text."""
@@ -166,13 +168,7 @@ class Manifest:
         def bad(msg: str) -> ManifestError:
             return ManifestError(f"{where}: {msg}")
 
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise bad(f"not a spark-imagenet manifest (expected \"format\": \"{FORMAT}\")")
-        if data.get("format_version") != FORMAT_VERSION:
-            raise bad(
-                f"format_version {data.get('format_version')!r} is not supported by this version "
-                f"(which reads {FORMAT_VERSION}); upgrade spark-imagenet or rebuild the shards"
-            )
+        data = ENVELOPE.from_json(data, where)
         if data.get("label_base") != LABEL_BASE:
             raise bad(f"label_base {data.get('label_base')!r}: only 0-based labels are supported")
         try:
@@ -213,11 +209,7 @@ class Manifest:
         Raises:
             ManifestError: not JSON, or invalid (see :meth:`from_json`).
         """
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise ManifestError(f"{where}: not valid JSON ({e})") from e
-        return cls.from_json(data, where)
+        return cls.from_json(ENVELOPE.decode(text, where), where)
 
     @classmethod
     def load(cls, storage: Storage) -> "Manifest":
@@ -227,10 +219,13 @@ class Manifest:
             storage: the bucket (see :func:`spark_imagenet.storage.open_storage`).
 
         Raises:
-            ManifestError: no manifest there (say how to build one), or an
-                invalid one.
+            ManifestError: no such folder, no manifest there (say how to build
+                one), or an invalid one.
         """
         where = f"{storage.url.rstrip('/')}/{MANIFEST_NAME}"
+        if not storage.root_exists():
+            raise ManifestError(f"the dataset folder {storage.url} does not exist. Give the folder of a sharded "
+                                "dataset (built with `spark-imagenet shard SOURCE --out URL`)")
         if not storage.exists(MANIFEST_NAME):
             hint = (f" Give the dataset's folder ({storage.url.rstrip('/')[:-len(MANIFEST_NAME) - 1]}), not its "
                     f"{MANIFEST_NAME}." if storage.url.rstrip("/").endswith("/" + MANIFEST_NAME) else "")

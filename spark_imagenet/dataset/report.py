@@ -6,10 +6,13 @@ The quality report (format ``spark-imagenet-quality-report``, version 1)::
     {"format": "spark-imagenet-quality-report", "format_version": 1,
      "dataset_id": ..., "verify": "decode" | "header", "on_corrupt": "error" | "skip",
      "splits": {"train": {"files", "examples", "repaired", "skipped", "categories": {<category>: n}}, "val": ...},
-     "files": [{"split", "file", "category", "action": "repaired" | "skipped", "reason"}, ...]}
+     "files": [{"split", "file", "category", "action": "repaired" | "skipped", "reason"}, ...],
+     "duplicates": [{"split", "count", "files", "classes", "splits"}, ...],
+     "duplicate_totals": {"groups", "images", "train+val"}}
 
 ``files`` found = ``examples`` written + ``skipped`` in every split
-(docs/design.md, 'Image quality while sharding').
+(docs/design.md, 'Image quality while sharding'). ``duplicates``: groups of
+identical images, all kept (:mod:`spark_imagenet.dataset.duplicates`).
 """
 
 from __future__ import annotations
@@ -18,14 +21,20 @@ import json
 import os
 from typing import Any, Sequence
 
+from spark_imagenet.dataset.duplicates import Duplicates
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME, shard_name
 from spark_imagenet.dataset.quality import CATEGORIES, Finding
 from spark_imagenet.source.base import ImageFile, SourceDataset
 from spark_imagenet.storage import Storage, open_storage
+from spark_imagenet.storage.envelope import Envelope
 
-__all__ = ["QUALITY_REPORT_NAME", "Quality", "format_quality", "format_summary", "inspect", "note",
+__all__ = ["QUALITY_REPORT", "QUALITY_REPORT_NAME", "Quality", "format_quality", "format_summary", "inspect", "note",
            "quality_report", "quality_totals", "write_quality_report"]
+
+#: The quality report's versioned-JSON form.
+QUALITY_REPORT = Envelope("spark-imagenet-quality-report", 1, "spark-imagenet quality report",
+                          remedy="build the shards again to write a new one")
 
 #: The quality tally of one shard's images: the count per category, and per repaired or skipped
 #: image ``(index in the shard, category, reason, action)`` with action ``"repaired"`` or ``"skipped"``.
@@ -50,7 +59,8 @@ def note(quality: Quality, k: int, finding: Finding, stored: bytes | None) -> No
 
 
 def quality_report(src: SourceDataset, plan: dict[str, Sequence[tuple[ImageFile, ...]]],
-                   quality: dict[str, Quality], dataset_id: str, verify: str, on_corrupt: str) -> dict[str, Any]:
+                   quality: dict[str, Quality], dataset_id: str, verify: str, on_corrupt: str,
+                   duplicates: Duplicates) -> dict[str, Any]:
     """The content of ``quality-report.json``.
 
     Args:
@@ -61,6 +71,7 @@ def quality_report(src: SourceDataset, plan: dict[str, Sequence[tuple[ImageFile,
         dataset_id: the dataset id (names the shards).
         verify: ``"decode"`` or ``"header"``.
         on_corrupt: ``"error"`` or ``"skip"``.
+        duplicates: the identical images found.
 
     Returns:
         dict: ``dataset_id``, ``verify``, ``on_corrupt``; per split
@@ -68,7 +79,8 @@ def quality_report(src: SourceDataset, plan: dict[str, Sequence[tuple[ImageFile,
         skipped, and the count per category (:data:`spark_imagenet.dataset.quality.CATEGORIES`);
         ``files``: every repaired or skipped file (``split``, ``file``
         relative to the Kaggle root, ``category``, ``action``, ``reason``),
-        sorted by split and file.
+        sorted by split and file; ``duplicates`` and ``duplicate_totals``
+        (:meth:`spark_imagenet.dataset.duplicates.Duplicates.fields`).
     """
     splits: dict[str, dict[str, Any]] = {}
     files: list[dict[str, str]] = []
@@ -91,15 +103,14 @@ def quality_report(src: SourceDataset, plan: dict[str, Sequence[tuple[ImageFile,
         splits[split] = {"files": found, "examples": found - skipped, "repaired": repaired, "skipped": skipped,
                          "categories": counts}
     files.sort(key=lambda f: (f["split"] != "train", f["file"]))
-    return {
-        "format": "spark-imagenet-quality-report",
-        "format_version": 1,
+    return QUALITY_REPORT.to_json({
         "dataset_id": dataset_id,
         "verify": verify,
         "on_corrupt": on_corrupt,
         "splits": splits,
         "files": files,
-    }
+        **duplicates.fields(),
+    })
 
 
 def quality_totals(report: dict[str, Any]) -> dict[str, Any]:

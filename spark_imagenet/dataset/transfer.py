@@ -8,11 +8,11 @@ single commit point:
 1. :func:`check_destination`: what is there now (the same dataset: nothing
    to do; another one: refused unless ``overwrite``), and the manifest's
    generation, the token of step 3;
-2. :func:`publish`: upload the shards (``Storage.put_files_info``: in
-   parallel, ``transfers`` at a time), skip those already present with the
-   same size and CRC32C, and check every uploaded object's size and CRC32C as
-   the bucket reports it against the manifest (from each upload's own reply
-   on GCS, so no request per object follows the uploads; a mismatch is
+2. :func:`publish`: skip the shards already present with the same size and
+   CRC32C, upload the others verified against the manifest
+   (:func:`spark_imagenet.storage.committed.upload_verified`: ``transfers`` at
+   a time; size and CRC32C as the bucket reports them, from each upload's own
+   reply on GCS, so no request per object follows the uploads; a mismatch is
    uploaded once more, then fails naming the shard);
 3. :func:`commit_manifest`: write ``manifest.json`` with the precondition
    ``if_generation_match`` = the generation seen in step 1 (0: create-only),
@@ -27,21 +27,21 @@ build.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import logging
 import os
-import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from spark_imagenet.errors import ConfigError, ManifestError, PreconditionFailed, StorageError
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from spark_imagenet.dataset.naming import PARTIAL_RE, QUALITY_REPORT_NAME, SHARD_NAME_RE
-from spark_imagenet.storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage, unretryable
+from spark_imagenet.storage import DEFAULT_TRANSFERS, LocalStorage, ObjectInfo, Storage, open_storage
+from spark_imagenet.storage.base import check_transfers
+from spark_imagenet.storage.committed import Entry, intact, upload_verified
 
-#: Uploads per object before giving up (the first try plus one retry).
-ATTEMPTS = 2
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -68,13 +68,14 @@ class Destination:
     committed: Manifest | None = None
 
 
+def _entry(shard: ShardInfo) -> Entry:
+    """A shard as an entry of the dataset's committed set (name, size, CRC32C)."""
+    return Entry(shard.name, shard.bytes, shard.crc32c)
+
+
 def _intact(storage: Storage, info: ObjectInfo | None, shard: ShardInfo) -> bool:
-    """Whether an object listed as ``info`` holds ``shard`` (size and CRC32C;
-    the CRC32C from the listing, or computed for stores without one)."""
-    if info is None or info.size != shard.bytes:
-        return False
-    crc = info.crc32c if info.crc32c is not None else storage.crc32c(shard.name)
-    return crc == shard.crc32c
+    """Whether an object listed as ``info`` holds ``shard`` (:func:`~spark_imagenet.storage.committed.intact`)."""
+    return intact(storage, info, _entry(shard))
 
 
 def check_destination(storage: Storage, dataset_id: str, overwrite: bool, option: str = "--out") -> Destination:
@@ -159,7 +160,7 @@ class PublishStats:
 
 def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo]], *,
             present: dict[str, ObjectInfo] | None = None, transfers: int = DEFAULT_TRANSFERS,
-            stats: PublishStats | None = None, log: Callable[[str], None] | None = None) -> PublishStats:
+            stats: PublishStats | None = None, announce: bool = False) -> PublishStats:
     """Upload local shard files as objects, verified against their manifest entries.
 
     Args:
@@ -171,7 +172,7 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
             are skipped. None: list the destination first.
         transfers: uploads in parallel (at least 1).
         stats: counters to add to (a new one when None).
-        log: one line per round of uploads.
+        announce: log (INFO) one line per round of uploads.
 
     Returns:
         PublishStats: uploaded and skipped counts, bytes, seconds.
@@ -183,8 +184,7 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
         AccessError: a missing bucket, 401 or 403 (at once, no retry).
         ConfigError: ``transfers`` < 1.
     """
-    if transfers < 1:
-        raise ConfigError(f"--transfers {transfers}: must be at least 1")
+    check_transfers(transfers)
     stats = stats or PublishStats()
     start = time.monotonic()
     if present is None:
@@ -194,55 +194,18 @@ def publish(storage: Storage, files: Sequence[tuple[str | os.PathLike, ShardInfo
         if _intact(storage, present.get(shard.name), shard):
             stats.skipped += 1
         else:
-            todo.append((path, shard))
-    problems: dict[str, list[str]] = {}
-    for attempt in range(1, ATTEMPTS + 1):
-        if not todo:
-            break
-        if log:
-            log(f"uploading {len(todo)} shard(s), {sum(s.bytes for _p, s in todo) / 1e6:.1f} MB, to {storage.url} "
-                f"with {transfers} parallel transfer(s)" + (" (retry)" if attempt > 1 else ""))
-        # what the bucket holds comes with the uploads (GCS: each upload's reply; locally: a stat and a
-        # checksum in the upload's own thread), so the checks below cost no further request
-        results = storage.put_files_info([(p, s.name) for p, s in todo], transfers)
-        errors = [r if isinstance(r, BaseException) else None for r in results]
-        stop = unretryable(errors, f"could not be uploaded to {storage.url}; nothing was committed")
-        if stop is not None:
-            for (_p, s), e in zip(todo, errors):
-                if e is not None:
-                    with contextlib.suppress(StorageError):
-                        storage.delete(s.name, best_effort=True)
-            raise stop
-        failed = []
-        for (path, shard), info in zip(todo, results):
-            if isinstance(info, BaseException):
-                why = str(info)
-            elif info.size != shard.bytes:
-                why = f"the bucket holds {info.size} bytes, the manifest says {shard.bytes}"
-            elif info.crc32c != shard.crc32c:
-                why = f"the bucket reports crc32c {info.crc32c}, the manifest says {shard.crc32c}"
-            else:
-                stats.uploaded += 1
-                stats.bytes_uploaded += shard.bytes
-                continue
-            problems.setdefault(shard.name, []).append(f"attempt {attempt}: {why}")
-            failed.append((path, shard))
-        todo = failed
-    stats.seconds += time.monotonic() - start
-    if todo:
-        for _path, shard in todo:
-            with contextlib.suppress(StorageError):  # the upload failure below is the message that matters
-                storage.delete(shard.name, best_effort=True)
-        raise StorageError(
-            f"{len(todo)} shard(s) could not be uploaded intact to {storage.url}: "
-            + "; ".join(f"{s.name} ({', '.join(problems[s.name])})" for _p, s in todo)
-            + ". Nothing was committed (no manifest written); check the local files and the network, then run again."
-        )
+            todo.append((path, _entry(shard)))
+    try:
+        upload_verified(storage, todo, transfers=transfers, noun="shard", reference="the manifest",
+                        uncommitted="nothing was committed (no manifest written)", announce=announce)
+    finally:
+        stats.seconds += time.monotonic() - start
+    stats.uploaded += len(todo)
+    stats.bytes_uploaded += sum(entry.size for _p, entry in todo)
     return stats
 
 
-def commit_manifest(storage: Storage, manifest: Manifest, generation: int, *,
-                    log: Callable[[str], None] | None = None) -> Manifest:
+def commit_manifest(storage: Storage, manifest: Manifest, generation: int) -> Manifest:
     """Write ``manifest.json`` if nobody else did since :func:`check_destination`.
 
     Args:
@@ -250,7 +213,6 @@ def commit_manifest(storage: Storage, manifest: Manifest, generation: int, *,
         manifest: the dataset to commit (its shards already published).
         generation: the generation of the manifest seen before publishing
             (0: there was none: create-only).
-        log: where to say what happened.
 
     Returns:
         Manifest: ``manifest``, or the one another writer committed first
@@ -277,8 +239,8 @@ def commit_manifest(storage: Storage, manifest: Manifest, generation: int, *,
     if winner == manifest:
         return manifest  # our own write, whose reply was lost and whose retry met the precondition
     if winner.dataset_id == manifest.dataset_id:
-        if log:
-            log(f"another run committed this same dataset (id {winner.dataset_id}) to {storage.url} first; using it")
+        logger.info(f"another run committed this same dataset (id {winner.dataset_id}) to {storage.url} first; "
+                    "using it")
         return winner
     theirs = {s.name for split in winner.splits.values() for s in split.shards}
     for split in manifest.splits.values():
@@ -317,7 +279,7 @@ def remove_replaced(storage: Storage, manifest: Manifest, before: dict[str, Obje
 
 
 def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int = DEFAULT_TRANSFERS,
-           overwrite: bool = False, log: Callable[[str], None] | None = None) -> PublishStats:
+           overwrite: bool = False) -> PublishStats:
     """Publish a dataset built on local disk to a bucket (``spark-imagenet upload``).
 
     Every local shard is checked against its manifest entry (size, CRC32C)
@@ -331,7 +293,6 @@ def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int
         dest: destination bucket URL (``gs://bucket/prefix``, or a local one).
         transfers: uploads in parallel (``--transfers``).
         overwrite: replace a different dataset at ``dest``.
-        log: where to print status lines (None: stderr).
 
     Returns:
         PublishStats: uploaded/skipped counts, bytes, seconds, and whether the
@@ -346,11 +307,7 @@ def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int
         StorageError: ``dest`` cannot be listed or written, or an upload
             fails verification twice.
     """
-    if log is None:
-        def log(msg: str) -> None:
-            print(msg, file=sys.stderr, flush=True)
-    if transfers < 1:
-        raise ConfigError(f"--transfers {transfers}: must be at least 1")
+    check_transfers(transfers)
     src = open_storage(source)
     if not isinstance(src, LocalStorage):
         raise ConfigError(f"upload SOURCE {src.url}: must be a local folder (the --out of `spark-imagenet shard`)")
@@ -378,10 +335,11 @@ def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int
     stats = PublishStats()
     if dest_state.existing is not None:
         stats.skipped = len(shards)
-        log(f"{dst.url} already holds this dataset (id {manifest.dataset_id}), every shard intact; nothing to do")
+        logger.info(f"{dst.url} already holds this dataset (id {manifest.dataset_id}), every shard intact; "
+                    "nothing to do")
         return stats
     publish(dst, [(Path(src.root, s.name), s) for s in shards], present=dest_state.objects,
-            transfers=transfers, stats=stats, log=log)
+            transfers=transfers, stats=stats, announce=True)
     start = time.monotonic()
     removed = 0
     report = Path(src.root, QUALITY_REPORT_NAME)  # the shard builder's report travels with its shards
@@ -390,13 +348,14 @@ def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int
         if report.name not in dest_state.objects or dst.read_bytes(report.name) != data:
             dst.write_bytes(report.name, data)
     if dest_state.committed is None:
-        committed = commit_manifest(dst, manifest, dest_state.generation, log=log)
+        committed = commit_manifest(dst, manifest, dest_state.generation)
         stats.manifest_written = committed is manifest
         if stats.manifest_written:
             removed = remove_replaced(dst, committed, dest_state.objects)
     # else: the same dataset was committed, some shards lost: they are back now; delete nothing
     stats.seconds += time.monotonic() - start
-    log(f"uploaded {stats.uploaded} shard(s) ({stats.bytes_uploaded / 1e6:.1f} MB, {stats.mb_per_sec:.1f} MB/s), "
-        f"skipped {stats.skipped} already there" + (f", removed {removed} replaced" if removed else "")
-        + f"; {dst.where(MANIFEST_NAME)} " + ("written" if stats.manifest_written else "already committed"))
+    logger.info(f"uploaded {stats.uploaded} shard(s) ({stats.bytes_uploaded / 1e6:.1f} MB, "
+                f"{stats.mb_per_sec:.1f} MB/s), "
+                f"skipped {stats.skipped} already there" + (f", removed {removed} replaced" if removed else "")
+                + f"; {dst.where(MANIFEST_NAME)} " + ("written" if stats.manifest_written else "already committed"))
     return stats

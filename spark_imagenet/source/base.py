@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import os
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from spark_imagenet.source.synset import SynsetClass
 
@@ -91,7 +91,6 @@ class ImageSource(abc.ABC):
         per_class: int | None = None,
         seed: int = 0,
         progress: bool = False,
-        log: Callable[[str], None] | None = None,
     ) -> SourceDataset:
         """Check the layout and choose the labelled images
         (see :func:`spark_imagenet.source.layout.select_images`).
@@ -103,7 +102,6 @@ class ImageSource(abc.ABC):
                 sample drawn with ``random.Random(f"{seed}/{wnid}")``.
             seed: seed of the per-class sample.
             progress: show a tqdm bar on stderr where listing reads a stream.
-            log: where to print one-line status messages (``None``: nowhere).
 
         Returns:
             SourceDataset: the chosen classes and images, the same for every

@@ -5,14 +5,23 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from spark_imagenet.source.base import ImageFile, ImageReader, ImageSource, SourceDataset
-from spark_imagenet.source.layout import MAPPING, VAL_CSV, check_layout, read_val_solution, select_images
+from spark_imagenet.source.layout import (
+    DATA_DIR, EXTRACT_MARKER, MAPPING, VAL_CSV, check_layout, read_val_solution, select_images)
 from spark_imagenet.source.synset import SynsetClass, read_synset_mapping
 
 #: The manifest's ``source.kind`` of a folder.
 KIND = "kaggle-cls-loc-dir"
+
+
+def is_kaggle_folder(root: str | os.PathLike) -> bool:
+    """Whether folder ``root`` holds any piece of the Kaggle layout (``LOC_synset_mapping.txt``,
+    ``LOC_val_solution.csv``, ``ILSVRC/``, or the marker of an interrupted extract): then it is read, and
+    checked, as the Kaggle download, never as a class-folder tree."""
+    root = Path(root).expanduser()
+    return any((root / piece).exists() for piece in (MAPPING, VAL_CSV, DATA_DIR.parts[0], EXTRACT_MARKER))
 
 
 class _DirTree:
@@ -78,8 +87,7 @@ class FolderSource(ImageSource):
         return cls(str(check_layout(root)))
 
     def list_images(self, *, num_classes: int | None = None, class_list: str | os.PathLike | None = None,
-                    per_class: int | None = None, seed: int = 0, progress: bool = False,
-                    log: Callable[[str], None] | None = None) -> SourceDataset:
+                    per_class: int | None = None, seed: int = 0, progress: bool = False) -> SourceDataset:
         return select_images(_DirTree(Path(self.path)), num_classes=num_classes, class_list=class_list,
                              per_class=per_class, seed=seed, source=self)
 

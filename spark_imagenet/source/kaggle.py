@@ -4,14 +4,10 @@
 archive (one zip of about 155 GiB) or any other competition's, through
 ``kaggle.api.kaggle_api_extended.KaggleApi`` (PyPI ``kaggle`` 2.x):
 
-* Credentials are found where Kaggle documents them, in the client's own
-  order: an access token (``KAGGLE_API_TOKEN``, its value or the path of a
-  file holding it; else ``~/.kaggle/access_token``), then the legacy API key
-  (``KAGGLE_USERNAME``/``KAGGLE_KEY``, else ``kaggle.json`` in
-  ``KAGGLE_CONFIG_DIR``, else ``~/.kaggle``, else ``~/.config/kaggle``), then
-  the OAuth login of ``kaggle auth login``. :func:`find_credentials` names the
-  one that will be used, so a rejection can say which; a ``kaggle.json``
-  readable by group or others is warned about.
+* Credentials are found where the client looks, in its order
+  (:func:`spark_imagenet.source.kaggle_credentials.find_credentials`), and
+  named in every message about a rejection; the client itself, and its errors
+  as messages, are in :mod:`spark_imagenet.source.kaggle_client`.
 * Before anything is transferred, the archive size is taken from the
   competition's file list (the sum of its files' sizes; for a list longer
   than ``LIST_PAGES`` x ``LIST_PAGE_SIZE`` entries, such as ImageNet's 1.4
@@ -20,7 +16,7 @@ archive (one zip of about 155 GiB) or any other competition's, through
 * A complete file at ``dest`` (present, without the client's
   ``<file>.kaggle-partial`` marker, which the client removes only once the
   size is verified, and for a zip with its end-of-central-directory record
-  intact: :func:`zip_end_problem`) is not downloaded again, and for the whole
+  intact: ``zipfile.is_zipfile``) is not downloaded again, and for the whole
   archive nothing is requested. A partial one (with its marker) is resumed by
   the client with an HTTP Range request; within one call the client itself
   retries a dropped connection 5 times, resuming each time. A file without
@@ -37,6 +33,10 @@ The client's pitfalls and what is done about them are in docs/design.md,
 'The kaggle client'. Every failure is a :class:`DownloadError` (or
 :class:`EnvironmentSetupError`) whose message says what to do; none leaves as a
 traceback or an exit.
+
+Example::
+
+    path = download(dest="/data/kaggle")   # /data/kaggle/imagenet-object-localization-challenge.zip
 """
 
 from __future__ import annotations
@@ -45,475 +45,24 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import io
-import json
+import logging
 import os
 import shutil
-import stat
-import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Callable, Iterator
 
+from spark_imagenet.errors import ConfigError, DownloadError
+from spark_imagenet.source.kaggle_client import (
+    DEFAULT_COMPETITION, LineLog, api_error, authenticated_api, http_status, list_files, probe_download, reason)
+from spark_imagenet.source.kaggle_credentials import CLIENT_REQUIREMENT, Credentials, find_credentials
 from spark_imagenet.units import human_size
-from spark_imagenet.errors import ConfigError, DownloadError, EnvironmentSetupError
 
-#: The competition whose archive holds ImageNet (ILSVRC CLS-LOC) in the Kaggle layout.
-DEFAULT_COMPETITION = "imagenet-object-localization-challenge"
-#: Where a Kaggle user creates an API token.
-TOKEN_PAGE = "https://www.kaggle.com/settings/api"
-#: Entries asked for per ListDataFiles page.
-LIST_PAGE_SIZE = 200
-#: Pages of the file list read at most; a longer list gives the size from the download's Content-Length.
-LIST_PAGES = 5
+logger = logging.getLogger(__name__)
+
 #: Suffix of the client's resume marker beside a partial download.
 PARTIAL_SUFFIX = ".kaggle-partial"
-#: Package versions to install when the client is missing (kept in step with pyproject.toml).
-CLIENT_REQUIREMENT = "'kaggle>=2.2.5,<3' 'six>=1.16'"
-
-#: Size of the end-of-central-directory record of a zip (APPNOTE 4.3.16), without its comment.
-_EOCD_SIZE = 22
-#: The longest zip comment, so the farthest an end record can be from the end of the file.
-_MAX_COMMENT = 0xFFFF
-
-
-def zip_end_problem(path: str | os.PathLike) -> str | None:
-    """Why a file is not a complete zip, judged from its end alone (cheap at any size), or None.
-
-    A download cut short loses the end of the file, where a zip keeps its
-    end-of-central-directory record (and, for a zip of more than 4 GiB or
-    65,535 members such as Kaggle's, the Zip64 end record and locator before
-    it): this finds that record in the last 64 KiB and checks that the
-    central directory it points to lies inside the file, before the record.
-    The central directory itself is not read (for ImageNet it lists 1.4
-    million members).
-
-    Args:
-        path: the file.
-
-    Returns:
-        str | None: e.g. ``"no end-of-zip record in its last 65557 bytes"``;
-        None for a zip whose end is intact.
-    """
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            tail_len = min(size, _EOCD_SIZE + _MAX_COMMENT)
-            f.seek(size - tail_len)
-            tail = f.read(tail_len)
-            at = tail.rfind(b"PK\x05\x06")
-            while at >= 0 and at + _EOCD_SIZE + int.from_bytes(tail[at + 20:at + 22], "little") != tail_len:
-                at = tail.rfind(b"PK\x05\x06", 0, at)  # a signature inside the comment, or a cut-off record
-            if at < 0:
-                return f"no end-of-zip record in its last {tail_len} bytes"
-            eocd = size - tail_len + at
-            cd_size = int.from_bytes(tail[at + 12:at + 16], "little")
-            cd_offset = int.from_bytes(tail[at + 16:at + 20], "little")
-            cd_end = eocd
-            if 0xFFFFFFFF in (cd_size, cd_offset) and eocd >= 20:
-                f.seek(eocd - 20)
-                locator = f.read(20)
-                if locator[:4] != b"PK\x06\x07":
-                    return "its end record needs a Zip64 locator, which is missing"
-                z64 = int.from_bytes(locator[8:16], "little")
-                if z64 + 56 > eocd - 20:
-                    return f"its Zip64 end record would be at byte {z64}, past the end of the data"
-                f.seek(z64)
-                record = f.read(56)
-                if record[:4] != b"PK\x06\x06":
-                    return f"no Zip64 end record at byte {z64}"
-                cd_size = int.from_bytes(record[40:48], "little")
-                cd_offset = int.from_bytes(record[48:56], "little")
-                cd_end = z64
-            if cd_offset + cd_size > cd_end:
-                return (f"its central directory would end at byte {cd_offset + cd_size}, past the "
-                        f"{cd_end} bytes before the end record")
-    except OSError as e:
-        return f"it cannot be read ({e.strerror or e})"
-    return None
-
-
-def rules_url(competition: str) -> str:
-    """The page where a signed-in user reads and accepts a competition's rules.
-
-    Args:
-        competition: the competition's name (the last part of its URL).
-
-    Returns:
-        str: ``https://www.kaggle.com/competitions/<competition>/rules``.
-    """
-    return f"https://www.kaggle.com/competitions/{competition}/rules"
-
-
-def kaggle_config_dir() -> Path:
-    """The folder where the ``kaggle`` client looks for ``kaggle.json``, as it decides it.
-
-    Returns:
-        Path: ``$KAGGLE_CONFIG_DIR`` when set; else ``~/.kaggle`` when it exists
-        (or on a system other than Linux); else ``$XDG_CONFIG_HOME/kaggle``
-        (default ``~/.config/kaggle``).
-    """
-    configured = os.environ.get("KAGGLE_CONFIG_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    home = Path(os.path.expanduser("~")) / ".kaggle"
-    if sys.platform.startswith("linux") and not home.exists():
-        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-        return Path(xdg) / "kaggle"
-    return home
-
-
-@dataclasses.dataclass(frozen=True)
-class Credentials:
-    """The Kaggle credentials the client will send, as found by :func:`find_credentials`.
-
-    Attributes:
-        kind: ``"token"`` (access token, sent as ``Bearer``), ``"api_key"``
-            (legacy username and key, sent as HTTP Basic) or ``"oauth"``
-            (the login saved by ``kaggle auth login``).
-        source: where they come from, for messages (e.g. ``"the
-            KAGGLE_API_TOKEN environment variable"``, ``"/home/me/.kaggle/kaggle.json"``).
-        kaggle_json: the ``kaggle.json`` file the client reads, when one exists
-            (whatever the kind: the client reads it anyway).
-    """
-
-    kind: str
-    source: str
-    kaggle_json: Path | None = None
-
-
-def _token_source() -> str | None:
-    """Where the client's access token comes from (its own order), or None."""
-    value = os.environ.get("KAGGLE_API_TOKEN")
-    if value:
-        if Path(value).exists():
-            return f"the file {value} named by KAGGLE_API_TOKEN"
-        return "the KAGGLE_API_TOKEN environment variable"
-    for name in ("access_token", "access_token.txt"):
-        path = Path(os.path.expanduser("~")) / ".kaggle" / name
-        try:
-            if path.is_file() and path.read_text().strip():
-                return str(path)
-        except OSError:
-            continue
-    return None
-
-
-def _read_kaggle_json(path: Path, log: Callable[[str], None] | None) -> tuple[dict, str | None]:
-    """A JSON credentials file as a dict (``{}`` when unreadable, as the client treats it), and
-    what is wrong with it (None when it is a JSON object)."""
-    try:
-        data = json.loads(path.read_text() or "{}")
-    except (OSError, ValueError) as e:
-        problem = f"it is not valid JSON ({e})" if isinstance(e, ValueError) else f"it cannot be read ({e})"
-        if log:
-            log(f"warning: {path} is malformed: {problem}; the kaggle client ignores it")
-        return {}, problem
-    if not isinstance(data, dict):
-        problem = f"it holds a JSON {type(data).__name__}, not an object"
-        if log:
-            log(f"warning: {path} is malformed: {problem}; the kaggle client ignores it")
-        return {}, problem
-    return data, None
-
-
-def find_credentials(log: Callable[[str], None] | None = None) -> Credentials:
-    """Which Kaggle credentials the client will use, without contacting Kaggle.
-
-    Looks where the ``kaggle`` client looks, in its order: an access token
-    (``KAGGLE_API_TOKEN``, else ``~/.kaggle/access_token``), the legacy API key
-    (``KAGGLE_USERNAME``/``KAGGLE_KEY``, each else from ``kaggle.json`` in
-    :func:`kaggle_config_dir`), then ``~/.kaggle/credentials.json`` (OAuth).
-    Warns (through ``log``) when that ``kaggle.json`` is readable by group or
-    others.
-
-    Args:
-        log: called with warnings (``None``: no warnings).
-
-    Returns:
-        Credentials: the kind and source found first.
-
-    Raises:
-        DownloadError: no credentials anywhere; the message lists every place
-            they can go, and names a malformed ``kaggle.json`` as such.
-    """
-    config = kaggle_config_dir() / "kaggle.json"
-    kaggle_json = config if config.is_file() else None
-    file_values: dict = {}
-    malformed: str | None = None
-    if kaggle_json is not None:
-        mode = stat.S_IMODE(kaggle_json.stat().st_mode)
-        if mode & 0o044 and log:
-            log(f"warning: {kaggle_json} (your Kaggle API key) is readable by other users of this machine "
-                f"(mode {mode:o}); run: chmod 600 {kaggle_json}")
-        file_values, malformed = _read_kaggle_json(kaggle_json, log)
-
-    token = _token_source()
-    if token:
-        return Credentials("token", token, kaggle_json)
-
-    def origin(field: str) -> str | None:
-        if os.environ.get(f"KAGGLE_{field.upper()}"):
-            return f"KAGGLE_{field.upper()}"
-        if file_values.get(field):
-            return str(kaggle_json)
-        return None
-
-    user, key = origin("username"), origin("key")
-    if user and key:
-        if user == key:
-            source = user
-        elif user.startswith("KAGGLE_") and key.startswith("KAGGLE_"):
-            source = "the KAGGLE_USERNAME and KAGGLE_KEY environment variables"
-        else:
-            source = f"username from {user}, key from {key}"
-        return Credentials("api_key", source, kaggle_json)
-
-    oauth = Path(os.path.expanduser("~")) / ".kaggle" / "credentials.json"
-    if oauth.is_file() and _read_kaggle_json(oauth, None)[0].get("refresh_token"):
-        return Credentials("oauth", f"the OAuth login in {oauth} (kaggle auth login)", kaggle_json)
-
-    partial = ""
-    if user or key:
-        partial = (f" ({'a username' if user else 'a key'} was found in {user or key}, "
-                   f"but no {'key' if user else 'username'})")
-    if malformed is not None:
-        head = (f"The Kaggle credentials file {kaggle_json} is malformed: {malformed}. It must be a JSON "
-                "object, {\"username\": \"<user>\", \"key\": \"<key>\"}: fix it or replace it. No other "
-                f"Kaggle credentials were found{partial}; instead of that file you can also create an API token "
-                f"at {TOKEN_PAGE} (Account -> API -> Create New Token) and give it in one of these ways: ")
-    else:
-        head = (f"No Kaggle credentials found{partial}. Create an API token at {TOKEN_PAGE} "
-                "(Account -> API -> Create New Token) and give it in one of these ways: ")
-    raise DownloadError(
-        head +
-        "export KAGGLE_API_TOKEN=<token> (the token, or the path of a file holding it); "
-        "or save the token alone in ~/.kaggle/access_token; "
-        "or, with a legacy API key, export KAGGLE_USERNAME=<user> KAGGLE_KEY=<key>, "
-        f"or save it as {config} ({{\"username\": ..., \"key\": ...}}; the folder is KAGGLE_CONFIG_DIR "
-        "when set, else ~/.kaggle if it exists, else ~/.config/kaggle) and run chmod 600 on it; "
-        "or sign in once with `kaggle auth login`. Then run the same command again."
-    )
-
-
-# -- the client ------------------------------------------------------------------------------------
-
-class _LineLog(io.TextIOBase):
-    """A text stream that hands each complete, non-empty line to ``log``."""
-
-    def __init__(self, log: Callable[[str], None]):
-        self._log = log
-        self._buf = ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, s: str) -> int:
-        self._buf += s
-        *lines, self._buf = self._buf.split("\n")
-        for line in lines:
-            if line.strip():
-                self._log(line.rstrip())
-        return len(s)
-
-    def flush(self) -> None:
-        if self._buf.strip():
-            self._log(self._buf.rstrip())
-        self._buf = ""
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[io.StringIO]:
-    """Swallow what the client prints (its auth help, its own warnings)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        yield out
-
-
-def _client_class():
-    """Import ``KaggleApi`` (only now: the import authenticates and prints)."""
-    try:
-        with _quiet():
-            from kaggle.api.kaggle_api_extended import KaggleApi
-    except ModuleNotFoundError as e:
-        missing = e.name or "?"
-        why = ("kaggle 2.2.5 imports it without declaring it as a dependency"
-               if missing == "six" else "the download needs the official Kaggle client")
-        raise EnvironmentSetupError(
-            f"The Python package {missing!r} is missing ({why}). Install the client with: "
-            f"pip install {CLIENT_REQUIREMENT} (or reinstall spark-imagenet, which declares both)."
-        ) from None
-    except (Exception, SystemExit) as e:
-        raise EnvironmentSetupError(
-            f"The kaggle package failed to load ({type(e).__name__}: {e}). Check KAGGLE_CONFIG_DIR "
-            f"(the client creates that folder) and reinstall the client: pip install {CLIENT_REQUIREMENT}."
-        ) from None
-    return KaggleApi
-
-
-def _api_args() -> list[str]:
-    """The client's environment switches as they are now (it reads them once, at import)."""
-    args = []
-    if os.environ.get("KAGGLE_API_ENVIRONMENT") == "LOCALHOST":
-        args.append("--local")
-    if (os.environ.get("VERBOSE") or os.environ.get("VERBOSE_OUTPUT") or "").lower() in ("1", "true", "yes"):
-        args.append("--verbose")
-    return args
-
-
-def _status(exc: BaseException) -> int | None:
-    """The HTTP status of a ``requests`` error, or None when there was no response."""
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None) if response is not None else None
-
-
-def _reason(exc: BaseException) -> str:
-    """An exception's text on one line, at most about 300 characters."""
-    text = " ".join(str(exc).split())
-    return (text[:300] + "...") if len(text) > 300 else (text or type(exc).__name__)
-
-
-def _fix_credentials(creds: Credentials) -> str:
-    """The sentence that tells how to repair rejected credentials."""
-    if creds.kind == "oauth":
-        return "Sign in again with `kaggle auth login`, then run the same command again."
-    return (f"Check those credentials, or create a new API token at {TOKEN_PAGE} and export "
-            "KAGGLE_API_TOKEN=<token> (or save it in ~/.kaggle/access_token; a token takes precedence over "
-            "a username/key), then run the same command again.")
-
-
-def _api_error(exc: Exception, competition: str, creds: Credentials, what: str,
-               file_name: str | None = None) -> DownloadError:
-    """Turn an error of a Kaggle API call into a message that says what to do."""
-    import requests
-
-    status = _status(exc)
-    if status == 401:
-        return DownloadError(
-            f"Kaggle rejected the credentials from {creds.source} (HTTP 401 while {what}: {_reason(exc)}). "
-            + _fix_credentials(creds))
-    if status == 403:
-        rules = "rules" in str(exc).lower()
-        return DownloadError(
-            f"Kaggle refused access to competition {competition!r} (HTTP 403 while {what}: {_reason(exc)}). "
-            + ("The competition's rules have not been accepted yet with this account"
-               if rules else "Usually the competition's rules have not been accepted yet with this account")
-            + f": open {rules_url(competition)}, sign in with the account of your credentials ({creds.source}), "
-            "read and accept the rules (this cannot be done through the API), then run the same command again.")
-    if status == 404:
-        if file_name:
-            return DownloadError(
-                f"Competition {competition!r} has no file {file_name!r}, or no such competition exists "
-                f"(HTTP 404 while {what}: {_reason(exc)}). Check the names; the competition's files are "
-                f"listed on https://www.kaggle.com/competitions/{competition}/data.")
-        return DownloadError(
-            f"Kaggle has no competition named {competition!r} (HTTP 404 while {what}: {_reason(exc)}). "
-            "The name is the last part of the competition's URL, https://www.kaggle.com/competitions/<name> "
-            f"(ImageNet: {DEFAULT_COMPETITION}); check --competition.")
-    if status == 429:
-        return DownloadError(f"Kaggle is rate-limiting these requests (HTTP 429 while {what}). "
-                             "Wait a few minutes, then run the same command again.")
-    if status is not None:
-        side = "a problem on Kaggle's side; " if status >= 500 else ""
-        return DownloadError(f"Kaggle answered HTTP {status} while {what}: {_reason(exc)} ({side}"
-                             "run the same command again later).")
-    if isinstance(exc, requests.RequestException):
-        return DownloadError(
-            f"Could not reach Kaggle while {what} ({type(exc).__name__}: {_reason(exc)}). Check the network "
-            "connection and any HTTPS_PROXY/HTTP_PROXY setting, then run the same command again.")
-    return DownloadError(f"The kaggle client failed while {what} ({type(exc).__name__}: {_reason(exc)}). "
-                         "Run the same command again; if it keeps failing, upgrade the client: "
-                         f"pip install -U {CLIENT_REQUIREMENT}.")
-
-
-def _authenticated_api(creds: Credentials, competition: str):
-    """A ``KaggleApi`` that has authenticated with the current environment's settings."""
-    KaggleApi = _client_class()
-    api = KaggleApi()
-    config_dir = kaggle_config_dir()
-    api.config_dir = str(config_dir)          # the class read KAGGLE_CONFIG_DIR at import
-    api.config = str(config_dir / "kaggle.json")
-    api.args = _api_args()                    # and KAGGLE_API_ENVIRONMENT
-    try:
-        with _quiet():
-            api.authenticate()
-    except SystemExit:
-        if creds.kind == "token":
-            raise DownloadError(
-                f"Kaggle did not accept the access token from {creds.source} (invalid or expired), and no "
-                "other credentials were accepted. " + _fix_credentials(creds)) from None
-        if creds.kind == "oauth":
-            raise DownloadError(f"The Kaggle login in {creds.source} has expired or was revoked. "
-                                + _fix_credentials(creds)) from None
-        raise DownloadError(f"The kaggle client did not accept the credentials from {creds.source}. "
-                            + _fix_credentials(creds)) from None
-    except Exception as e:
-        raise _api_error(e, competition, creds, "signing in") from None
-    return api
-
-
-# -- sizes and files -------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class _Listing:
-    """The file list as read: name -> bytes; ``complete`` when its last page was reached."""
-
-    sizes: dict[str, int]
-    complete: bool
-
-
-def _list_files(api, competition: str, creds: Credentials) -> _Listing:
-    """Read up to LIST_PAGES pages of the competition's file list."""
-    sizes: dict[str, int] = {}
-    token = None
-    for _ in range(LIST_PAGES):
-        try:
-            with _quiet():
-                page = api.competition_list_files(competition, page_token=token, page_size=LIST_PAGE_SIZE)
-        except (Exception, SystemExit) as e:
-            raise _api_error(e, competition, creds, "listing the competition's files") from None
-        files = list(page.files or [])
-        for f in files:
-            sizes[f.name] = int(f.total_bytes or 0)
-        token = page.next_page_token or None
-        if not token:
-            return _Listing(sizes, True)
-        if not files:  # a known Kaggle paging bug: an empty page that claims more
-            break
-    return _Listing(sizes, False)
-
-
-def _probe(api, competition: str, file_name: str | None, creds: Credentials) -> tuple[int | None, str]:
-    """Start the download the client would start, read its headers only, close it.
-
-    Returns:
-        (Content-Length or None, the local file name the client will use).
-    """
-    from kagglesdk.competitions.types.competition_api_service import (
-        ApiDownloadDataFileRequest,
-        ApiDownloadDataFilesRequest,
-    )
-
-    try:
-        with _quiet(), api.build_kaggle_client() as client:
-            service = client.competitions.competition_api_client
-            if file_name is None:
-                request = ApiDownloadDataFilesRequest()
-                request.competition_name = competition
-                response = service.download_data_files(request)
-            else:
-                request = ApiDownloadDataFileRequest()
-                request.competition_name = competition
-                request.file_name = file_name
-                response = service.download_data_file(request)
-            try:
-                length = response.headers.get("Content-Length")
-                url_name = response.url.split("?")[0].rsplit("/", 1)[-1]
-            finally:
-                response.close()
-    except (Exception, SystemExit) as e:
-        raise _api_error(e, competition, creds, "starting the download", file_name) from None
-    return (int(length) if length and length.isdigit() else None), url_name
 
 
 def _marker(path: Path) -> Path:
@@ -532,7 +81,10 @@ def _incomplete(path: Path, size: int | None) -> str | None:
     Returns:
         str | None: e.g. ``"it is not a complete zip: no end-of-zip record
         ..."``; None when nothing is wrong with it (non-empty, the size Kaggle
-        gives, and for a zip an intact end record: :func:`zip_end_problem`).
+        gives, and for a zip an end-of-central-directory record where
+        ``zipfile.is_zipfile`` looks for it: the last 64 KiB, a cut-short
+        download's lost end; the central directory itself, 1.4 million
+        entries for ImageNet, is read only when the zip is opened).
     """
     actual = path.stat().st_size
     if actual == 0:
@@ -540,10 +92,9 @@ def _incomplete(path: Path, size: int | None) -> str | None:
     if size is not None and actual != size:
         return (f"it has {human_size(actual)} ({actual} bytes) where Kaggle gives {human_size(size)} "
                 f"({size} bytes)")
-    if path.suffix.lower() == ".zip":
-        problem = zip_end_problem(path)
-        if problem is not None:
-            return f"it is not a complete zip ({human_size(actual)}): {problem}; it was cut short"
+    if path.suffix.lower() == ".zip" and not zipfile.is_zipfile(path):
+        return (f"it is not a complete zip ({human_size(actual)}): no end-of-zip record in its last 64 KiB; "
+                "it was cut short")
     return None
 
 
@@ -697,7 +248,7 @@ def _interrupted(exc: BaseException, path: Path | None, size: int | None, name: 
              + f" are kept in {path}") if got else "nothing was kept"
     return DownloadError(
         f"The download of {name} was interrupted and the kaggle client could not recover after its retries "
-        f"({type(exc).__name__}: {_reason(exc)}); {where}. Run the same command again to resume "
+        f"({type(exc).__name__}: {reason(exc)}); {where}. Run the same command again to resume "
         "(check the network connection first if this repeats).")
 
 
@@ -709,7 +260,6 @@ def download(
     *,
     file_name: str | None = None,
     progress: bool = True,
-    log: Callable[[str], None] | None = None,
 ) -> Path:
     """Download a Kaggle competition's archive (default: ImageNet) into ``dest``, resumably.
 
@@ -727,8 +277,9 @@ def download(
     finished (a zip whose end record is missing, or a size other than the
     one Kaggle gives) is downloaded again from the start, with a log line
     saying why. While the client runs, ``sys.stdout`` is redirected to
-    ``log`` (the client prints its status lines), so call this from one
-    thread at a time.
+    this module's logger (the client prints its status lines), so call this from one
+    thread at a time. Status lines and warnings, the client's own included, are logged
+    (:mod:`spark_imagenet.logs`).
 
     Args:
         competition: the competition's name, the last part of its URL
@@ -740,8 +291,6 @@ def download(
             (a name from its file list, e.g. ``LOC_synset_mapping.txt``).
         progress: show the client's progress bar (tqdm, on stderr) and its
             status lines.
-        log: called with one-line status messages and warnings, including the
-            client's own lines (``None``: print them to stderr).
 
     Returns:
         Path: the downloaded (or already present) file, absolute:
@@ -760,10 +309,6 @@ def download(
             or fails to load.
         KeyboardInterrupt: passed on after a hint that a rerun resumes.
     """
-    if log is None:
-        def log(msg: str) -> None:
-            print(msg, file=sys.stderr, flush=True)
-
     if not competition or "/" in competition:
         raise ConfigError(f"--competition {competition!r} is not a competition name; give the last part of the "
                           f"competition's URL, e.g. {DEFAULT_COMPETITION}.")
@@ -774,23 +319,23 @@ def download(
     if file_name is None:  # a single file is checked against its listed size, below
         state = _state(_candidates(dest, competition, None), lambda p: None)
         if state.complete is not None:
-            log(f"{state.complete} is already complete ({human_size(state.complete.stat().st_size)}); nothing to "
-                "download (delete it to download it again)")
+            logger.info(f"{state.complete} is already complete ({human_size(state.complete.stat().st_size)}); "
+                        "nothing to "
+                        "download (delete it to download it again)")
             return state.complete
 
-    creds = find_credentials(log)
-    log(f"Kaggle credentials: {creds.source}")
-    api = _authenticated_api(creds, competition)
+    creds = find_credentials()
+    logger.info(f"Kaggle credentials: {creds.source}")
+    api = authenticated_api(creds, competition)
 
-    size, url_name, probed = _remote_size(api, competition, file_name, creds, what, log)
+    size, url_name, probed = _remote_size(api, competition, file_name, creds, what)
     exact = _exact_size(size, probed, file_name)
     targets = _candidates(dest, competition, file_name, url_name)
     created = not dest.exists()
     _make_dest(dest)
     try:
         with _download_lock(lock_path(dest, competition, file_name), what):
-            return _download_locked(api, competition, file_name, dest, targets, exact, size, what, creds, progress,
-                                    log)
+            return _download_locked(api, competition, file_name, dest, targets, exact, size, what, creds, progress)
     except BaseException:
         if created:
             with contextlib.suppress(OSError):
@@ -812,8 +357,8 @@ def _exact_size(size: int | None, probed: bool, file_name: str | None) -> Callab
     return exact
 
 
-def _remote_size(api, competition: str, file_name: str | None, creds: Credentials, what: str,
-                 log: Callable[[str], None]) -> tuple[int | None, str | None, bool]:
+def _remote_size(api, competition: str, file_name: str | None, creds: Credentials,
+                 what: str) -> tuple[int | None, str | None, bool]:
     """The size of what will be downloaded, from the file list or else from the download's headers.
 
     Returns:
@@ -823,7 +368,7 @@ def _remote_size(api, competition: str, file_name: str | None, creds: Credential
     Raises:
         DownloadError: ``file_name`` is not in the competition's (complete) file list, or an API error.
     """
-    listing = _list_files(api, competition, creds)
+    listing = list_files(api, competition, creds)
     size: int | None = None
     url_name: str | None = None
     probed = False
@@ -837,47 +382,47 @@ def _remote_size(api, competition: str, file_name: str | None, creds: Credential
         raise DownloadError(f"Competition {competition!r} has no file {file_name!r}; its files are: {shown}. "
                             "Give one of those names with --file.")
     if size is None:
-        size, url_name = _probe(api, competition, file_name, creds)
+        size, url_name = probe_download(api, competition, file_name, creds)
         probed = size is not None
         source = "the download's Content-Length"
     else:
         source = "the sizes in the competition's file list"
     if size is not None:
-        log(f"{what}: {human_size(size)} (from {source})")
+        logger.info(f"{what}: {human_size(size)} (from {source})")
     return size, url_name, probed
 
 
 def _download_locked(api, competition: str, file_name: str | None, dest: Path, targets: list[Path],
                      exact: Callable[[Path], int | None], size: int | None, what: str, creds: Credentials,
-                     progress: bool, log: Callable[[str], None]) -> Path:
+                     progress: bool) -> Path:
     """The part of :func:`download` that runs under the lock: look at what is there again, check the
     free space, and let the client resume or start the download."""
     state = _state(targets, exact)  # again, under the lock: another run may have finished it
     if state.complete is not None:
-        log(f"{state.complete} is already complete ({human_size(state.complete.stat().st_size)}); "
-            "nothing to download (delete it to download it again)")
+        logger.info(f"{state.complete} is already complete ({human_size(state.complete.stat().st_size)}); "
+                    "nothing to download (delete it to download it again)")
         return state.complete
     present = state.partial.stat().st_size if state.partial is not None else 0
     if size is not None:
         _check_space(dest, size, present, what, replaced=state.stale.stat().st_size if state.stale is not None else 0)
     else:
-        log(f"warning: Kaggle did not say how large {what} is; free disk space not checked")
+        logger.warning(f"warning: Kaggle did not say how large {what} is; free disk space not checked")
     if state.partial is not None:
-        log(f"resuming {state.partial}: {human_size(present)} already there")
+        logger.info(f"resuming {state.partial}: {human_size(present)} already there")
     if state.stale is not None:
-        log(f"{state.stale} is not a complete download ({state.why}) and has no {PARTIAL_SUFFIX} marker to "
-            "resume from: downloading it again from the start")
+        logger.info(f"{state.stale} is not a complete download ({state.why}) and has no {PARTIAL_SUFFIX} marker to "
+                    "resume from: downloading it again from the start")
     return _run_client(api, competition, file_name, dest, targets, exact, size, what, creds, progress,
-                       force=state.stale is not None, log=log)
+                       force=state.stale is not None)
 
 
 def _run_client(api, competition: str, file_name: str | None, dest: Path, targets: list[Path],
                 exact: Callable[[Path], int | None], size: int | None, what: str, creds: Credentials,
-                progress: bool, *, force: bool, log: Callable[[str], None]) -> Path:
+                progress: bool, *, force: bool) -> Path:
     """Let the client download (``force``: from the start), then find and check the file it wrote."""
     started = time.monotonic()
     try:
-        with contextlib.redirect_stdout(_LineLog(log)) as out:
+        with contextlib.redirect_stdout(LineLog(logger)) as out:
             try:
                 if file_name is None:
                     api.competition_download_files(competition, path=str(dest), force=force, quiet=not progress)
@@ -887,18 +432,18 @@ def _run_client(api, competition: str, file_name: str | None, dest: Path, target
             finally:
                 out.flush()
     except KeyboardInterrupt:
-        log("interrupted: run the same command again to resume the download")
+        logger.info("interrupted: run the same command again to resume the download")
         raise
     except (Exception, SystemExit) as e:
         target = next((p for p in targets if p.is_file()), None)
-        if _status(e) is not None and "/api/v1/" in str(getattr(e.response, "url", "")):
-            raise _api_error(e, competition, creds, "starting the download", file_name) from None
+        if http_status(e) is not None and "/api/v1/" in str(getattr(e.response, "url", "")):
+            raise api_error(e, competition, creds, "starting the download", file_name) from None
         kept = target is not None and target.stat().st_size > 0
         if isinstance(e, (OSError, ValueError)) or type(e).__module__.split(".")[0] in ("requests", "urllib3"):
-            if not kept and _status(e) is None and type(e).__name__ in ("ConnectionError", "ProxyError", "SSLError"):
-                raise _api_error(e, competition, creds, "downloading") from None
+            if not kept and http_status(e) is None and type(e).__name__ in ("ConnectionError", "ProxyError", "SSLError"):
+                raise api_error(e, competition, creds, "downloading") from None
             raise _interrupted(e, target, size, what) from None
-        raise _api_error(e, competition, creds, "downloading") from None
+        raise api_error(e, competition, creds, "downloading") from None
 
     done = next((p for p in targets if p.is_file() and not _marker(p).exists()), None)
     if done is None:
@@ -913,5 +458,5 @@ def _run_client(api, competition: str, file_name: str | None, dest: Path, target
         raise DownloadError(f"The kaggle client finished without error but {done} is not a complete download ({why}); "
                             "run the same command again (it downloads it again from the start).")
     seconds = time.monotonic() - started
-    log(f"{done}: {human_size(done.stat().st_size)}, ready ({seconds:.0f} s)")
+    logger.info(f"{done}: {human_size(done.stat().st_size)}, ready ({seconds:.0f} s)")
     return done

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import os
 import tarfile
 import zipfile
@@ -37,6 +38,8 @@ from spark_imagenet.source.zip_archive import (
     refuse_duplicates,
     refuse_zip_links,
 )
+
+logger = logging.getLogger(__name__)
 
 #: Read size of the tar stream (64 KiB was the fastest of 10 KiB, 64 KiB and 1 MiB).
 STREAM_BUFSIZE = 64 * 1024
@@ -151,8 +154,7 @@ class TarStreamSource(ImageSource):
             zf.close()
 
     def list_images(self, *, num_classes: int | None = None, class_list: str | os.PathLike | None = None,
-                    per_class: int | None = None, seed: int = 0, progress: bool = False,
-                    log: Callable[[str], None] | None = None) -> SourceDataset:
+                    per_class: int | None = None, seed: int = 0, progress: bool = False) -> SourceDataset:
         """See :meth:`ImageSource.list_images`: pass 1 of 2 over the tar.gz.
 
         Raises:
@@ -163,9 +165,8 @@ class TarStreamSource(ImageSource):
         zf, self._zf = self._zf, None
         with zf if zf is not None else open_zip(self.path) as zf:
             refuse_zip_links(zf, self.path)
-            if log is not None:
-                log(f"listing {self.path} member {self.tar_member} (pass 1 of 2 over the compressed stream; the "
-                    "images are read in pass 2)")
+            logger.info(f"listing {self.path} member {self.tar_member} (pass 1 of 2 over the compressed stream; "
+                        "the images are read in pass 2)")
             index = self._index(progress)
             refuse_duplicates(index, self.path)
             tree = ArchiveTree(self.path, self.prefix, zf, index, lambda rel: self.where_member(self.tar_prefix + rel))

@@ -13,7 +13,8 @@ The Kaggle competition ``imagenet-object-localization-challenge`` is one zip
     the ``LOC_*`` files plus ``imagenet_object_localization_patched2019.tar.gz``,
     which holds ``ILSVRC/``, read as a stream.
 
-:func:`open_zip_source` opens either form. This module also holds what both
+:func:`spark_imagenet.source.open_zip_source` opens either form (it imports this module and
+:mod:`spark_imagenet.source.tar_stream`, which imports this one). This module also holds what both
 forms and :mod:`spark_imagenet.source.extract` share: opening the zip with
 errors a user can act on (:func:`open_zip`), finding its form
 (:func:`inspect_zip`), the index of the tree inside (:class:`Index`,
@@ -462,8 +463,7 @@ class ZipSource(ImageSource):
         return zf if zf is not None else open_zip(self.path)
 
     def list_images(self, *, num_classes: int | None = None, class_list: str | os.PathLike | None = None,
-                    per_class: int | None = None, seed: int = 0, progress: bool = False,
-                    log: Callable[[str], None] | None = None) -> SourceDataset:
+                    per_class: int | None = None, seed: int = 0, progress: bool = False) -> SourceDataset:
         """See :meth:`ImageSource.list_images`; reads the central directory only.
 
         Raises:
@@ -508,69 +508,3 @@ class ZipSource(ImageSource):
     def reader(self, images: Sequence[ImageFile]) -> ZipMemberReader:
         """A picklable reader holding only these images' member locations."""
         return ZipMemberReader(self.path, {img.path: self.locations[img.path] for img in images})
-
-
-def open_zip_source(path: str | os.PathLike) -> ImageSource:
-    """Open the Kaggle zip in whichever form it is.
-
-    Args:
-        path: the downloaded ``imagenet-object-localization-challenge.zip``.
-
-    Returns:
-        ImageSource: a :class:`ZipSource` (current form) or a
-        :class:`spark_imagenet.source.tar_stream.TarStreamSource` (older form),
-        its ``path`` resolved.
-
-    Raises:
-        ArchiveError: the zip is missing, truncated, damaged, or not a Kaggle
-            archive (what is missing is listed).
-    """
-    path = os.path.realpath(Path(path).expanduser())
-    zf = open_zip(path)
-    try:
-        kz = inspect_zip(zf, path)
-    except BaseException:
-        zf.close()
-        raise
-    if kz.form == FORM_NESTED:
-        from spark_imagenet.source.tar_stream import TarStreamSource
-
-        return TarStreamSource(path, kz.prefix, kz.tar_member, _zf=zf)
-    return ZipSource(path, kz.prefix, _zf=zf)
-
-
-def read_zip_layout(
-    path: str | os.PathLike,
-    *,
-    num_classes: int | None = None,
-    class_list: str | os.PathLike | None = None,
-    per_class: int | None = None,
-    seed: int = 0,
-    progress: bool = False,
-    log: Callable[[str], None] | None = None,
-) -> SourceDataset:
-    """List the labelled images of the Kaggle zip, in either form, without unpacking it.
-
-    The same checks, selection and order as
-    :func:`spark_imagenet.source.folder.read_layout` on the unpacked folder;
-    for the nested form this is pass 1 of 2 over its tar.gz.
-
-    Args:
-        path: the downloaded ``imagenet-object-localization-challenge.zip``.
-        num_classes, class_list, per_class, seed, progress, log: see
-            :meth:`spark_imagenet.source.base.ImageSource.list_images`.
-
-    Returns:
-        SourceDataset: the chosen images; ``root`` is the zip, each
-        :attr:`ImageFile.path` a member name (of the zip, or of the nested tar).
-
-    Raises:
-        ArchiveError: the zip is truncated, damaged, not a Kaggle archive
-            (what is missing is listed), holds an image member twice, or holds
-            any symbolic or hard link (the Kaggle archive has none; all listed).
-        LayoutError: the tree inside is inconsistent (each problem names the
-            zip and the member).
-        ConfigError: a bad ``--classes``/``--class-list``/``--per-class``.
-    """
-    return open_zip_source(path).list_images(num_classes=num_classes, class_list=class_list, per_class=per_class,
-                                             seed=seed, progress=progress, log=log)

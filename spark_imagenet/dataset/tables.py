@@ -1,0 +1,156 @@
+"""Reading a table or a folder of images as the DataFrame :func:`spark_imagenet.dataset.dataframe.shard_dataframe`
+takes (``spark-imagenet shard --table``).
+
+* ``read_table(spark, "catalog.schema.images")``: a table of the session's catalog (any format the session
+  reads: Parquet, Delta where the cluster has Delta, ...);
+* ``read_table(spark, "s3://b/images.parquet", "parquet")``: files read with that data source;
+* ``read_table(spark, "hdfs:///photos", "binaryFile")``: every file under the folder, one row each (``path``,
+  ``modificationTime``, ``length``, ``content``), plus ``label``, the name of the file's folder, and ``split``,
+  ``train`` or ``val`` when the path has such a folder (``photos/train/cat/1.jpg``), else null (then
+  ``val_fraction`` decides). Files whose names do not end like an image are left out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+from urllib.parse import urlparse
+
+from spark_imagenet.errors import ConfigError, spark_reason
+
+#: The data sources ``--format`` takes.
+FORMATS = ("parquet", "binaryFile", "delta")
+#: The file endings a binaryFile read keeps: those Keras' ``image_dataset_from_directory`` takes.
+IMAGE_ENDINGS = ("jpg", "jpeg", "png", "gif", "bmp")
+#: The same as a Hadoop glob, in lower, upper and capitalised case.
+IMAGE_GLOB = "*.{" + ",".join(f(e) for f in (str.lower, str.upper, str.capitalize) for e in IMAGE_ENDINGS) + "}"
+
+
+def check_table_path(table: str, fmt: str | None, columns: Sequence[str] = ()) -> None:
+    """What can be checked of ``--table`` on this machine before Spark starts (a minute on a small machine):
+    a local path given without ``--format``; a local path that does not exist; a local folder without Parquet
+    files for ``parquet``, or without class folders for ``binaryFile``; local Parquet files without the named
+    columns. URLs and table names are left to Spark.
+
+    Args:
+        table: the path, URL or table name of ``--table``.
+        fmt: its ``--format`` (None: a table name).
+        columns: the columns the job will read (image, label, and those given), checked in local Parquet.
+
+    Raises:
+        ConfigError: what is wrong, naming the path and what to give instead.
+    """
+    parsed = urlparse(table)
+    if fmt is None:
+        if not parsed.scheme and ("/" in table or table.startswith("~")):
+            raise ConfigError(f"--table {table} is a path, not a table name: give its --format (binaryFile for a "
+                              "folder of class folders of images, parquet or delta for a table's files)")
+        return
+    if fmt not in FORMATS or parsed.scheme not in ("", "file"):
+        return
+    path = Path(parsed.path if parsed.scheme else table)
+    if not path.exists():
+        raise ConfigError(f"--table {table}: no such file or folder (give a local path that exists, or a URL "
+                          "the executors read)")
+    if fmt == "binaryFile" and path.is_dir():
+        _check_class_folders(table, path)
+    if fmt == "parquet":
+        _check_parquet(table, path, columns)
+
+
+def _images_in(folder: Path) -> int:
+    """How many image files (by name) sit directly in ``folder``."""
+    return sum(1 for p in folder.iterdir() if p.is_file() and p.suffix[1:].lower() in IMAGE_ENDINGS)
+
+
+def _check_class_folders(table: str, path: Path) -> None:
+    """Refuse a local folder whose images are not in sub-folders (one class) before Spark reads it."""
+    if not any(p.is_dir() for p in path.iterdir()) and _images_in(path):
+        raise _one_folder(f"--table {table}", table, path.name)
+
+
+def _one_folder(what: str, root: str, folder: str) -> ConfigError:
+    """The error for a binaryFile read whose images all sit in one folder (they would all be one class)."""
+    return ConfigError(f"{what}: every image is in one folder ({folder}), so they would all be one class; "
+                       "binaryFile takes each image's label from the name of its folder: give the folder whose "
+                       f"sub-folders are the classes ({root}/<class>/x.jpg, or {root}/train/<class>/ and "
+                       f"{root}/val/<class>/)")
+
+
+def _check_parquet(table: str, path: Path, columns: Sequence[str]) -> None:
+    """Refuse local Parquet input that has no Parquet files, or lacks a named column, before Spark reads it."""
+    if path.is_dir() and not any(path.rglob("*.parquet")):
+        images = sum(_images_in(p) for p in [path, *path.rglob("*")] if p.is_dir())
+        raise ConfigError(f"--table {table}: no .parquet files in this folder"
+                          + (f" (it holds {images} image file(s): --format binaryFile reads a folder of class "
+                             "folders)" if images else ""))
+    if not columns:
+        return
+    import pyarrow.dataset as ds
+
+    try:
+        names = ds.dataset(str(path), format="parquet").schema.names
+    except Exception:  # noqa: BLE001 - not readable here: Spark will say why
+        return
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ConfigError(f"--table {table}: no column {', '.join(missing)} in its Parquet files (they have "
+                          f"{', '.join(names)}); name the columns with --image-column / --label-column / "
+                          "--split-column / --name-column")
+
+
+def read_table(spark: Any, table: str, fmt: str | None = None) -> Any:
+    """The DataFrame of a table name, or of files read with a data source.
+
+    Args:
+        spark: a SparkSession.
+        table: a table name of the session's catalog (``fmt`` None), or a path or URL the executors read.
+        fmt: ``"parquet"``, ``"binaryFile"`` (label from the folder name, split from a train/val folder) or
+            ``"delta"`` (needs Delta Lake's jars in the session), or None for a table name.
+
+    Returns:
+        pyspark.sql.DataFrame
+
+    Raises:
+        ConfigError: an unknown format, or Spark cannot read the table or path (its reason, and what to check).
+    """
+    if fmt is not None and fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt}: choose one of {', '.join(FORMATS)} (or no --format for a table name)")
+    try:
+        if fmt is None:
+            return spark.table(table)
+        if fmt == "binaryFile":
+            return image_folder(spark, table)
+        return spark.read.format(fmt).load(table)
+    except ConfigError:
+        raise
+    except Exception as e:  # Py4J / AnalysisException: only its reason is worth showing
+        what = f"the table {table}" if fmt is None else f"{table} as {fmt}"
+        hint = {None: "check the name (catalog.schema.table) or give a path with --format",
+                "delta": "Delta needs its jars in the session (delta-spark, or a Databricks cluster)"}.get(
+                    fmt, "check the path and that the executors can read it")
+        raise ConfigError(f"cannot read {what}: {spark_reason(e)}; {hint}") from None
+
+
+def image_folder(spark: Any, root: str) -> Any:
+    """Every image file under ``root`` as a row: binaryFile's columns plus ``label`` (the file's folder name)
+    and ``split`` (``train``/``val`` from a folder of that name on the path, else null).
+
+    Raises:
+        ConfigError: no image file under ``root``, or all of them in one folder (one class).
+    """
+    from pyspark.sql import functions as F
+
+    df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+          .option("pathGlobFilter", IMAGE_GLOB).load(root))
+    parts = F.split(F.col("path"), "/")
+    labelled = df.withColumn("label", F.element_at(parts, -2)).withColumn(
+        "split", F.when(F.array_contains(parts, "train"), F.lit("train"))
+        .when(F.array_contains(parts, "val"), F.lit("val")))
+    labels = [r[0] for r in labelled.select("label").distinct().limit(2).collect()]
+    if not labels:
+        raise ConfigError(f"{root} holds no image files (.jpg, .jpeg, .png, .gif, .bmp): give the folder whose "
+                          "sub-folders are the classes")
+    if len(labels) == 1:
+        raise _one_folder(root, root, labels[0])
+    return labelled
