@@ -260,8 +260,7 @@ def upload_once(local: Path, bucket: str, endpoint: str, emulator, transfers: in
     old = os.environ.get("STORAGE_EMULATOR_HOST")
     os.environ["STORAGE_EMULATOR_HOST"] = endpoint  # upload() opens its storage from the URL alone
     try:
-        obs = observed(lambda: stats.append(upload(local, f"gs://{bucket}/{prefix}", transfers=transfers,
-                                                   log=lambda msg: None)), parties)
+        obs = observed(lambda: stats.append(upload(local, f"gs://{bucket}/{prefix}", transfers=transfers)), parties)
     finally:
         if old is None:
             os.environ.pop("STORAGE_EMULATOR_HOST", None)
@@ -461,7 +460,7 @@ def start(args: argparse.Namespace, tmp: Path, report: Report) -> dict:
     for network, prefix, count, mib in datasets:
         local = tmp / f"local-{prefix}"
         manifest = write_dataset(local, count, int(mib * 2**20))
-        upload(local, f"gs://{bucket}/{prefix}", transfers=args.transfers, log=lambda msg: None)
+        upload(local, f"gs://{bucket}/{prefix}", transfers=args.transfers)
         setups[network] = dict(manifest=manifest, local=local, bucket=bucket, emulator=emulator, work=tmp,
                                shards=count, bytes=count * int(mib * 2**20), copy=network == "localhost",
                                endpoint=emulator.endpoint, parties=Parties(emulator.proc.pid),

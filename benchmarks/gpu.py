@@ -6,12 +6,12 @@ Usage (from the repository root; the package need not be installed, its dependen
         [--warmup 10] [--batch-size 256] [--image-size 224] [--precision mixed_bfloat16] [--no-xla]
         [--data DIR] [--jpegs 1024] [--parallel N] [--out FILE] [--dry-run | --quick] [--reps 5] [--json [FILE]]
 
-For each model (built with :func:`spark_imagenet.training.models.registry.build_model` under the Keras
+For each model (built with :func:`spark_imagenet.training.worker.models.registry.build_model` under the Keras
 mixed-precision policy ``--precision``, compiled with the project's ``compile_model``) it runs, in this order:
 
 * **synthetic**: one batch of random float32 images and int32 labels created on the device, fed to the
   training step again and again: no input pipeline, no host-to-device copy. This is the model's ceiling.
-* **real**: batches from :func:`spark_imagenet.training.pipeline.train_dataset` (random crop, decode, flip,
+* **real**: batches from :func:`spark_imagenet.training.worker.pipeline.train_dataset` (random crop, decode, flip,
   resize, normalize on the host's CPU cores, ``--parallel`` decode calls) over the TFRecord shards of
   ``--data``, or, without ``--data``, over ``--jpegs`` synthetic JPEGs (``spark_imagenet.demo.synthetic``,
   500x375 px by default, about ImageNet's mean size) written as shards into a temporary folder first (a
@@ -325,9 +325,9 @@ def synthetic_batches(tf, batch: int, image_size: int, num_classes: int):
 
 
 def pipeline_batches(files: list[str], batch: int, image_size: int, parallel: int | None):
-    """``() -> (images, labels)``: the next batch of :func:`spark_imagenet.training.pipeline.train_dataset`
+    """``() -> (images, labels)``: the next batch of :func:`spark_imagenet.training.worker.pipeline.train_dataset`
     over ``files`` (one endless epoch, seed 0; float32 ``[B,S,S,3]`` and int32 ``[B]`` on the host)."""
-    from spark_imagenet.training.pipeline import train_dataset
+    from spark_imagenet.training.worker.pipeline import train_dataset
 
     iterator = iter(train_dataset(files, batch, image_size, parallel, seed=0))
     return lambda: next(iterator)
@@ -350,10 +350,10 @@ def bench_model(args: argparse.Namespace, name: str, files: list[str] | None,
     import tensorflow as tf
     import tf_keras as keras
 
-    from spark_imagenet.training.models.compile import compile_model, float32_logits, set_precision
-    from spark_imagenet.training.models.registry import build_model
-    from spark_imagenet.training.models.specs import RECIPES
-    from spark_imagenet.training.pipeline import default_parallel
+    from spark_imagenet.training.worker.models.compile import compile_model, float32_logits, set_precision
+    from spark_imagenet.training.worker.models.registry import build_model
+    from spark_imagenet.training.job.model_specs import RECIPES
+    from spark_imagenet.training.worker.pipeline import default_parallel
 
     keras.backend.clear_session()
     image_size = image_size_of(args, name)

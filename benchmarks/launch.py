@@ -3,14 +3,15 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/launch.py [--reps 5] [--root DIR] [--warm-pause S] [--json [FILE]]
-    .venv/bin/python benchmarks/launch.py --quick        # 1 repetition of the tiniest job (see below)
+    .venv/bin/python benchmarks/launch.py --quick        # 1 repetition of the tiniest job, ours and plain
+    .venv/bin/python benchmarks/launch.py --quick --variants ours,peer,plain   # with the peer too
 
 Three ways to run the same two-worker MultiWorkerMirroredStrategy job (AlexNet at width 0.25, 72 px, batch 4
 per worker, 1 epoch, on the same TFRecord shards of a small synthetic Kaggle tree, built first with
 :func:`spark_imagenet.dataset.sharding.shard`):
 
-* **ours**: :func:`spark_imagenet.training.driver.train` (what ``spark-imagenet train`` runs): driver checks,
-  one barrier stage; each task starts its TensorFlow worker process (``spark_imagenet.training.worker
+* **ours**: :func:`spark_imagenet.training.driver.launch.train` (what ``spark-imagenet train`` runs): driver checks,
+  one barrier stage; each task starts its TensorFlow worker process (``spark_imagenet.training.worker.main
   --preload``, or takes the spare an earlier task of its Python worker left), stages its shards into a fresh
   shard cache and meets the other task meanwhile, then gives the process its go; after training it also
   evaluates the validation images (``val_images`` in the params) and leaves a spare for the next job.
@@ -93,6 +94,9 @@ sys.path.insert(0, str(REPO))
 from common import Report, add_options, repetitions  # noqa: E402
 
 VARIANTS = ("ours", "peer", "plain")
+#: --quick's variants without --variants: the peer's child (its own SparkSession and two jobs, about 28 s on
+#: this machine) would take --quick over a minute (about 80 s with all three).
+QUICK_VARIANTS = ("ours", "plain")
 #: The job of a full run and of --quick: the synthetic tree (classes x train / val images per class) and the
 #: per-worker batch; steps per epoch = train images // (batch x 2 workers).
 FULL = {"classes": 5, "train_per_class": 12, "val_per_class": 6, "batch_size": 4}  # 7 steps, 30 val images
@@ -189,10 +193,10 @@ def _registry(module):
 
 HOOKS = {
     "tensorflow": ("tensorflow import start", "tensorflow imported", _tensorflow),
-    "spark_imagenet.training.barrier_task": (None, None, _task),
-    "spark_imagenet.training.rendezvous": (None, None, lambda m: wrap(m, "rendezvous", None, "rendezvous done")),
-    "spark_imagenet.training.watchdog": (None, None, _watchdog),
-    "spark_imagenet.training.models.registry": (None, None, _registry),
+    "spark_imagenet.training.task.barrier_task": (None, None, _task),
+    "spark_imagenet.training.task.rendezvous": (None, None, lambda m: wrap(m, "rendezvous", None, "rendezvous done")),
+    "spark_imagenet.training.worker.watchdog": (None, None, _watchdog),
+    "spark_imagenet.training.worker.models.registry": (None, None, _registry),
 }
 
 
@@ -244,13 +248,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warm-pause", type=float, default=0.0, metavar="S",
                    help="seconds between the cold and the warm job of a driver (default: 0, back to back; ours' "
                         "spare TensorFlow process for the next job is then still starting)")
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help="comma-separated subset of ours,peer,plain (default: all three)")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated subset of ours,peer,plain, with ours (default: all three; with --quick "
+                        "ours,plain, which keeps it under a minute)")
     p.add_argument("--_child", choices=VARIANTS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--_worker", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--_job", type=Path, default=None, help=argparse.SUPPRESS)
     add_options(p, reps=5, quick_reps=1)
     args = p.parse_args(argv)
+    if args.variants is None:
+        args.variants = ",".join(QUICK_VARIANTS if args.quick else VARIANTS)
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown or "ours" not in chosen:
@@ -287,9 +294,9 @@ def train_fn(job: dict[str, Any]) -> dict[str, Any]:
     import tensorflow as tf
     import tf_keras as keras
 
-    from spark_imagenet.training import pipeline
-    from spark_imagenet.training.models.compile import float32_logits
-    from spark_imagenet.training.models.registry import build_model, compile_model
+    from spark_imagenet.training.worker import pipeline
+    from spark_imagenet.training.worker.models.compile import float32_logits
+    from spark_imagenet.training.worker.models.registry import build_model, compile_model
 
     rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     if tf.distribute.has_strategy():  # the peer's own scope
@@ -335,16 +342,16 @@ def build_dataset(root: Path, quick: bool) -> tuple[Path, dict[str, Any]]:
                                   train_per_class=size["train_per_class"], val_per_class=size["val_per_class"],
                                   test_images=0, size=(64, 48), seed=1)
     out = root / "dataset"
-    shard(tree, out, train_shards=2, val_shards=1, processes=1, progress=False, log=lambda m: None)
+    shard(tree, out, train_shards=2, val_shards=1, processes=1, progress=False)
     return out, size
 
 
 def fn_job(dataset: Path, size: dict[str, Any], marks: Path) -> dict[str, Any]:
     """What :func:`train_fn` is given: ours' settings (the recipe TrainConfig resolves) and the shards ours
-    assigns to each rank (:func:`~spark_imagenet.training.assignment.assign`)."""
+    assigns to each rank (:func:`~spark_imagenet.training.job.assignment.assign`)."""
     from spark_imagenet.dataset.manifest import Manifest
     from spark_imagenet.storage import open_storage
-    from spark_imagenet.training.assignment import assign
+    from spark_imagenet.training.job.assignment import assign
 
     config = train_config(size, None)
     manifest = Manifest.load(open_storage(str(dataset)))
@@ -360,7 +367,7 @@ def fn_job(dataset: Path, size: dict[str, Any], marks: Path) -> dict[str, Any]:
 
 def train_config(size: dict[str, Any], cache: Path | None):
     """Ours' TrainConfig of the job (2 workers, 1 epoch, SETTINGS, the batch of ``size``)."""
-    from spark_imagenet.training.config import TrainConfig
+    from spark_imagenet.training.job.config import TrainConfig
 
     return TrainConfig.from_mapping({**SETTINGS, "workers": WORKERS, "batch_size": size["batch_size"],
                                      **({"cache": str(cache)} if cache else {})}, "benchmarks/launch.py")
@@ -391,7 +398,8 @@ def read_marks(path: Path, start: float, end: float) -> dict[str, float]:
 
 def run_ours(spark, job: dict[str, Any], marks: Path, probe) -> dict[str, Any]:
     """One job of ours: ``driver.train``; its call-to-first-step and whole-job seconds and its events."""
-    from spark_imagenet.training import driver
+    from spark_imagenet.logs import collect
+    from spark_imagenet.training.driver import launch as driver
 
     if not getattr(driver, "_launch_bench_patched", False):  # the driver-side events (once per process)
         probe.wrap(driver, "plan_job", None, "planned")
@@ -399,9 +407,9 @@ def run_ours(spark, job: dict[str, Any], marks: Path, probe) -> dict[str, Any]:
         probe.wrap(driver, "_launch", "submitted")
         driver._launch_bench_patched = True
     config = train_config(job["size"], Path(job["cache"]))
-    lines: list[str] = []
     start = time.time()
-    result = driver.train(spark, job["dataset"], config, log=lines.append)
+    with collect():  # the job's lines are not printed
+        result = driver.train(spark, job["dataset"], config)
     end = time.time()
     events = read_marks(marks, start, end)
     return {"events": events, "whole": end - start, "val_images": result["val"]["images"],
@@ -464,7 +472,7 @@ def child(args) -> int:
     if args._child == "plain":
         out["jobs"].append(run_plain(args._job, marks))
     else:
-        from spark_imagenet.training.spark_session import local_session
+        from spark_imagenet.training.driver.spark_session import local_session
 
         t = time.time()
         spark = local_session("local[2]", app_name=f"launch-benchmark-{args._child}",
@@ -652,7 +660,8 @@ def run_benchmark(args) -> int:
         fn = fn_job(dataset, size, run / "unused")
         report.say(f"launch: {WORKERS} workers on local[2], {fn['steps']} step(s), batch {size['batch_size']}, "
                    f"{fn['val_images']} val images (ours evaluates them); {reps} repetition(s) of "
-                   f"{', '.join(variants)}")
+                   f"{', '.join(variants)}" + (" (--quick leaves the peer out; --variants ours,peer,plain adds it)"
+                                               if args.quick and "peer" not in args.variants else ""))
         results: dict[str, list[dict]] = {v: [] for v in variants}
         for rep in range(reps):
             for variant in variants if rep % 2 == 0 else variants[::-1]:

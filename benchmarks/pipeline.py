@@ -26,7 +26,7 @@ What it does:
    (``parallel`` and ``parallel + 1`` map calls); the one with the higher
    median images/s over the run is the ceiling (chosen once per run: taking
    the better window of each round would pick the noise's maximum).
-3. **Pipeline**: :func:`spark_imagenet.training.pipeline.train_dataset` on the shards
+3. **Pipeline**: :func:`spark_imagenet.training.worker.pipeline.train_dataset` on the shards
    (batch B, float32 normalized output), images/s after a warm-up.
 
 Ceiling and pipeline windows alternate for ``--reps`` rounds (default 8; each
@@ -305,11 +305,11 @@ def ceiling_dataset(jpeg_bytes: list[bytes], image_size: int, calls: int, batch_
     both sides are read batch by batch: one ``next()`` per image cost the ceiling about 5% of its CPU)."""
     import tensorflow as tf
 
-    from spark_imagenet.training import pipeline
+    from spark_imagenet.training.worker import pipeline
 
     def work(position, jpeg):  # the crop and flip drawn from (0, position), as the training decoder draws them
         crop_seed = tf.stack([tf.constant(0, tf.int64), 2 * position])
-        return pipeline._train_image(jpeg, image_size, crop_seed, crop_seed + [0, 1])
+        return pipeline.train_image(jpeg, image_size, crop_seed, crop_seed + [0, 1])
 
     ds = tf.data.Dataset.from_tensor_slices(jpeg_bytes).repeat().enumerate()
     ds = ds.map(work, num_parallel_calls=calls, deterministic=False)
@@ -324,7 +324,7 @@ def measure(args, parallel: int, images: list[tuple[str, bytes]], files: list[st
     """The alternating rounds (``say`` prints a line). Returns one dict per round: ``ceilings`` (``[calls,
     images/s, images/CPU-s]`` of each ceiling formulation), ``pipeline`` (``[images/s, images/CPU-s]``) and
     ``others`` (cores other processes used during the pipeline window, or None)."""
-    from spark_imagenet.training import pipeline
+    from spark_imagenet.training.worker import pipeline
 
     jpeg_bytes = [data for _, data in images]
     batch = args.batch_size
@@ -397,7 +397,7 @@ def run_benchmark(args) -> int:
     prepared_s = time.perf_counter() - t0
     import tensorflow as tf
 
-    from spark_imagenet.training import pipeline
+    from spark_imagenet.training.worker import pipeline
 
     cpus = len(os.sched_getaffinity(0))
     parallel = pipeline.default_parallel(args.parallel if args.parallel else cpus)

@@ -6,7 +6,7 @@ Usage (from the repository root)::
         [--tree KAGGLE_FOLDER] [--synthetic] [--batch-size 16] [--image-size 72] [--width 0.25] [--epochs 2]
         [--no-cluster]
 
-The same job, ``spark_imagenet.training.driver.train`` on one sharded dataset, run as:
+The same job, ``spark_imagenet.training.driver.launch.train`` on one sharded dataset, run as:
 
 * ``local[1] on 1 core``: one worker, the whole Spark driver (JVM, Python workers, TensorFlow) restricted to one
   CPU (``sched_setaffinity``): the worker sees one CPU and runs TensorFlow with one thread, as a 1-core host.
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -116,17 +117,19 @@ def run_jobs(jobs: list[dict]) -> None:
     Each job: ``{"master", "workers", "url", "settings": TrainConfig fields, "conf": Spark conf}``; the
     session is stopped after each (a new master needs a new SparkContext).
     """
-    from spark_imagenet.training.driver import train
-    from spark_imagenet.training.spark_session import session_for
+    from spark_imagenet.training.driver.launch import train
+    from spark_imagenet.training.driver.spark_session import session_for
 
+    package = logging.getLogger("spark_imagenet")  # the jobs' lines on stderr, plain (stdout is the JSON)
+    package.addHandler(logging.StreamHandler(sys.stderr))
+    package.setLevel(logging.INFO)
+    package.propagate = False
     for job in jobs:
         spark = session_for(job["master"], job["workers"], job.get("conf") or {}, app_name="scaling-benchmark",
                             warn_oversubscription=False)
         try:
             t0 = time.perf_counter()
-            result = train(spark, job["url"], job["workers"], log=lambda line: print(line, file=sys.stderr,
-                                                                                     flush=True),
-                           **job["settings"])
+            result = train(spark, job["url"], job["workers"], **job["settings"])
             summary = {"images_per_sec": result["images_per_sec"], "wall_seconds": result["wall_seconds"],
                        "call_seconds": time.perf_counter() - t0,
                        "per_worker": [{k: w.get(k) for k in ("rank", "host", "images_per_sec", "steps")}

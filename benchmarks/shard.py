@@ -216,7 +216,7 @@ def zip_forms(tree: Path, base: Path) -> tuple[Path, Path]:
 
 def _frame(name: str, data: bytes, height: int, width: int) -> bytes:
     """The TFRecord of one image, as ``shard`` frames it."""
-    from spark_imagenet.dataset.sharding import _example
+    from spark_imagenet.dataset.shard_writer import example as _example
     from spark_imagenet.dataset.tfrecord import write_record
     from spark_imagenet.source.base import ImageFile
 
@@ -276,12 +276,12 @@ def run_shard(source: Path, out: Path, processes: int, args: argparse.Namespace,
               val_shards: int | None = None) -> tuple[str, float]:
     """``shard`` ``source`` into ``out`` (removed again); returns (dataset id, the logged build-step files/s)."""
     from spark_imagenet.dataset.sharding import shard
+    from spark_imagenet.logs import collect
 
-    logs: list[str] = []
     try:
-        manifest = shard(source, out, train_shards=train_shards or args.train_shards,
-                         val_shards=val_shards or args.val_shards, processes=processes, progress=False,
-                         log=logs.append)
+        with collect() as logs:
+            manifest = shard(source, out, train_shards=train_shards or args.train_shards,
+                             val_shards=val_shards or args.val_shards, processes=processes, progress=False)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     rates = [m.group(1) for line in logs if (m := re.search(r"\(([\d.]+) files/s\)", line))]

@@ -9,7 +9,7 @@ What is measured, in one process, with no Spark and no input pipeline: every var
 batch of random float32 images and int32 labels repeated (``tf.data.Dataset.from_tensors(batch).repeat()``),
 so only the training step differs (the pipeline has its own benchmark, ``pipeline.py``).
 
-* **ours**: the worker's own code (``spark_imagenet.training.worker``): ``_configure`` (seed, the
+* **ours**: the worker's own code (``spark_imagenet.training.worker.main``): ``_configure`` (seed, the
   ``tf.random.Generator`` dropout), ``_build_strategy`` (``MultiWorkerMirroredStrategy`` with one worker, what a
   one-worker job runs), ``_build_model`` (``build_model`` + ``float32_logits`` + ``compile_model`` inside the
   strategy's scope: SGD with momentum, the learning-rate schedule, the L2 weight-decay term, the ``top1``,
@@ -66,7 +66,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.pop("TF_CONFIG", None)  # one worker, no cluster
 
 from common import Report, add_options, repetitions  # noqa: E402
-from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE  # noqa: E402  (TensorFlow-free)
+from spark_imagenet.training.job.model_specs import MIN_IMAGE_SIZE  # noqa: E402  (TensorFlow-free)
 
 #: The sizes: image side, width multiplier, classes (test: as tests/test_worker.py, at AlexNet's smallest input).
 SIZES = {"224": {"image_size": 224, "width": 1.0, "num_classes": 1000},
@@ -128,14 +128,16 @@ def size_settings(name: str, args: argparse.Namespace) -> dict:
 
 def worker_spec(size: dict, steps: int, **settings):
     """A one-worker WorkerSpec for our path (its train file is never opened: the batch is in memory)."""
-    from spark_imagenet.training.config import TrainConfig, WorkerSpec
+    from spark_imagenet.training.job.config import TrainConfig
+    from spark_imagenet.training.job.plan import WorkerSpec
+    from spark_imagenet.training.job.schedules import schedule_for
 
     config = TrainConfig(workers=1, model="alexnet", epochs=1, batch_size=size["batch_size"],
-                         image_size=size["image_size"], width=size["width"], seed=0, **settings)
-    return WorkerSpec(config=config, rank=0, workers=1, num_classes=size["num_classes"],
-                      train_files=("(in memory)",), train_examples=steps * size["batch_size"], val_files=(),
-                      val_record_shard=None, val_examples=0, val_examples_total=0, steps_per_epoch=steps,
-                      val_steps=0, parallel=1)
+                         image_size=size["image_size"], width=size["width"], seed=0, parallel=1, **settings)
+    return WorkerSpec(config=config, schedule=schedule_for(config, steps), dataset_id="(in memory)",
+                      num_classes=size["num_classes"], rank=0, train_files=("(in memory)",),
+                      train_examples=steps * size["batch_size"], val_files=(), val_examples=0, val_examples_total=0,
+                      steps_per_epoch=steps, val_steps=0)
 
 
 def step_clock():
@@ -181,17 +183,18 @@ class Ours:
     def __init__(self, strategy, size: dict, batch, **settings) -> None:
         import tensorflow as tf
 
-        from spark_imagenet.training import worker
-        from spark_imagenet.training.watchdog import StepWatchdog
+        from spark_imagenet.training.worker import tf_internals
+        from spark_imagenet.training.worker import training as worker
+        from spark_imagenet.training.worker.watchdog import StepWatchdog
 
         self.worker, self.size = worker, size
         self.spec = worker_spec(size, size["steps"], **settings)
         self.warm = dataclasses.replace(self.spec, steps_per_epoch=WARMUP_STEPS)
         import tf_keras as keras
 
-        keras.backend.experimental.enable_tf_random_generator()  # what worker._configure sets
+        keras.backend.experimental.enable_tf_random_generator()  # what strategy.configure sets
         self.model = worker._build_model(strategy, self.spec)
-        worker._no_autotune_on_device_datasets()
+        tf_internals.no_autotune_on_device_datasets()
         self.data = strategy.distribute_datasets_from_function(
             lambda ctx: tf.data.Dataset.from_tensors(batch).repeat())
         self.watchdog = StepWatchdog(self.spec.config.step_timeout, 0, [])
@@ -200,7 +203,7 @@ class Ours:
     def fit(self, warm: bool = False) -> tuple[float, float]:
         """One fit call; returns (wall, CPU) seconds per step."""
         spec = self.warm if warm else self.spec
-        self.worker._fit(self.model, self.data, spec, lambda line: None, None, 0, [self.watchdog, self.clock])
+        self.worker._fit(self.model, self.data, spec, None, 0, [self.watchdog, self.clock])
         return self.clock.step_seconds()
 
 
@@ -214,7 +217,7 @@ class Bare:
         import tensorflow as tf
         import tf_keras as keras
 
-        from spark_imagenet.training.models.registry import build_model
+        from spark_imagenet.training.worker.models.registry import build_model
 
         self.size, self.extra = size, extra
         self.steps = size["steps"]
@@ -226,7 +229,7 @@ class Bare:
         with scope:
             self.model = build_model("alexnet", size["num_classes"], size["image_size"], size["width"])
             if extra == "weight decay":  # the L2 term compile_model adds (a callable loss), before compiling
-                from spark_imagenet.training.models.compile import _set_weight_decay
+                from spark_imagenet.training.worker.models.compile import _set_weight_decay
 
                 _set_weight_decay(self.model, WEIGHT_DECAY)
             # not ours: tf_keras' own decoupled decay (w -= lr * wd * w in the update), a cheaper alternative
@@ -242,8 +245,8 @@ class Bare:
     def _rate(self):
         if self.extra != "schedule":
             return LEARNING_RATE
-        from spark_imagenet.training.keras_schedule import KerasSchedule
-        from spark_imagenet.training.schedules import schedule_for
+        from spark_imagenet.training.worker.keras_schedule import KerasSchedule
+        from spark_imagenet.training.job.schedules import schedule_for
 
         return KerasSchedule(schedule_for(worker_spec(self.size, self.steps).config, self.steps))
 
@@ -259,11 +262,11 @@ class Bare:
     def _callbacks(self) -> list:
         if self.extra != "callbacks":
             return []
-        from spark_imagenet.training.config import DEFAULT_STEP_TIMEOUT_S
-        from spark_imagenet.training.watchdog import StepWatchdog
-        from spark_imagenet.training.worker import _EpochProgress
+        from spark_imagenet.training.job.config import DEFAULT_STEP_TIMEOUT_S
+        from spark_imagenet.training.worker.watchdog import StepWatchdog
+        from spark_imagenet.training.worker.training import _EpochProgress
 
-        return [_EpochProgress(1, self.steps, self.size["batch_size"], lambda line: None),
+        return [_EpochProgress(1, self.steps, self.size["batch_size"]),
                 StepWatchdog(DEFAULT_STEP_TIMEOUT_S, 0, [])]
 
     def fit(self, warm: bool = False) -> tuple[float, float]:
@@ -319,12 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     reps = repetitions(args)
     report = Report("step", args, extra_versions=("tf-keras",))
-    from spark_imagenet.training import worker
+    from spark_imagenet.training.worker import strategy as worker
 
     # the strategy first, once: collectives are configured once per process (the worker builds it first too)
     first = worker_spec(size_settings(args.sizes[0], args), 2)
-    worker._configure(first)
-    strategy, _total, described = worker._build_strategy(first, lambda line: None)
+    worker.configure(first)
+    strategy, _total, described = worker.build_strategy(first)
     report.say(f"step: our strategy: {first.config.strategy} ({type(strategy).__name__}), all-reduce "
                f"{described['all_reduce']}, {strategy.num_replicas_in_sync} replica; recipe: lr "
                f"{first.config.learning_rate:g} {first.config.lr_schedule} (warm-up {first.config.warmup_epochs:.3g} "

@@ -5,11 +5,14 @@ MultiWorkerMirroredStrategy.
 The main entry points, importable without starting TensorFlow or Spark (each is
 a function of this package; no module of the package has these names):
 
-* :func:`shard`: Kaggle folder or zip -> shards + manifest (:mod:`spark_imagenet.dataset.sharding`).
+* :func:`shard`: Kaggle folder or zip, or a class-folder tree -> shards + manifest
+  (:mod:`spark_imagenet.dataset.sharding`); ``shard(open_labels("labels.csv"), out)`` for a labels file.
+* :func:`shard_dataframe`: a Spark DataFrame of image bytes and labels -> shards + manifest, as a Spark job
+  (:mod:`spark_imagenet.dataset.dataframe`).
 * :func:`inspect`: read a dataset's manifest.
 * :func:`train`: ``train(spark, url, config)`` with a
-  :class:`~spark_imagenet.training.config.TrainConfig`, or
-  ``train(spark, url, workers, epochs=...)`` (:mod:`spark_imagenet.training.driver`).
+  :class:`~spark_imagenet.training.job.config.TrainConfig`, or
+  ``train(spark, url, workers, epochs=...)`` (:mod:`spark_imagenet.training.driver.launch`).
 * :func:`run_demo`: the built-in default (generate, shard, train).
 * :class:`Manifest`, :func:`open_storage`, and :class:`TrainConfig`.
 
@@ -18,7 +21,7 @@ Subpackages, lowest layer first (a layer imports only from the layers below it):
 :mod:`.dataset` (shards and manifest), :mod:`.training` (driver, barrier tasks,
 TensorFlow worker process), :mod:`.demo`, and the command line (:mod:`.cli`).
 Errors are in :mod:`.errors`. TensorFlow is only imported inside the TensorFlow
-worker process (:mod:`spark_imagenet.training.worker`), never by the driver.
+worker process (:mod:`spark_imagenet.training.worker.main`), never by the driver.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "shard": ("spark_imagenet.dataset.sharding", "shard"),
+    "open_labels": ("spark_imagenet.source", "open_labels"),
+    "shard_dataframe": ("spark_imagenet.dataset.dataframe", "shard_dataframe"),
     "inspect": ("spark_imagenet.dataset.report", "inspect"),
-    "train": ("spark_imagenet.training.driver", "train"),
+    "train": ("spark_imagenet.training.driver.launch", "train"),
     "run_demo": ("spark_imagenet.demo", "run_demo"),
     "Manifest": ("spark_imagenet.dataset.manifest", "Manifest"),
     "open_storage": ("spark_imagenet.storage", "open_storage"),
-    "TrainConfig": ("spark_imagenet.training.config", "TrainConfig"),
+    "TrainConfig": ("spark_imagenet.training.job.config", "TrainConfig"),
 }
 
 __all__ = ["__version__", *_LAZY]

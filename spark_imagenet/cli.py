@@ -7,164 +7,48 @@ notebook with an existing SparkSession (Databricks) runs the same job:
 command       function
 ============  ==========================================================
 ``demo``      :func:`spark_imagenet.demo.run_demo`
-``shard``     :func:`spark_imagenet.dataset.sharding.shard`
+``shard``     :func:`spark_imagenet.dataset.sharding.shard` (options: :mod:`spark_imagenet.dataset.shard_options`)
+``shard``     ``--table``: :func:`spark_imagenet.dataset.dataframe.shard_dataframe`
 ``inspect``   :func:`spark_imagenet.dataset.report.inspect`
 ``upload``    :func:`spark_imagenet.dataset.transfer.upload`
-``fetch``     :func:`spark_imagenet.training.staging.fetch_rank`
-``train``     :func:`spark_imagenet.training.driver.plan_job`, then ``run_job``
+``fetch``     :func:`spark_imagenet.training.task.staging.fetch_rank`
+``train``     :func:`spark_imagenet.training.driver.launch.plan_job`, then ``run_job``
 ``download``  :func:`spark_imagenet.source.kaggle.download`
 ``extract``   :func:`spark_imagenet.source.extract.extract`
 ``doctor``    :func:`spark_imagenet.doctor.run_doctor`
-``evaluate``  ``python -m spark_imagenet.training.evaluate`` in a child Python (TensorFlow)
-``predict``   ``python -m spark_imagenet.training.predict`` in a child Python (TensorFlow)
+``evaluate``  ``python -m spark_imagenet.training.worker.evaluate`` in a child Python (TensorFlow)
+``predict``   ``python -m spark_imagenet.training.worker.predict`` in a child Python (TensorFlow)
 ============  ==========================================================
 
-``train`` and ``demo`` take every :class:`~spark_imagenet.training.config.TrainConfig`
-field as an option (generated from its fields), a TOML job file (``--config``) and
-``--print-config``.
+``train`` and ``demo`` take every setting of :class:`~spark_imagenet.training.job.config.TrainConfig`
+as an option (generated from its definition, one ``--help`` group per section:
+:mod:`spark_imagenet.training.job.options`), a TOML job file (``--config``) and ``--print-config``.
 
 Errors the user can fix (:class:`~spark_imagenet.errors.SparkImagenetError`)
-are printed as one message without a traceback, exit status 2.
+are printed as one message without a traceback, exit status 2; an option error
+is that message and one line pointing at ``--help`` (:mod:`spark_imagenet.arguments`).
+
+The package's log lines are shown by :func:`spark_imagenet.logs.console` while a command runs: plain lines, the
+training job's on stdout, the data commands' progress on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import math
 import os
 import select
-import signal
 import sys
-import threading
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from spark_imagenet import __version__
+from spark_imagenet.arguments import ArgumentParser, conf_pair, nonnegative_int, positive_int
 from spark_imagenet.demo import DEMO_TRAIN_DEFAULTS
 from spark_imagenet.errors import ConfigError, SparkImagenetError, spark_reason
+from spark_imagenet.logs import console
+from spark_imagenet.training.driver.console import ignore_sigint, start_session, stopped_at_end
 
-
-def _int_at_least(minimum: int):
-    """An argparse type: an integer >= ``minimum``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} must be at least {minimum}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_nonnegative_int = _int_at_least(0)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number greater than 0")
-    return value
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number, 0 or more")
-    return value
-
-
-def _conf_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. spark.executor.memory=4g")
-    return key.strip(), value.strip()
-
-
-def _option_type(rule):
-    """The argparse type of a :class:`TrainConfig` field's rule."""
-    if rule.kind == "int":
-        return _nonnegative_int if rule.minimum == 0 else _positive_int
-    if rule.kind == "float":
-        return _nonnegative_float if rule.minimum == 0 else _positive_float
-    if rule.kind == "conf":
-        return _conf_pair
-    if rule.kind == "range":
-        return _positive_float
-    return str
-
-
-def _recipe_help(key: str) -> str:
-    """" (default: the model's recipe; alexnet ..., resnet50 ...)" for a setting of :data:`RECIPE_KEYS`."""
-    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE, recipe_for
-
-    parts = []
-    for model in sorted(MIN_IMAGE_SIZE):
-        value = getattr(recipe_for(model), key)
-        text = f"{value:g}" if isinstance(value, float) else str(value)
-        parts.append(f"{model} {text}")
-    scaled = " epochs of 90, scaled to --epochs" if key == "warmup_epochs" else ""
-    return " (default: the model's recipe; " + ", ".join(parts) + scaled + ")"
-
-
-def _option_shape(rule) -> dict:
-    """argparse's ``nargs``/``metavar`` for a field kind taking several values."""
-    if rule.kind == "range":
-        return {"nargs": 2, "metavar": ("MIN", "MAX")}
-    if rule.kind == "epochs":
-        return {"metavar": "E1,E2,..."}
-    return {}
-
-
-def _add_train_options(p: argparse.ArgumentParser, defaults: dict) -> None:
-    """One option per :class:`TrainConfig` field, plus ``--config`` and ``--print-config``.
-
-    Every option defaults to None (= not given), so a job file's value is only
-    overridden by an option the user typed; ``defaults`` are shown in the help.
-    """
-    import dataclasses
-
-    from spark_imagenet.training.config import RECIPE_KEYS, TrainConfig
-    from spark_imagenet.training.models.specs import MIN_IMAGE_SIZE
-
-    g = p.add_argument_group("training (each option is also a key of the job file)")
-    g.add_argument("--config", metavar="JOB.toml", help="read the job's settings from this TOML file; options given "
-                   "on the command line override it (conf/job.example.toml lists every key)")
-    g.add_argument("--print-config", action="store_true",
-                   help="print the fully resolved job as TOML and exit (without starting Spark)"
-                   + ("; the demo's own --workdir and --classes are not part of it" if "workers" in defaults else ""))
-    for f in dataclasses.fields(TrainConfig):
-        rule = f.metadata["rule"]
-        default = defaults.get(f.name, f.default)
-        text = rule.help
-        if f.name == "model":
-            text += ": " + ", ".join(f"{m} (>= {px} px)" for m, px in sorted(MIN_IMAGE_SIZE.items())) \
-                + ", or package.module:function, your own builder (num_classes, image_size, width) -> tf_keras.Model"
-        if f.name == "conf":
-            g.add_argument(rule.option, type=_conf_pair, action="append", default=None, metavar="KEY=VALUE",
-                           help=text + ", repeatable")
-            continue
-        if rule.kind == "bool":  # an option that turns a default-on setting off is named --no-...
-            g.add_argument(rule.option, action="store_const", const=not f.default, default=None, dest=f.name,
-                           help=text + (" (default: off)" if not default and not f.default else ""))
-            continue
-        if f.name in RECIPE_KEYS and default is None:
-            text += _recipe_help(f.name)
-        elif default is not None and default != ():
-            text += f" (default: {' '.join(map(str, default)) if isinstance(default, tuple) else default})"
-        elif not rule.optional and default != ():
-            text += " (required, here or in the job file)"
-        g.add_argument(rule.option, type=_option_type(rule), default=None, dest=f.name, help=text,
-                       choices=rule.choices or None, **_option_shape(rule))
+logger = logging.getLogger(__name__)
 
 
 def _resolve_job(args: argparse.Namespace, defaults: dict):
@@ -176,7 +60,8 @@ def _resolve_job(args: argparse.Namespace, defaults: dict):
     Raises:
         ConfigError: a bad job file or value (naming the key, the option or the file).
     """
-    from spark_imagenet.training.config import TrainConfig, absolute_paths, load_job_file, resolve_job
+    from spark_imagenet.training.job.config import TrainConfig
+    from spark_imagenet.training.job.jobfile import absolute_paths, load_job_file, resolve_job
 
     file_values = load_job_file(args.config) if args.config else {}
     given = {key: getattr(args, key) for key in (*TrainConfig.keys(), "url") if getattr(args, key, None) is not None}
@@ -190,9 +75,35 @@ def _resolve_job(args: argparse.Namespace, defaults: dict):
     return config, given.get("url") or file_values.get("url")
 
 
+def _shard_table(args: argparse.Namespace) -> int:
+    """``spark-imagenet shard --table ...``: read the table with Spark and shard it as a Spark job
+    (:func:`spark_imagenet.dataset.dataframe.shard_dataframe`; the options: :mod:`spark_imagenet.dataset.shard_options`)."""
+    from spark_imagenet.dataset.dataframe import DEFAULT_VAL_FRACTION, shard_dataframe
+    from spark_imagenet.dataset.shard_options import check_shard_arguments
+    from spark_imagenet.dataset.tables import check_table_path, read_table
+    from spark_imagenet.training.driver.spark_session import session_for
+
+    check_shard_arguments(args)
+    columns = [args.image_column, args.label_column or "label", args.split_column, args.name_column]
+    check_table_path(args.table, args.format, [c for c in columns if c])
+    spark = session_for(args.master, os.cpu_count() or 1, app_name="spark-imagenet shard",
+                        warn_oversubscription=False)
+    df = read_table(spark, args.table, args.format)
+    split = args.split_column or ("split" if args.format == "binaryFile" else None)
+    shard_dataframe(df, args.out, args.image_column, args.label_column or "label", split, name_col=args.name_column,
+                    val_fraction=args.val_fraction or DEFAULT_VAL_FRACTION, seed=args.seed,
+                    train_shards=args.train_shards, val_shards=args.val_shards, verify=args.verify,
+                    on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``spark-imagenet`` (all sub-commands)."""
-    parser = argparse.ArgumentParser(
+    from spark_imagenet.dataset.shard_options import add_shard_arguments
+    from spark_imagenet.storage import store_schemes, url_forms
+    from spark_imagenet.training.job.options import add_train_options
+
+    parser = ArgumentParser(
         prog="spark-imagenet",
         description="ImageNet in the Kaggle layout -> verified TFRecord shards -> AlexNet trained by "
         "Spark barrier tasks under MultiWorkerMirroredStrategy.",
@@ -202,47 +113,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="generate a small dataset, shard it and train on local[4] (the built-in default)")
     p.add_argument("--workdir", help="folder for the generated dataset and shards (default: a temporary one, removed after)")
-    p.add_argument("--classes", type=_positive_int, default=10, help="synthetic classes (default 10)")
-    _add_train_options(p, DEMO_TRAIN_DEFAULTS)
+    p.add_argument("--classes", type=positive_int, default=10, help="synthetic classes (default 10)")
+    add_train_options(p, DEMO_TRAIN_DEFAULTS)
 
     p = sub.add_parser("shard", help="write TFRecord shards and manifest.json from a Kaggle-layout folder or the "
-                       "downloaded zip")
-    p.add_argument("source", help="the unpacked Kaggle imagenet-object-localization-challenge folder, or its .zip "
-                   "(either form, read without unpacking)")
-    p.add_argument("--out", required=True, help="bucket URL: local path, file:// URL or gs://bucket/prefix")
-    p.add_argument("--train-shards", type=_positive_int, help="number of train shards (default: ~128 MiB each, >= 16)")
-    p.add_argument("--val-shards", type=_positive_int, help="number of val shards (default: ~128 MiB each, >= 4)")
-    sel = p.add_mutually_exclusive_group()
-    sel.add_argument("--classes", type=_positive_int, help="keep the first K classes of LOC_synset_mapping.txt")
-    sel.add_argument("--class-list", help="file of wnids to keep")
-    p.add_argument("--per-class", type=_positive_int, help="at most M train images per class")
-    p.add_argument("--seed", type=int, default=0, help="seed of the per-class sample and the train shuffle (default 0)")
-    p.add_argument("--processes", type=_positive_int, help="worker processes (default: all cores)")
-    p.add_argument("--verify", choices=("decode", "header"), default="decode",
-                   help="decode: check every JPEG decodes (default); header: header and end marker only (faster, "
-                   "but a JPEG damaged inside that still ends with its marker gets through, and TensorFlow "
-                   "decodes it with grey areas without an error)")
-    p.add_argument("--on-corrupt", choices=("error", "skip"), default="error",
-                   help="empty, truncated or undecodable images: error lists them all and writes nothing (default); "
-                        "skip leaves them out and records each in quality-report.json. CMYK/YCCK JPEGs, other "
-                        "formats and EXIF-rotated images are repaired either way")
-    p.add_argument("--overwrite", action="store_true", help="replace a different dataset already at --out")
-    p.add_argument("--transfers", type=_positive_int, default=8, help="parallel uploads to a gs:// --out (default 8)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+                       "downloaded zip, a folder of class folders, or a labels file")
+    add_shard_arguments(p)
 
     p = sub.add_parser("upload", help="publish shards built on local disk to a bucket (verified, resumable)")
     p.add_argument("source", help="local folder holding manifest.json and the shards (the --out of shard)")
-    p.add_argument("dest", help="bucket URL, e.g. gs://bucket/imagenet")
-    p.add_argument("--transfers", type=_positive_int, default=8, help="parallel uploads (default 8)")
+    p.add_argument("dest", help=f"bucket URL: {url_forms(local=False)}")
+    p.add_argument("--transfers", type=positive_int, default=8,
+                   help=f"parallel uploads to DEST ({store_schemes()}; default 8)")
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset already at DEST")
 
     p = sub.add_parser("fetch", help="download and verify the shards of one barrier task into a local cache "
                        "(what each task does before training)")
     p.add_argument("url", help="bucket URL of a sharded dataset")
     p.add_argument("--rank", type=int, required=True, help="task rank, 0 .. WORKERS-1")
-    p.add_argument("--workers", type=_positive_int, required=True, help="number of barrier tasks")
+    p.add_argument("--workers", type=positive_int, required=True, help="number of barrier tasks")
     p.add_argument("--cache", help="cache folder (default: under SPARK_LOCAL_DIRS, else the temp folder)")
-    p.add_argument("--transfers", type=_positive_int, default=8, help="parallel downloads (default 8)")
+    p.add_argument("--transfers", type=positive_int, default=8, help="parallel downloads (default 8)")
 
     p = sub.add_parser("inspect", help="print the summary of a sharded dataset's manifest")
     p.add_argument("url", help="bucket URL")
@@ -250,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a model on a sharded dataset with Spark barrier tasks")
     p.add_argument("url", nargs="?", help="bucket URL of a sharded dataset (or the job file's url)")
-    _add_train_options(p, {})
+    add_train_options(p, {})
     # For the submit/ scripts: check the job for spark-submit with this master, print its worker count, exit.
     p.add_argument("--check-for-master", metavar="MASTER", default=None, help=argparse.SUPPRESS)
 
@@ -276,40 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url", nargs="?", help="a dataset URL whose manifest to read (optional)")
     p.add_argument("--master", help="the Spark master to check: spark://, yarn, k8s://, local[N], or a Spark Connect "
                    "sc://HOST:PORT (default: the session train would get)")
-    p.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--conf", type=conf_pair, action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark setting, repeatable (as for train)")
-    p.add_argument("--workers", type=_positive_int,
+    p.add_argument("--workers", type=positive_int,
                    help="check for this many barrier tasks (default: as many as the master has slots)")
     p.add_argument("--allow-unencrypted", action="store_true",
                    help="check as train --allow-unencrypted would (Spark's encryption or SSL on is then a warning)")
-    p.add_argument("--gpus-per-worker", type=_nonnegative_int, default=0, metavar="K",
+    p.add_argument("--gpus-per-worker", type=nonnegative_int, default=0, metavar="K",
                    help="check the GPU settings as train --gpus-per-worker K would (default 0)")
     return parser
-
-
-def _session(config, command: str, *, warn_oversubscription: bool = True):
-    """The SparkSession for a job's ``master`` and ``conf``, or one clear error."""
-    from spark_imagenet.training.spark_session import session_for
-
-    try:
-        return session_for(config.master, config.workers, conf=config.spark_conf, app_name=f"spark-imagenet {command}",
-                           warn_oversubscription=warn_oversubscription)
-    except SparkImagenetError:
-        raise
-    except Exception as e:  # Py4J / JVM start-up failures
-        reason = spark_reason(e)
-        keys = ", ".join(k for k, _ in config.conf)
-        if config.master:
-            master = f"--master {config.master}"
-        elif "PYSPARK_GATEWAY_PORT" in os.environ:
-            master = "spark-submit's master"
-        else:
-            master = f"the default master local[{config.workers}]"
-        raise ConfigError(
-            f"Spark could not start with {master}"
-            f"{' and --conf ' + keys if keys else ''}: {reason[:300]}. "
-            "Check the master URL (spark://HOST:PORT, yarn, k8s://..., local[N]) and that the cluster is reachable."
-        ) from None
 
 
 def _check_for_master(config, url: str | None, master: str) -> int:
@@ -318,24 +184,50 @@ def _check_for_master(config, url: str | None, master: str) -> int:
     Raises:
         ConfigError: no URL; a job ``master`` (spark-submit's ``--master``
             decides); a dataset on this machine's disk with a cluster master
-            and no ``--shared-filesystem``.
+            and no ``--shared-filesystem``; the master's own checks
+            (:func:`_check_master_before_spark`).
+        ManifestError: with a master on this machine, a local dataset folder
+            that does not exist or holds no manifest.
     """
-    from spark_imagenet.training.preflight import check_dataset_reachable
+    from spark_imagenet.training.driver.preflight import check_dataset_reachable
+    from spark_imagenet.training.driver.spark_session import runs_on_this_host
 
     if url is None:
         raise ConfigError("no dataset URL: give it as the first argument (or as url in the job file)")
     if config.master is not None:
         raise ConfigError(f"--master {config.master} (or master in the job file): the script submits to {master} "
                           "(set its MASTER, or use the script of another platform) and leaves the job's master out")
+    _check_master_before_spark(config.replace(master=master))
     check_dataset_reachable(url, master, config.shared_filesystem)
+    from spark_imagenet.storage import is_remote_url, open_storage
+
+    if runs_on_this_host(master) and not is_remote_url(url):  # the job reads it here: said before the JVM
+        from spark_imagenet.dataset.manifest import Manifest
+
+        Manifest.load(open_storage(url))
     print(config.workers)
     return 0
 
 
+def _check_master_before_spark(config) -> None:
+    """What the job's master URL alone tells, said before a JVM starts: YARN without its configuration, and
+    more workers than a master on this machine has slots.
+
+    Raises:
+        ConfigError: see :func:`~spark_imagenet.training.driver.spark_session.check_yarn_conf` and
+            :func:`~spark_imagenet.training.driver.preflight.check_slots_of_master_url`.
+    """
+    from spark_imagenet.training.driver.preflight import check_slots_of_master_url
+    from spark_imagenet.training.driver.spark_session import check_yarn_conf
+
+    check_yarn_conf(config.master)
+    check_slots_of_master_url(config.master, config.workers, config.spark_conf)
+
+
 def _train(args: argparse.Namespace) -> int:
     """``spark-imagenet train``: resolve the job, plan it without Spark, then run it."""
-    from spark_imagenet.training.config import dump_job
-    from spark_imagenet.training.driver import plan_job, run_job
+    from spark_imagenet.training.job.jobfile import dump_job
+    from spark_imagenet.training.driver.launch import plan_job, run_job
 
     config, url = _resolve_job(args, {})
     if args.print_config:
@@ -345,16 +237,17 @@ def _train(args: argparse.Namespace) -> int:
         return _check_for_master(config, url, args.check_for_master)
     if url is None:
         raise ConfigError("no dataset URL: give it as the first argument of train (or as url in the job file)")
+    _check_master_before_spark(config)
     job = plan_job(url, config)  # a dataset or setting mistake is reported before Spark starts
     if config.master is not None and not config.master.strip().startswith("sc://"):
-        from spark_imagenet.training.preflight import check_dataset_reachable, check_output_reachable
+        from spark_imagenet.training.driver.preflight import check_dataset_reachable, check_output_reachable
 
         check_dataset_reachable(job.url, config.master, config.shared_filesystem)  # also before Spark starts
         check_output_reachable(job.config.output, config.master, config.shared_filesystem)
         check_output_reachable(job.config.checkpoint_dir, config.master, config.shared_filesystem,
                                "--checkpoint-dir")
-    spark = _session_interruptibly(config, "train")
-    with _stopped_at_end(spark):
+    spark = start_session(config, "train")
+    with stopped_at_end(spark):
         run_job(spark, job)
     return 0
 
@@ -362,7 +255,7 @@ def _train(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """``spark-imagenet demo``: the demo's defaults under the job file and options."""
     from spark_imagenet.demo import run_demo
-    from spark_imagenet.training.config import dump_job
+    from spark_imagenet.training.job.jobfile import dump_job
 
     config, url = _resolve_job(args, DEMO_TRAIN_DEFAULTS)
     if url is not None:
@@ -371,97 +264,12 @@ def _demo(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_job(config), end="")
         return 0
+    _check_master_before_spark(config)
     # the demo's own local[4] on a small machine is by design: warn only about --workers the user gave
-    spark = _session_interruptibly(config, "demo", warn_oversubscription=args.workers is not None)
-    with _stopped_at_end(spark):
+    spark = start_session(config, "demo", warn_oversubscription=args.workers is not None)
+    with stopped_at_end(spark):
         run_demo(spark, config, workdir=args.workdir, num_classes=args.classes)
     return 0
-
-
-#: Seconds a Ctrl-C during Spark's start-up waits for the start-up to end (then Spark is stopped).
-SESSION_START_WAIT_S = 120
-
-
-def _session_interruptibly(config, command: str, **options):
-    """:func:`_session`, started in a helper thread while this one waits.
-
-    A Ctrl-C during Spark's start-up then raises KeyboardInterrupt here, not
-    inside a Py4J call (which logs a traceback), and PySpark, started outside
-    the main thread, does not install its SIGINT handler (see
-    :func:`_stopped_at_end`). The JVM of an interrupted start-up exits with
-    this process.
-
-    Raises:
-        ConfigError: see :func:`_session`.
-        KeyboardInterrupt: Ctrl-C during the start-up; the start-up is let
-            finish (at most ``SESSION_START_WAIT_S``) and the session stopped.
-    """
-    box: dict = {}
-    done = threading.Event()  # not Thread.join: an interrupted join marks a live thread ended (Python 3.11)
-
-    def start() -> None:
-        try:
-            box["spark"] = _session(config, command, **options)
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    threading.Thread(target=start, name="spark-imagenet session start", daemon=True).start()
-    try:
-        while not done.wait(0.2):
-            pass
-    except KeyboardInterrupt:
-        _ignore_sigint()
-        done.wait(SESSION_START_WAIT_S)  # a JVM left starting would print its banner after we exit
-        if "spark" in box:
-            _stop_quietly(box["spark"])
-        raise
-    if "error" in box:
-        raise box["error"]
-    return box["spark"]
-
-
-@contextlib.contextmanager
-def _stopped_at_end(spark) -> Iterator[None]:
-    """Run the block with Ctrl-C raising KeyboardInterrupt, then stop ``spark``.
-
-    PySpark's own SIGINT handler cancels every job from inside the signal
-    handler, which breaks a Py4J call in progress and prints its tracebacks;
-    Python's default handler is used instead (the driver cancels its job:
-    :func:`spark_imagenet.training.driver.run_job`). After a Ctrl-C, Spark is
-    stopped quietly (its log off, its errors swallowed) while a further
-    Ctrl-C is ignored, and the KeyboardInterrupt is re-raised.
-    """
-    previous = signal.getsignal(signal.SIGINT)
-    with contextlib.suppress(ValueError):  # not the main thread: signals stay as they are
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    except KeyboardInterrupt:
-        _ignore_sigint()
-        _stop_quietly(spark)
-        raise
-    except BaseException:
-        spark.stop()
-        raise
-    spark.stop()
-    with contextlib.suppress(ValueError, TypeError):  # TypeError: a handler not set from Python
-        signal.signal(signal.SIGINT, previous)
-
-
-def _stop_quietly(spark) -> None:
-    """Stop ``spark`` with its log off, swallowing its errors (after a Ctrl-C)."""
-    with contextlib.suppress(Exception):
-        spark.sparkContext.setLogLevel("OFF")
-    with contextlib.suppress(Exception):
-        spark.stop()
-
-
-def _ignore_sigint() -> None:
-    """Ignore SIGINT from now on (shutting down after a Ctrl-C); a no-op outside the main thread."""
-    with contextlib.suppress(ValueError):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _NoInterruptTracebacks(logging.Filter):
@@ -489,37 +297,33 @@ def _stdout_reader_gone() -> bool:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status.
+    """Run the command line, its log lines on the console (:func:`spark_imagenet.logs.console`); return the
+    exit status.
 
     Raises:
         SparkImagenetError: passed through to :func:`main`, which prints it.
     """
+    with console():
+        return _run_command(argv)
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
+    """:func:`run` without the console."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["evaluate"], ["predict"]):  # their options, --help too, are the child's (not argparse's here)
-        return _in_tensorflow_child(f"spark_imagenet.training.{argv[0]}", argv[1:])
+        if argv[0] == "predict":
+            _check_predict_images(argv[1:])
+        return _in_tensorflow_child(f"spark_imagenet.training.worker.{argv[0]}", argv[1:])
     args = build_parser().parse_args(argv)
     from spark_imagenet.storage import report_retries
 
     report_retries()  # a bucket that keeps failing says so while the client retries
+    if args.command == "shard" and args.table is not None:
+        return _shard_table(args)
     if args.command == "shard":
-        from spark_imagenet.dataset.sharding import shard
+        from spark_imagenet.dataset.shard_options import run_shard
 
-        shard(
-            args.source,
-            args.out,
-            train_shards=args.train_shards,
-            val_shards=args.val_shards,
-            classes=args.classes,
-            class_list=args.class_list,
-            per_class=args.per_class,
-            seed=args.seed,
-            processes=args.processes,
-            verify=args.verify,
-            on_corrupt=args.on_corrupt,
-            overwrite=args.overwrite,
-            transfers=args.transfers,
-            progress=not args.no_progress,
-        )
+        run_shard(args)
         return 0
     if args.command == "upload":
         from spark_imagenet.dataset.transfer import upload
@@ -527,20 +331,19 @@ def run(argv: Sequence[str] | None = None) -> int:
         upload(args.source, args.dest, transfers=args.transfers, overwrite=args.overwrite)
         return 0
     if args.command == "fetch":
-        from spark_imagenet.training.staging import fetch_rank
+        from spark_imagenet.storage import open_storage
+        from spark_imagenet.training.task.staging import fetch_rank
 
-        def log(msg: str) -> None:
-            print(msg, file=sys.stderr, flush=True)
-
-        train, val = fetch_rank(args.url, args.rank, args.workers, args.cache, transfers=args.transfers, log=log)
+        train, val = fetch_rank(open_storage(args.url), args.rank, args.workers, args.cache, transfers=args.transfers)
         for path in [*train, *val]:
             print(path)
         moved = train.bytes_downloaded + val.bytes_downloaded
         seconds = train.seconds + val.seconds
-        log(f"rank {args.rank} of {args.workers}: {len(train)} train + {len(val)} val shard(s) in "
-            f"{os.path.dirname(train[0]) if train else args.cache}; downloaded {train.downloaded + val.downloaded} "
-            f"({moved / 1e6:.1f} MB" + (f", {moved / 1e6 / seconds:.1f} MB/s" if moved and seconds > 0 else "")
-            + f"), {train.reused + val.reused} already cached")
+        logger.info(f"rank {args.rank} of {args.workers}: {len(train)} train + {len(val)} val shard(s) in "
+                    f"{os.path.dirname(train[0]) if train else args.cache}; downloaded "
+                    f"{train.downloaded + val.downloaded} ({moved / 1e6:.1f} MB"
+                    + (f", {moved / 1e6 / seconds:.1f} MB/s" if moved and seconds > 0 else "")
+                    + f"), {train.reused + val.reused} already cached")
         return 0
     if args.command == "inspect":
         from spark_imagenet.dataset.report import format_summary, inspect
@@ -581,14 +384,47 @@ def _add_tensorflow_commands(sub) -> None:
                         "predict MODEL_URL IMAGE... [--json] [--labels URL] [--top K]")
 
 
+class _ArgumentsUnclear(Exception):
+    """Raised by :class:`_LenientParser` instead of printing an error (the child then says it)."""
+
+
+class _LenientParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise _ArgumentsUnclear(message)
+
+
+def _check_predict_images(arguments: list[str]) -> None:
+    """``predict``'s image files, checked here (they exist, can be read, have an image header) before the child
+    that imports TensorFlow starts. Arguments this cannot read (and ``--help``) are left to the child.
+
+    Raises:
+        ConfigError: see :func:`spark_imagenet.dataset.images.image_files`.
+    """
+    if "-h" in arguments or "--help" in arguments:
+        return
+    parser = _LenientParser(add_help=False)  # predict's own options (spark_imagenet.training.worker.predict)
+    parser.add_argument("model")
+    parser.add_argument("images", nargs="+")
+    parser.add_argument("--labels")
+    parser.add_argument("--top")
+    parser.add_argument("--json", action="store_true")
+    try:
+        images = parser.parse_args(arguments).images
+    except _ArgumentsUnclear:
+        return
+    from spark_imagenet.dataset.images import image_files
+
+    image_files(images)
+
+
 def _in_tensorflow_child(module: str, arguments: list[str]) -> int:
     """Run ``python -m module arguments...`` (a command that needs TensorFlow, which this process never imports)
     with this terminal's input and output; return its exit status. On a machine without a GPU, TensorFlow's
     CUDA start-up lines on stderr (``failed call to cuInit ...``, which read like a failure) become one line."""
     import subprocess
 
-    from spark_imagenet.training.barrier_task import CpuStartupFilter
-    from spark_imagenet.training.gpus import host_has_gpus
+    from spark_imagenet.training.task.barrier_task import CpuStartupFilter
+    from spark_imagenet.training.job.gpus import host_has_gpus
 
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -610,7 +446,7 @@ def _in_tensorflow_child(module: str, arguments: list[str]) -> int:
 
 def _name_spark_log() -> None:
     """After an error: name the file of Spark's log where this process's Spark session wrote one."""
-    from spark_imagenet.training.spark_session import spark_log_written
+    from spark_imagenet.training.driver.spark_session import spark_log_written
 
     path = spark_log_written()
     if path is not None:
@@ -659,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _name_spark_log()
         return 2
     except KeyboardInterrupt:
-        _ignore_sigint()  # a second Ctrl-C while exiting prints nothing more
+        ignore_sigint()  # a second Ctrl-C while exiting prints nothing more
         print("spark-imagenet: interrupted", file=sys.stderr)
         return 130
     except Exception as e:

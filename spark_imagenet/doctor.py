@@ -3,23 +3,23 @@
 :func:`run_doctor` prints one line per finding, ``ok``, ``warn`` or
 ``PROBLEM`` (a problem's line says what to change), in this order:
 
-* versions: Python, Java (:func:`~spark_imagenet.training.spark_session.check_java`),
+* versions: Python, Java (:func:`~spark_imagenet.training.driver.spark_session.check_java`),
   Spark (``pyspark.__version__``), TensorFlow and tf-keras, and the GPUs
   TensorFlow sees (asked in a child Python, so the doctor itself never
   imports TensorFlow), and ``nvidia-smi``'s GPU list where it is installed;
 * the GPU mapping rule: what ``CUDA_VISIBLE_DEVICES`` a task that Spark
   gives the GPU addresses ``['0', '1']`` would get in this environment
-  (:func:`~spark_imagenet.training.barrier_task.cuda_visible_devices`);
+  (:func:`~spark_imagenet.training.task.environment.cuda_visible_devices`);
 * bucket credentials: which source Google's client would use
   (``STORAGE_EMULATOR_HOST``, ``GOOGLE_APPLICATION_CREDENTIALS``, gcloud's
   application default credentials file), by name and path only, never content;
 * the preflight checks against the master: a session is started
-  (:func:`~spark_imagenet.training.spark_session.session_for`), then
-  :func:`~spark_imagenet.training.preflight.check_spark` (a Spark Connect
-  server: :func:`~spark_imagenet.training.connect.check_connect`, whose
+  (:func:`~spark_imagenet.training.driver.spark_session.session_for`), then
+  :func:`~spark_imagenet.training.driver.preflight.check_spark` (a Spark Connect
+  server: :func:`~spark_imagenet.training.driver.connect.check_connect`, whose
   ``warn not checked`` line names what Connect cannot check),
-  :func:`~spark_imagenet.training.preflight.check_cluster_conf` and
-  :func:`~spark_imagenet.training.gpus.check_gpu_conf` (for
+  :func:`~spark_imagenet.training.driver.preflight.check_cluster_conf` and
+  :func:`~spark_imagenet.training.job.gpus.check_gpu_conf` (for
   ``--gpus-per-worker``) run for the given ``--workers`` (else for as many
   workers as there are slots), and the session is stopped;
 * with a dataset URL: whether its manifest is readable, and its train shards
@@ -92,7 +92,7 @@ class Report:
 def check_versions(report: Report) -> bool:
     """Python, Java, Spark, TensorFlow, tf-keras and the GPUs; returns whether Java is usable."""
     report.ok("python", f"{platform.python_version()} ({sys.executable})")
-    from spark_imagenet.training.spark_session import check_java, find_java
+    from spark_imagenet.training.driver.spark_session import check_java, find_java
 
     java_ok = False
     try:
@@ -185,7 +185,7 @@ def check_gpu_mapping(report: Report, environ: dict | None = None) -> None:
     A mapping that fails (fewer than two devices in an existing
     ``CUDA_VISIBLE_DEVICES``) is a warning, not a problem: tasks of one GPU work.
     """
-    from spark_imagenet.training.barrier_task import cuda_visible_devices
+    from spark_imagenet.training.task.environment import cuda_visible_devices
 
     env = os.environ if environ is None else environ
     existing = env.get("CUDA_VISIBLE_DEVICES")
@@ -254,9 +254,9 @@ def check_master(report: Report, master: str | None, conf: Sequence[tuple[str, s
         local master gives, else the workers checked for), or None when no
         session started.
     """
-    from spark_imagenet.training.spark_session import is_connect_session, session_for
+    from spark_imagenet.training.driver.spark_session import is_connect_session, session_for
 
-    from spark_imagenet.training.config import TrainConfig
+    from spark_imagenet.training.job.config import TrainConfig
 
     where = f"master {master or '(default)'}"
     try:
@@ -283,7 +283,7 @@ def check_master(report: Report, master: str | None, conf: Sequence[tuple[str, s
 
 def _run_checks(report: Report, sc, workers: int | None, allow_unencrypted: bool, gpus_per_worker: int) -> int:
     """check_spark (slots, dynamic allocation), then the conf checks, each reported; returns the slots."""
-    from spark_imagenet.training.preflight import available_slots, check_spark
+    from spark_imagenet.training.driver.preflight import available_slots, check_spark
 
     slots, how = available_slots(sc)
     n = workers or max(1, slots)
@@ -301,8 +301,8 @@ def _run_connect_checks(report: Report, spark, master: str | None, workers: int 
                         gpus_per_worker: int) -> int:
     """What ``train`` checks of a Spark Connect session before launch, each reported, and the warning line
     naming what Connect cannot check; returns the slots a local server master gives (else the workers checked)."""
-    from spark_imagenet.training.connect import check_connect, conf_getter, connect_url
-    from spark_imagenet.training.preflight import slots_from_master
+    from spark_imagenet.training.driver.connect import check_connect, conf_getter, connect_url
+    from spark_imagenet.training.driver.preflight import slots_from_master
 
     url = connect_url(spark, master)
     get = conf_getter(spark)
@@ -329,11 +329,11 @@ def _run_connect_checks(report: Report, spark, master: str | None, workers: int 
 
 def _check_conf(report: Report, get, master: str | None, workers: int, allow_unencrypted: bool,
                 gpus_per_worker: int, server: str | None = None) -> None:
-    """Encryption (:func:`~spark_imagenet.training.preflight.check_cluster_conf`) and the GPU settings
-    (:func:`~spark_imagenet.training.gpus.check_gpu_conf`) over one conf getter, each reported."""
-    from spark_imagenet.training.config import TrainConfig
-    from spark_imagenet.training.gpus import check_gpu_conf
-    from spark_imagenet.training.preflight import check_cluster_conf
+    """Encryption (:func:`~spark_imagenet.training.driver.preflight.check_cluster_conf`) and the GPU settings
+    (:func:`~spark_imagenet.training.job.gpus.check_gpu_conf`) over one conf getter, each reported."""
+    from spark_imagenet.training.job.config import TrainConfig
+    from spark_imagenet.training.job.gpus import check_gpu_conf
+    from spark_imagenet.training.driver.preflight import check_cluster_conf
 
     try:
         config = TrainConfig(workers=workers, allow_unencrypted=allow_unencrypted)
@@ -363,7 +363,7 @@ def check_dataset(report: Report, url: str, workers: int | None) -> None:
     """Whether the manifest at ``url`` is readable, and its train shards enough for ``workers``."""
     from spark_imagenet.dataset.manifest import Manifest
     from spark_imagenet.storage import open_storage
-    from spark_imagenet.training.preflight import check_train_shards
+    from spark_imagenet.training.driver.preflight import check_train_shards
 
     try:
         manifest = Manifest.load(open_storage(url))

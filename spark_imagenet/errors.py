@@ -30,6 +30,11 @@ class ImageError(SparkImagenetError):
     """One or more image files cannot be stored (not a decodable JPEG)."""
 
 
+class DataError(SparkImagenetError):
+    """The rows of a DataFrame or table cannot be sharded as they are: none at all, a label that is
+    null or of mixed kinds, a split value other than train/val (the message names the column and what to do)."""
+
+
 class ManifestError(SparkImagenetError):
     """A manifest is missing, unreadable, of an unknown format version, or
     does not match the shards beside it."""
@@ -77,7 +82,7 @@ class WorkerLost(TrainingError):
 
 class PeerFailed(TrainingError):
     """Raised inside every barrier task when a task of the stage came to the rendezvous with a failure
-    (:func:`spark_imagenet.training.rendezvous.rendezvous`); the failing task then raises its own error.
+    (:func:`spark_imagenet.training.task.rendezvous.rendezvous`); the failing task then raises its own error.
 
     Attributes:
         failures: ``{rank: reason}`` of the tasks that failed before the rendezvous.

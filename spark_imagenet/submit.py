@@ -5,12 +5,14 @@ Usage (any master; the options and job file are exactly those of ``spark-imagene
     spark-submit [spark-submit options] "$(python -m spark_imagenet.submit --path)" URL [train options ...]
 
 ``python -m spark_imagenet.submit --path`` prints this file's path in the
-installed package (the scripts under ``submit/`` do this), and
+installed package (the scripts under ``submit/`` do this),
+``python -m spark_imagenet.submit --quiet-java-options`` the driver JVM options of the quiet log4j2
+configuration that ``spark-imagenet train`` uses (for ``spark-submit --driver-java-options``), and
 ``python -m spark_imagenet.submit --gpu-discovery-script`` the path of the GPU
 discovery script the package ships, for
 ``spark.executor.resource.gpu.discoveryScript`` (see
 :func:`spark_imagenet.resources.gpu_discovery_script`); ``--help`` lists
-these two before the options of ``spark-imagenet train``. The master and the
+these three before the options of ``spark-imagenet train``. The master and the
 Spark settings come from ``spark-submit`` (``--master``, ``--conf``,
 ``--properties-file``); the job's ``--master`` is refused here, since it would
 silently replace spark-submit's, while the job's ``--conf`` settings are added.
@@ -34,29 +36,38 @@ python -m spark_imagenet.submit --path
 python -m spark_imagenet.submit --gpu-discovery-script
     print the path of the GPU discovery script spark-imagenet ships (executable), for
     spark.executor.resource.gpu.discoveryScript (on a cluster the same path must exist on every worker host)
+python -m spark_imagenet.submit --quiet-java-options
+    print the driver JVM options of spark-imagenet's quiet log4j2 configuration, for
+    spark-submit --driver-java-options (Spark's warnings and errors only, as spark-imagenet train prints)
 spark-submit [spark-submit options] "$(python -m spark_imagenet.submit --path)" URL [train options ...]
     train: the options are those of spark-imagenet train, below
 """
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``spark-imagenet train ARGV...``, or print one of the package's paths.
+    """Run ``spark-imagenet train ARGV...``, or print one of the package's paths or the quiet Java options.
 
-    ``--path`` prints this file's path; ``--gpu-discovery-script`` the
-    installed GPU discovery script's; ``--help`` (or ``-h``) names these two
-    before the help of ``spark-imagenet train``.
+    ``--path`` prints this file's path; ``--quiet-java-options`` the quiet
+    logging's driver JVM options; ``--gpu-discovery-script`` the
+    installed GPU discovery script's; ``--help`` (or ``-h``) names these
+    three before the help of ``spark-imagenet train``.
 
     Args:
         argv: the arguments after the program name (default ``sys.argv[1:]``).
 
     Returns:
-        int: the exit status of :func:`spark_imagenet.cli.main`; for the two
-        paths 0, or 2 (with ``spark-imagenet: error: ...`` on stderr) when
+        int: the exit status of :func:`spark_imagenet.cli.main`; for the
+        three printing options 0, or 2 (with ``spark-imagenet: error: ...`` on stderr) when
         the script is missing from the installation.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv == ["--path"]:
         print(os.path.abspath(__file__))
+        return 0
+    if argv == ["--quiet-java-options"]:
+        from spark_imagenet.training.driver.spark_session import quiet_java_options
+
+        print(quiet_java_options())
         return 0
     if argv == ["--gpu-discovery-script"]:
         from spark_imagenet.errors import EnvironmentSetupError

@@ -18,7 +18,7 @@ def spark():
     SparkContext in the process inherits; a test needing other settings
     should start the JVM first (``SparkContext._ensure_initialized()``).
     """
-    from spark_imagenet.training.spark_session import local_session
+    from spark_imagenet.training.driver.spark_session import local_session
 
     session = local_session("local[2]", app_name="spark-imagenet-tests",
                             conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})
@@ -34,6 +34,16 @@ def gcs_emulator(tmp_path_factory):
     emulator = GCSEmulator(tmp_path_factory.mktemp("fake-gcs") / "storage")
     yield emulator
     emulator.stop()
+
+
+@pytest.fixture
+def log_lines():
+    """The package's log lines (INFO and up) of this test, as a list that fills as they come
+    (:func:`spark_imagenet.logs.collect`)."""
+    from spark_imagenet.logs import collect
+
+    with collect() as lines:
+        yield lines
 
 
 @pytest.fixture
@@ -63,5 +73,27 @@ def local_ds(tree, tmp_path_factory):
     from spark_imagenet.dataset.sharding import shard
 
     out = tmp_path_factory.mktemp("local") / "shards"
-    manifest = shard(tree, out, train_shards=4, val_shards=2, progress=False, log=lambda m: None)
+    manifest = shard(tree, out, train_shards=4, val_shards=2, progress=False)
     return out, manifest
+
+
+@pytest.fixture(scope="session")
+def two_hosts(tmp_path_factory):
+    """A Spark standalone cluster of two "hosts" (one 1-core worker in each of two network namespaces,
+    :func:`cluster_util.two_host_cluster`), started once for the session and shared by every test that needs
+    one; yields ``(master URL, [worker addresses], folder)`` where ``folder / "work0"`` and ``"work1"`` are the
+    workers' work folders. Skips where namespaces cannot be made here."""
+    import contextlib
+
+    import cluster_util
+
+    why = cluster_util.can_make_namespaces()
+    if why:
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("two-hosts")
+    with contextlib.ExitStack() as stack:
+        try:
+            master, addresses = stack.enter_context(cluster_util.two_host_cluster(folder))
+        except cluster_util.ClusterError as e:
+            pytest.fail(str(e))
+        yield master, addresses, folder

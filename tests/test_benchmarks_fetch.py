@@ -38,6 +38,7 @@ def expected(transfers: int) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_quick_json_records_are_well_formed():
     records, _stderr = run_quick("fetch.py", "--transfers", "4")
     by_name = check_records(records, "fetch", expected(4))

@@ -8,6 +8,8 @@ XLA compilation alone costs about a minute of CPU on 2 cores. No timing is asser
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -34,6 +36,7 @@ def _run(*args: str, timeout: float = 600, **extra_env: str) -> subprocess.Compl
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_dry_run_prints_one_json_line_per_mode_with_every_key(tmp_path):
     out = tmp_path / "sub" / "gpu.jsonl"
     proc = _run("--dry-run", "--models", "alexnet", "--out", str(out))
@@ -59,6 +62,7 @@ def test_dry_run_prints_one_json_line_per_mode_with_every_key(tmp_path):
     assert out.read_text().splitlines() == lines  # --out holds the same lines
 
 
+@pytest.mark.slow
 def test_quick_json_writes_the_harness_records_and_out_keeps_the_rows(tmp_path):
     out = tmp_path / "gpu.jsonl"
     records, stderr = run_quick("gpu.py", "--models", "alexnet", "--out", str(out))
@@ -77,6 +81,7 @@ def test_quick_json_writes_the_harness_records_and_out_keeps_the_rows(tmp_path):
     assert '"mode": "real"' in stderr  # with the records on stdout the rows go to stderr
 
 
+@pytest.mark.slow
 def test_without_a_gpu_a_full_run_is_refused_with_what_to_do():
     proc = _run("--models", "alexnet", "--modes", "synthetic", timeout=300, CUDA_VISIBLE_DEVICES="-1")
     assert proc.returncode == 2

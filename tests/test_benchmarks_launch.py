@@ -38,7 +38,9 @@ def _expected(peer: bool) -> set[str]:
 
 @pytest.mark.slow
 def test_quick_json_records_are_well_formed_and_the_run_folder_is_removed(tmp_path):
-    records, stderr = run_quick("launch.py", "--root", str(tmp_path), timeout=900)
+    # all three variants (--quick alone runs ours and plain, to stay under a minute); without the peer
+    # installed the script says so and leaves it out
+    records, stderr = run_quick("launch.py", "--root", str(tmp_path), "--variants", "ours,peer,plain", timeout=900)
     by_name = check_records(records, "launch", _expected(PEER_INSTALLED))
     assert by_name["ours/plain cold: call to first step"]["kind"] == "ratio"
     assert by_name["ours cold: whole job"]["params"]["ours_evaluates_val"] is True
@@ -62,7 +64,7 @@ def test_quick_json_records_are_well_formed_and_the_run_folder_is_removed(tmp_pa
 def test_probe_records_the_interpreter_start_and_wraps_hooked_functions(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(launch.PROBE)
     marks = tmp_path / "marks.jsonl"
-    code = ("import spark_imagenet.training.rendezvous as r; import sys; "
+    code = ("import spark_imagenet.training.task.rendezvous as r; import sys; "
             "sys.exit(0 if hasattr(r.rendezvous, '__wrapped__') else 3)")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), launch.PROBE_ENV: str(marks)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
@@ -73,7 +75,7 @@ def test_probe_records_the_interpreter_start_and_wraps_hooked_functions(tmp_path
     # without the variable the probe does nothing
     env.pop(launch.PROBE_ENV)
     marks.unlink()
-    proc = subprocess.run([sys.executable, "-c", "import spark_imagenet.training.rendezvous"], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-c", "import spark_imagenet.training.task.rendezvous"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and not marks.exists()
 
@@ -83,11 +85,11 @@ def test_read_marks_keeps_the_latest_event_of_the_window_from_the_processes_that
     lines = [{"t": 99.0, "pid": 3, "event": "tensorflow imported"},  # before the call (a spare ready in advance)
              {"t": 101.0, "pid": 1, "event": "planned"},  # the driver
              {"t": 101.5, "pid": 2, "event": "task started"},  # a task
-             {"t": 102.0, "pid": 3, "event": "python start", "cmd": "python -m spark_imagenet.training.worker"},
+             {"t": 102.0, "pid": 3, "event": "python start", "cmd": "python -m spark_imagenet.training.worker.main"},
              {"t": 102.5, "pid": 4, "event": "python start", "cmd": "python launch.py --_worker job.json"},
              {"t": 103.0, "pid": 4, "event": "tensorflow imported"},
              {"t": 104.0, "pid": 3, "event": "first step"}, {"t": 105.0, "pid": 4, "event": "first step"},
-             {"t": 106.0, "pid": 5, "event": "python start", "cmd": "python -m spark_imagenet.training.worker"},
+             {"t": 106.0, "pid": 5, "event": "python start", "cmd": "python -m spark_imagenet.training.worker.main"},
              {"t": 107.0, "pid": 5, "event": "tensorflow imported"},  # a spare for the next job: not counted
              {"t": 111.0, "pid": 4, "event": "training done"}]  # after the window
     path.write_text("".join(json.dumps(m) + "\n" for m in lines) + "not json\n")
@@ -111,6 +113,14 @@ def test_breakdown_gaps_follow_the_median_order_and_add_up():
     assert sink.added == {"plain: breakdown: call to a": [1.0, 2.5, 1.0], "plain: breakdown: a to b": [2.0, 0.0, 1.0],
                           "plain: breakdown: b to first step": [1.0, 3.5, 2.0],
                           "plain: breakdown: first step to returned": [1.0, 1.0, 0.5]}
+
+
+def test_quick_runs_ours_and_plain_unless_told_and_ours_is_always_in():
+    assert launch.parse_args(["--quick"]).variants == ["ours", "plain"]
+    assert launch.parse_args([]).variants == ["ours", "peer", "plain"]
+    assert launch.parse_args(["--quick", "--variants", "plain,ours,peer"]).variants == ["ours", "peer", "plain"]
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--variants", "peer,plain"])
 
 
 def test_a_root_that_is_a_file_is_refused(tmp_path):

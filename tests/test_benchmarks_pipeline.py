@@ -18,6 +18,7 @@ ROUNDS = {"ceiling images/s", "pipeline images/s", "ceiling images/CPU-s", "pipe
           "pipeline / ceiling (images/s)", "pipeline / ceiling (images/CPU-s)"}
 
 
+@pytest.mark.slow
 def test_quick_json_records_each_measurement_of_the_rounds():
     records, _ = run_quick("pipeline.py")
     by_name = check_records(records, "pipeline", ROUNDS)

@@ -7,6 +7,8 @@ the zip and the nested tar.gz zip, with 1 process and with all cores. No timing 
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +42,7 @@ def expected(processes: int) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_quick_json_records_are_well_formed():
     records, _stderr = run_quick("shard.py", "--processes", "2")
     by_name = check_records(records, "shard", expected(2))

@@ -3,6 +3,8 @@ and its refusal of bad options. No timing is asserted."""
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
@@ -11,6 +13,7 @@ from bench_util import REPO, check_records, run_quick
 VARIANTS = ("ours", "ours (bare settings)", "bare")
 
 
+@pytest.mark.slow
 def test_quick_run_records_each_variant_and_the_ratios_against_bare():
     records, _stderr = run_quick("step.py")
     expected = {f"test: {v}: {what}" for v in VARIANTS for what in ("ms per step", "images/s", "CPU ms per step")}

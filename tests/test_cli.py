@@ -6,23 +6,33 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
+from bucket_util import make_bucket
 from data_util import small_layout
 from spark_imagenet.dataset.sharding import shard
 
 
 def cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spark_imagenet", *args], capture_output=True, text=True,
-                          timeout=timeout, env=None if env is None else {**os.environ, **env})
+    """Run the command line; the result's ``spark_started`` says whether it got as far as starting a JVM."""
+    tmp = tempfile.mkdtemp(prefix="spark-imagenet-cli-test-")  # kept: Spark's log of a run is in it
+    p = subprocess.run([sys.executable, "-m", "spark_imagenet", *args], capture_output=True, text=True,
+                       timeout=timeout, env={**os.environ, "TMPDIR": tmp, **(env or {})})
+    # spark_session.spark_log_path() makes this folder right before the command line starts a JVM
+    p.spark_started = os.path.isdir(os.path.join(tmp, "spark-imagenet-logs"))
+    return p
 
 
-#: What Spark prints while it starts (a mistake that needs no cluster must be reported before this): the JVM's own
-#: module warning (printed even with the quiet log4j config the command line gives its sessions) and Spark's
-#: start-up lines (printed without it).
+#: What Spark prints while it starts (without the quiet log4j config the command line gives its sessions).
 SPARK_START_UP = ("Using incubator modules", "Setting default log level", "NativeCodeLoader", "SparkContext",
                   "Using Spark's default log4j")
+
+
+def spark_started(*runs: subprocess.CompletedProcess) -> bool:
+    """Whether any of these runs started a JVM (a mistake that needs no cluster must be reported before)."""
+    return any(p.spark_started or any(s in p.stderr for s in SPARK_START_UP) for p in runs)
 
 
 def assert_clean_error(p: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -37,6 +47,7 @@ def tree(tmp_path_factory):
     return small_layout(tmp_path_factory.mktemp("cli") / "kaggle")
 
 
+@pytest.mark.slow
 def test_shard_inspect_and_rerun(tree, tmp_path):
     out = tmp_path / "bucket"
     p = cli("shard", str(tree), "--out", f"file://{out}", "--train-shards", "3", "--val-shards", "2", "--no-progress")
@@ -64,7 +75,7 @@ def test_inspect_into_a_reader_that_stops_early(tree, tmp_path, reader):
     # reading end before the command starts, so its first write fails for certain; block-buffered,
     # that write is main()'s flush.
     out = tmp_path / "bucket"
-    shard(tree, out, train_shards=3, val_shards=2, progress=False, log=lambda _msg: None)
+    shard(tree, out, train_shards=3, val_shards=2, progress=False)
     env = dict(os.environ)
     if reader == "one line":
         env["PYTHONUNBUFFERED"] = "1"
@@ -94,24 +105,99 @@ def test_inspect_into_a_reader_that_stops_early(tree, tmp_path, reader):
 def test_bad_input_messages(tree, tmp_path):
     assert_clean_error(cli("shard", str(tmp_path), "--out", str(tmp_path / "o")),
                        "not in the Kaggle ILSVRC CLS-LOC layout", "LOC_synset_mapping.txt")
-    assert_clean_error(cli("inspect", str(tmp_path / "nothing")), "manifest.json does not exist", "spark-imagenet shard")
-    assert_clean_error(cli("shard", str(tree), "--out", "s3://bucket/x"), "unknown URL scheme 's3'")
+    assert_clean_error(cli("inspect", str(tmp_path / "nothing")), f"the dataset folder {tmp_path / 'nothing'} does not "
+                       "exist", "spark-imagenet shard")
+    assert_clean_error(cli("inspect", str(tmp_path)), f"{tmp_path}/manifest.json does not exist")
+    assert_clean_error(cli("shard", str(tree), "--out", "ftp://bucket/x"), "unknown URL scheme 'ftp'")
     p = cli("shard", str(tree), "--out", str(tmp_path / "o"), "--train-shards", "0")
     assert p.returncode == 2 and "argument --train-shards: 0 must be at least 1" in p.stderr
+
+
+@pytest.mark.parametrize("args, command", [
+    (("train", "x", "--epochs", "x"), "spark-imagenet train"),
+    (("train", "x", "--no-such-option"), "spark-imagenet train"),
+    (("shard", "x"), "spark-imagenet shard"),
+    (("demo", "--workers", "0"), "spark-imagenet demo"),
+    (("doctor", "--workers", "two"), "spark-imagenet doctor"),
+    (("nonsense",), "spark-imagenet"),
+    ((), "spark-imagenet"),
+    (("predict",), "spark-imagenet predict"),
+    (("evaluate", "model", "data", "--bogus"), "spark-imagenet evaluate"),
+])
+def test_an_option_error_is_the_error_and_a_pointer_to_help(args, command):
+    p = cli(*args, timeout=120)
+    lines = p.stderr.splitlines()
+    assert p.returncode == 2 and len(lines) == 2, p.stderr
+    assert lines[0].startswith(f"{command}: error: ") and lines[1] == f"{command}: see '{command} --help' for the options"
+    assert "usage:" not in p.stderr
 
 
 def test_more_workers_than_slots_via_cli(tree, tmp_path):
     out = tmp_path / "bucket"
     assert cli("shard", str(tree), "--out", str(out), "--train-shards", "4", "--no-progress").returncode == 0
     p = cli("train", str(out), "--workers", "3", "--master", "local[2]", "--image-size", "72", "--width", "0.25")
-    assert_clean_error(p, "--workers 3 needs 3 barrier task slots", "only 2")
+    assert_clean_error(p, "--workers 3 needs 3 barrier task slots", "only 2", "Use --workers <= 2")
+    assert not spark_started(p), p.stderr  # said from the master URL, before the JVM
+    p = cli("train", str(out), "--workers", "2", "--master", "local-cluster[2,2,1024]", "--conf", "spark.task.cpus=4")
+    assert_clean_error(p, "--workers 2 needs 2 barrier task slots, only 1 available", "spark.task.cpus=4")
+    assert not spark_started(p), p.stderr
+
+
+@pytest.mark.slow
+def test_a_job_refused_once_spark_runs_shows_no_jvm_start_up_lines(tmp_path):
+    """Dynamic allocation is refused once the session runs: the JVM started (its incubator-module warning,
+    which every JVM of Spark 4 prints, is left out of the console; nothing else from Spark's start-up shows)."""
+    bucket = make_bucket(tmp_path / "bucket")
+    p = cli("train", str(bucket), "--workers", "1", "--master", "local[1]", "--conf",
+            "spark.dynamicAllocation.enabled=true", timeout=300)
+    assert_clean_error(p, "spark.dynamicAllocation.enabled is true")
+    assert p.spark_started, p.stderr
+    assert not any(s in p.stderr for s in SPARK_START_UP), p.stderr
+    assert len(p.stderr.splitlines()) <= 2, p.stderr  # the error, and the line naming Spark's log file
+
+
+def without_hadoop(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")}
+    return {**env, **extra}
+
+
+def test_yarn_without_its_configuration_is_one_line_before_spark_starts(tmp_path):
+    bucket = make_bucket(tmp_path / "bucket")
+    args = [sys.executable, "-m", "spark_imagenet", "train", str(bucket), "--workers", "1", "--master", "yarn",
+            "--shared-filesystem"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=120, env=without_hadoop())
+    assert_clean_error(p, "--master yarn: set HADOOP_CONF_DIR to the folder with the cluster's yarn-site.xml")
+    assert p.stderr.count("\n") == 1 and "JAVA_GATEWAY_EXITED" not in p.stderr, p.stderr
+    p = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                       env=without_hadoop(HADOOP_CONF_DIR=str(tmp_path)))
+    assert_clean_error(p, f"--master yarn: no yarn-site.xml in {tmp_path} (HADOOP_CONF_DIR)")
+    assert p.stderr.count("\n") == 1, p.stderr
+
+
+def test_output_and_checkpoint_dir_naming_a_file_or_an_earlier_run(tmp_path):
+    file = tmp_path / "file.txt"
+    file.write_text("x")
+    p = cli("train", str(tmp_path / "nothing"), "--workers", "1", "--output", str(file))
+    assert_clean_error(p, f"--output {file} is a file, not a folder")
+    assert "write-test" not in p.stderr and "Errno" not in p.stderr
+    p = cli("train", str(tmp_path / "nothing"), "--workers", "1", "--checkpoint-dir", str(file))
+    assert_clean_error(p, f"--checkpoint-dir {file} is a file, not a folder")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.keras").write_text("an earlier run's")
+    p = cli("train", str(tmp_path / "nothing"), "--workers", "1", "--output", str(run))
+    assert_clean_error(p, f"--output {run} already holds the outputs of an earlier run (model.keras)", "--overwrite")
+    p = cli("train", str(tmp_path / "nothing"), "--workers", "1", "--output", str(run), "--overwrite")
+    assert_clean_error(p, f"the dataset folder {tmp_path / 'nothing'} does not exist")  # got past the output
+    assert (run / "model.keras").read_text() == "an earlier run's"
 
 
 def test_print_config_round_trips_through_config(tmp_path):
     first = cli("train", str(tmp_path / "data"), "--workers", "2", "--epochs", "3", "--conf", "spark.a=1",
                 "--print-config")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.startswith(f'url = "{tmp_path / "data"}"\nworkers = 2\n') and "epochs = 3" in first.stdout
+    assert first.stdout.startswith(f'url = "{tmp_path / "data"}"\n\n[scaling]\nworkers = 2\n')
+    assert "[recipe]" in first.stdout and "epochs = 3" in first.stdout
     job = tmp_path / "a.toml"
     job.write_text(first.stdout)
     again = cli("train", "--config", str(job), "--print-config")
@@ -119,16 +205,16 @@ def test_print_config_round_trips_through_config(tmp_path):
     # options override the file; --conf adds to its table
     over = cli("train", "--config", str(job), "--epochs", "5", "--conf", "spark.b=2", "--print-config")
     assert "epochs = 5" in over.stdout and '"spark.a" = "1"' in over.stdout and '"spark.b" = "2"' in over.stdout
-    assert not any(s in first.stderr + again.stderr for s in SPARK_START_UP)  # Spark never started
+    assert not spark_started(first, again)
 
 
 def test_bad_job_file_and_settings_are_reported_before_spark_starts(tree, tmp_path):
     job = tmp_path / "job.toml"
     job.write_text("workers = 2\nbach_size = 8\n")
     p = cli("train", str(tmp_path), "--config", str(job))
-    assert_clean_error(p, f"job file {job}", "'bach_size' (did you mean 'batch_size'?)", "known keys are: url, workers")
+    assert_clean_error(p, f"job file {job}", "'bach_size' (did you mean 'batch_size'?)", "known keys are: url, scaling, data")
     p = cli("train", str(tmp_path / "nothing"), "--workers", "2")
-    assert_clean_error(p, "manifest.json does not exist")
+    assert_clean_error(p, f"the dataset folder {tmp_path / 'nothing'} does not exist")
     p = cli("train", str(tmp_path), "--workers", "2", "--image-size", "32")
     assert_clean_error(p, "--image-size", "32 is too small for alexnet", "at least 67")
     job.write_text('workers = "two"\n')
@@ -143,7 +229,7 @@ def test_bad_job_file_and_settings_are_reported_before_spark_starts(tree, tmp_pa
     job.write_text(f'url = "{tmp_path}"\n')
     assert_clean_error(cli("demo", "--config", str(job)), "the demo makes its own dataset")
     for out in (p,):
-        assert not any(s in out.stderr for s in SPARK_START_UP), out.stderr
+        assert not spark_started(out), out.stderr
 
 
 def test_debug_prints_the_traceback(tmp_path):
@@ -203,14 +289,14 @@ def test_a_failed_task_is_one_message_and_spark_keeps_its_stack_traces_in_its_lo
 
 def test_a_local_dataset_for_a_cluster_master_is_refused_before_spark_starts(tmp_path):
     p = cli("train", str(tmp_path / "nowhere"), "--workers", "2", "--master", "spark://127.0.0.1:1")
-    assert_clean_error(p, "manifest.json does not exist")
+    assert_clean_error(p, f"the dataset folder {tmp_path / 'nowhere'} does not exist")
     bucket = tmp_path / "bucket"
     shard(small_layout(tmp_path / "kaggle"), bucket, train_shards=2, val_shards=1)
     p = cli("train", str(bucket), "--workers", "2", "--master", "spark://127.0.0.1:1")
     assert_clean_error(p, f"the dataset {bucket} is a path on the driver's disk", "--shared-filesystem")
     p = cli("train", str(bucket), "--workers", "2", "--master", "spark://127.0.0.1:1", "--shared-filesystem")
     assert_clean_error(p, "cannot reach the Spark standalone master spark://127.0.0.1:1")
-    assert not any(s in p.stderr for s in SPARK_START_UP), p.stderr
+    assert not spark_started(p), p.stderr
 
 
 def test_a_spark_start_up_failure_is_told_by_its_java_reason():
@@ -233,6 +319,35 @@ def test_evaluate_and_predict_report_a_wrong_path_before_tensorflow_starts(tmp_p
         p = cli(*args, timeout=120)
         assert p.returncode == 2 and fragment in p.stderr, p.stderr
         assert p.stderr.count("\n") == 1 and "CPU" not in p.stderr and "cuInit" not in p.stderr, p.stderr
+    text = tmp_path / "notes.jpg"
+    text.write_text("not an image")
+    unreadable = tmp_path / "locked.jpg"
+    unreadable.write_bytes(b"\xff\xd8\xff")
+    unreadable.chmod(0)
+    cases = [(text, f"{text}: not an image")]
+    if os.geteuid() != 0:  # root reads any file
+        cases.append((unreadable, f"{unreadable}: cannot read the file (Permission denied)"))
+    for image, fragment in cases:  # checked by the command line itself: no child Python, no TensorFlow
+        p = cli("predict", str(tmp_path / "none"), str(image), timeout=120)
+        assert p.returncode == 2 and fragment in p.stderr and p.stderr.count("\n") == 1, p.stderr
     (tmp_path / "model.keras").write_bytes(b"not a model")
     p = cli("evaluate", str(tmp_path), str(tmp_path / "no-dataset"), timeout=120)
-    assert p.returncode == 2 and "manifest" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert p.returncode == 2 and "the dataset folder" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/ds", "abfs://data@acct.dfs.core.windows.net/ds",
+                                 "hdfs://127.0.0.1:1/ds", "gs://bucket/ds"])
+def test_check_for_master_leaves_every_store_url_to_the_job(url, capsys):
+    """The submit/ scripts' check reads a dataset's manifest before the JVM only when it is on this machine's
+    disk: a URL of any store (not only gs://) is left to the job, whose hosts have the store's credentials."""
+    from spark_imagenet.cli import main
+
+    assert main(["train", url, "--check-for-master", "local[2]", "--workers", "2"]) == 0
+    assert capsys.readouterr().out == "2\n"
+
+
+def test_check_for_master_still_reads_a_local_dataset_first(tmp_path, capsys):
+    from spark_imagenet.cli import main
+
+    assert main(["train", str(tmp_path / "absent"), "--check-for-master", "local[2]", "--workers", "2"]) == 2
+    assert "absent does not exist" in capsys.readouterr().err

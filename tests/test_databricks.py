@@ -84,7 +84,7 @@ def test_wheel_task_runs_the_cli_entry_point(task):
 
 def test_parameters_are_a_valid_train_command(task):
     from spark_imagenet.cli import _resolve_job, build_parser
-    from spark_imagenet.training.config import TrainConfig
+    from spark_imagenet.training.job.config import TrainConfig
 
     args = build_parser().parse_args(task["python_wheel_task"]["parameters"])
     assert args.command == "train"

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bucket_util import make_bucket
-from spark_imagenet.doctor import Report, check_gpu_mapping, credential_sources
+from spark_imagenet.doctor import Report, check_gpu_mapping, check_master, credential_sources
 
 #: Written into the fake credential files: must never appear in the doctor's output.
 SECRET = "do-not-print-this-private-key-0123456789"
@@ -120,3 +120,22 @@ def test_the_gpu_mapping_through_an_existing_cuda_visible_devices():
     check_gpu_mapping(report, {"CUDA_VISIBLE_DEVICES": "7"})  # only one device visible: address 1 is outside it
     assert report.problems == 0 and lines[-1].startswith("warn     gpu mapping:") and "would fail" in lines[-1]
     assert "has only 1 device(s)" in lines[-1]
+
+
+def test_doctor_says_yarn_without_its_configuration_in_one_line(monkeypatch):
+    for name in ("HADOOP_CONF_DIR", "YARN_CONF_DIR", "PYSPARK_GATEWAY_PORT", "DATABRICKS_RUNTIME_VERSION"):
+        monkeypatch.delenv(name, raising=False)
+    lines: list[str] = []
+    report = Report(lines.append)
+    assert check_master(report, "yarn", (), 2, False) is None
+    assert report.problems == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("PROBLEM  spark session: master yarn: --master yarn: set HADOOP_CONF_DIR"), lines
+
+
+def test_doctor_says_a_master_spark_cannot_parse_without_starting_spark():
+    lines: list[str] = []
+    report = Report(lines.append)
+    assert check_master(report, "local[two]", (), 2, False) is None
+    assert report.problems == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("PROBLEM  spark session: master local[two]: master (--master) 'local[two]' is not a "
+                               "Spark master URL: use local, local[N], local[*]"), lines

@@ -20,11 +20,12 @@ import pytest
 from data_util import small_layout
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.errors import WorkerLost
-from spark_imagenet.training.driver import train
+from spark_imagenet.logs import collect
+from spark_imagenet.training.driver.launch import train
 
 pytestmark = pytest.mark.slow
 
-WORKER_MODULE = "spark_imagenet.training.worker"
+WORKER_MODULE = "spark_imagenet.training.worker.main"
 # 4 classes x 20 train images, 2 workers of batch 4: 10 steps per epoch, long enough to be killed inside
 # a warm-up and cosine schedule: equal weights after a resume also show the schedule continued at the right step
 SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01, "epochs": 3,
@@ -35,7 +36,7 @@ SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01
 def bucket(tmp_path_factory):
     root = tmp_path_factory.mktemp("faults")
     tree = small_layout(root / "kaggle", train_per_class=20)
-    shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False, log=lambda m: None)
+    shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
     return root / "bucket"
 
 
@@ -139,7 +140,7 @@ def none_left(wait_s: float = 60.0) -> bool:
 def uninterrupted(spark, bucket, tmp_path_factory):
     """The uninterrupted run (no checkpoints) the resumed runs are compared with: its results and --output."""
     root = tmp_path_factory.mktemp("plain")
-    result = train(spark, str(bucket), 2, cache=root / "cache", output=str(root / "out"), log=lambda m: None,
+    result = train(spark, str(bucket), 2, cache=root / "cache", output=str(root / "out"),
                    **SMALL)
     return result, root / "out"
 
@@ -147,11 +148,11 @@ def uninterrupted(spark, bucket, tmp_path_factory):
 def _killed_in_epoch_2(spark, bucket, tmp_path, checkpoint_dir: str, first_done) -> tuple[dict, list[str]]:
     """Train with ``checkpoint_dir`` while a Saboteur SIGKILLs rank 1 once ``first_done()`` (epoch 1 committed)."""
     killer = Saboteur(1, signal.SIGKILL, first_done)
-    lines: list[str] = []
     killer.start()
     try:
-        out = train(spark, str(bucket), 2, cache=tmp_path / "cache", output=str(tmp_path / "resumed"),
-                    checkpoint_dir=checkpoint_dir, log=lines.append, **SMALL)
+        with collect() as lines:
+            out = train(spark, str(bucket), 2, cache=tmp_path / "cache", output=str(tmp_path / "resumed"),
+                        checkpoint_dir=checkpoint_dir, **SMALL)
     finally:
         killer.stop.set()
     assert killer.victims, "\n".join(lines)
@@ -197,17 +198,26 @@ def test_the_same_with_checkpoints_in_a_gs_bucket(spark, bucket, tmp_path, unint
     assert {o.name.split("/")[0] for o in storage.list()} == {"epoch-000002", "epoch-000003"}
 
 
-def test_a_checkpoint_of_another_shape_is_refused(spark, bucket, tmp_path):
-    """A checkpoint written by a job of another image size is refused before any task starts."""
+def test_a_checkpoint_of_another_shape_is_refused_and_a_longer_run_extends_it(spark, bucket, tmp_path):
+    """A checkpoint written by a job of another image size is refused before any task starts; a job of more
+    --epochs resumes from it, saying its cosine schedule is stretched, and keeps --keep-checkpoints of them."""
     ckpt = tmp_path / "ckpt"
-    train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt), log=lambda m: None,
+    train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
           **{**SMALL, "epochs": 1})
     from spark_imagenet.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
-        train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt), log=lambda m: None,
+        train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
               **{**SMALL, "image_size": 80})
     assert "--image-size" in str(e.value) and "72" in str(e.value) and "80" in str(e.value)
+    # a longer run extends it: the driver says the cosine schedule is stretched; only --keep-checkpoints 1 stays
+    with collect() as lines:
+        out = train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
+                    **{**SMALL, "epochs": 2, "keep_checkpoints": 1})
+    text = "\n".join(lines)
+    assert "resuming at epoch 2 of 2 from the checkpoint of epoch 1 " in text, text
+    assert "lr: --epochs 2 instead of the checkpoint's 1 stretches the cosine schedule to 2 epochs" in text, text
+    assert len(out["history"]["xent"]) == 2 and sorted(p.name for p in ckpt.iterdir()) == ["epoch-000002"]
 
 
 def test_a_worker_lost_at_start_up_fails_the_job_naming_its_rank(spark, bucket, tmp_path):
@@ -217,7 +227,7 @@ def test_a_worker_lost_at_start_up_fails_the_job_naming_its_rank(spark, bucket, 
     killer.start()
     try:
         with pytest.raises(WorkerLost) as e:
-            train(spark, str(bucket), 2, cache=tmp_path / "cache", max_restarts=0, log=lambda m: None, **SMALL)
+            train(spark, str(bucket), 2, cache=tmp_path / "cache", max_restarts=0, **SMALL)
     finally:
         killer.stop.set()
     assert killer.victims
@@ -235,7 +245,7 @@ def test_a_stopped_worker_ends_the_job_within_the_step_timeout_naming_it(spark, 
     try:
         with pytest.raises(WorkerLost) as e:
             train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt), max_restarts=0,
-                  step_timeout=20, log=lambda m: None, **SMALL)
+                  step_timeout=20, **SMALL)
     finally:
         stopper.stop.set()
         for pid in stopper.victims:  # a stopped process is still killable; the job must have done it already
@@ -248,5 +258,7 @@ def test_a_stopped_worker_ends_the_job_within_the_step_timeout_naming_it(spark, 
     # sends them but is stuck in a step is found by the step watchdog (tests/test_watchdog.py)
     first = message.splitlines()[0]
     assert re.search(r"^rank 0 on \S+: lost its peer: rank 1 \([^ ]+:\d+\) (stopped sending heartbeats|does not "
-                     r"answer); the TensorFlow process", first), message
+                     r"answer) \([^)]*\); the TensorFlow process", first), message
+    [peer] = e.value.failure.lost_peers  # the same, typed: what the worker wrote, not parsed from its output
+    assert peer.rank == 1 and peer.address and e.value.failure.rank == 0 and e.value.failure.lost
     assert none_left()

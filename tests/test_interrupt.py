@@ -18,7 +18,7 @@ a terminal's Ctrl-C does. They assert:
 * no ``spark-imagenet-rank*`` folder is left under the run's ``TMPDIR``.
 
 The fast tests check the same cleanup for one child run by
-:func:`spark_imagenet.training.barrier_task.run_child` whose task process is
+:func:`spark_imagenet.training.task.barrier_task.run_child` whose task process is
 SIGKILLed, as PySpark kills the Python worker of a cancelled task.
 """
 
@@ -155,8 +155,8 @@ def _interrupted_demo(tmp_path: Path, signals: int) -> None:
         assert training and proc.poll() is None, "the demo did not start training:\n" + "\n".join(out.snapshot()[-40:])
         running = _run_processes(sid, marker)
         programs = [c.split(" -- ")[0].split()[1:3] for c in running.values()]
-        workers = [p for p in programs if p == ["-m", "spark_imagenet.training.worker"]]
-        supervisors = [p for p in programs if p == ["-m", "spark_imagenet.training.supervisor"]]
+        workers = [p for p in programs if p == ["-m", "spark_imagenet.training.worker.main"]]
+        supervisors = [p for p in programs if p == ["-m", "spark_imagenet.training.task.supervisor"]]
         assert len(workers) == 2 and len(supervisors) == 2, f"the marker does not find the run's processes: {running}"
         assert len(_rank_folders(tmpdir)) == 2
 
@@ -203,7 +203,7 @@ def test_a_second_ctrl_c_during_shutdown_prints_nothing_more(tmp_path):
 # ------------------------------------------------------- one killed task
 TASK_CODE = r"""
 import os, sys
-from spark_imagenet.training.barrier_task import ChildFolder, run_child
+from spark_imagenet.training.task.child import ChildFolder, finish_child, start_child
 
 def prepare(folder):
     with open(os.path.join(folder, "input.txt"), "w") as f:
@@ -215,8 +215,9 @@ child = ("import os, sys, time\n"
          "open(os.path.join(os.environ['TMPDIR'], 'scratch.txt'), 'w').write('x')\n"
          "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
          "time.sleep(300)\n")
-run_child([sys.executable, "-c", child, sys.argv[2]], dict(os.environ), None, "[t] ",
-          folder=ChildFolder("spark-imagenet-rank0-", prepare, lambda folder: None))
+folder = ChildFolder("spark-imagenet-rank0-", prepare, lambda folder: None)
+finish_child(start_child([sys.executable, "-c", child, sys.argv[2]], dict(os.environ), None, folder.prefix), "[t] ",
+             folder=folder)
 """
 
 
@@ -250,7 +251,8 @@ def test_a_killed_task_leaves_no_child_and_no_folder(tmp_path):
 
 
 def test_run_child_folder_carries_inputs_and_results_and_is_removed(tmp_path, monkeypatch):
-    from spark_imagenet.training.barrier_task import ChildFolder, run_child
+    from child_util import run_child
+    from spark_imagenet.training.task.child import ChildFolder
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     seen: dict[str, str] = {}
@@ -276,7 +278,7 @@ def test_run_child_folder_carries_inputs_and_results_and_is_removed(tmp_path, mo
 
 
 def test_run_child_reports_the_childs_signal(tmp_path):
-    from spark_imagenet.training.barrier_task import run_child
+    from child_util import run_child
 
     rc, _tail = run_child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                           dict(os.environ), str(tmp_path), "", out=io.StringIO())

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from k8s_apiserver import APPLY, FakeApiServer
 
+#: Every test here starts a server or a cluster (seconds to tens of seconds): the slow tier.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "submit" / "k8s.sh"
 CONF = REPO / "conf"

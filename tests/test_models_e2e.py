@@ -10,7 +10,7 @@ import pytest
 
 from data_util import small_layout
 from spark_imagenet.dataset.sharding import shard
-from spark_imagenet.training.driver import train
+from spark_imagenet.training.driver.launch import train
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ SMALL = {"batch_size": 4, "epochs": 1, "image_size": 32}
 def bucket(tmp_path_factory):
     root = tmp_path_factory.mktemp("models-e2e")
     tree = small_layout(root / "kaggle")  # 4 classes x 6 train, 3 val each
-    shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False, log=lambda m: None)
+    shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
     return root / "bucket"
 
 
@@ -36,21 +36,23 @@ def _check_one_epoch(out: dict, model: str) -> None:
     assert 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1
 
 
-def test_resnet50_trains_one_epoch(spark, bucket, tmp_path):
-    lines: list[str] = []
+def test_resnet50_trains_one_epoch(log_lines, spark, bucket, tmp_path):
+    lines = log_lines
+    lines.clear()  # the lines from here on
     # ResNet-50's recipe warms up for 5 epochs, longer than this one-epoch run: no warm-up here
     out = train(spark, str(bucket), 2, model="resnet50", lr_schedule="cosine", warmup_epochs=0,
-                cache=tmp_path / "cache", log=lines.append, **SMALL)
+                cache=tmp_path / "cache", **SMALL)
     _check_one_epoch(out, "resnet50")
     assert out["config"]["width"] == 1.0 and out["config"]["lr_scaling"] == "linear"  # the model's recipe
 
 
-def test_user_builder_trains_one_epoch(spark, bucket, tmp_path):
+def test_user_builder_trains_one_epoch(log_lines, spark, bucket, tmp_path):
     # the way a user ships a module to the executors: the driver finds it on its own path (conftest puts
     # tests/ there), the barrier tasks get it from addPyFile, and the TensorFlow child from the task's sys.path
     spark.sparkContext.addPyFile(str(TESTS / "user_model.py"))
-    lines: list[str] = []
+    lines = log_lines
+    lines.clear()  # the lines from here on
     out = train(spark, str(bucket), 2, model="user_model:build", width=0.5, learning_rate=0.05,
-                cache=tmp_path / "cache", log=lines.append, **SMALL)
+                cache=tmp_path / "cache", **SMALL)
     _check_one_epoch(out, "user_model:build")
     assert out["config"]["width"] == 0.5

@@ -121,7 +121,7 @@ def test_the_quiet_log4j2_config_keeps_warnings_and_cuts_the_start_up_chatter():
 SPARK_LOGS = """
 import sys
 from pyspark.sql import SparkSession
-from spark_imagenet.training.spark_session import quiet_logging_conf
+from spark_imagenet.training.driver.spark_session import quiet_logging_conf
 builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
 for key, value in quiet_logging_conf({}).items():
     builder = builder.config(key, value)

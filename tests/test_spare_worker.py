@@ -26,10 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from spark_imagenet.training.barrier_task import (SPARE_FOLDER_PREFIX, ChildFolder, child_env, finish_child,
-                                                  job_env, preload_env, spares_enabled, start_child)
-from spark_imagenet.training.config import TrainConfig
-from spark_imagenet.training.supervisor import EXIT_PRELOAD_ENDED
+from child_util import worker_env as child_env
+from spark_imagenet.training.task.child import (SPARE_FOLDER_PREFIX, ChildFolder, finish_child, spares_enabled,
+                                               start_child)
+from spark_imagenet.training.task.environment import job_env, preload_env
+from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.training.task.supervisor import EXIT_PRELOAD_ENDED
 
 REPO = Path(__file__).resolve().parents[1]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, PR_SET_PDEATHSIG")
@@ -73,7 +75,7 @@ def _children(pid: int) -> dict[int, str]:
 def _spares_of(task_pid: int) -> list[int]:
     """Pids of the spare supervisors that Python worker ``task_pid`` holds."""
     return [p for p, cmd in _children(task_pid).items()
-            if "spark_imagenet.training.supervisor" in cmd and f"--folder {SPARE_FOLDER_PREFIX}" in cmd]
+            if "spark_imagenet.training.task.supervisor" in cmd and f"--folder {SPARE_FOLDER_PREFIX}" in cmd]
 
 
 # ------------------------------------------------------------------ environments
@@ -143,7 +145,7 @@ def test_a_preloaded_child_that_ended_before_its_go_is_reported_apart(tmp_path):
 
 TASK_HOLDING_A_PRELOADED_CHILD = r"""
 import os, sys, time
-from spark_imagenet.training.barrier_task import start_child
+from spark_imagenet.training.task.child import start_child
 proc = start_child([sys.executable, "-c", "import os, time\nopen(os.path.join(os.environ['TMPDIR'], 'pid'), 'w')"
                     ".write(str(os.getpid()))\ntime.sleep(300)\n"], dict(os.environ), None,
                    "spark-imagenet-spare-", preload=True)
@@ -178,11 +180,12 @@ def test_a_dead_task_ends_its_waiting_preloaded_child_and_removes_its_folder(tmp
 
 
 @linux_only
+@pytest.mark.slow
 def test_the_worker_waits_for_its_go_and_ends_quietly_without_one(tmp_path):
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, sys.path)]))
-    done = subprocess.run([sys.executable, "-m", "spark_imagenet.training.worker", "--preload", "env.json",
+    done = subprocess.run([sys.executable, "-m", "spark_imagenet.training.worker.main", "--preload", "env.json",
                            "spec.json", "result.json"], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "failed" not in done.stderr and not (tmp_path / "result.json").exists()
@@ -201,7 +204,7 @@ def bucket(tmp_path_factory):
 def _session(**conf):
     from pyspark import SparkContext
 
-    from spark_imagenet.training.spark_session import local_session
+    from spark_imagenet.training.driver.spark_session import local_session
 
     SparkContext._ensure_initialized()  # this module's settings do not become the JVM's for later modules
     return local_session("local[2]", app_name="spark-imagenet-spare-tests",
@@ -209,13 +212,14 @@ def _session(**conf):
 
 
 def _job(spark, root: Path, **settings) -> list[dict]:
-    from spark_imagenet.training.driver import _launch, plan_job
+    """The job's task results as JSON objects, by rank."""
+    from spark_imagenet.training.driver.launch import _launch, plan_job
 
     config = TrainConfig(workers=2, epochs=1, batch_size=2, image_size=67, width=0.25, cache=str(root / "cache"),
                          **settings)
-    records = _launch(spark, spark.sparkContext, plan_job(str(root / "bucket"), config), log=lambda line: None)
-    assert sorted(r["rank"] for r in records) == [0, 1] and all(r["steps"] > 0 for r in records)
-    return sorted(records, key=lambda r: r["rank"])
+    records = _launch(spark, spark.sparkContext, plan_job(str(root / "bucket"), config))
+    assert sorted(r.rank for r in records) == [0, 1] and all(r.worker.steps > 0 for r in records)
+    return [r.to_json() for r in sorted(records, key=lambda r: r.rank)]
 
 
 def _spare_folders() -> set[str]:
@@ -248,7 +252,7 @@ def test_jobs_of_one_session_take_the_spares_of_the_last(bucket, tmp_path):
         victim = _spares_of(victim_task)[0]
         seen += [_spares_of(t)[0] for t in taken]
         def worker_of(supervisor: int) -> list[int]:
-            return [p for p, cmd in _children(supervisor).items() if "spark_imagenet.training.worker" in cmd]
+            return [p for p, cmd in _children(supervisor).items() if "spark_imagenet.training.worker.main" in cmd]
 
         assert _wait_until(lambda: len(worker_of(victim)) == 1, 60), _children(victim)
         workers = worker_of(victim)

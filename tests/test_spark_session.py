@@ -1,4 +1,4 @@
-"""Java detection and the SparkSession the command line starts (spark_imagenet.training.spark_session)."""
+"""Java detection and the SparkSession the command line starts (spark_imagenet.training.driver.spark_session)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from spark_imagenet.errors import ConfigError, EnvironmentSetupError
-from spark_imagenet.training.spark_session import (
+from spark_imagenet.training.driver.spark_session import (
     check_java,
-    is_local_master,
+    check_yarn_conf,
+    session_for,
+    runs_in_driver_jvm,
+    runs_on_this_host,
     local_session,
     oversubscription_warning,
     parse_java_version,
@@ -86,8 +89,28 @@ def test_this_machine_has_a_usable_java():
     assert check_java() >= 17
 
 
-def test_is_local_master():
-    assert is_local_master("local[2]") and is_local_master("local") and not is_local_master("yarn")
+def test_which_masters_run_on_this_host_and_which_in_the_drivers_jvm():
+    for master in ("local", "local[2]", " local[*] ", "local[2,3]"):
+        assert runs_on_this_host(master) and runs_in_driver_jvm(master), master
+    assert runs_on_this_host("local-cluster[2,1,1024]") and not runs_in_driver_jvm("local-cluster[2,1,1024]")
+    for master in ("yarn", "spark://h:7077", "k8s://https://h:6443", "sc://h:15002"):
+        assert not runs_on_this_host(master) and not runs_in_driver_jvm(master), master
+
+
+def test_yarn_without_its_configuration_is_refused_before_a_jvm_starts(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"^--master yarn: set HADOOP_CONF_DIR to the folder with the cluster's "):
+        check_yarn_conf("yarn", {})
+    with pytest.raises(ConfigError, match=f"^--master yarn: no yarn-site.xml in {tmp_path} \\(YARN_CONF_DIR\\)"):
+        check_yarn_conf(" yarn ", {"YARN_CONF_DIR": str(tmp_path)})
+    (tmp_path / "yarn-site.xml").write_text("<configuration/>")
+    check_yarn_conf("yarn", {"HADOOP_CONF_DIR": str(tmp_path)})
+    check_yarn_conf("local[2]", {})
+    check_yarn_conf(None, {})
+    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
+    monkeypatch.delenv("YARN_CONF_DIR", raising=False)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    with pytest.raises(ConfigError, match="HADOOP_CONF_DIR"):  # what train and doctor call, before check_java
+        session_for("yarn", 1)
 
 
 def test_more_workers_than_cores_without_a_master_is_named():
@@ -101,7 +124,7 @@ def test_an_unreachable_connect_server_is_named_at_once():
     import socket
 
     from spark_imagenet.errors import ConfigError
-    from spark_imagenet.training.spark_session import check_connect_reachable
+    from spark_imagenet.training.driver.spark_session import check_connect_reachable
 
     with socket.socket() as s:  # a port nothing listens on: bound, never listening
         s.bind(("127.0.0.1", 0))
@@ -139,7 +162,7 @@ def clean_logging_env(tmp_path, monkeypatch):
 
 def test_quiet_logging_names_the_shipped_config(clean_logging_env):
     from spark_imagenet.resources import QUIET_LOG4J2, resource_path
-    from spark_imagenet.training.spark_session import quiet_logging_conf, spark_log_path
+    from spark_imagenet.training.driver.spark_session import quiet_logging_conf, spark_log_path
 
     (clean_logging_env / "log4j2.properties.template").write_text("rootLogger.level = info\n")  # ignored
     assert quiet_logging_conf({"spark.ui.enabled": "false"}) == {
@@ -151,7 +174,7 @@ def test_quiet_logging_names_the_shipped_config(clean_logging_env):
 @pytest.mark.parametrize("where", ["conf", "log4j2 file", "spark-defaults", "submit args", "java options",
                                    "spark-submit", "databricks"])
 def test_quiet_logging_gives_way_to_the_users_logging(clean_logging_env, monkeypatch, where):
-    from spark_imagenet.training.spark_session import quiet_logging_conf
+    from spark_imagenet.training.driver.spark_session import quiet_logging_conf
 
     conf = {"spark.driver.extraJavaOptions": "-Dx=1 -Dlog4j2.configurationFile=/mine"} if where == "conf" else {}
     if where == "log4j2 file":
@@ -174,11 +197,12 @@ def session_child(code: str, conf_dir: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYSPARK_GATEWAY_PORT", "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS")}
     env["SPARK_CONF_DIR"] = str(conf_dir)
-    program = ("from spark_imagenet.training.spark_session import local_session\n" + code + "\nspark.stop()\n")
+    program = ("from spark_imagenet.training.driver.spark_session import local_session\n" + code + "\nspark.stop()\n")
     return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
                           cwd=conf_dir, env=env)
 
 
+@pytest.mark.slow
 def test_a_local_session_starts_without_the_start_up_chatter(clean_logging_env):
     p = session_child(
         "spark = local_session('local[1]', conf={'spark.ui.enabled': 'false'})\n"
@@ -192,6 +216,7 @@ def test_a_local_session_starts_without_the_start_up_chatter(clean_logging_env):
     assert "scheduler-warn True" in p.stdout and "utils-warn False" in p.stdout  # the quiet config is the one in use
 
 
+@pytest.mark.slow
 def test_the_users_driver_java_options_are_kept(clean_logging_env):
     p = session_child(
         "spark = local_session('local[1]', conf={'spark.driver.extraJavaOptions': '-Dspark_imagenet.test=kept'})\n"
@@ -209,7 +234,7 @@ def test_the_users_driver_java_options_are_kept(clean_logging_env):
 def test_an_unreachable_standalone_master_is_named_before_spark_starts():
     import socket
 
-    from spark_imagenet.training.spark_session import check_standalone_reachable, session_for
+    from spark_imagenet.training.driver.spark_session import check_standalone_reachable, session_for
 
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -223,3 +248,31 @@ def test_an_unreachable_standalone_master_is_named_before_spark_starts():
             listening.listen()
             good = listening.getsockname()[1]
             check_standalone_reachable(f"spark://127.0.0.1:{port},127.0.0.1:{good}")  # HA: one that answers
+
+
+# ------------------------------------------------------------------ the JVM's stderr
+def test_the_jvms_stderr_reaches_the_console_without_the_incubator_warning(tmp_path):
+    from spark_imagenet.training.driver.gateway import forward_stderr
+
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"WARNING: Using incubator modules: jdk.incubator.vector\nline 1\n"
+                       b"26/01/01 WARN Spark: a warning\nno newline at the end")
+    os.close(write_fd)
+    with open(tmp_path / "console", "wb") as console:
+        forward_stderr(read_fd, console.fileno())
+    assert (tmp_path / "console").read_bytes() == b"line 1\n26/01/01 WARN Spark: a warning\nno newline at the end"
+
+
+@pytest.mark.slow
+def test_a_local_session_started_here_prints_no_incubator_warning():
+    code = ("import sys\n"
+            "from spark_imagenet.training.driver.spark_session import local_session\n"
+            "spark = local_session('local[1]', conf={'spark.ui.enabled': 'false'})\n"
+            "assert spark.range(3).count() == 3\n"
+            "spark.sparkContext._jvm.java.lang.System.err.println('said by the JVM')\n"
+            "spark.stop()\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "said by the JVM" in p.stderr and "incubator" not in p.stderr, p.stderr

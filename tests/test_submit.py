@@ -3,18 +3,15 @@ against a Spark standalone cluster (a master and a worker started from the insta
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-import cluster_util
-from cluster_util import CLUSTER_START_S, NET, alive_workers, free_port, spark_class
+from cluster_util import NET
 from data_util import build, small_layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,6 +77,9 @@ def test_local_sh_trains_through_spark_submit(dataset, tmp_path):
     r = json.loads(results.read_text())
     assert r["workers"] == 2 and r["config"]["master"] == "local[2]" and r["val"]["images"] == 12
     assert "[rank 1]" in p.stderr + p.stdout
+    noise = [line for line in (p.stdout + p.stderr).splitlines()
+             if " INFO " in line or "log4j" in line.lower() or "incubator" in line]
+    assert not noise, noise  # the quiet log4j2 configuration, as spark-imagenet train
 
 
 def test_the_scripts_refuse_the_jobs_master_before_spark_submit(dataset):
@@ -93,6 +93,33 @@ def test_the_scripts_refuse_a_dataset_on_this_disk_for_a_cluster_before_spark_su
     p = run_script("standalone.sh", str(dataset), *TRAIN, MASTER="spark://127.0.0.1:1")
     assert p.returncode == 2 and p.stdout == ""
     assert "is a path on the driver's disk" in p.stderr and "--shared-filesystem" in p.stderr
+
+
+def test_local_sh_checks_the_dataset_and_the_slots_before_spark_submit(tmp_path, dataset):
+    p = run_script("local.sh", str(tmp_path / "nothing"), *TRAIN, MASTER="local[2]")
+    assert p.returncode == 2 and p.stdout == ""  # spark-submit never started
+    assert f"the dataset folder {tmp_path / 'nothing'} does not exist" in p.stderr and "Traceback" not in p.stderr
+    p = run_script("local.sh", str(dataset), *TRAIN, MASTER="local[1]")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "--workers 2 needs 2 barrier task slots, only 1 available (master local[1]" in p.stderr
+
+
+@pytest.mark.slow
+def test_local_sh_is_as_quiet_as_the_command_line(dataset):
+    """spark-submit's driver JVM gets the quiet log4j2 configuration: a job the driver program refuses (more
+    workers than train shards, found once Python runs inside spark-submit) prints its error, not Spark's
+    start-up INFO lines."""
+    p = run_script("local.sh", str(dataset), *TRAIN[2:], "--workers", "5", MASTER="local[5]")
+    out = (p.stdout + p.stderr).splitlines()
+    assert p.returncode == 2, "\n".join(out)
+    assert any("every worker needs at least one train shard" in line for line in out), out
+    noise = [line for line in out if " INFO " in line or "log4j" in line.lower() or " WARN " in line
+             or "incubator" in line]
+    assert not noise, noise
+    quiet = subprocess.run([sys.executable, "-m", "spark_imagenet.submit", "--quiet-java-options"],
+                           capture_output=True, text=True, cwd=REPO, env=script_env())
+    assert quiet.returncode == 0 and quiet.stdout.startswith("-Dlog4j2.configurationFile=file:")
+    assert quiet.stdout.split()[0].endswith("/log4j2-quiet.properties")
 
 
 @pytest.mark.slow
@@ -119,72 +146,18 @@ def test_every_script_is_executable_in_the_repository():
     assert scripts and all(mode == "100755" for mode in scripts.values()), scripts
 
 
-# ---------------------------------------------------------------- a standalone cluster
-@pytest.fixture
-def standalone(tmp_path):
-    """A standalone master and one worker of 2 cores on 127.0.0.1; yields the master URL."""
-    port, ui, worker_ui = free_port(), free_port(), free_port()
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(tmp_path / "logs")}
-    log = open(tmp_path / "cluster.log", "w")
-    procs = [subprocess.Popen([spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(ui)], env=env, stdout=log, stderr=log)]
-    try:
-        procs.append(subprocess.Popen(
-            [spark_class(), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2",
-             "--memory", "2g", "--webui-port", str(worker_ui), "--work-dir", str(tmp_path / "work"),
-             f"spark://127.0.0.1:{port}"], env=env, stdout=log, stderr=log))
-        deadline = time.monotonic() + CLUSTER_START_S
-        while alive_workers(ui) < 1:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                log.flush()
-                pytest.fail("the standalone cluster did not start:\n" + (tmp_path / "cluster.log").read_text()[-3000:])
-            time.sleep(1)
-        yield f"spark://127.0.0.1:{port}"
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait(timeout=60)
-        log.close()
-
-
+# ---------------------------------------------------- a standalone cluster of two "hosts"
 @pytest.mark.slow
-def test_standalone_sh_trains_on_a_standalone_cluster(dataset, standalone, tmp_path):
+def test_standalone_sh_trains_across_two_hosts(dataset, two_hosts, tmp_path):
+    """A dataset on the driver's disk is refused without --shared-filesystem; with it, one barrier task per worker
+    "host", TensorFlow's gRPC between the two namespaces, results on the driver."""
+    master, addresses, _folder = two_hosts
     results = tmp_path / "r.json"
-    # the dataset is on this machine's disk, which the cluster's one worker shares
-    p = run_script("standalone.sh", str(dataset), *TRAIN, "--results", str(results), MASTER=standalone)
+    # the dataset is on this machine's disk, which the cluster's "hosts" share
+    p = run_script("standalone.sh", str(dataset), *TRAIN, "--results", str(results), MASTER=master,
+                   SPARK_LOCAL_IP=f"{NET}.1")
     out = p.stdout + p.stderr
     assert p.returncode == 2 and "is a path on the driver's disk" in out and "--shared-filesystem" in out
-    p = run_script("standalone.sh", str(dataset), *TRAIN, "--shared-filesystem", "--results", str(results),
-                   MASTER=standalone)
-    assert p.returncode == 0, p.stderr[-4000:]
-    r = json.loads(results.read_text())
-    assert r["config"]["master"] == standalone and r["workers"] == 2
-    assert [w["rank"] for w in r["per_worker"]] == [0, 1] and r["val"]["images"] == 12
-
-
-# ---------------------------------------------------- a standalone cluster of two "hosts"
-@pytest.fixture
-def two_host_cluster(tmp_path):
-    """A standalone master on the bridge and one 1-core worker in each of two namespaces
-    (:func:`cluster_util.two_host_cluster`); yields ``(master URL, [worker addresses])``. Everything is removed
-    afterwards, also when the test fails."""
-    why = cluster_util.can_make_namespaces()
-    if why:
-        pytest.skip(why)
-    with contextlib.ExitStack() as stack:
-        try:
-            cluster = stack.enter_context(cluster_util.two_host_cluster(tmp_path))
-        except cluster_util.ClusterError as e:
-            pytest.fail(str(e))
-        yield cluster
-
-
-@pytest.mark.slow
-def test_standalone_sh_trains_across_two_hosts(dataset, two_host_cluster, tmp_path):
-    """One barrier task per worker "host"; TensorFlow's gRPC between the two namespaces; results on the driver."""
-    master, addresses = two_host_cluster
-    results = tmp_path / "r.json"
     p = run_script("standalone.sh", str(dataset), *TRAIN, "--shared-filesystem", "--results", str(results),
                    MASTER=master, SPARK_LOCAL_IP=f"{NET}.1")
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]

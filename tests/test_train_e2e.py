@@ -13,7 +13,9 @@ import pytest
 from data_util import small_layout
 from spark_imagenet.errors import SparkImagenetError
 from spark_imagenet.dataset.sharding import shard
-from spark_imagenet.training.driver import train
+from spark_imagenet.training.driver.launch import train
+from spark_imagenet.training.driver.results import Result
+from spark_imagenet.training.job.outcome import FAILURE_MARKER
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +29,7 @@ def bucket(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     tree = small_layout(root / "kaggle")  # 4 classes x 6 train, 3 val each
     # 2 train shards for 2 workers; 1 val shard: the workers split its records (record sharding)
-    shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False, log=lambda m: None)
+    shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
     return root
 
 
@@ -35,11 +37,12 @@ def _cache_state(cache: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in cache.rglob("*.tfrecord")}
 
 
-def test_train_twice_in_one_session(spark, bucket):
+def test_train_twice_in_one_session(log_lines, spark, bucket):
     url, cache = str(bucket / "bucket"), bucket / "cache"
-    lines: list[str] = []
+    lines = log_lines
+    lines.clear()  # the lines from here on
 
-    first = train(spark, url, 2, epochs=1, cache=cache, results=bucket / "r1.json", log=lines.append, **SMALL)
+    first = train(spark, url, 2, epochs=1, cache=cache, results=bucket / "r1.json", **SMALL)
     assert first["workers"] == 2
     assert [w["rank"] for w in first["per_worker"]] == [0, 1]
     steps_per_epoch = 24 // (SMALL["batch_size"] * 2)
@@ -47,7 +50,10 @@ def test_train_twice_in_one_session(spark, bucket):
     for w in first["per_worker"]:
         assert w["host"] and w["steps"] == steps_per_epoch
         assert w["train_images"] == steps_per_epoch * SMALL["batch_size"]
-        assert w["images_per_sec"] > 0 and w["train_loss"] > 0 and 0 <= w["train_top1"] <= 1
+        assert w["images_per_sec"] > 0 and "train_loss" not in w  # the job's loss, once, not per worker
+    assert first["train"]["loss"] > 0 and 0 <= first["train"]["top1"] <= 1
+    assert isinstance(first, Result) and first.per_worker[0].rank == 0 and first.val.images == 12
+    assert first.checkpoint is None and first.output is None
     # every val image counted exactly once although each worker read half the records of one shard
     assert first["val"]["images"] == 12
     assert 0 <= first["val"]["top1"] <= first["val"]["top5"] <= 1
@@ -58,28 +64,29 @@ def test_train_twice_in_one_session(spark, bucket):
     assert len(cached) == 3  # 2 train shards + the shared val shard, each once on this host
 
     # a second MWMS job in the same session: fresh child processes, shards reused from the cache
-    second = train(spark, url, 2, epochs=2, cache=cache, log=lines.append, **SMALL)
+    second = train(spark, url, 2, epochs=2, cache=cache, **SMALL)
     assert [w["steps"] for w in second["per_worker"]] == [2 * steps_per_epoch] * 2
     assert second["val"]["images"] == 12
     assert len(second["history"]["loss"]) == 2
     assert _cache_state(cache) == cached
 
 
-def test_train_from_gs_bucket_on_the_emulator(spark, bucket, gcs_bucket, tmp_path):
+def test_train_from_gs_bucket_on_the_emulator(log_lines, spark, bucket, gcs_bucket, tmp_path):
     """The same job on a gs:// bucket (fake-gcs-server): tasks fetch their shards over HTTP, verified; a
     second job downloads nothing."""
     from spark_imagenet.dataset.transfer import upload
 
     url = f"gs://{gcs_bucket}/imagenet-tiny"
-    upload(bucket / "bucket", url, log=lambda m: None)
+    upload(bucket / "bucket", url)
     cache = tmp_path / "cache"
-    lines: list[str] = []
-    out = train(spark, url, 2, epochs=1, cache=cache, transfers=2, log=lines.append, **SMALL)
+    lines = log_lines
+    lines.clear()  # the lines from here on
+    out = train(spark, url, 2, epochs=1, cache=cache, transfers=2, **SMALL)
     assert out["config"]["url"] == url
     assert out["val"]["images"] == 12 and [w["rank"] for w in out["per_worker"]] == [0, 1]
     cached = _cache_state(cache)
     assert len(cached) == 3
-    again = train(spark, url, 2, epochs=1, cache=cache, log=lines.append, **SMALL)
+    again = train(spark, url, 2, epochs=1, cache=cache, **SMALL)
     assert again["val"]["images"] == 12
     assert _cache_state(cache) == cached  # nothing downloaded or rewritten
 
@@ -124,11 +131,14 @@ def test_worker_failure_is_reported_with_its_output(spark, bucket):
     broken = bucket / "broken"
     image = _break_one_jpeg(bucket / "bucket", broken)
     with pytest.raises(SparkImagenetError) as e:
-        train(spark, str(broken), 2, epochs=1, cache=bucket / "cache", log=lambda m: None, **SMALL)
+        train(spark, str(broken), 2, epochs=1, cache=bucket / "cache", **SMALL)
     msg = str(e.value)
     assert msg.startswith("rank 0 ") and "exited with code 1" in msg, msg
     assert re.search(r"train-00000-of-00002-[0-9a-f]{8}\.tfrecord, record 0", msg) and image in msg, msg
-    assert "(end of rank 0" in msg
+    assert "(end of rank 0" in msg and FAILURE_MARKER not in msg
+    failure = e.value.failure  # the same, typed
+    assert failure.rank == 0 and failure.exit_status == 1 and failure.stage == "training (fit)"
+    assert failure.error == "ImageError" and type(e.value).__name__ == "ImageError" and image in failure.message
     assert "\tat org.apache" not in msg
     # the session survives a failed barrier job
     assert spark.sparkContext.parallelize(range(3), 3).count() == 3
@@ -156,8 +166,7 @@ def _check_output(out: Path, result: dict, epochs: int) -> None:
     train_scalars = _scalars(out / "tensorboard" / "train")
     assert set(train_scalars) == {"xent", "top1", "top5", "learning_rate", "images_per_sec"}
     assert [step for step, _ in train_scalars["top1"]] == list(range(1, epochs + 1))
-    history = result["per_worker"][0]
-    assert train_scalars["xent"][-1][1] == pytest.approx(history["train_loss"], rel=1e-5)
+    assert train_scalars["xent"][-1][1] == pytest.approx(result["train"]["loss"], rel=1e-5)
     assert train_scalars["learning_rate"][0][1] == pytest.approx(SMALL["learning_rate"])
     val_scalars = _scalars(out / "tensorboard" / "validation")
     assert val_scalars["top1"] == [(epochs, pytest.approx(result["val"]["top1"]))]
@@ -168,10 +177,10 @@ def _check_output(out: Path, result: dict, epochs: int) -> None:
     assert model.output_shape == (None, 4) and model.input_shape == (None, 72, 72, 3)
 
 
-def test_output_holds_the_model_labels_results_and_tensorboard_logs(spark, bucket, tmp_path):
-    out, lines = tmp_path / "run", []
+def test_output_holds_the_model_labels_results_and_tensorboard_logs(log_lines, spark, bucket, tmp_path):
+    out, lines = tmp_path / "run", log_lines
     result = train(spark, str(bucket / "bucket"), 2, epochs=2, cache=bucket / "cache", output=str(out),
-                   log=lines.append, **SMALL)
+                   **SMALL)
     _check_output(out, result, epochs=2)
     assert any(line.startswith(f"output: labels.json, results.json written to {out}") for line in lines)
     # `spark-imagenet evaluate` scores the saved model at the run's own validation numbers
@@ -217,7 +226,7 @@ def _probabilities(model_path: Path, image: Path):
     import tensorflow as tf
     import tf_keras as keras
 
-    from spark_imagenet.training import pipeline
+    from spark_imagenet.training.worker import pipeline
 
     model = keras.models.load_model(model_path, compile=False)
     size = int(model.input_shape[1])
@@ -245,8 +254,7 @@ def test_output_to_a_bucket_on_the_gcs_emulator(spark, bucket, gcs_bucket, tmp_p
     from spark_imagenet.storage import open_storage
 
     url = f"gs://{gcs_bucket}/runs/one"
-    result = train(spark, str(bucket / "bucket"), 2, epochs=1, cache=bucket / "cache", output=url,
-                   log=lambda line: None, **SMALL)
+    result = train(spark, str(bucket / "bucket"), 2, epochs=1, cache=bucket / "cache", output=url, **SMALL)
     storage, local = open_storage(url), tmp_path / "copy"
     names = sorted(o.name for o in storage.list())
     assert {"model.keras", "labels.json", "results.json"} <= set(names)
@@ -258,25 +266,27 @@ def test_output_to_a_bucket_on_the_gcs_emulator(spark, bucket, gcs_bucket, tmp_p
 
 def test_an_output_that_cannot_be_written_is_refused_before_spark(bucket, tmp_path):
     from spark_imagenet.errors import ConfigError
-    from spark_imagenet.training.config import TrainConfig
-    from spark_imagenet.training.driver import plan_job
+    from spark_imagenet.training.job.config import TrainConfig
+    from spark_imagenet.training.driver.launch import plan_job
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    with pytest.raises(ConfigError, match=rf"--output {re.escape(str(blocker / 'run'))}: cannot write there"):
+    with pytest.raises(ConfigError, match=rf"--output {re.escape(str(blocker / 'run'))}: {re.escape(str(blocker))} "
+                                          r"is a file, not a folder"):
         plan_job(str(bucket / "bucket"), TrainConfig(workers=2, output=str(blocker / "run"), **SMALL))
 
 
-def test_a_warm_up_and_cosine_schedule_drives_the_optimizer_step_by_step(spark, bucket, tmp_path):
+def test_a_warm_up_and_cosine_schedule_drives_the_optimizer_step_by_step(log_lines, spark, bucket, tmp_path):
     """--lr-schedule cosine --warmup-epochs 1 --lr-scaling linear: the learning rate the chief logs to
     TensorBoard at the end of each epoch (that of its last step) is the schedule's formula at that step."""
-    from spark_imagenet.training.config import TrainConfig
-    from spark_imagenet.training.schedules import schedule_for
+    from spark_imagenet.training.job.config import TrainConfig
+    from spark_imagenet.training.job.schedules import schedule_for
 
-    lines: list[str] = []
+    lines = log_lines
+    lines.clear()  # the lines from here on
     settings = {**SMALL, "epochs": 3, "lr_schedule": "cosine", "warmup_epochs": 1.0, "lr_scaling": "linear"}
     result = train(spark, str(bucket / "bucket"), 2, cache=bucket / "cache", output=str(tmp_path / "out"),
-                   log=lines.append, **settings)
+                   **settings)
     steps = result["config"]["steps_per_epoch"]
     schedule = schedule_for(TrainConfig(workers=2, **settings), steps)
     assert schedule.describe() in lines  # the resolved peak, printed before training

@@ -1,10 +1,19 @@
-"""submit/yarn.sh on a real YARN cluster: Hadoop's MiniYARNCluster (a ResourceManager and two NodeManagers,
-see tests/yarn_cluster.py), the virtualenv packed with venv-pack and shipped with --archives, two executors,
-barrier training to the end, in client and in cluster deploy mode."""
+"""submit/yarn.sh on a real YARN cluster: Hadoop's MiniYARNCluster on a MiniDFSCluster (a ResourceManager, a
+NodeManager, HDFS as the default file system; see tests/yarn_cluster.py), the virtualenv packed with venv-pack
+(``PACK_ONLY=1``) and shipped with --archives, two executors, barrier training to the end, in client and in
+cluster deploy mode.
+
+Both jobs ship the archive from HDFS, where it is a YARN PUBLIC resource: the NodeManager unpacks it once for
+both. Unpacking its ~39k files is most of a job's time here (Hadoop without its native library sets each file's
+permissions with a ``chmod`` process: about 2 minutes), which is also why the cluster has one NodeManager.
+Spark's jars are ``local:`` (there on the one host), as with a Spark installed on every node. What yarn.sh
+hands spark-submit for an archive on this machine (which Spark then uploads per job) is checked with a
+stand-in spark-submit."""
 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import os
 import subprocess
@@ -30,8 +39,7 @@ def yarn_env(conf_dir: Path | None, python: str, work: Path, **extra: str) -> di
     drop = ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYSPARK_GATEWAY_PORT", "HADOOP_CONF_DIR",
             "YARN_CONF_DIR", "SPARK_HOME")
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update({"PYTHON": python, "ENV_ARCHIVE": str(CACHE / "yarn-env.tar.gz"),
-                "SPARK_SUBMIT_OPTS_EXTRA": f"--conf spark.yarn.stagingDir=file://{work}/staging", **extra})
+    env.update({"PYTHON": python, "ENV_ARCHIVE": str(CACHE / "yarn-env.tar.gz"), **extra})
     if conf_dir is not None:
         env["HADOOP_CONF_DIR"] = str(conf_dir)
     return env
@@ -44,14 +52,38 @@ def run_yarn_sh(env: dict, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def yarn(tmp_path_factory):
-    """A running MiniYARNCluster with two NodeManagers; yields (HADOOP_CONF_DIR, work folder)."""
+    """A running MiniYARNCluster (one NodeManager) on a MiniDFSCluster; yields (YarnCluster, work folder)."""
     work = tmp_path_factory.mktemp("yarn")
     with contextlib.ExitStack() as stack:
         try:
-            conf = stack.enter_context(mini_yarn_cluster(work, node_managers=2))
+            cluster = stack.enter_context(mini_yarn_cluster(work))
         except Unavailable as e:
             pytest.skip(f"no YARN test cluster on this machine: {e}")
-        yield conf, work
+        yield cluster, work
+
+
+@pytest.fixture(scope="module")
+def env_in_hdfs(yarn, shipped) -> str:
+    """The environment packed by yarn.sh (``PACK_ONLY=1``), uploaded once into the cluster's HDFS,
+    world-readable as HDFS makes files by default; its hdfs:// URL."""
+    from spark_imagenet.storage import open_storage
+
+    cluster, work = yarn
+    python, _dataset = shipped
+    p = run_yarn_sh(yarn_env(None, python, work, PACK_ONLY="1"))
+    assert p.returncode == 0 and p.stdout.strip() == str(CACHE / "yarn-env.tar.gz"), p.stdout + p.stderr
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HADOOP_USER_NAME", getpass.getuser())  # the NameNode's user: HDFS's superuser here
+        open_storage(f"webhdfs://127.0.0.1:{cluster.webhdfs_port}/apps/spark-imagenet").put_file(
+            CACHE / "yarn-env.tar.gz", "env.tar.gz")
+    return f"{cluster.default_fs}/apps/spark-imagenet/env.tar.gz"
+
+
+def local_jars(python: str) -> str:
+    """spark-submit options that take Spark's jars from this host (``local:``) instead of uploading them."""
+    code = "import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), 'jars'))"
+    jars = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, cwd="/").stdout.strip()
+    return f"--conf spark.yarn.jars=local:{jars}/*"
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +140,28 @@ def test_yarn_sh_refuses_a_package_the_archive_would_not_hold(tmp_path):
     assert p.returncode == 2 and "the archive would lack it: pip install . (not -e)" in p.stderr
 
 
+def test_yarn_sh_hands_spark_submit_the_archive_and_the_shipped_python(tmp_path):
+    """A local archive and an hdfs:// one go to --archives as ENV#environment; a URL is never packed here
+    (this checkout's editable install would be refused if it were)."""
+    (tmp_path / "yarn-site.xml").write_text("<configuration/>\n")
+    fake = tmp_path / "spark-submit"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    archive = tmp_path / "env.tar.gz"
+    archive.write_bytes(b"")
+    for where, pack in ((str(archive), "0"), ("hdfs:///apps/spark-imagenet/env.tar.gz", "1")):
+        env = yarn_env(tmp_path, "python3", tmp_path, PACK=pack, ENV_ARCHIVE=where, SPARK_SUBMIT=str(fake))
+        p = run_yarn_sh(env, "gs://b/imagenet", "--workers", "3", "--epochs", "2")
+        assert p.returncode == 0, p.stderr
+        args = p.stdout.splitlines()
+        assert args[args.index("--archives") + 1] == f"{where}#environment"
+        assert args[args.index("--master") + 1] == "yarn" and args[args.index("--deploy-mode") + 1] == "client"
+        for conf in ("spark.executor.instances=3", "spark.pyspark.python=./environment/bin/python",
+                     "spark.executorEnv.PYSPARK_PYTHON=./environment/bin/python"):
+            assert conf in args, args
+        assert args[-5:] == ["gs://b/imagenet", "--workers", "3", "--epochs", "2"]
+
+
 def check_results(results: Path, out: str) -> dict:
     """The results JSON of a 2-worker job whose tasks ran the shipped environment's Python."""
     r = json.loads(results.read_text())
@@ -120,11 +174,12 @@ def check_results(results: Path, out: str) -> dict:
 
 
 @pytest.mark.slow
-def test_yarn_sh_client_mode_ships_the_environment_and_trains(yarn, shipped, tmp_path):
-    conf, work = yarn
+def test_yarn_sh_client_mode_ships_the_environment_and_trains(yarn, shipped, env_in_hdfs, tmp_path):
+    cluster, work = yarn
     python, dataset = shipped
     results = tmp_path / "client.json"
-    p = run_yarn_sh(yarn_env(conf, python, work), str(dataset), *TRAIN, "--results", str(results))
+    env = yarn_env(cluster.conf, python, work, ENV_ARCHIVE=env_in_hdfs, SPARK_SUBMIT_OPTS_EXTRA=local_jars(python))
+    p = run_yarn_sh(env, str(dataset), *TRAIN, "--results", str(results))
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-6000:]
     check_results(results, out)
@@ -132,13 +187,17 @@ def test_yarn_sh_client_mode_ships_the_environment_and_trains(yarn, shipped, tmp
 
 
 @pytest.mark.slow
-def test_yarn_sh_cluster_mode_runs_the_driver_in_the_application_master(yarn, shipped, tmp_path):
-    conf, work = yarn
+def test_yarn_sh_cluster_mode_runs_the_driver_in_the_application_master(yarn, shipped, env_in_hdfs, tmp_path):
+    cluster, work = yarn
     python, dataset = shipped
     results = tmp_path / "cluster.json"
-    p = run_yarn_sh(yarn_env(conf, python, work, DEPLOY_MODE="cluster"), str(dataset), *TRAIN,
-                    "--results", str(results))
+    env = yarn_env(cluster.conf, python, work, DEPLOY_MODE="cluster", ENV_ARCHIVE=env_in_hdfs,
+                   SPARK_SUBMIT_OPTS_EXTRA=local_jars(python))
+    p = run_yarn_sh(env, str(dataset), *TRAIN, "--results", str(results))
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-6000:]
     assert "final status: SUCCEEDED" in out, out[-3000:]
     check_results(results, out)
+    # The NodeManager unpacked the archive into its PUBLIC cache (shared by every job), not for one application.
+    public = [p for p in work.glob("cluster/target/test/data/**/filecache/*/env.tar.gz") if "usercache" not in p.parts]
+    assert public, out[-3000:]

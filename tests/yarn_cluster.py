@@ -1,7 +1,7 @@
 """A real YARN cluster for the tests, and a virtualenv that submit/yarn.sh can ship to it.
 
-The cluster is Hadoop's MiniYARNCluster (a ResourceManager and NodeManagers in one JVM, the local file
-system as the default file system) from Maven Central's ``hadoop-client-minicluster`` 3.5.0, the version
+The cluster is Hadoop's MiniYARNCluster (a ResourceManager and NodeManagers in one JVM) with a MiniDFSCluster
+as its default file system, from Maven Central's ``hadoop-client-minicluster`` 3.5.0, the version
 of the Hadoop client inside pyspark 4.3. ``tests/yarn/pom.xml`` names the jars; Maven fetches them once
 into ``~/.m2`` and later runs reuse them. Nothing is committed but the pom and the launcher
 ``tests/yarn/MiniYarnCluster.java`` (run as a single source file by ``java``, Java 11+).
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 POM = REPO / "tests" / "yarn" / "pom.xml"
@@ -53,9 +53,18 @@ def yarn_classpath(work: Path) -> str:
     return out.read_text().strip()
 
 
+class YarnCluster(NamedTuple):
+    """A running test cluster: ``conf`` (the folder for ``HADOOP_CONF_DIR``), ``default_fs`` (its HDFS,
+    ``hdfs://127.0.0.1:PORT``) and ``webhdfs_port`` (that HDFS's WebHDFS port on 127.0.0.1)."""
+
+    conf: Path
+    default_fs: str
+    webhdfs_port: int
+
+
 @contextlib.contextmanager
-def mini_yarn_cluster(work: Path, node_managers: int = 2) -> Iterator[Path]:
-    """Run a MiniYARNCluster for the block; yields the folder for ``HADOOP_CONF_DIR``.
+def mini_yarn_cluster(work: Path, node_managers: int = 1) -> Iterator[YarnCluster]:
+    """Run a MiniYARNCluster on a MiniDFSCluster for the block; yields its :class:`YarnCluster`.
 
     Args:
         work: a scratch folder: the cluster's data (``work/cluster``), its log (``work/yarn.log``) and the
@@ -75,14 +84,19 @@ def mini_yarn_cluster(work: Path, node_managers: int = 2) -> Iterator[Path]:
         proc = subprocess.Popen(["java", "-cp", classpath, str(LAUNCHER), str(conf), str(node_managers)],
                                 cwd=data, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, text=True)
         try:
-            _wait_ready(proc, log)
-            yield conf
+            ready = ready_line(proc)
+            if ready is None:
+                raise RuntimeError(f"the MiniYARNCluster did not start within {START_TIMEOUT_S} s; its log ends:\n"
+                                   + log_tail(log))
+            _, _rm, default_fs, webhdfs_port = ready.split()
+            yield YarnCluster(conf, default_fs, int(webhdfs_port))
         finally:
-            _stop(proc)
+            stop_launcher(proc)
 
 
-def _wait_ready(proc: subprocess.Popen, log: Path) -> None:
-    """Wait (bounded) for the launcher's ``READY`` line."""
+def ready_line(proc: subprocess.Popen) -> str | None:
+    """The launcher's ``READY ...`` line on its standard output, None when none came within
+    :data:`START_TIMEOUT_S` seconds."""
     ready: list[str] = []
 
     def read() -> None:
@@ -94,12 +108,16 @@ def _wait_ready(proc: subprocess.Popen, log: Path) -> None:
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     reader.join(START_TIMEOUT_S)
-    if not ready:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise RuntimeError(f"the MiniYARNCluster did not start within {START_TIMEOUT_S} s; its log ends:\n{tail}")
+    return ready[0] if ready else None
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def log_tail(log: Path) -> str:
+    """The last 30 lines of a launcher's log."""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+
+
+def stop_launcher(proc: subprocess.Popen) -> None:
+    """Stop a launcher (it exits when its standard input closes), killing it after :data:`STOP_TIMEOUT_S` s."""
     with contextlib.suppress(OSError):
         proc.stdin.close()
     try:

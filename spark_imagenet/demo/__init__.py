@@ -4,18 +4,23 @@ It generates a small learnable dataset in the Kaggle layout
 (:mod:`spark_imagenet.demo.synthetic`: 10 classes of procedurally drawn
 textures), shards it into a local bucket folder, and trains a narrow AlexNet
 with 4 barrier workers (``local[4]`` by default), printing per-worker and
-global results. Importing this package is cheap: the sharding and training
+global results (its lines are logged: :mod:`spark_imagenet.logs`; with no logging set up they are
+printed as on the command line). Importing this package is cheap: the sharding and training
 modules are imported when :func:`run_demo` runs.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from spark_imagenet.logs import ensure_console
+
+logger = logging.getLogger(__name__)
 
 #: Training settings of the demo: small enough for 2 CPU cores, large enough to
 #: learn every time (global batch 96 divides the 480 train images: 5 steps per
@@ -35,7 +40,7 @@ DEMO_DATA = {"train_per_class": 48, "val_per_class": 12, "test_images": 4, "size
 
 
 def demo_config(config=None, **settings: Any):
-    """The demo's :class:`~spark_imagenet.training.config.TrainConfig`.
+    """The demo's :class:`~spark_imagenet.training.job.config.TrainConfig`.
 
     Args:
         config: a TrainConfig to use as it is (``settings`` override its
@@ -45,15 +50,15 @@ def demo_config(config=None, **settings: Any):
     Raises:
         ConfigError: an unknown setting or an invalid value.
     """
-    from spark_imagenet.training.config import TrainConfig
-    from spark_imagenet.training.driver import as_config
+    from spark_imagenet.training.job.config import TrainConfig
+    from spark_imagenet.training.driver.launch import as_config
 
     if config is None:
         return TrainConfig.from_mapping({**DEMO_TRAIN_DEFAULTS, **settings}, "run_demo()")
     return as_config(config, settings)
 
 
-def _generate(source: Path, num_classes: int, log: Callable[[str], None]) -> None:
+def _generate(source: Path, num_classes: int) -> None:
     """Generate the synthetic Kaggle-layout source once (kept when complete)."""
     from spark_imagenet.demo.synthetic import generate_kaggle_layout
 
@@ -61,50 +66,47 @@ def _generate(source: Path, num_classes: int, log: Callable[[str], None]) -> Non
         return
     if source.exists():
         shutil.rmtree(source)
-    log(f"demo: generating {num_classes} synthetic classes in the Kaggle layout under {source}")
+    logger.info(f"demo: generating {num_classes} synthetic classes in the Kaggle layout under {source}")
     generate_kaggle_layout(source, num_classes=num_classes, seed=0, **DEMO_DATA)
 
 
 def run_demo(spark, config=None, *, workdir: str | os.PathLike | None = None, num_classes: int = 10,
-             log: Callable[[str], None] | None = None, **settings: Any) -> dict:
+             **settings: Any) -> dict:
     """Generate, shard and train: the whole job on a synthetic dataset.
 
     Args:
         spark: an active ``pyspark.sql.SparkSession`` with at least
             ``workers`` free task slots.
-        config: a :class:`~spark_imagenet.training.config.TrainConfig`; None
+        config: a :class:`~spark_imagenet.training.job.config.TrainConfig`; None
             for :data:`DEMO_TRAIN_DEFAULTS`.
         workdir: folder for the generated source (``kaggle/``) and the shards
             (``bucket/``); reused when run again. ``None``: a temporary folder,
             removed at the end.
         num_classes: synthetic classes (>= 2).
-        log: one-line status printer (default: stderr).
         **settings: TrainConfig fields overriding the demo's defaults (e.g.
             ``workers=2``, ``results="r.json"``).
 
     Returns:
-        dict: the results of :func:`spark_imagenet.training.driver.train`.
+        dict: the results of :func:`spark_imagenet.training.driver.launch.train`.
 
     Raises:
         SparkImagenetError: as :func:`~spark_imagenet.dataset.sharding.shard`
-            and :func:`~spark_imagenet.training.driver.train` raise.
+            and :func:`~spark_imagenet.training.driver.launch.train` raise.
     """
     from spark_imagenet.dataset.sharding import shard
-    from spark_imagenet.training.driver import train
+    from spark_imagenet.training.driver.launch import train
 
     config = demo_config(config, **settings)
-    if log is None:
-        def log(msg: str) -> None:
-            print(msg, file=sys.stderr, flush=True)
+    ensure_console()
     temporary = workdir is None
     root = Path(tempfile.mkdtemp(prefix="spark-imagenet-demo-") if temporary else workdir).absolute()
     try:
         source = root / "kaggle"
-        _generate(source, num_classes, log)
+        _generate(source, num_classes)
         bucket = root / "bucket"
         workers = config.workers
-        shard(source, bucket, train_shards=max(8, workers), val_shards=max(2, min(workers, 4)), log=log)
-        log(f"demo: training on {bucket} with {workers} barrier workers")
+        shard(source, bucket, train_shards=max(8, workers), val_shards=max(2, min(workers, 4)))
+        logger.info(f"demo: training on {bucket} with {workers} barrier workers")
         return train(spark, str(bucket), config)
     finally:
         if temporary:

@@ -7,7 +7,7 @@
   --gpu-discovery-script`` prints its installed path.
 * ``log4j2-quiet.properties`` (:data:`QUIET_LOG4J2`): the log4j2 configuration
   given to the driver JVMs the command line starts itself
-  (:func:`spark_imagenet.training.spark_session.quiet_logging_conf`).
+  (:func:`spark_imagenet.training.driver.spark_session.quiet_logging_conf`).
 
 ``[tool.setuptools.package-data]`` in ``pyproject.toml`` puts them in the wheel.
 """

@@ -1,16 +1,20 @@
 // A real YARN cluster for the tests: one ResourceManager and N NodeManagers in this JVM (Hadoop's
-// MiniYARNCluster), with the local file system as the default file system.
+// MiniYARNCluster), with an HDFS (MiniDFSCluster: a NameNode and a DataNode, WebHDFS on) as the default file
+// system, as on a real YARN cluster: Spark stages each application's files there, and an archive kept there
+// with world-readable permissions is YARN's PUBLIC resource, unpacked once per NodeManager for every job.
 //
 //   java -cp "$(classpath of tests/yarn/pom.xml)" tests/yarn/MiniYarnCluster.java CONF_DIR [NODE_MANAGERS]
 //
 // Writes CONF_DIR/yarn-site.xml and CONF_DIR/core-site.xml (point HADOOP_CONF_DIR at CONF_DIR), then prints
-// one line "READY <resourcemanager address>" and runs until its standard input closes or it is killed.
+// one line "READY <resourcemanager address> <fs.defaultFS> <WebHDFS port>" and runs until its standard input
+// closes or it is killed.
 // The NodeManagers' memory checks are off: the containers run TensorFlow processes on a small machine.
 // Needs Java 11+ (a single source file runs without a separate compile step).
 import java.io.File;
 import java.io.FileOutputStream;
 import java.io.OutputStream;
 import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.hdfs.MiniDFSCluster;
 import org.apache.log4j.BasicConfigurator;
 import org.apache.log4j.ConsoleAppender;
 import org.apache.log4j.Level;
@@ -27,18 +31,26 @@ public class MiniYarnCluster {
         BasicConfigurator.configure(new ConsoleAppender(new PatternLayout("%d %p %c: %m%n"), "System.err"));
         Logger.getRootLogger().setLevel(Level.WARN);
         YarnConfiguration conf = new YarnConfiguration();
+        conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, new File("hdfs").getAbsolutePath());
+        conf.setBoolean("dfs.webhdfs.enabled", true);
+        conf.set("dfs.datanode.hostname", "127.0.0.1");
+        conf.setLong("dfs.namenode.resource.du.reserved", 0L);
+        conf.setInt("dfs.replication", 1);
+        MiniDFSCluster dfs = new MiniDFSCluster.Builder(conf).numDataNodes(1).build();
+        dfs.waitActive();
+        conf.set("fs.defaultFS", dfs.getFileSystem().getUri().toString());
         // A nearly full test disk must not mark the NodeManagers unhealthy.
         conf.set("yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage", "100.0");
         conf.setBoolean("yarn.nodemanager.pmem-check-enabled", false);
         conf.setBoolean("yarn.nodemanager.vmem-check-enabled", false);
-        // Memory and vcores are only YARN's accounting here: room for conf/spark-defaults.yarn.conf's
-        // executors (14 GiB, 4 vcores each), one per NodeManager, and an application master.
-        conf.setInt("yarn.nodemanager.resource.memory-mb", 32768);
+        // Memory and vcores are only YARN's accounting here: room on one NodeManager for two of
+        // conf/spark-defaults.yarn.conf's executors (14 GiB, 4 vcores each) and an application master.
+        conf.setInt("yarn.nodemanager.resource.memory-mb", 40960);
         // (MiniYARNCluster gives its NodeManagers this one, 4096 by default, instead of the one above.)
-        conf.setInt("yarn.minicluster.yarn.nodemanager.resource.memory-mb", 32768);
-        conf.setInt("yarn.nodemanager.resource.cpu-vcores", 8);
+        conf.setInt("yarn.minicluster.yarn.nodemanager.resource.memory-mb", 40960);
+        conf.setInt("yarn.nodemanager.resource.cpu-vcores", 16);
         conf.setInt("yarn.scheduler.minimum-allocation-mb", 256);
-        conf.setInt("yarn.scheduler.maximum-allocation-mb", 32768);
+        conf.setInt("yarn.scheduler.maximum-allocation-mb", 40960);
         // The capacity scheduler's default gives application masters 10% of the memory: too little here.
         conf.set("yarn.scheduler.capacity.maximum-am-resource-percent", "0.5");
         // The capacity scheduler's one queue (a real cluster reads these from capacity-scheduler.xml).
@@ -53,16 +65,22 @@ public class MiniYarnCluster {
             Thread.sleep(100);
         }
         confDir.mkdirs();
+        // What the clients read: without MiniDFSCluster's rack mapping, a test class that Spark's Hadoop client
+        // lacks (ClassNotFoundException: org.apache.hadoop.net.StaticMapping).
+        Configuration client = new Configuration(started);
+        client.unset("net.topology.node.switch.mapping.impl");
         for (String name : new String[] {"yarn-site.xml", "core-site.xml"}) {
             try (OutputStream out = new FileOutputStream(new File(confDir, name))) {
-                started.writeXml(out);
+                client.writeXml(out);
             }
         }
-        System.out.println("READY " + started.get(YarnConfiguration.RM_ADDRESS));
+        System.out.println("READY " + started.get(YarnConfiguration.RM_ADDRESS) + " " + started.get("fs.defaultFS")
+                           + " " + dfs.getNameNode().getHttpAddress().getPort());
         System.out.flush();
         while (System.in.read() != -1) {
             // Runs until the test closes the pipe (or the process is killed).
         }
         cluster.stop();
+        dfs.shutdown();
     }
 }

@@ -1,0 +1,103 @@
+"""The `evaluate` and `predict` commands leave no copy of the model behind in $TMPDIR, whether they succeed or fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import pytest
+
+import spark_imagenet.training.worker  # noqa: F401  (TensorFlow's set-up, before it is imported)
+import tf_keras as keras  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from spark_imagenet.errors import ConfigError  # noqa: E402
+from spark_imagenet.training.worker import evaluate, predict  # noqa: E402
+
+PREFIX = "spark-imagenet-model-"
+
+
+@pytest.fixture
+def tmpdir_for_copies(tmp_path, monkeypatch):
+    """A fresh $TMPDIR for the commands' temporary folders."""
+    folder = tmp_path / "tmpdir"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+@pytest.fixture
+def run_folder(tmp_path):
+    """An --output folder: a 2-class model.keras on 8-pixel images and its labels.json."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    inputs = keras.Input((8, 8, 3))
+    outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(inputs))
+    keras.Model(inputs, outputs).save(str(folder / "model.keras"))
+    labels = [{"id": i, "wnid": f"n0000000{i}", "names": [f"class {i}"]} for i in range(2)]
+    (folder / "labels.json").write_text(json.dumps(labels))
+    return folder
+
+
+@pytest.fixture
+def image(tmp_path):
+    path = tmp_path / "red.jpg"
+    Image.new("RGB", (16, 12), (200, 10, 10)).save(path, format="JPEG")
+    return path
+
+
+def copies(folder) -> list[str]:
+    return [name for name in os.listdir(folder) if name.startswith(PREFIX)]
+
+
+def test_the_copy_exists_inside_the_block_only(run_folder, tmpdir_for_copies):
+    with evaluate.fetched_model(str(run_folder)) as local:
+        assert os.path.isfile(local) and os.path.dirname(os.path.dirname(local)) == str(tmpdir_for_copies)
+        assert copies(tmpdir_for_copies)
+    assert copies(tmpdir_for_copies) == [] and not os.path.exists(local)
+
+
+def test_predict_success_leaves_no_copy(run_folder, image, tmpdir_for_copies, capsys):
+    assert predict.main([str(run_folder), str(image), "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    assert result["file"] == str(image) and len(result["top"]) == 2
+    assert copies(tmpdir_for_copies) == []
+
+
+def test_load_model_success_leaves_no_copy(run_folder, tmpdir_for_copies):
+    model = evaluate.load_model(str(run_folder / "model.keras"))
+    assert model.output_shape == (None, 2)
+    assert copies(tmpdir_for_copies) == []
+
+
+def test_a_file_that_is_not_a_model_leaves_no_copy(tmp_path, image, tmpdir_for_copies, capsys):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.keras").write_bytes(b"not a zip of a Keras model")
+    (broken / "labels.json").write_text(json.dumps([{"id": 0, "wnid": "n00000000", "names": ["a"]}]))
+    with pytest.raises(ConfigError, match="is not a Keras model"):
+        evaluate.load_model(str(broken))
+    assert copies(tmpdir_for_copies) == []
+    assert predict.main([str(broken), str(image)]) == 2
+    assert "is not a Keras model" in capsys.readouterr().err
+    assert copies(tmpdir_for_copies) == []
+
+
+def test_failures_after_the_copy_leave_no_copy(run_folder, image, tmp_path, tmpdir_for_copies, capsys):
+    # evaluate: the model was fetched, then the dataset is missing
+    assert evaluate.main([str(run_folder), str(tmp_path / "no-dataset")]) == 2
+    assert "no-dataset" in capsys.readouterr().err
+    assert copies(tmpdir_for_copies) == []
+    # predict: the model was fetched and loaded, then the labels do not match its outputs
+    (run_folder / "labels.json").write_text(json.dumps([{"id": 0, "wnid": "n00000000", "names": ["a"]}]))
+    assert predict.main([str(run_folder), str(image)]) == 2
+    assert "1 classes but the model has 2 outputs" in capsys.readouterr().err
+    assert copies(tmpdir_for_copies) == []
+
+
+def test_predict_refuses_a_non_image_before_fetching_the_model(tmp_path, tmpdir_for_copies, capsys):
+    text = tmp_path / "notes.jpg"
+    text.write_text("not an image")
+    assert predict.main([str(tmp_path / "no-model"), str(text)]) == 2
+    assert f"{text}: not an image (JPEG, PNG" in capsys.readouterr().err
