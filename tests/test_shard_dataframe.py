@@ -224,8 +224,13 @@ def test_a_binary_file_read_of_a_folder_without_class_folders_is_refused(spark, 
         read_table(spark, str(empty), "binaryFile")
 
 
-def test_the_command_line_takes_a_source_or_a_table(tmp_path, capsys):
+def test_the_command_line_takes_a_source_or_a_table(tmp_path, capsys, monkeypatch):
     from spark_imagenet.cli import main
+    from spark_imagenet.training.driver import spark_session
+
+    monkeypatch.setattr(spark_session, "session_for", lambda *a, **k: pytest.fail("Spark was started"))
+    (tmp_path / "kaggle").mkdir()
+    (tmp_path / "kaggle" / "LOC_synset_mapping.txt").write_text("n01440764 tench\n")
 
     for args, message in [
         ((), "or --labels FILE or --table NAME|PATH"),
@@ -233,6 +238,12 @@ def test_the_command_line_takes_a_source_or_a_table(tmp_path, capsys):
         ((str(tmp_path), "--format", "parquet"), "--format: only with --table"),
         (("--table", "t", "--classes", "3"), "--classes: only with SOURCE or --labels FILE (filter a --table first)"),
         (("--table", "t", "--path-column", "p"), "--path-column: only with --labels FILE"),
+        ((str(tmp_path), "--master", "local[2]", "--per-class", "3"), "--per-class: not with --master (SOURCE is "
+         "then sharded as a Spark job, which takes every image of the tree)"),
+        ((str(tmp_path), "--master", "local[2]", "--format", "parquet"), "--format: only with --table"),
+        ((str(tmp_path / "kaggle"), "--master", "local[2]"), "is the Kaggle ImageNet download: it is sharded on "
+         "this machine (leave out --master); --master shards a folder of class folders"),
+        ((str(tmp_path / "photos.zip"), "--master", "local[2]"), "photos.zip is the Kaggle ImageNet download"),
     ]:
         assert main(["shard", *args, "--out", str(tmp_path / "o")]) == 2
         assert message in capsys.readouterr().err, args
@@ -321,8 +332,8 @@ def test_to_a_gcs_bucket_on_the_emulator(spark, gcs_bucket, tmp_path):
 
 @pytest.mark.slow
 def test_on_a_standalone_cluster_of_two_hosts(two_hosts, tmp_path):
-    """``spark-imagenet shard --table ... --master spark://...`` with one 1-core worker in each of two network
-    namespaces (the session's cluster, tests/conftest.py): both hosts run shard tasks; the driver commits."""
+    """``spark-imagenet shard PHOTOS --master spark://...`` (a class-folder tree as a Spark job: a binaryFile
+    read, as ``--table PHOTOS --format binaryFile``) with one 1-core worker in each of two network namespaces (the session's cluster, tests/conftest.py): both hosts run shard tasks; the driver commits."""
     import os
     import subprocess
     import sys
@@ -334,8 +345,7 @@ def test_on_a_standalone_cluster_of_two_hosts(two_hosts, tmp_path):
     out = tmp_path / "shards"
     before = {p for i in (0, 1) for p in (folder / f"work{i}").glob("app-*")}
     p = subprocess.run(
-        [sys.executable, "-m", "spark_imagenet", "shard", "--table", str(tmp_path / "photos"), "--format",
-         "binaryFile", "--out", str(out), "--train-shards", "4", "--val-shards", "2", "--master", master,
+        [sys.executable, "-m", "spark_imagenet", "shard", str(tmp_path / "photos"), "--out", str(out), "--train-shards", "4", "--val-shards", "2", "--master", master,
          "--no-progress"],
         env={**os.environ, "SPARK_LOCAL_IP": cluster_util.DRIVER_ADDRESS, "PYSPARK_PYTHON": sys.executable},
         capture_output=True, text=True, timeout=600)

@@ -6,6 +6,8 @@ The sources (one of them)::
     spark-imagenet shard --labels FILE --out DEST     a CSV, JSON Lines or Parquet labels file (a path or a URL)
     spark-imagenet shard --table NAME|PATH --out DEST a table or files Spark reads, sharded as a Spark job
                                                       (the command line's part: ``spark_imagenet.cli``)
+    spark-imagenet shard TREE --master M --out DEST   a class-folder tree as a Spark job (``--table TREE
+                                                      --format binaryFile``)
 
 It imports neither Spark nor TensorFlow.
 """
@@ -54,8 +56,9 @@ def add_shard_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-column", metavar="NAME", default="content",
                    help="--table's column of image bytes (default: content)")
     p.add_argument("--name-column", metavar="NAME", help="--table's column of file names (default: path, if there is one)")
-    p.add_argument("--master", help="--table: the Spark master of the job (default: spark-submit's, else local[all "
-                   "cores])")
+    p.add_argument("--master", help="shard as a Spark job on this master: --table (default: spark-submit's, else "
+                   "local[all cores]), or SOURCE when it is a folder of class folders (a path or a URL the executors "
+                   "read)")
     p.add_argument("--out", required=True, help=f"where the dataset goes: {url_forms()}")
     p.add_argument("--train-shards", type=positive_int, help="number of train shards (default: ~128 MiB each, >= 16)")
     p.add_argument("--val-shards", type=positive_int, help="number of val shards (default: ~128 MiB each, >= 4)")
@@ -91,7 +94,7 @@ _ONLY_WITH = (
     ("--format", ("table",), "--table"),
     ("--image-column", ("table",), "--table"),
     ("--name-column", ("table",), "--table"),
-    ("--master", ("table",), "--table"),
+    ("--master", ("table", "source"), "--table or SOURCE"),
     ("--classes", ("source", "labels"), "SOURCE or --labels FILE (filter a --table first)"),
     ("--class-list", ("source", "labels"), "SOURCE or --labels FILE (filter a --table first)"),
     ("--per-class", ("source", "labels"), "SOURCE or --labels FILE (filter a --table first)"),
@@ -117,6 +120,20 @@ def check_shard_arguments(args: argparse.Namespace) -> None:
         value = getattr(args, option[2:].replace("-", "_"))
         if kind not in kinds and value is not None and not (option == "--image-column" and value == "content"):
             raise ConfigError(f"{option}: only with {words}")
+    if kind == "source" and args.master is not None:
+        _check_source_job(args)
+
+
+def _check_source_job(args: argparse.Namespace) -> None:
+    """SOURCE with ``--master`` (a class-folder tree sharded as a Spark job): refuse the filters it cannot take.
+
+    Raises:
+        ConfigError: the first such option, and what to do instead.
+    """
+    for option in ("--classes", "--class-list", "--per-class", "--processes"):
+        if getattr(args, option[2:].replace("-", "_")) is not None:
+            raise ConfigError(f"{option}: not with --master (SOURCE is then sharded as a Spark job, which takes every "
+                              "image of the tree): leave out --master, or give a tree of the classes and images to keep")
 
 
 def run_shard(args: argparse.Namespace) -> None:
