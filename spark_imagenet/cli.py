@@ -76,17 +76,19 @@ def _resolve_job(args: argparse.Namespace, defaults: dict):
 
 
 def _shard_table(args: argparse.Namespace) -> int:
-    """``spark-imagenet shard --table ...`` (or ``shard SOURCE --master M``, a class-folder tree read as
-    ``--table SOURCE --format binaryFile``): read the table with Spark and shard it as a Spark job
+    """``spark-imagenet shard --table ...`` (or ``shard URL --master M``, a class-folder tree read as
+    ``--table URL --format binaryFile``): read the table with Spark and shard it as a Spark job
     (:func:`spark_imagenet.dataset.dataframe.shard_dataframe`; the options: :mod:`spark_imagenet.dataset.shard_options`)."""
     from spark_imagenet.dataset.dataframe import DEFAULT_VAL_FRACTION, shard_dataframe
-    from spark_imagenet.dataset.shard_options import check_shard_arguments
-    from spark_imagenet.dataset.tables import check_table_path, class_tree_for_job, read_table
+    from spark_imagenet.dataset.shard_options import check_shard_arguments, is_url
+    from spark_imagenet.dataset.tables import check_table_path, read_table
     from spark_imagenet.training.driver.spark_session import session_for
 
     check_shard_arguments(args)
-    if args.source is not None:  # a class-folder tree with --master
-        args.table, args.format, args.source = class_tree_for_job(args.source), "binaryFile", None
+    if args.table is None and not is_url(args.source or ""):
+        return _shard_source(args)
+    if args.source is not None:  # a URL: a class-folder tree read by Spark
+        args.table, args.format, args.source = args.source, "binaryFile", None
     columns = [args.image_column, args.label_column or "label", args.split_column, args.name_column]
     check_table_path(args.table, args.format, [c for c in columns if c])
     spark = session_for(args.master, os.cpu_count() or 1, app_name="spark-imagenet shard",
@@ -97,6 +99,24 @@ def _shard_table(args: argparse.Namespace) -> int:
                     val_fraction=args.val_fraction or DEFAULT_VAL_FRACTION, seed=args.seed,
                     train_shards=args.train_shards, val_shards=args.val_shards, verify=args.verify,
                     on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress)
+    return 0
+
+
+def _shard_source(args: argparse.Namespace) -> int:
+    """``spark-imagenet shard SOURCE|--labels FILE --master M``: choose the images here, shard them as a Spark
+    job (:func:`spark_imagenet.dataset.source_job.shard_source_job`)."""
+    from spark_imagenet.dataset.shard_options import open_chosen_source
+    from spark_imagenet.dataset.source_job import shard_source_job
+    from spark_imagenet.training.driver.spark_session import session_for
+
+    dataset = open_chosen_source(args).list_images(num_classes=args.classes, class_list=args.class_list,
+                                                   per_class=args.per_class, seed=args.seed,
+                                                   progress=not args.no_progress)
+    spark = session_for(args.master, os.cpu_count() or 1, app_name="spark-imagenet shard",
+                        warn_oversubscription=False)
+    shard_source_job(spark, dataset, args.out, train_shards=args.train_shards, val_shards=args.val_shards,
+                     seed=args.seed, verify=args.verify, on_corrupt=args.on_corrupt, overwrite=args.overwrite,
+                     progress=not args.no_progress)
     return 0
 
 
@@ -321,7 +341,7 @@ def _run_command(argv: Sequence[str] | None) -> int:
     from spark_imagenet.storage import report_retries
 
     report_retries()  # a bucket that keeps failing says so while the client retries
-    if args.command == "shard" and (args.table is not None or (args.source is not None and args.master is not None)):
+    if args.command == "shard" and (args.table is not None or args.master is not None):
         return _shard_table(args)
     if args.command == "shard":
         from spark_imagenet.dataset.shard_options import run_shard

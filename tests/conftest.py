@@ -36,6 +36,33 @@ def gcs_emulator(tmp_path_factory):
     emulator.stop()
 
 
+@pytest.fixture(scope="session")
+def moto_s3(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1:<free port> for the whole session (tests/s3_server.py)."""
+    pytest.importorskip("boto3", reason="the s3 extra (boto3) is not installed: pip install '.[test]'")
+    from s3_server import MotoS3, Unavailable
+    from server_util import serving
+
+    yield from serving(MotoS3, Unavailable, tmp_path_factory.mktemp("moto"))
+
+
+@pytest.fixture
+def s3_url(moto_s3, monkeypatch, request):
+    """``s3://<new bucket>/t`` on the server, with AWS_ENDPOINT_URL and dummy credentials set for this test
+    (and the processes it starts)."""
+    import re
+    import uuid
+
+    from s3_server import CREDENTIALS
+
+    bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:6]
+    moto_s3.create_bucket(bucket)
+    for k, v in {**CREDENTIALS, "AWS_ENDPOINT_URL": moto_s3.endpoint}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return f"s3://{bucket}/t"
+
+
 @pytest.fixture
 def log_lines():
     """The package's log lines (INFO and up) of this test, as a list that fills as they come

@@ -7,11 +7,13 @@ damage an object's bytes on the server); the test files start the servers and ca
 
 from __future__ import annotations
 
+import contextlib
+
 import pickle
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -240,22 +242,33 @@ SMALL_TRAINING = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_ra
                   "warmup_epochs": 0.0}
 
 
-def train_from_the_store(spark, storage_url: str, tree: Path, tmp_path: Path, credentials: dict[str, str]) -> None:
-    """One training job on local[2] whose dataset, --checkpoint-dir and --output are all in the store: the tasks
-    fetch their shards verified, the chief commits a checkpoint and the model there."""
-    from spark_imagenet.training.driver.launch import train
-
-    url = f"{storage_url}/train-ds"
-    shard(tree, url, train_shards=2, val_shards=1, processes=1, progress=False)
+@contextlib.contextmanager
+def executor_env(spark, env: dict[str, str]) -> Iterator[None]:
+    """Give the executors' Python workers ``env`` for the block (what ``spark.executorEnv.NAME`` does; a local
+    session's workers otherwise keep the environment of the JVM's start, before a test set its variables)."""
     sc = spark.sparkContext
     saved = dict(sc.environment)
-    sc.environment.update(credentials)  # what spark.executorEnv.NAME gives the executors
+    sc.environment.update(env)
     try:
-        result = train(spark, url, 2, epochs=1, cache=tmp_path / "cache", checkpoint_dir=f"{storage_url}/ckpt",
-                       output=f"{storage_url}/run", **SMALL_TRAINING)
+        yield
     finally:
         sc.environment.clear()
         sc.environment.update(saved)
+
+
+def train_from_the_store(spark, storage_url: str, tree: Path, tmp_path: Path, credentials: dict[str, str],
+                         dataset: str | None = None) -> None:
+    """One training job on local[2] whose dataset, --checkpoint-dir and --output are all in the store: the tasks
+    fetch their shards verified, the chief commits a checkpoint and the model there. ``dataset``: the URL of
+    ``tree`` sharded already (None: sharded here into the store)."""
+    from spark_imagenet.training.driver.launch import train
+
+    url = dataset or f"{storage_url}/train-ds"
+    if dataset is None:
+        shard(tree, url, train_shards=2, val_shards=1, processes=1, progress=False)
+    with executor_env(spark, credentials):
+        result = train(spark, url, 2, epochs=1, cache=tmp_path / "cache", checkpoint_dir=f"{storage_url}/ckpt",
+                       output=f"{storage_url}/run", **SMALL_TRAINING)
     assert result["val"]["images"] == 12 and [w["rank"] for w in result["per_worker"]] == [0, 1]
     assert len(list((tmp_path / "cache").rglob("*.tfrecord"))) == 3
     names = {o.name for o in open_storage(storage_url).list()}

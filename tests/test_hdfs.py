@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -157,9 +158,34 @@ def test_a_block_rotten_on_the_datanodes_disk_is_caught(hdfs_url, mini_dfs, tmp_
     assert not (tmp_path / "out" / "shard").exists()
 
 
-@pytest.mark.slow
-def test_training_reads_and_writes_the_store(hdfs_url, spark, tree, tmp_path):
-    store_contract.train_from_the_store(spark, hdfs_url, tree, tmp_path, {})
+def test_labels_in_s3_sharded_by_spark_into_hdfs_then_training_from_hdfs(hdfs_url, s3_url, spark, tree, tmp_path):
+    """A labels file in S3 naming images in S3 (moto), sharded as a Spark job (``shard --labels URL --master``:
+    the executors read the images from S3 and write the shards into HDFS), then one training job reading its
+    dataset, and writing its checkpoints and model, in HDFS."""
+    import csv
+
+    from s3_server import CREDENTIALS
+    from spark_imagenet.cli import main
+    from spark_imagenet.dataset.manifest import Manifest
+
+    images, cls_loc, rows = open_storage(s3_url), Path(tree) / "ILSVRC" / "Data" / "CLS-LOC", []
+    for f in sorted((cls_loc / "train").rglob("*.JPEG")):
+        rows.append((f.relative_to(cls_loc).as_posix(), f.parent.name, "train"))
+    with open(Path(tree) / "LOC_val_solution.csv") as fh:
+        rows += [(f"val/{r['ImageId']}.JPEG", r["PredictionString"].split()[0], "val") for r in csv.DictReader(fh)]
+    for rel, _, _ in rows:
+        images.write_bytes(rel, (cls_loc / rel).read_bytes())
+    images.write_bytes("labels.csv", "".join(f"{a},{b},{c}\n" for a, b, c in [("path", "label", "split"), *rows])
+                       .encode())
+    dataset = f"{hdfs_url}/from-s3"
+    s3_env = {k: os.environ[k] for k in (*CREDENTIALS, "AWS_ENDPOINT_URL")}
+    with store_contract.executor_env(spark, s3_env):
+        assert main(["shard", "--labels", f"{s3_url}/labels.csv", "--master", "local[2]", "--out", dataset,
+                     "--train-shards", "2", "--val-shards", "1", "--no-progress"]) == 0
+    manifest = Manifest.load(open_storage(dataset))
+    assert (manifest.splits["train"].examples, manifest.splits["val"].examples) == (32, 12)
+    assert manifest.source["path"] == f"{s3_url}/labels.csv" and manifest.source["sharded_by"] == "spark"
+    store_contract.train_from_the_store(spark, hdfs_url, tree, tmp_path, {}, dataset=dataset)
 
 
 def test_the_crc32c_is_kept_in_an_extended_attribute(hdfs_url):

@@ -12,7 +12,6 @@ import pytest
 
 from archive_util import decoded
 from own_images import class_tree, write_labels
-from server_util import serving
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.errors import ConfigError, ImageError, LayoutError
 from spark_imagenet.source import open_labels
@@ -168,15 +167,6 @@ def test_bad_rows_and_files_are_refused(images):
     (images / "empty.csv").write_text("path,label\n")
     with pytest.raises(LayoutError, match="empty.csv: no rows"):
         open_labels(images / "empty.csv").list_images()
-
-
-@pytest.fixture(scope="module")
-def moto_s3(tmp_path_factory):
-    """moto's S3 server for this module (tests/s3_server.py)."""
-    pytest.importorskip("boto3", reason="the s3 extra (boto3) is not installed: pip install '.[test]'")
-    from s3_server import MotoS3, Unavailable
-
-    yield from serving(MotoS3, Unavailable, tmp_path_factory.mktemp("moto"))
 
 
 @pytest.mark.slow

@@ -7,39 +7,15 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import uuid
 
 import pytest
 
 import store_contract
-from server_util import serving
 from spark_imagenet.errors import AccessError, StorageError
 from spark_imagenet.storage import open_storage
 
 boto3 = pytest.importorskip("boto3", reason="the s3 extra (boto3) is not installed: pip install '.[test]'")
 from spark_imagenet.storage.s3 import S3Storage  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def moto_s3(tmp_path_factory):
-    """moto's S3 server on 127.0.0.1:<free port> for the whole session."""
-    from s3_server import MotoS3, Unavailable
-
-    yield from serving(MotoS3, Unavailable, tmp_path_factory.mktemp("moto"))
-
-
-@pytest.fixture
-def s3_url(moto_s3, monkeypatch, request):
-    """``s3://<new bucket>/t`` on the server, with AWS_ENDPOINT_URL and dummy credentials set for this test
-    (and the processes it starts)."""
-    from s3_server import CREDENTIALS
-
-    bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:6]
-    moto_s3.create_bucket(bucket)
-    for k, v in {**CREDENTIALS, "AWS_ENDPOINT_URL": moto_s3.endpoint}.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    return f"s3://{bucket}/t"
 
 
 def _rot(moto_s3, url):

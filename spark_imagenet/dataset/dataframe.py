@@ -151,20 +151,56 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
     auto = train_shards is None or val_shards is None
     found = survey(df, columns, with_bytes=auto)
     counts = shard_counts(found, val_fraction, train_shards, val_shards)
+    source = {"kind": "dataframe", "columns": dataclasses.asdict(columns), "seed": seed, "val_fraction": val_fraction}
+    job = JobSettings(seed, val_fraction, verify, on_corrupt, overwrite, progress)
+    return build_shards(df, columns, found, counts, out, job, source, _after_upload)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSettings:
+    """The settings of one sharding job (see :func:`shard_dataframe` for each)."""
+
+    seed: int
+    val_fraction: float
+    verify: str
+    on_corrupt: str
+    overwrite: bool
+    progress: bool
+
+
+def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], out: str, job: JobSettings,
+                 source: dict[str, Any], after_upload: Callable[[str], None] | None = None) -> Manifest:
+    """Run the job over rows already checked and surveyed, then commit (steps 2 to 4 of the module doc).
+
+    Args:
+        df: the rows (:func:`check_columns` gave ``columns``).
+        columns: the columns the job reads.
+        found: the classes and rows per split (:func:`survey`, or known without one).
+        counts: train and val shards (:func:`shard_counts`).
+        out: the destination URL.
+        job: the job's settings.
+        source: the manifest's ``source`` record.
+        after_upload: tests only (see :func:`shard_dataframe`).
+
+    Returns:
+        Manifest: the committed manifest.
+
+    Raises:
+        ConfigError, DataError, ImageError, StorageError: as :func:`shard_dataframe`.
+    """
     storage = open_storage(out)
-    dest = _destination(storage, overwrite)
+    dest = _destination(storage, job.overwrite)
     created_root = not storage.root_exists()
     run = uuid.uuid4().hex[:8]
     try:
-        results = _run_job(df, columns, found, counts, storage, run, seed, val_fraction, verify, on_corrupt, progress,
-                           _after_upload)
+        results = _run_job(df, columns, found, counts, storage, run, job, after_upload)
     except BaseException:
         delete_run(storage, run)
         if created_root:
             storage.remove_empty_root()
         raise
-    source = {"kind": "dataframe", "columns": dataclasses.asdict(columns), "seed": seed, "val_fraction": val_fraction}
-    build = Build(storage, dest, run, found.classes, counts, tuple(results), verify, on_corrupt, overwrite, source)
+    build = Build(storage, dest, run, found.classes, counts, tuple(results), job.verify, job.on_corrupt,
+                  job.overwrite, source)
     return commit_build(build)  # on a failure before its commit, it deletes the run's objects itself
 
 
@@ -367,9 +403,8 @@ def _first(key: tuple) -> int:
     return key[0]
 
 
-def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], storage: Any, run: str, seed: int,
-             val_fraction: float, verify: str, on_corrupt: str, progress: bool,
-             after_upload: Any = None) -> list[ShardResult]:
+def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], storage: Any, run: str,
+             job: JobSettings, after_upload: Any = None) -> list[ShardResult]:
     """Run one task per shard and collect what each reports (see the module doc).
 
     Raises:
@@ -378,12 +413,13 @@ def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], 
     sc = df.sparkSession.sparkContext
     total = counts[0] + counts[1]
     accumulators = tuple(sc.accumulator(0) for _ in range(4))
-    task = ShardTask(storage, run, counts[0], counts[1], found.classes, verify, on_corrupt, accumulators, after_upload)
-    rows = keyed_rows(df, columns, found, counts, seed, val_fraction)
+    task = ShardTask(storage, run, counts[0], counts[1], found.classes, job.verify, job.on_corrupt, accumulators,
+                     after_upload)
+    rows = keyed_rows(df, columns, found, counts, job.seed, job.val_fraction)
     logger.info(f"sharding {sum(found.rows.values())} rows of {len(found.classes)} classes into {counts[0]} train + "
                 f"{counts[1]} val shards as a Spark job ({total} tasks) to {storage.url}")
     stop = threading.Event()
-    reporter = threading.Thread(target=_report, args=(accumulators, total, stop, PROGRESS_SECONDS if progress else 0),
+    reporter = threading.Thread(target=_report, args=(accumulators, total, stop, PROGRESS_SECONDS if job.progress else 0),
                                 name="shard-progress", daemon=True)
     reporter.start()
     try:

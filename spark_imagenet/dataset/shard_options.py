@@ -6,8 +6,8 @@ The sources (one of them)::
     spark-imagenet shard --labels FILE --out DEST     a CSV, JSON Lines or Parquet labels file (a path or a URL)
     spark-imagenet shard --table NAME|PATH --out DEST a table or files Spark reads, sharded as a Spark job
                                                       (the command line's part: ``spark_imagenet.cli``)
-    spark-imagenet shard TREE --master M --out DEST   a class-folder tree as a Spark job (``--table TREE
-                                                      --format binaryFile``)
+    ... --master M                                     any of them as a Spark job (SOURCE or --labels FILE:
+                                                      ``spark_imagenet.dataset.source_job``)
 
 It imports neither Spark nor TensorFlow.
 """
@@ -15,6 +15,8 @@ It imports neither Spark nor TensorFlow.
 from __future__ import annotations
 
 import argparse
+from typing import Any
+from urllib.parse import urlparse
 
 from spark_imagenet.arguments import positive_int
 from spark_imagenet.errors import ConfigError
@@ -56,9 +58,10 @@ def add_shard_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-column", metavar="NAME", default="content",
                    help="--table's column of image bytes (default: content)")
     p.add_argument("--name-column", metavar="NAME", help="--table's column of file names (default: path, if there is one)")
-    p.add_argument("--master", help="shard as a Spark job on this master: --table (default: spark-submit's, else "
-                   "local[all cores]), or SOURCE when it is a folder of class folders (a path or a URL the executors "
-                   "read)")
+    p.add_argument("--master", help="shard as a Spark job on this master (--table: default spark-submit's, else "
+                   "local[all cores]). SOURCE or --labels FILE with --master: the images are chosen here as without "
+                   "it, and read, checked and written by the executors (the source where every executor reads it); "
+                   "a SOURCE URL is a folder of class folders read by Spark, as --table URL --format binaryFile")
     p.add_argument("--out", required=True, help=f"where the dataset goes: {url_forms()}")
     p.add_argument("--train-shards", type=positive_int, help="number of train shards (default: ~128 MiB each, >= 16)")
     p.add_argument("--val-shards", type=positive_int, help="number of val shards (default: ~128 MiB each, >= 4)")
@@ -94,7 +97,7 @@ _ONLY_WITH = (
     ("--format", ("table",), "--table"),
     ("--image-column", ("table",), "--table"),
     ("--name-column", ("table",), "--table"),
-    ("--master", ("table", "source"), "--table or SOURCE"),
+    ("--master", ("table", "source", "labels"), "--table, SOURCE or --labels FILE"),
     ("--classes", ("source", "labels"), "SOURCE or --labels FILE (filter a --table first)"),
     ("--class-list", ("source", "labels"), "SOURCE or --labels FILE (filter a --table first)"),
     ("--per-class", ("source", "labels"), "SOURCE or --labels FILE (filter a --table first)"),
@@ -120,20 +123,46 @@ def check_shard_arguments(args: argparse.Namespace) -> None:
         value = getattr(args, option[2:].replace("-", "_"))
         if kind not in kinds and value is not None and not (option == "--image-column" and value == "content"):
             raise ConfigError(f"{option}: only with {words}")
-    if kind == "source" and args.master is not None:
+    if kind in ("source", "labels") and args.master is not None:
         _check_source_job(args)
 
 
+def is_url(text: str) -> bool:
+    """Whether SOURCE is a URL (a scheme of two letters or more other than ``file``), not a local path."""
+    scheme = urlparse(text).scheme.lower()
+    return len(scheme) > 1 and scheme != "file"
+
+
 def _check_source_job(args: argparse.Namespace) -> None:
-    """SOURCE with ``--master`` (a class-folder tree sharded as a Spark job): refuse the filters it cannot take.
+    """SOURCE or ``--labels`` with ``--master`` (sharded as a Spark job): refuse what such a job cannot take.
 
     Raises:
-        ConfigError: the first such option, and what to do instead.
+        ConfigError: ``--processes`` (the executors do the work), or a filter with a SOURCE URL (read whole by
+            Spark as a binaryFile table).
     """
-    for option in ("--classes", "--class-list", "--per-class", "--processes"):
-        if getattr(args, option[2:].replace("-", "_")) is not None:
-            raise ConfigError(f"{option}: not with --master (SOURCE is then sharded as a Spark job, which takes every "
-                              "image of the tree): leave out --master, or give a tree of the classes and images to keep")
+    if args.processes is not None:
+        raise ConfigError("--processes: not with --master (the Spark job's executors do the work; leave out "
+                          "--master to shard with this machine's processes)")
+    if args.source is not None and is_url(args.source):
+        for option in ("--classes", "--class-list", "--per-class"):
+            if getattr(args, option[2:].replace("-", "_")) is not None:
+                raise ConfigError(f"{option}: not with a SOURCE URL (Spark reads the whole tree there, as --table "
+                                  "URL --format binaryFile): give a tree of the classes and images to keep")
+
+
+def open_chosen_source(args: argparse.Namespace) -> Any:
+    """The source SOURCE or ``--labels FILE`` names, opened (not yet listed).
+
+    Raises:
+        SparkImagenetError: what :func:`~spark_imagenet.source.open_source` and
+            :func:`~spark_imagenet.source.open_labels` raise.
+    """
+    from spark_imagenet.source import open_labels, open_source
+
+    if args.labels is not None:
+        return open_labels(args.labels, path_column=args.path_column, label_column=args.label_column or "label",
+                           split_column=args.split_column, val_fraction=args.val_fraction)
+    return open_source(args.source, val_fraction=args.val_fraction)
 
 
 def run_shard(args: argparse.Namespace) -> None:
@@ -145,15 +174,9 @@ def run_shard(args: argparse.Namespace) -> None:
     """
     check_shard_arguments(args)
     from spark_imagenet.dataset.sharding import shard
-    from spark_imagenet.source import open_labels, open_source
 
-    if args.labels is not None:
-        source = open_labels(args.labels, path_column=args.path_column, label_column=args.label_column or "label",
-                             split_column=args.split_column, val_fraction=args.val_fraction)
-    else:
-        source = open_source(args.source, val_fraction=args.val_fraction)
     shard(
-        source,
+        open_chosen_source(args),
         args.out,
         train_shards=args.train_shards,
         val_shards=args.val_shards,

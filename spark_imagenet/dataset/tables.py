@@ -58,31 +58,6 @@ def check_table_path(table: str, fmt: str | None, columns: Sequence[str] = ()) -
         _check_parquet(table, path, columns)
 
 
-def class_tree_for_job(source: str) -> str:
-    """``shard SOURCE --master``: the path or URL a binaryFile read of the class-folder tree ``source`` takes.
-
-    Args:
-        source: a local folder of class folders, or the URL of one (read by the executors).
-
-    Returns:
-        str: ``source`` as given when it is a URL, else its absolute path.
-
-    Raises:
-        ConfigError: ``source`` is the Kaggle download (a zip or a folder in its layout), which is sharded on
-            this machine only.
-    """
-    from spark_imagenet.source.folder import is_kaggle_folder
-    from spark_imagenet.source.zip_archive import is_zip_source
-
-    if urlparse(source).scheme not in ("", "file"):
-        return source
-    path = Path(urlparse(source).path if source.startswith("file:") else source).expanduser().resolve()
-    if is_zip_source(path) or (path.is_dir() and is_kaggle_folder(str(path))):
-        raise ConfigError(f"{source} is the Kaggle ImageNet download: it is sharded on this machine (leave out "
-                          "--master); --master shards a folder of class folders (root/<class>/x.jpg) as a Spark job")
-    return str(path)
-
-
 def _images_in(folder: Path) -> int:
     """How many image files (by name) sit directly in ``folder``."""
     return sum(1 for p in folder.iterdir() if p.is_file() and p.suffix[1:].lower() in IMAGE_ENDINGS)
