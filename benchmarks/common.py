@@ -6,7 +6,7 @@ per line (to stdout, or to the file given) with exactly the keys of :data:`RECOR
 
 * ``benchmark`` (str): the script's short name (``launch``, ``shard``, ...).
 * ``measurement`` (str): what was measured, e.g. ``"ours cold: call to first step"``.
-* ``unit`` (str): ``"s"``, ``"ms"``, ``"images/s"``, ``"MB/s"`` (10**6 bytes), ``"x"`` (a ratio), ``"h"``...
+* ``unit`` (str): ``"s"``, ``"ms"``, ``"images/s"``, ``"MB/s"`` and ``"MB"`` (10**6 bytes), ``"x"`` (a ratio), ``"h"``...
 * ``median``, ``min``, ``max`` (float): over the repetitions; ``spread`` (float): ``(max - min) / median``,
   the relative spread (0.0 for one repetition or a derived number).
 * ``reps`` (int) and ``values`` (list[float]): the repetitions themselves.

@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from common import RECORD_KEYS  # noqa: E402
 
-UNITS = {"s", "ms", "images/s", "images/CPU-s", "MB/s", "x", "h", "steps/s", "%"}
+UNITS = {"s", "ms", "images/s", "images/CPU-s", "MB/s", "MB", "x", "h", "steps/s", "%"}
 KINDS = {"measured", "ratio", "derived"}
 
 
