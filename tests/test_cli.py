@@ -17,11 +17,14 @@ from spark_imagenet.dataset.sharding import shard
 
 def cli(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the command line; the result's ``spark_started`` says whether it got as far as starting a JVM."""
-    tmp = tempfile.mkdtemp(prefix="spark-imagenet-cli-test-")  # kept: Spark's log of a run is in it
+    tmp = tempfile.mkdtemp(prefix="spark-imagenet-cli-test-")  # kept when it holds a file: Spark's log of a run
     p = subprocess.run([sys.executable, "-m", "spark_imagenet", *args], capture_output=True, text=True,
                        timeout=timeout, env={**os.environ, "TMPDIR": tmp, **(env or {})})
     # spark_session.spark_log_path() makes this folder right before the command line starts a JVM
     p.spark_started = os.path.isdir(os.path.join(tmp, "spark-imagenet-logs"))
+    for folder, _, files in sorted(os.walk(tmp), key=lambda w: -len(w[0])):  # the empty folders go, deepest first
+        if not files and not os.listdir(folder):
+            os.rmdir(folder)
     return p
 
 

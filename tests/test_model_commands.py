@@ -101,3 +101,9 @@ def test_predict_refuses_a_non_image_before_fetching_the_model(tmp_path, tmpdir_
     text.write_text("not an image")
     assert predict.main([str(tmp_path / "no-model"), str(text)]) == 2
     assert f"{text}: not an image (JPEG, PNG" in capsys.readouterr().err
+
+
+def test_predict_refuses_top_0(run_folder, image, capsys):
+    with pytest.raises(SystemExit) as e:
+        predict.main([str(run_folder), str(image), "--top", "0"])
+    assert e.value.code == 2 and "--top: 0 must be at least 1" in capsys.readouterr().err

@@ -202,6 +202,9 @@ def test_unwritable_out_and_failed_build_leave_nothing(tree, tmp_path):
 
     with pytest.raises(StorageError, match=r"cannot create or write this folder"):
         build(tree, blocker / "bucket")
+    with pytest.raises(StorageError, match=r"a-file is a file, not a folder: give a folder for the shards"):
+        build(tree, blocker)
+    assert blocker.read_text() == "x"
     _corrupt(tree)
     with pytest.raises(ImageError):
         build(tree, tmp_path / "new-bucket")

@@ -156,6 +156,10 @@ def test_truncated_archives_give_a_clear_error(kaggle, tmp_path):
                            r"Delete it and run spark-imagenet download again"):
             call()
     assert not (tmp_path / "out").exists() and not (tmp_path / "dest").exists()
+    (tmp_path / "empty.zip").write_bytes(b"")
+    with pytest.raises(ArchiveError, match=r"empty.zip is not a complete zip archive \(File is not a zip file; "
+                                           r"0 bytes\): the file is truncated"):
+        build(tmp_path / "empty.zip", tmp_path / "out")
     # With the client's resume marker beside it, the download is unfinished: download resumes it.
     Path(f"{z}.kaggle-partial").write_text("{}")
     with pytest.raises(ArchiveError, match=rf"{z} is not a complete zip archive .*Its download is not finished "

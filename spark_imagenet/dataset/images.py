@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Sequence
 
 from spark_imagenet.errors import ConfigError
+from spark_imagenet.source.labelled import IMAGE_EXTENSIONS, is_image_name
 
-#: File name endings taken from a folder.
-IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
 
 
 def image_files(paths: Sequence[str]) -> list[Path]:
@@ -33,9 +32,9 @@ def image_files(paths: Sequence[str]) -> list[Path]:
     for text in paths:
         path = Path(text)
         if path.is_dir():
-            inside = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            inside = sorted(p for p in path.iterdir() if p.is_file() and is_image_name(p.name))
             if not inside:
-                raise ConfigError(f"{path}: no image files ({', '.join(IMAGE_SUFFIXES)}) in this folder")
+                raise ConfigError(f"{path}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in this folder")
             found.extend(inside)
         elif path.is_file():
             found.append(path)

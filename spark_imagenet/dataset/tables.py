@@ -17,11 +17,12 @@ from typing import Any, Sequence
 from urllib.parse import urlparse
 
 from spark_imagenet.errors import ConfigError, spark_reason
+from spark_imagenet.source.labelled import IMAGE_EXTENSIONS
 
 #: The data sources ``--format`` takes.
 FORMATS = ("parquet", "binaryFile", "delta")
-#: The file endings a binaryFile read keeps: those Keras' ``image_dataset_from_directory`` takes.
-IMAGE_ENDINGS = ("jpg", "jpeg", "png", "gif", "bmp")
+#: The file endings a binaryFile read keeps (without the dot): :data:`~spark_imagenet.source.labelled.IMAGE_EXTENSIONS`.
+IMAGE_ENDINGS = tuple(e[1:] for e in IMAGE_EXTENSIONS)
 #: The same as a Hadoop glob, in lower, upper and capitalised case.
 IMAGE_GLOB = "*.{" + ",".join(f(e) for f in (str.lower, str.upper, str.capitalize) for e in IMAGE_ENDINGS) + "}"
 

@@ -118,8 +118,9 @@ def open_zip(path: str | os.PathLike) -> zipfile.ZipFile:
         else:
             fix = ("Delete it and run spark-imagenet download again (a rerun of download also finds a truncated "
                    "zip by itself and downloads it again from the start).")
+        sized = human_size(size) + (f", {size} bytes" if size >= 1000 else "")  # "0 bytes" once, not twice
         raise ArchiveError(
-            f"{path} is not a complete zip archive ({e}; {human_size(size)}, {size} bytes): the file is "
+            f"{path} is not a complete zip archive ({e}; {sized}): the file is "
             f"truncated or damaged. {fix}"
         ) from None
     except OSError as e:

@@ -182,6 +182,9 @@ class LocalStorage(Storage):
                 os.rmdir(folder)
 
     def staging_dir(self) -> Path:
+        if self.root.is_file():
+            raise StorageError(f"{self.url} is a file, not a folder: give a folder for the shards (a new one, or "
+                               "the folder of an earlier build of the same dataset)")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self._tmp(self.root / ".write-probe")

@@ -102,9 +102,9 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def format_table(results: "Result") -> str:
-    """A readable summary: one row per worker (its own images, steps and speed), then the job's train and
-    validation metrics."""
-    rows = [f"{'rank':>4}  {'host':<22} {'train imgs':>10} {'steps':>6} {'images/s':>9} {'seconds':>8}"]
+    """A readable summary: one row per worker (the train images it went through over all epochs, its steps
+    and speed), then the job's train and validation metrics."""
+    rows = [f"{'rank':>4}  {'host':<22} {'imgs seen':>10} {'steps':>6} {'images/s':>9} {'seconds':>8}"]
     for w in results.per_worker:
         rows.append(f"{w.rank:>4}  {str(w.host)[:22]:<22} {_fmt(w.train_images, 'd'):>10} "
                     f"{_fmt(w.steps, 'd'):>6} {_fmt(w.images_per_sec, '.1f'):>9} {_fmt(w.train_seconds, '.1f'):>8}")

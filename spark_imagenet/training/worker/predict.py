@@ -4,7 +4,7 @@ Run as ``python -m spark_imagenet.training.worker.predict MODEL_URL IMAGE_OR_FOL
 [--json]``; the command line starts it in a child Python. Each image gets the view training evaluates with
 (:func:`spark_imagenet.training.worker.preprocessing.eval_image`: central crop, resize, normalization); files that are
 not JPEG (PNG, CMYK JPEG, ...) are converted to RGB JPEG with Pillow first, as sharding does. A folder
-stands for the image files in it (``.jpeg``, ``.jpg``, ``.png``, any case, sorted; not recursive).
+stands for the image files in it (``.bmp``, ``.gif``, ``.jpeg``, ``.jpg``, ``.png``, any case, sorted; not recursive).
 
 ``MODEL_URL`` is a ``model.keras`` file or an ``--output`` folder; the class names come from ``labels.json``
 beside the model (or ``--labels``). Exit status 0, or 2 with one ``spark-imagenet: error:`` line naming the
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-from spark_imagenet.arguments import ArgumentParser  # noqa: E402
+from spark_imagenet.arguments import ArgumentParser, positive_int  # noqa: E402
 from spark_imagenet.dataset.images import image_files  # noqa: E402
 from spark_imagenet.errors import ConfigError, SparkImagenetError  # noqa: E402
 from spark_imagenet.storage import open_storage, store_schemes  # noqa: E402
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"bucket URL: {store_schemes()})")
     parser.add_argument("images", nargs="+", help="JPEG (or PNG) files, or folders of them")
     parser.add_argument("--labels", help="the run's labels.json (default: the one beside the model)")
-    parser.add_argument("--top", type=int, default=5, help="classes per image (default 5)")
+    parser.add_argument("--top", type=positive_int, default=5, help="classes per image (default 5)")
     parser.add_argument("--json", action="store_true", help="print the predictions as JSON")
     args = parser.parse_args(argv)
     try:
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             read_labels(args.model, args.labels, None)
             model = load_model(args.model, local)
         labels = read_labels(args.model, args.labels, int(model.output_shape[-1]))
-        results = predict(model, files, labels, max(1, args.top), jpegs)
+        results = predict(model, files, labels, args.top, jpegs)
     except SparkImagenetError as e:
         print(f"spark-imagenet: error: {e}", file=sys.stderr)
         return 2
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(r["file"])
         for rank, c in enumerate(r["top"], 1):
-            print(f"  {rank}. {c['probability']:7.2%}  {c['wnid']}  {c['name']}")
+            name = "" if c["name"] in ("", c["wnid"]) else f"  {c['name']}"  # a class folder's name is its wnid
+            print(f"  {rank}. {c['probability']:7.2%}  {c['wnid']}{name}")
     return 0
 
 
