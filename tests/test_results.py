@@ -85,7 +85,7 @@ def test_the_result_is_typed_and_reads_as_its_json(tmp_path):
 def test_format_table_shows_each_workers_own_numbers_and_the_jobs_metrics_once(tmp_path):
     result = _result(tmp_path)
     lines = format_table(result).splitlines()
-    assert len(lines) == 5 and lines[0].split() == ["rank", "host", "train", "imgs", "steps", "images/s", "seconds"]
+    assert len(lines) == 5 and lines[0].split() == ["rank", "host", "imgs", "seen", "steps", "images/s", "seconds"]
     assert lines[1].split() == ["0", "10.0.0.1", "64", "4", "10.0", "6.0"]
     assert lines[2].split() == ["1", "10.0.0.2", "64", "4", "11.0", "6.0"]
     assert lines[3] == "train (all workers, last epoch): loss 1.5000, top1 0.4000"
