@@ -106,17 +106,26 @@ def _shard_source(args: argparse.Namespace) -> int:
     """``spark-imagenet shard SOURCE|--labels FILE --master M``: choose the images here, shard them as a Spark
     job (:func:`spark_imagenet.dataset.source_job.shard_source_job`)."""
     from spark_imagenet.dataset.shard_options import open_chosen_source
-    from spark_imagenet.dataset.source_job import shard_source_job
+    from spark_imagenet.dataset.source_job import shard_source_job, shard_zip_job
+    from spark_imagenet.source.zip_archive import is_zip_source
+    from spark_imagenet.source.zip_plan import plan_kaggle_zip
     from spark_imagenet.training.driver.spark_session import session_for
 
+    options = dict(train_shards=args.train_shards, val_shards=args.val_shards, seed=args.seed, verify=args.verify,
+                   on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress)
+    if args.labels is None and args.per_class is None and is_zip_source(args.source):
+        # The zip's members are never all held here (docs/design.md, 'Sharding a DataFrame as a Spark job').
+        plan = plan_kaggle_zip(args.source, num_classes=args.classes, class_list=args.class_list, seed=args.seed)
+        spark = session_for(args.master, os.cpu_count() or 1, app_name="spark-imagenet shard",
+                            warn_oversubscription=False)
+        shard_zip_job(spark, plan, args.out, **options)
+        return 0
     dataset = open_chosen_source(args).list_images(num_classes=args.classes, class_list=args.class_list,
                                                    per_class=args.per_class, seed=args.seed,
                                                    progress=not args.no_progress)
     spark = session_for(args.master, os.cpu_count() or 1, app_name="spark-imagenet shard",
                         warn_oversubscription=False)
-    shard_source_job(spark, dataset, args.out, train_shards=args.train_shards, val_shards=args.val_shards,
-                     seed=args.seed, verify=args.verify, on_corrupt=args.on_corrupt, overwrite=args.overwrite,
-                     progress=not args.no_progress)
+    shard_source_job(spark, dataset, args.out, **options)
     return 0
 
 

@@ -207,6 +207,42 @@ def test_the_kaggle_tree_sharded_with_master_holds_the_local_paths_images(spark,
 
 
 @pytest.mark.slow
+def test_a_damaged_zip_member_is_named_and_nothing_is_committed(spark, tree, tmp_path, capsys):
+    """``shard ZIP --master --classes 2``: the executors list their slices of the central directory and
+    read the members there; a member whose bytes fail its CRC-32 stops the job with one line naming it, and
+    the destination holds nothing. A layout error is said before Spark starts (the local path's message)."""
+    import zipfile
+
+    from spark_imagenet.cli import main
+    from spark_imagenet.training.driver import spark_session
+
+    from archive_util import zip_root_form
+
+    archive = zip_root_form(Path(tree), tmp_path / "stored.zip", compression=zipfile.ZIP_STORED)
+    with zipfile.ZipFile(archive) as zf:
+        info = next(i for i in zf.infolist() if "/train/" in i.filename and i.filename.endswith(".JPEG"))
+    data = bytearray(archive.read_bytes())
+    data[info.header_offset + 30 + len(info.filename.encode()) + 200] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    out = tmp_path / "never"
+    assert main(["shard", str(archive), "--master", "local[2]", "--classes", "2", "--out", str(out),
+                 "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert f"{archive} member {info.filename}: CRC-32 or size mismatch" in err, err
+    assert not out.exists() or not any(out.iterdir())
+
+    (Path(tree) / "LOC_synset_mapping.txt").rename(tmp_path / "mapping")
+    try:
+        bad = zip_root_form(Path(tree), tmp_path / "bad.zip")
+    finally:
+        (tmp_path / "mapping").rename(Path(tree) / "LOC_synset_mapping.txt")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spark_session, "session_for", lambda *a, **k: pytest.fail("Spark was started"))
+        assert main(["shard", str(bad), "--master", "local[2]", "--out", str(out)]) == 2
+    assert "missing:\n  LOC_synset_mapping.txt" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_bad_input_is_refused_before_anything_is_written(spark, tmp_path):
     out = tmp_path / "never"
     good = spark.createDataFrame(rows(2), "content binary, label string, name string")

@@ -28,8 +28,10 @@ from typing import Any, Iterator
 
 from spark_imagenet.dataset.dataframe import Columns, JobSettings, Survey, build_shards, shard_counts
 from spark_imagenet.dataset.manifest import Manifest
-from spark_imagenet.errors import ConfigError, StorageError
+from spark_imagenet.errors import ArchiveError, ConfigError, StorageError
 from spark_imagenet.source.base import ImageFile, ImageReader, SourceDataset
+from spark_imagenet.source.zip_archive import ZipSource, read_located
+from spark_imagenet.source.zip_plan import ZipPlan, chosen_in_slice
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,9 @@ logger = logging.getLogger(__name__)
 ROWS_PER_READ_TASK = 2000
 #: The columns of the job's rows: the row's image (path in its source), class id, split, file name, bytes.
 COLUMNS = Columns(image="content", label="label", split="split", name="name", integer_labels=True)
+ROW_SCHEMA = "label long, split string, name string, content binary"
+#: Images per Arrow batch a :class:`ListZipSlice` task yields.
+BATCH_ROWS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,51 @@ class ReadImages:
                                "source must be where every executor reads it (a shared folder, or a store)") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class ListZipSlice:
+    """``mapInArrow`` function: for each ``(start, stop)`` slice of a zip's central directory, the chosen
+    images in it with their bytes (``label``, ``split``, ``name``, ``content``), in batches of
+    :data:`BATCH_ROWS`.
+
+    Raises:
+        ArchiveError: a member that cannot be read (named; Spark retries the task first), a damaged directory.
+    """
+
+    choice: Any  # a pyspark Broadcast of a ZipChoice
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        choice = self.choice.value
+        for batch in batches:
+            for start, stop in zip(batch.column("start").to_pylist(), batch.column("stop").to_pylist()):
+                rows: list[tuple] = []
+                for rel, label, split, location in chosen_in_slice(choice, start, stop):
+                    rows.append((label, split, rel, self._read(choice.path, location)))
+                    if len(rows) == BATCH_ROWS:
+                        yield self._batch(rows)
+                        rows = []
+                if rows:
+                    yield self._batch(rows)
+
+    @staticmethod
+    def _read(path: str, location: tuple) -> bytes:
+        try:
+            return read_located(path, location)
+        except ArchiveError as e:
+            raise ArchiveError(f"{path} member {location[-1]}: {e}") from None
+        except OSError as e:
+            raise StorageError(f"{path} member {location[-1]}: cannot read it on this executor ({e.strerror or e}); "
+                               "the zip must be where every executor reads it (a shared folder)") from None
+
+    @staticmethod
+    def _batch(rows: list[tuple]) -> Any:
+        import pyarrow as pa
+
+        labels, splits, names, contents = zip(*rows)
+        return pa.RecordBatch.from_arrays([pa.array(labels, pa.int64()), pa.array(splits, pa.string()),
+                                           pa.array(names, pa.string()), pa.array(contents, pa.binary())],
+                                          names=["label", "split", "name", "content"])
+
+
 def image_rows(spark: Any, dataset: SourceDataset) -> Any:
     """The chosen images as a DataFrame of ``label`` (class id), ``split``, ``name`` (the path relative to the
     source) and ``content`` (bytes, read on the executors by :class:`ReadImages`)."""
@@ -83,8 +133,7 @@ def image_rows(spark: Any, dataset: SourceDataset) -> Any:
                           "name": [dataset.relpath(img) for img, _ in images]})
     reader = spark.sparkContext.broadcast(dataset.source.reader([img for img, _ in images]))
     tasks = max(spark.sparkContext.defaultParallelism, -(-len(images) // ROWS_PER_READ_TASK))
-    schema = "label long, split string, name string, content binary"
-    return spark.createDataFrame(frame).repartition(tasks).mapInArrow(ReadImages(reader), schema)
+    return spark.createDataFrame(frame).repartition(tasks).mapInArrow(ReadImages(reader), ROW_SCHEMA)
 
 
 def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shards: int | None = None,
@@ -117,15 +166,58 @@ def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shar
     if not dataset.source.random_access:
         raise ConfigError(f"{dataset.root} can only be read in order (the older Kaggle zip, whose images are a "
                           "nested tar.gz): shard it without --master, or extract it first (spark-imagenet extract)")
-    if "pyspark.sql.connect" in type(spark).__module__:
-        raise ConfigError("shard SOURCE --master needs a classic SparkSession (Spark Connect has no broadcast "
-                          "variables or RDD API): give a spark://, yarn, k8s:// or local master")
+    _refuse_connect(spark)
     sizes = sum(img.size for img in dataset.train) + sum(img.size for img in dataset.val)
     found = Survey(tuple(c.wnid for c in dataset.classes), {"train": len(dataset.train), "val": len(dataset.val)},
                    sizes)
-    counts = shard_counts(found, 0.0, train_shards, val_shards)
-    job = JobSettings(seed, 0.0, verify, on_corrupt, overwrite, progress)
-    source = {**dataset.source.describe(), "selection": dataset.selection, "sharded_by": "spark", "seed": seed}
     logger.info(f"{len(dataset.train)} train and {len(dataset.val)} val images of {len(dataset.classes)} classes "
                 f"chosen from {dataset.root}; the executors read them")
-    return build_shards(image_rows(spark, dataset), COLUMNS, found, counts, out, job, source)
+    source = {**dataset.source.describe(), "selection": dataset.selection}
+    return _build(image_rows(spark, dataset), found, out, source, train_shards, val_shards,
+                  JobSettings(seed, 0.0, verify, on_corrupt, overwrite, progress))
+
+
+def shard_zip_job(spark: Any, plan: ZipPlan, out: str, *, train_shards: int | None = None,
+                  val_shards: int | None = None, seed: int = 0, verify: str = "decode", on_corrupt: str = "error",
+                  overwrite: bool = False, progress: bool = True) -> Manifest:
+    """Build the shards and ``manifest.json`` of a Kaggle zip planned without listing it on the driver
+    (:func:`~spark_imagenet.source.zip_plan.plan_kaggle_zip`): each task lists one slice of the zip's
+    central directory and reads the chosen members in it (:class:`ListZipSlice`).
+
+    Args:
+        spark: a classic SparkSession.
+        plan: the plan.
+        out, train_shards, val_shards, seed, verify, on_corrupt, overwrite, progress: as
+            :func:`shard_source_job`.
+
+    Returns:
+        Manifest: the committed manifest; its records equal :func:`shard_source_job`'s for the same images.
+
+    Raises:
+        ConfigError, ImageError, StorageError, DataError: as :func:`shard_source_job`; ArchiveError: a
+        member that cannot be read (after Spark's retries).
+    """
+    _refuse_connect(spark)
+    found = Survey(tuple(c.wnid for c in plan.classes), dict(plan.counts), plan.size)
+    choice = plan.choice
+    logger.info(f"{plan.counts['train']} train and {plan.counts['val']} val images of {len(plan.classes)} classes "
+                f"chosen from {choice.path}; {len(plan.slices)} tasks list and read them")
+    source = {**ZipSource(choice.path, choice.prefix).describe(), "selection": plan.selection}
+    rows = spark.createDataFrame([(a, b) for a, b in plan.slices], "start long, stop long").repartition(
+        len(plan.slices)).mapInArrow(ListZipSlice(spark.sparkContext.broadcast(choice)), ROW_SCHEMA)
+    return _build(rows, found, out, source, train_shards, val_shards,
+                  JobSettings(seed, 0.0, verify, on_corrupt, overwrite, progress))
+
+
+def _refuse_connect(spark: Any) -> None:
+    """ConfigError for a Spark Connect session (no broadcast variables there)."""
+    if "pyspark.sql.connect" in type(spark).__module__:
+        raise ConfigError("shard SOURCE --master needs a classic SparkSession (Spark Connect has no broadcast "
+                          "variables or RDD API): give a spark://, yarn, k8s:// or local master")
+
+
+def _build(rows: Any, found: Survey, out: str, source: dict[str, Any], train_shards: int | None,
+           val_shards: int | None, job: JobSettings) -> Manifest:
+    """The shard counts, then the job over ``rows`` and the commit (:func:`build_shards`)."""
+    counts = shard_counts(found, 0.0, train_shards, val_shards)
+    return build_shards(rows, COLUMNS, found, counts, out, job, {**source, "sharded_by": "spark", "seed": job.seed})

@@ -25,7 +25,7 @@ import os
 import random
 import shlex
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from spark_imagenet.errors import ConfigError, LayoutError
 from spark_imagenet.source.base import ImageFile, ImageSource, SourceDataset
@@ -190,6 +190,75 @@ class SourceTree(Protocol):
         """The :class:`ImageFile` of an entry of :meth:`files`."""
 
 
+def check_train_folders(where: Callable[[str], str], folders: set[str], known: set[str],
+                        classes: Sequence[SynsetClass], counts: dict[str, int]) -> None:
+    """Check the train class folders of a Kaggle-layout source.
+
+    Args:
+        where: how messages name a name relative to the Kaggle root (:meth:`SourceTree.where`).
+        folders: the non-hidden folder names under ``ILSVRC/Data/CLS-LOC/train``.
+        known: the wnids of ``LOC_synset_mapping.txt``.
+        classes: the chosen classes.
+        counts: images (non-hidden files) in each chosen class's folder, for the folders that exist.
+
+    Raises:
+        LayoutError: a folder not in the mapping, a chosen class with no folder or an empty one (every
+            one listed).
+    """
+    train_rel = f"{DATA_REL}/train"
+    problems = [f"{where(f'{train_rel}/{f}')}/: folder is not a class of {MAPPING}" for f in sorted(folders - known)]
+    for c in classes:
+        folder = where(f"{train_rel}/{c.wnid}")
+        if c.wnid not in folders:
+            problems.append(f"{folder}/: missing (class {c.id} {c.wnid} of {MAPPING})")
+        elif not counts.get(c.wnid):
+            problems.append(f"{folder}/: empty class folder (class {c.wnid}); add its images or leave the class out with --class-list")
+    if problems:
+        raise LayoutError(f"{len(problems)} problem(s) with the train folders of {where('')}:{_listing(problems)}")
+
+
+def match_val(where: Callable[[str], str], files: Iterable[Any], val_labels: dict[str, str],
+              classes: Sequence[SynsetClass]) -> list[tuple[Any, SynsetClass]]:
+    """The validation files of the chosen classes, each with its class, checked against the CSV.
+
+    Args:
+        where: how messages name a name relative to the Kaggle root.
+        files: the non-hidden files of ``ILSVRC/Data/CLS-LOC/val``, each with a ``name`` attribute.
+        val_labels: ``LOC_val_solution.csv`` parsed (ImageId to wnid).
+        classes: the chosen classes.
+
+    Returns:
+        list[tuple[Any, SynsetClass]]: the files of the chosen classes with their class, in ``files`` order.
+
+    Raises:
+        LayoutError: a file without a CSV row, a CSV row without its file (every one listed), or no file
+            of a chosen class.
+    """
+    val_rel = f"{DATA_REL}/val"
+    by_wnid = {c.wnid: c for c in classes}
+    chosen: list[tuple[Any, SynsetClass]] = []
+    problems: list[str] = []
+    seen: set[str] = set()
+    for e in files:
+        image_id = os.path.splitext(e.name)[0]
+        wnid = val_labels.get(image_id)
+        if wnid is None:
+            problems.append(f"{where(f'{val_rel}/{e.name}')}: no row for {image_id} in {where(VAL_CSV)}")
+            continue
+        seen.add(image_id)
+        if wnid in by_wnid:
+            chosen.append((e, by_wnid[wnid]))
+    problems += [
+        f"{where(VAL_CSV)}: row {image_id} has no image {where(f'{val_rel}/{image_id}.JPEG')}"
+        for image_id in sorted(set(val_labels) - seen)
+    ]
+    if problems:
+        raise LayoutError(f"{len(problems)} problem(s) with the validation set of {where('')}:{_listing(problems)}")
+    if not chosen:
+        raise LayoutError(f"{where(val_rel)}: no validation image belongs to the {len(classes)} chosen classes")
+    return chosen
+
+
 def select_images(
     tree: SourceTree,
     *,
@@ -231,47 +300,19 @@ def select_images(
     known = {c.wnid for c in all_classes}
 
     train_rel = f"{DATA_REL}/train"
-    problems: list[str] = []
     folders = tree.folders(train_rel)
-    problems += [f"{tree.where(f'{train_rel}/{f}')}/: folder is not a class of {MAPPING}" for f in sorted(folders - known)]
+    members = {c.wnid: tree.files(f"{train_rel}/{c.wnid}") for c in classes if c.wnid in folders}
+    check_train_folders(tree.where, folders, known, classes, {wnid: len(m) for wnid, m in members.items()})
     train: list[ImageFile] = []
     for c in classes:
-        folder = tree.where(f"{train_rel}/{c.wnid}")
-        if c.wnid not in folders:
-            problems.append(f"{folder}/: missing (class {c.id} {c.wnid} of {MAPPING})")
-            continue
-        entries = tree.files(f"{train_rel}/{c.wnid}")
-        if not entries:
-            problems.append(f"{folder}/: empty class folder (class {c.wnid}); add its images or leave the class out with --class-list")
-            continue
+        entries = members[c.wnid]
         if per_class is not None and len(entries) > per_class:
             entries = sorted(random.Random(f"{seed}/{c.wnid}").sample(entries, per_class), key=lambda e: e.name)
         train += [tree.image(e, c.id, c.wnid) for e in entries]
-    if problems:
-        raise LayoutError(f"{len(problems)} problem(s) with the train folders of {tree.where('')}:{_listing(problems)}")
 
     val_labels = tree.read_val_labels(known)
-    val_rel = f"{DATA_REL}/val"
-    by_wnid = {c.wnid: c for c in classes}
-    val: list[ImageFile] = []
-    seen: set[str] = set()
-    for e in tree.files(val_rel):
-        image_id = os.path.splitext(e.name)[0]
-        wnid = val_labels.get(image_id)
-        if wnid is None:
-            problems.append(f"{tree.where(f'{val_rel}/{e.name}')}: no row for {image_id} in {tree.where(VAL_CSV)}")
-            continue
-        seen.add(image_id)
-        if wnid in by_wnid:
-            val.append(tree.image(e, by_wnid[wnid].id, wnid))
-    problems += [
-        f"{tree.where(VAL_CSV)}: row {image_id} has no image {tree.where(f'{val_rel}/{image_id}.JPEG')}"
-        for image_id in sorted(set(val_labels) - seen)
-    ]
-    if problems:
-        raise LayoutError(f"{len(problems)} problem(s) with the validation set of {tree.where('')}:{_listing(problems)}")
-    if not val:
-        raise LayoutError(f"{tree.where(val_rel)}: no validation image belongs to the {len(classes)} chosen classes")
+    val = [tree.image(e, c.id, c.wnid) for e, c in match_val(tree.where, tree.files(f"{DATA_REL}/val"),
+                                                               val_labels, classes)]
     selection = {
         "classes": num_classes,
         "class_list": str(class_list) if class_list is not None else None,

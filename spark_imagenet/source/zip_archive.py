@@ -33,7 +33,7 @@ import sys
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from spark_imagenet.errors import ArchiveError
 from spark_imagenet.source.base import ImageFile, ImageReader, ImageSource, SourceDataset
@@ -52,6 +52,8 @@ KIND = "kaggle-cls-loc-zip"
 MAX_LISTED = 20
 #: Names under ``ILSVRC/Data/CLS-LOC/{train,val}``; group 1 is what comes before ``ILSVRC/``.
 TREE_RE = re.compile(r"^(.*?)ILSVRC/Data/CLS-LOC/(train|val)(/|$)")
+#: A name under a Kaggle root's data folder at the top or one folder deep: group 1 the prefix, 2 the part.
+_DATA_PART_RE = re.compile(r"^((?:[^/]+/)?)ILSVRC/Data/CLS-LOC/([^/]+)")
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # APPNOTE 4.3.7: local file header, 30 bytes
 
 
@@ -162,11 +164,17 @@ def _prefix_of(name: str) -> str | None:
 
 
 def inspect_zip(zf: zipfile.ZipFile, path: str) -> KaggleZip:
-    """Find the form and the prefix of a Kaggle zip.
+    """Find the form and the prefix of a Kaggle zip (see :func:`inspect_names`)."""
+    return inspect_names(zf.namelist(), path)
+
+
+def inspect_names(names: Iterable[str], path: str) -> KaggleZip:
+    """Find the form and the prefix of a Kaggle zip from its member names, in one pass that keeps only what
+    it needs (a handful of names), however many members the zip has.
 
     Args:
-        zf: the open zip.
-        path: its path, for messages.
+        names: every member name, in the zip's order.
+        path: the zip's path, for messages.
 
     Returns:
         KaggleZip: the form and prefix.
@@ -176,9 +184,26 @@ def inspect_zip(zf: zipfile.ZipFile, path: str) -> KaggleZip:
             lists what is missing and a few names it does hold), or holds
             several candidate trees.
     """
-    names = zf.namelist()
-    name_set = set(names)
-    prefixes = {p for p in map(_prefix_of, names) if p is not None}
+    prefixes: set[str] = set()
+    markers: set[str] = set()       # the names of the LOC_* files and the tar member, wherever they are
+    parts: set[tuple[str, str]] = set()  # (prefix, "train" or "val") of each name under a prefix's data folder
+    tops: list[str] = []            # .tar.gz / .tgz names one folder deep at most
+    sample: list[str] = []
+    count = 0
+    for n in names:
+        count += 1
+        if len(sample) < 5:
+            sample.append(n)
+        p = _prefix_of(n)
+        if p is not None:
+            prefixes.add(p)
+        if n.rpartition("/")[2] in (MAPPING, VAL_CSV, TAR_MEMBER):
+            markers.add(n)
+        m = _DATA_PART_RE.match(n)
+        if m is not None:
+            parts.add((m.group(1), m.group(2)))
+        if n.count("/") <= 1 and n.endswith((".tar.gz", ".tgz")):
+            tops.append(n)
     prefix = "" if "" in prefixes or not prefixes else min(prefixes)
     if len(prefixes) > 1 and "" not in prefixes:
         raise ArchiveError(
@@ -186,35 +211,27 @@ def inspect_zip(zf: zipfile.ZipFile, path: str) -> KaggleZip:
             "make a zip of one of them, or extract it and pass its folder"
         )
     data = f"{prefix}{DATA_REL}/"
-    has = {"train": False, "val": False}
-    tars = []
-    for n in names:
-        if n.startswith(data):
-            part = n[len(data):].partition("/")[0]
-            if part in has:
-                has[part] = True
-        elif n.startswith(prefix) and "/" not in n[len(prefix):] and n.endswith((".tar.gz", ".tgz")):
-            tars.append(n)
-    missing = [prefix + f for f in (MAPPING, VAL_CSV) if prefix + f not in name_set]
+    has = {part: (prefix, part) in parts for part in ("train", "val")}
+    tars = [n for n in tops if n.startswith(prefix) and "/" not in n[len(prefix):]]
+    missing = [prefix + f for f in (MAPPING, VAL_CSV) if prefix + f not in markers]
     if has["train"] or has["val"]:
         form, tar = FORM_ROOT, None
         missing += [f"{data}{k}/" for k, v in has.items() if not v]
-    elif prefix + TAR_MEMBER in name_set or len(tars) == 1:
+    elif prefix + TAR_MEMBER in markers or len(tars) == 1:
         form = FORM_NESTED
-        tar = prefix + TAR_MEMBER if prefix + TAR_MEMBER in name_set else tars[0]
+        tar = prefix + TAR_MEMBER if prefix + TAR_MEMBER in markers else tars[0]
     else:
         form, tar = FORM_ROOT, None
         missing += [f"{data}train/", f"{data}val/", f"(or instead of both: {prefix}{TAR_MEMBER} holding ILSVRC/)"]
     if missing:
-        sample = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "") if names else "nothing"
+        held = ", ".join(sample) + (" ..." if count > 5 else "") if count else "nothing"
         raise ArchiveError(
             f"{path} is not the Kaggle imagenet-object-localization-challenge archive; missing:{listing(missing)}\n"
-            f"It holds {len(names)} member(s): {sample}\n"
+            f"It holds {count} member(s): {held}\n"
             f"Expected {MAPPING}, {VAL_CSV} and either ILSVRC/Data/CLS-LOC/train/ and val/ or {TAR_MEMBER} "
             "(holding ILSVRC/), at the top of the zip or in one top folder."
         )
     return KaggleZip(os.path.abspath(path), form, prefix, tar)
-
 
 
 class Entry(NamedTuple):
@@ -402,41 +419,57 @@ class ZipMemberReader(ImageReader):
                 the member is encrypted, truncated, or fails its CRC-32 check.
             OSError: the zip cannot be opened or read.
         """
-        name = image.path
-        offset, csize, size, method, crc, flags, orig = self.members[name]
-        if flags & 0x1:
-            raise ArchiveError("the member is encrypted; the Kaggle archive never is: download it again")
-        if method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            zf = _ZIP_CACHE.get(self.zip_path)
-            if zf is None:
-                zf = _ZIP_CACHE[self.zip_path] = zipfile.ZipFile(self.zip_path)
-            try:
-                return zf.read(name)
-            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as e:
-                raise ArchiveError(f"{e}; download the archive again") from None
-        fd = _FD_CACHE.get(self.zip_path)
-        if fd is None:
-            fd = _FD_CACHE[self.zip_path] = os.open(self.zip_path, os.O_RDONLY)
-        header = os.pread(fd, _LOCAL_HEADER.size, offset)
-        if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
-            raise ArchiveError(f"no local file header at byte {offset}: the zip is damaged; download it again")
-        fields = _LOCAL_HEADER.unpack(header)
-        name_len, extra_len = fields[-2], fields[-1]
-        raw_name = os.pread(fd, name_len, offset + _LOCAL_HEADER.size)
-        local_name = raw_name.decode("utf-8" if fields[2] & 0x800 else "cp437", "replace")
-        if local_name != orig:
-            raise ArchiveError(f"the local header at byte {offset} names {local_name!r}: the zip is damaged")
-        start = offset + _LOCAL_HEADER.size + name_len + extra_len
-        raw = os.pread(fd, csize, start)
-        if len(raw) < csize:
-            raise ArchiveError(f"truncated member ({len(raw)} of {csize} bytes): download the archive again")
+        return read_located(self.zip_path, self.members[image.path])
+
+
+def read_located(zip_path: str, location: tuple) -> bytes:
+    """The bytes of the member at ``location``, CRC-32 checked (see :meth:`ZipMemberReader.read`).
+
+    Args:
+        zip_path: the zip file.
+        location: ``(header_offset, compress_size, file_size, compress_type, CRC-32, flag_bits, original
+            name)``, as the central directory gives them.
+
+    Returns:
+        bytes: the member's uncompressed bytes.
+
+    Raises:
+        ArchiveError, OSError: as :meth:`ZipMemberReader.read`.
+    """
+    offset, csize, size, method, crc, flags, orig = location
+    if flags & 0x1:
+        raise ArchiveError("the member is encrypted; the Kaggle archive never is: download it again")
+    if method not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        zf = _ZIP_CACHE.get(zip_path)
+        if zf is None:
+            zf = _ZIP_CACHE[zip_path] = zipfile.ZipFile(zip_path)
         try:
-            data = raw if method == zipfile.ZIP_STORED else zlib.decompress(raw, -15)
-        except zlib.error as e:
-            raise ArchiveError(f"corrupt deflate data ({e}): download the archive again") from None
-        if len(data) != size or zlib.crc32(data) != crc:
-            raise ArchiveError("CRC-32 or size mismatch: the zip is damaged; download it again")
-        return data
+            return zf.read(orig)
+        except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as e:
+            raise ArchiveError(f"{e}; download the archive again") from None
+    fd = _FD_CACHE.get(zip_path)
+    if fd is None:
+        fd = _FD_CACHE[zip_path] = os.open(zip_path, os.O_RDONLY)
+    header = os.pread(fd, _LOCAL_HEADER.size, offset)
+    if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+        raise ArchiveError(f"no local file header at byte {offset}: the zip is damaged; download it again")
+    fields = _LOCAL_HEADER.unpack(header)
+    name_len, extra_len = fields[-2], fields[-1]
+    raw_name = os.pread(fd, name_len, offset + _LOCAL_HEADER.size)
+    local_name = raw_name.decode("utf-8" if fields[2] & 0x800 else "cp437", "replace")
+    if local_name != orig:
+        raise ArchiveError(f"the local header at byte {offset} names {local_name!r}: the zip is damaged")
+    start = offset + _LOCAL_HEADER.size + name_len + extra_len
+    raw = os.pread(fd, csize, start)
+    if len(raw) < csize:
+        raise ArchiveError(f"truncated member ({len(raw)} of {csize} bytes): download the archive again")
+    try:
+        data = raw if method == zipfile.ZIP_STORED else zlib.decompress(raw, -15)
+    except zlib.error as e:
+        raise ArchiveError(f"corrupt deflate data ({e}): download the archive again") from None
+    if len(data) != size or zlib.crc32(data) != crc:
+        raise ArchiveError("CRC-32 or size mismatch: the zip is damaged; download it again")
+    return data
 
 
 
