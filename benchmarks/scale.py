@@ -10,15 +10,16 @@ Usage (from the repository root; a full run takes about half an hour on 2 cores 
 
 The zip is written once per run (``ZIP_STORED``, as the Kaggle download stores its JPEGs): ``--classes`` 1000
 synthetic wnids, one ``val`` image per 26.6 entries (50,000 of 1,331,167, as ImageNet), every image a 16x16
-grey JPEG of about 330 bytes made unique by a comment segment holding its number (identical bytes would be
-reported as duplicates). Tiny images put the per-entry costs in front: listing, the driver's bookkeeping,
+colour JPEG of about 640 bytes made unique by a comment segment holding its number (identical bytes would be
+reported as duplicates; grey ones would each be listed in the quality report as greyscale, a cost per image that
+real photos, nearly all colour, do not have). Tiny images put the per-entry costs in front: listing, the driver's bookkeeping,
 scheduling, the shard writer's framing; decoding real photos costs per byte (benchmarks/shard.py measures it).
 
 Measured, each call in a fresh ``python`` process running ``spark_imagenet.cli.main`` (``--train-shards``
 and ``--val-shards`` fixed, so both paths write the same number of shards):
 
 * **local path**: ``shard ZIP --out DIR`` with all cores: wall seconds, images/s, and the peak resident memory
-  (``ru_maxrss``) of the main process, which holds the listing of every entry.
+  (``VmHWM`` of ``/proc/self/status``) of the main process, which holds the listing of every entry.
 * **Spark job**: ``shard ZIP --master M --out DIR``: the same, for the driver's Python process (the JVM of a
   ``local`` master, which is also the executor there, is not counted: on a cluster it is elsewhere).
 
@@ -58,7 +59,11 @@ from spark_imagenet.cli import main
 start = time.perf_counter()
 rc = main(sys.argv[1:])
 wall = time.perf_counter() - start
-print(json.dumps({"rc": rc, "wall": wall, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+try:  # this process's own peak: ru_maxrss can start at the forking parent's resident size and survive exec
+    rss = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+except (OSError, StopIteration):
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"rc": rc, "wall": wall, "rss_kib": rss}))
 """
 
 
@@ -89,7 +94,7 @@ def write_zip(path: Path, entries: int, classes: int) -> tuple[int, int]:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.new("L", (16, 16), 128).save(buf, "JPEG", quality=50)
+    Image.new("RGB", (16, 16), (128, 96, 64)).save(buf, "JPEG", quality=50)
     base = buf.getvalue()
     val = max(classes, round(entries * IMAGENET_VAL / IMAGENET_ENTRIES))
     train = entries - val
