@@ -113,18 +113,19 @@ def _shard_source(args: argparse.Namespace) -> int:
 
     options = dict(train_shards=args.train_shards, val_shards=args.val_shards, seed=args.seed, verify=args.verify,
                    on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress)
+    plan, dataset = None, None
     if args.labels is None and args.per_class is None and is_zip_source(args.source):
         # The zip's members are never all held here (docs/design.md, 'Sharding a DataFrame as a Spark job').
         plan = plan_kaggle_zip(args.source, num_classes=args.classes, class_list=args.class_list, seed=args.seed)
-        spark = session_for(args.master, os.cpu_count() or 1, app_name="spark-imagenet shard",
-                            warn_oversubscription=False)
-        shard_zip_job(spark, plan, args.out, **options)
-        return 0
-    dataset = open_chosen_source(args).list_images(num_classes=args.classes, class_list=args.class_list,
-                                                   per_class=args.per_class, seed=args.seed,
-                                                   progress=not args.no_progress)
+    else:
+        dataset = open_chosen_source(args).list_images(num_classes=args.classes, class_list=args.class_list,
+                                                       per_class=args.per_class, seed=args.seed,
+                                                       progress=not args.no_progress)
     spark = session_for(args.master, os.cpu_count() or 1, app_name="spark-imagenet shard",
                         warn_oversubscription=False)
+    if plan is not None:
+        shard_zip_job(spark, plan, args.out, **options)
+        return 0
     shard_source_job(spark, dataset, args.out, **options)
     return 0
 

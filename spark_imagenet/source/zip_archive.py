@@ -334,11 +334,17 @@ def is_zip_symlink(info: zipfile.ZipInfo) -> bool:
 
 def zip_link_target(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> str:
     """A zip symlink's target (the member's data), for messages."""
-    if info.file_size > 4096:
-        return f"<{info.file_size} bytes>"
+    return link_target(info.file_size, lambda: zf.read(info))
+
+
+def link_target(size: int, read: Callable[[], bytes]) -> str:
+    """A link member's target for messages: ``read()`` decoded, ``<N bytes>`` past 4 KiB, or why it could
+    not be read."""
+    if size > 4096:
+        return f"<{size} bytes>"
     try:
-        return zf.read(info).decode("utf-8", "replace")
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError) as e:
+        return read().decode("utf-8", "replace")
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, ArchiveError) as e:
         return f"<unreadable: {e}>"
 
 

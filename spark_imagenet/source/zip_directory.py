@@ -124,7 +124,7 @@ def find_directory(path: str | os.PathLike) -> Directory:
             f.seek(end_at - _END64_LOCATOR.size)
             locator = _END64_LOCATOR.unpack(f.read(_END64_LOCATOR.size))
             if locator[0] == b"PK\x06\x07":
-                end_at, entries, cd_size, cd_offset = _zip64_end(f, locator[2], end_at - _END64_LOCATOR.size)
+                end_at, entries, cd_size, cd_offset = _zip64_end(f, end_at - _END64_LOCATOR.size)
     start = end_at - cd_size
     if start < 0 or cd_offset > start:
         raise ValueError("the central directory lies outside the file")
@@ -141,9 +141,9 @@ def _end_record_at(tail: bytes) -> int:
     raise ValueError("no end of central directory record")
 
 
-def _zip64_end(f, record_offset: int, locator_at: int) -> tuple[int, int, int, int]:
+def _zip64_end(f, locator_at: int) -> tuple[int, int, int, int]:
     """``(record position, entries, directory size, directory offset)`` from the Zip64 end record, found
-    just before the locator (``record_offset`` may be shifted by prepended data)."""
+    just before the locator at ``locator_at`` (not where the locator says: prepended data shifts that)."""
     record_at = locator_at - _END64.size
     f.seek(record_at)
     record = f.read(_END64.size)

@@ -34,8 +34,8 @@ from typing import Any, Iterator, NamedTuple
 from spark_imagenet.errors import ArchiveError, ConfigError
 from spark_imagenet.source.layout import DATA_REL, MAPPING, VAL_CSV, check_train_folders, match_val, parse_val_solution
 from spark_imagenet.source.synset import SynsetClass, parse_synset_mapping, read_class_list, select_classes
-from spark_imagenet.source.zip_archive import (FORM_NESTED, TREE_RE, inspect_names, link_text, links_refused, listing,
-                                               open_zip, read_located)
+from spark_imagenet.source.zip_archive import (FORM_NESTED, TREE_RE, inspect_names, link_target, link_text,
+                                               links_refused, listing, open_zip, read_located)
 from spark_imagenet.source.zip_directory import DirEntry, Directory, find_directory, iter_entries
 
 #: Directory entries per slice (one Spark task lists and reads one slice).
@@ -166,11 +166,10 @@ def plan_kaggle_zip(path: str | os.PathLike, *, num_classes: int | None = None, 
     return ZipPlan(choice, classes, counts, size, tuple(census.slices), selection)
 
 
-def _entries(directory: Directory, start: int | None = None, stop: int | None = None) -> Iterator[tuple[int, DirEntry]]:
-    """The directory's entries (a slice of them), a damaged directory an :class:`ArchiveError`."""
+def _entries(directory: Directory) -> Iterator[tuple[int, DirEntry]]:
+    """The directory's entries from ``start`` to ``stop``, a damaged directory an :class:`ArchiveError`."""
     try:
-        yield from iter_entries(directory.path, directory.start if start is None else start,
-                                directory.stop if stop is None else stop, directory.shift)
+        yield from iter_entries(directory.path, directory.start, directory.stop, directory.shift)
     except ValueError as e:
         raise ArchiveError(f"{directory.path}: its central directory is damaged ({e}); download the archive again") from None
 
@@ -206,13 +205,30 @@ def _count_image(census: _Census, rel: str, entry: DirEntry) -> None:
         parts = rel[len(_TRAIN):].rstrip("/").split("/")
         if (entry.is_dir or len(parts) > 1) and parts[0] and not parts[0].startswith("."):
             census.folders.add(parts[0])
-        if not entry.is_dir and len(parts) == 2 and not parts[1].startswith("."):
-            census.counts[parts[0]] += 1
-            census.sizes[parts[0]] += entry.file_size
+    key = None if entry.is_dir else _image_key(rel)
+    if key is None:
+        return
+    split, name = key
+    if split == "train":
+        census.counts[name] += 1
+        census.sizes[name] += entry.file_size
     else:
+        census.val.append(_ValFile(name, entry.file_size))
+
+
+def _image_key(rel: str) -> tuple[str, str] | None:
+    """Whether a file (its name relative to the Kaggle root) is an image the local path lists: ``("train",
+    wnid)`` for a non-hidden file directly in a train class folder, ``("val", file name)`` for one directly
+    in the val folder, else None. The driver counts and the tasks list by this one rule."""
+    if rel.startswith(_TRAIN):
+        parts = rel[len(_TRAIN):].split("/")
+        if len(parts) == 2 and not parts[1].startswith("."):
+            return "train", parts[0]
+    elif rel.startswith(_VAL):
         rest = rel[len(_VAL):]
-        if not entry.is_dir and "/" not in rest and not rest.startswith("."):
-            census.val.append(_ValFile(rest, entry.file_size))
+        if "/" not in rest and not rest.startswith("."):
+            return "val", rest
+    return None
 
 
 def _read_text(path: str, census: _Census, name: str) -> str:
@@ -228,11 +244,7 @@ def _refuse_links(path: str, links: list[DirEntry]) -> None:
     if links:
         texts = []
         for e in links:
-            try:
-                target = read_located(path, e.location()).decode("utf-8", "replace") if e.file_size <= 4096 \
-                    else f"<{e.file_size} bytes>"
-            except (ArchiveError, OSError) as err:
-                target = f"<unreadable: {err}>"
+            target = link_target(e.file_size, lambda e=e: read_located(path, e.location()))
             texts.append(f"{e.name}: {link_text('symbolic', target)}")
         raise links_refused(path, texts)
 
@@ -275,17 +287,14 @@ def chosen_in_slice(choice: ZipChoice, start: int, stop: int) -> Iterator[tuple[
     Raises:
         ArchiveError: the directory is damaged.
     """
-    directory = Directory(choice.path, start, stop, 0, choice.shift)
-    for _, entry in _entries(directory, start, stop):
-        name = entry.name
-        if entry.is_dir or not name.startswith(choice.prefix):
+    for _, entry in _entries(Directory(choice.path, start, stop, 0, choice.shift)):
+        if entry.is_dir or not entry.name.startswith(choice.prefix):
             continue
-        rel = name[len(choice.prefix):]
-        if rel.startswith(_TRAIN):
-            parts = rel[len(_TRAIN):].split("/")
-            if len(parts) == 2 and not parts[1].startswith(".") and parts[0] in choice.train_ids:
-                yield rel, choice.train_ids[parts[0]], "train", entry.location()
-        elif rel.startswith(_VAL):
-            label = choice.val_ids.get(rel[len(_VAL):])
-            if label is not None:
-                yield rel, label, "val", entry.location()
+        rel = entry.name[len(choice.prefix):]
+        key = _image_key(rel)
+        if key is None:
+            continue
+        split, name = key
+        label = (choice.train_ids if split == "train" else choice.val_ids).get(name)
+        if label is not None:
+            yield rel, label, split, entry.location()
