@@ -45,6 +45,7 @@ from spark_imagenet.dataset.sharding import (MIN_AUTO_TRAIN_SHARDS, MIN_AUTO_VAL
 from spark_imagenet.dataset.transfer import Destination, check_destination
 from spark_imagenet.errors import ConfigError, DataError, LayoutError, SparkImagenetError, spark_reason
 from spark_imagenet.source.labelled import integer_classes, name_classes
+from spark_imagenet.source.synset import SynsetClass
 from spark_imagenet.storage import open_storage
 
 logger = logging.getLogger(__name__)
@@ -87,11 +88,19 @@ class Survey:
         classes: class names by class id.
         rows: rows per split: ``"train"``, ``"val"`` and ``None`` (no split given).
         image_bytes: bytes of all images (only when an automatic shard count needs it), else None.
+        synsets: the classes with their human-readable names, when the source gives them (a Kaggle class
+            list); None: each class's only name is its label (:attr:`classes`).
     """
 
     classes: tuple[str, ...]
     rows: dict[str | None, int]
     image_bytes: int | None = None
+    synsets: tuple[SynsetClass, ...] | None = None
+
+    def manifest_classes(self) -> tuple[SynsetClass, ...]:
+        """The manifest's classes: :attr:`synsets`, else one per label named by it."""
+        return self.synsets if self.synsets is not None else \
+            tuple(SynsetClass(i, name, (name,)) for i, name in enumerate(self.classes))
 
     def expected(self, split: str, val_fraction: float) -> float:
         """Rows expected in ``split``: those the split column names, and its share of the others."""
@@ -199,7 +208,7 @@ def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, in
         if created_root:
             storage.remove_empty_root()
         raise
-    build = Build(storage, dest, run, found.classes, counts, tuple(results), job.verify, job.on_corrupt,
+    build = Build(storage, dest, run, found.manifest_classes(), counts, tuple(results), job.verify, job.on_corrupt,
                   job.overwrite, source)
     return commit_build(build)  # on a failure before its commit, it deletes the run's objects itself
 

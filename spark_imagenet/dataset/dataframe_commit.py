@@ -45,7 +45,7 @@ class Build:
         storage: the destination.
         dest: what it held before the job (:func:`spark_imagenet.dataset.transfer.check_destination`).
         run: the run's token (in every object name it wrote).
-        classes: class names by id.
+        classes: the manifest's classes, by id.
         counts: ``(train shards, val shards)``.
         results: one :class:`~spark_imagenet.dataset.dataframe_task.ShardResult` per partition.
         verify: ``"decode"`` or ``"header"``.
@@ -57,7 +57,7 @@ class Build:
     storage: Storage
     dest: Destination
     run: str
-    classes: tuple[str, ...]
+    classes: tuple[SynsetClass, ...]
     counts: tuple[int, int]
     results: tuple[ShardResult, ...]
     verify: str
@@ -246,12 +246,12 @@ def _manifest(build: Build) -> Manifest:
     _check_results(build, ordered)
     splits = {split: SplitInfo(tuple(r.info for r in results if r.info is not None))
               for split, results in ordered.items()}
-    dataset_id = fingerprint(build.classes, splits, build.on_corrupt)
+    dataset_id = fingerprint(tuple(c.wnid for c in build.classes), splits, build.on_corrupt)
     report = quality_report(build, ordered, dataset_id)
     return Manifest(
         dataset_id=dataset_id,
         created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        classes=tuple(SynsetClass(i, name, (name,)) for i, name in enumerate(build.classes)),
+        classes=build.classes,
         splits=splits,
         source=build.source,
         selection={"train_shards": build.counts[0], "val_shards": build.counts[1], "verify": build.verify,

@@ -169,7 +169,7 @@ def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shar
     _refuse_connect(spark)
     sizes = sum(img.size for img in dataset.train) + sum(img.size for img in dataset.val)
     found = Survey(tuple(c.wnid for c in dataset.classes), {"train": len(dataset.train), "val": len(dataset.val)},
-                   sizes)
+                   sizes, dataset.classes)
     logger.info(f"{len(dataset.train)} train and {len(dataset.val)} val images of {len(dataset.classes)} classes "
                 f"chosen from {dataset.root}; the executors read them")
     source = {**dataset.source.describe(), "selection": dataset.selection}
@@ -198,7 +198,7 @@ def shard_zip_job(spark: Any, plan: ZipPlan, out: str, *, train_shards: int | No
         member that cannot be read (after Spark's retries).
     """
     _refuse_connect(spark)
-    found = Survey(tuple(c.wnid for c in plan.classes), dict(plan.counts), plan.size)
+    found = Survey(tuple(c.wnid for c in plan.classes), dict(plan.counts), plan.size, plan.classes)
     choice = plan.choice
     logger.info(f"{plan.counts['train']} train and {plan.counts['val']} val images of {len(plan.classes)} classes "
                 f"chosen from {choice.path}; {len(plan.slices)} tasks list and read them")
