@@ -303,3 +303,62 @@ def test_an_unreachable_server_is_reported_at_once(dataset):
     port = _free_port()
     p, _ = _cli("train", str(dataset), "--workers", "1", "--master", f"sc://127.0.0.1:{port}", timeout=120)
     assert p.returncode == 2 and f"cannot reach the Spark Connect server at sc://127.0.0.1:{port}" in p.stderr
+
+
+def _image_table(path: Path, bad: bool = False) -> Path:
+    """A Parquet table (content binary, label string, name string) of 3 classes x 8 small JPEGs, written with
+    pyarrow (no Spark in this process); ``bad`` adds a truncated image."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    rows = []
+    for k, cls in enumerate(("cat", "dog", "fox")):
+        for i in range(8):
+            buf = io.BytesIO()
+            Image.new("RGB", (20, 16), (80 * k, 30 * i, 7 * i + k)).save(buf, "JPEG", quality=90)
+            rows.append((buf.getvalue(), cls, f"{cls}/{cls}_{i}.jpg"))
+    if bad:
+        rows.append((rows[0][0][:-40], "cat", "cat/truncated.jpg"))
+    content, label, name = zip(*rows)
+    pq.write_table(pa.table({"content": pa.array(content, pa.binary()), "label": list(label), "name": list(name)}),
+                   path)
+    return path
+
+
+def test_shard_dataframe_through_connect_equals_the_classic_sessions(connect_url, tmp_path):
+    """The same table sharded by the command line through the Connect server and on a classic local[2] session:
+    the same dataset id and byte-identical shards (one DataFrame-API job for both)."""
+    table = _image_table(tmp_path / "images.parquet")
+    runs = {}
+    for kind, master in (("connect", connect_url), ("classic", "local[2]")):
+        out = tmp_path / kind
+        p, _ = _cli("shard", "--table", str(table), "--format", "parquet", "--name-column", "name", "--master",
+                    master, "--train-shards", "2", "--val-shards", "1", "--val-fraction", "0.25", "--out", str(out),
+                    timeout=300)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        runs[kind] = json.loads((out / "manifest.json").read_text())
+    assert runs["connect"]["dataset_id"] == runs["classic"]["dataset_id"]
+    shards = {kind: [s for split in run["splits"].values() for s in split["shards"]] for kind, run in runs.items()}
+    assert len(shards["connect"]) == 3 and sum(s["examples"] for s in shards["connect"]) == 24
+    for ours, theirs in zip(shards["connect"], shards["classic"]):  # names differ: each holds its run's token
+        assert (tmp_path / "connect" / ours["name"]).read_bytes() == (tmp_path / "classic" / theirs["name"]).read_bytes()
+
+
+def test_shard_dataframe_in_a_connect_session_reports_bad_images_as_our_error(remote, tmp_path, log_lines):
+    from spark_imagenet.dataset.dataframe import shard_dataframe
+    from spark_imagenet.errors import ImageError
+
+    df = remote.read.parquet(str(_image_table(tmp_path / "images.parquet", bad=True)))
+    out = tmp_path / "shards"
+    with pytest.raises(ImageError) as e:
+        shard_dataframe(df, str(out), name_col="name", train_shards=1, val_shards=1, val_fraction=0.25)
+    assert "1 image(s) are empty, truncated or do not decode" in str(e.value)
+    assert "cat/truncated.jpg" in str(e.value) and "JVM stacktrace" not in str(e.value)
+    assert not out.exists() or not list(out.iterdir())
+    assert any("no progress lines under Spark Connect" in line for line in log_lines)
+    manifest = shard_dataframe(df, str(out), name_col="name", train_shards=1, val_shards=1, val_fraction=0.25,
+                               on_corrupt="skip")
+    assert sum(s.examples for s in manifest.splits.values()) == 24

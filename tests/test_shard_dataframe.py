@@ -457,3 +457,20 @@ def test_a_split_the_hash_left_empty_names_the_fraction_not_the_shard_count(tmp_
     results = (result("train", 0, 30), result("train", 1, 0), result("val", 0, 6))
     with pytest.raises(DataError, match=r"1 of the 2 train shards got no images \(shard 1\): choose fewer train"):
         _check_results(build, {"train": list(results[:2]), "val": [results[2]]})
+
+
+def test_each_shard_is_one_partition_of_the_job(spark):
+    """The job's repartition puts shard s, and only it, in partition s (so no task writes two shards while
+    another idles), and sorts each partition by (shard, order, name, label)."""
+    from pyspark.sql import functions as F
+
+    from spark_imagenet.dataset.dataframe import shard_partitions
+
+    table = spark.range(4000).select((F.col("id") % 37).cast("int").alias("shard"), F.xxhash64("id").alias("order"),
+                                     F.col("id").cast("string").alias("name"), F.lit("a").alias("label"))
+    got = shard_partitions(table, 37).select("shard", "order", F.spark_partition_id().alias("p")).collect()
+    assert len(got) == 4000 and all(row["p"] == row["shard"] for row in got)
+    per_partition: dict[int, list[int]] = {}
+    for row in got:
+        per_partition.setdefault(row["p"], []).append(row["order"])
+    assert all(orders == sorted(orders) for orders in per_partition.values())

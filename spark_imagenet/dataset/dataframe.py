@@ -9,9 +9,11 @@ What a build does:
 2. give each row its shard from hashes of its image bytes (xxhash64, seeded): its split, where the split
    column leaves it open (``val_fraction``), its shard in the split, and its place in the shard, so the same
    rows make the same shards however the DataFrame is partitioned; identical images share a shard and sort
-   next to each other (:func:`keyed_rows`);
-3. one Spark task per shard (``repartitionAndSortWithinPartitions``, then
-   :class:`~spark_imagenet.dataset.dataframe_task.ShardTask`): checks, repairs and encodes each image with
+   next to each other (:func:`keyed_table`);
+3. one Spark task per shard (:func:`shard_partitions`: ``repartition`` on a key that puts shard ``s`` in
+   partition ``s``, ``sortWithinPartitions``, then ``mapInArrow`` of
+   :class:`~spark_imagenet.dataset.dataframe_task.ShardTask`; DataFrame API only, so classic and Spark Connect
+   sessions run the same job): checks, repairs and encodes each image with
    the local builder's functions, writes the shard, uploads it verified under a name unique to the task
    attempt, and returns its :class:`~spark_imagenet.dataset.manifest.ShardInfo`, quality tally and duplicates;
 4. the driver keeps one attempt per shard, writes ``quality-report.json``, commits ``manifest.json`` last
@@ -30,15 +32,16 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import threading
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from spark_imagenet.dataset.dataframe_commit import Build, commit_build, delete_run
-from spark_imagenet.dataset.dataframe_task import ShardResult, ShardTask
+from spark_imagenet.dataset.dataframe_task import RESULT_SCHEMA, ShardResult, ShardTask
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.dataset.sharding import (MIN_AUTO_TRAIN_SHARDS, MIN_AUTO_VAL_SHARDS, ON_CORRUPT_MODES,
                                              TARGET_SHARD_BYTES, VERIFY_MODES)
@@ -117,7 +120,8 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
     """Build TFRecord shards and ``manifest.json`` from a Spark DataFrame, as a Spark job (see the module doc).
 
     Args:
-        df: a DataFrame of a classic SparkSession (the job uses the RDD API; Spark Connect sessions have none).
+        df: a DataFrame of a classic or Spark Connect session (under Connect there is no progress line: it
+            needs accumulators).
         out: the destination URL (any store :func:`spark_imagenet.storage.open_storage` opens); every executor
             must reach it.
         image_col: the column of image bytes (binary), e.g. ``content`` of ``spark.read.format("binaryFile")``.
@@ -145,17 +149,13 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
 
     Raises:
         ConfigError: a missing column (the columns found are named), a column of the wrong type, a bad
-            option, a Spark Connect session, or ``out`` holds a different dataset or other files.
+            option, or ``out`` holds a different dataset or other files.
         DataError: no rows, null labels, labels of mixed kinds, a split value other than train/val, no rows
             for a split, or a shard that got no rows.
         ImageError: unusable images with ``on_corrupt="error"`` (every one listed; nothing is committed).
         StorageError: ``out`` cannot be written, or a shard could not be uploaded intact.
     """
     _check_options(val_fraction, verify, on_corrupt, train_shards, val_shards)
-    if "pyspark.sql.connect" in type(df).__module__:
-        raise ConfigError("shard_dataframe needs a classic SparkSession: it runs one task per shard through the RDD "
-                          "API, which Spark Connect does not offer. Run it on the cluster's driver (a notebook on "
-                          "dedicated compute, or spark-submit)")
     columns = check_columns(df, image_col, label_col, split_col, name_col)
     auto = train_shards is None or val_shards is None
     found = survey(df, columns, with_bytes=auto)
@@ -372,10 +372,10 @@ def _destination(storage: Any, overwrite: bool) -> Destination:
     return check_destination(storage, "", overwrite)
 
 
-def keyed_rows(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], seed: int,
-               val_fraction: float) -> Any:
-    """The rows as ``((shard, order hash, name, class id), (image bytes, class id))``, an RDD: shard ``s`` of the
-    train split is partition ``s``, of the val split ``train_shards + s``."""
+def keyed_table(df: Any, columns: Columns, counts: tuple[int, int], seed: int, val_fraction: float) -> Any:
+    """The rows as a DataFrame of :data:`~spark_imagenet.dataset.dataframe_task.ROW_COLUMNS`: ``shard`` (train
+    shard ``s`` is ``s``, val shard ``s`` is ``train_shards + s``), ``order`` (the place in it), ``name``,
+    ``label`` (as the label column holds it) and ``image``, each chosen by seeded hashes of the image bytes."""
     from pyspark.sql import functions as F
 
     image = F.col(columns.image)
@@ -390,26 +390,69 @@ def keyed_rows(df: Any, columns: Columns, found: Survey, counts: tuple[int, int]
     if columns.name:
         name = F.coalesce(F.col(columns.name), name)
     label = F.col(columns.label).cast("long") if columns.integer_labels else F.col(columns.label)
-    table = df.select(shard.cast("int").alias("shard"), F.xxhash64(F.lit(f"order/{seed}"), image).alias("order"),
-                      name.alias("name"), label.alias("label"), image.alias("image"))
-    ids = None if columns.integer_labels else {c: i for i, c in enumerate(found.classes)}
-    return table.rdd.map(_Keyer(ids))
+    return df.select(shard.cast("int").alias("shard"), F.xxhash64(F.lit(f"order/{seed}"), image).alias("order"),
+                     name.alias("name"), label.alias("label"), image.alias("image"))
 
 
-@dataclasses.dataclass(frozen=True)
-class _Keyer:
-    """Row -> ``((shard, order, name, class id), (image, class id))`` (picklable: runs on the executors)."""
+def partition_keys(spark: Any, partitions: int) -> list[int]:
+    """For each partition ``p`` of ``partitions``, a long whose Spark hash partitioning
+    (``repartition(partitions, key)``: Murmur3 with seed 42, modulo ``partitions``) is ``p``: the smallest such
+    among the first ``64 * partitions`` numbers, found by one small Spark query (the same hash the shuffle uses,
+    so no copy of it here).
 
-    ids: dict[str, int] | None
+    Raises:
+        RuntimeError: some partition has no key among them (about e^-64 per partition; never seen).
+    """
+    from pyspark.sql import functions as F
 
-    def __call__(self, row: Any) -> tuple[tuple[int, int, str, int], tuple[Any, int]]:
-        label = row[3] if self.ids is None else self.ids[row[3]]
-        return (row[0], row[1], row[2], label), (row[4], label)
+    found = (spark.range(64 * partitions).groupBy(F.pmod(F.hash("id"), F.lit(partitions)).alias("p"))
+             .agg(F.min("id").alias("key")).collect())
+    keys = {row["p"]: row["key"] for row in found}
+    if len(keys) < partitions:
+        raise RuntimeError(f"no partition key found for {partitions - len(keys)} of {partitions} partitions")
+    return [keys[p] for p in range(partitions)]
 
 
-def _first(key: tuple) -> int:
-    """The partition of a key: its shard."""
-    return key[0]
+def shard_partitions(table: Any, total: int) -> Any:
+    """``table`` (:func:`keyed_table`) in ``total`` partitions, partition ``s`` holding exactly shard ``s``'s rows
+    sorted by ``(shard, order, name, label)``. A repartition with a number is kept as it is by adaptive query
+    execution (only repartitions without one are coalesced)."""
+    from pyspark.sql import functions as F
+
+    keys = partition_keys(table.sparkSession, total)
+    key = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col("shard") + F.lit(1)).cast("long")
+    return (table.withColumn("_key", key).repartition(total, "_key")
+            .sortWithinPartitions("shard", "order", "name", "label").drop("_key"))
+
+
+#: Spark settings for the job's Arrow batches: rows handed to a task's Python worker per batch, and their
+#: bytes (the default is 10,000 rows, which for images of ~110 KB is over a gigabyte per batch).
+ARROW_BATCH_CONF = {"spark.sql.execution.arrow.maxRecordsPerBatch": "256",
+                    "spark.sql.execution.arrow.maxBytesPerBatch": str(64 << 20)}
+
+
+@contextlib.contextmanager
+def _arrow_batches(spark: Any) -> Iterator[None]:
+    """Set :data:`ARROW_BATCH_CONF` on the session while the job runs, then put back what was there (a server
+    that does not let the session change a setting keeps its own, with an info line)."""
+    before: dict[str, str | None] = {}
+    for key, value in ARROW_BATCH_CONF.items():
+        try:
+            before[key] = spark.conf.get(key, None)
+            spark.conf.set(key, value)
+        except Exception as e:  # a Connect server may refuse (CANNOT_MODIFY_CONFIG)
+            before.pop(key, None)
+            logger.info(f"sharding: {key} stays as the session has it ({spark_reason(e)})")
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+
+
+def is_connect(df: Any) -> bool:
+    """Whether ``df`` belongs to a Spark Connect session (no SparkContext, so no accumulators)."""
+    return "pyspark.sql.connect" in type(df).__module__
 
 
 def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], storage: Any, run: str,
@@ -419,21 +462,25 @@ def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], 
     Raises:
         SparkImagenetError: what a task raised (its own class and message), after Spark's retries.
     """
-    sc = df.sparkSession.sparkContext
+    import pickle
+
     total = counts[0] + counts[1]
-    accumulators = tuple(sc.accumulator(0) for _ in range(4))
-    task = ShardTask(storage, run, counts[0], counts[1], found.classes, job.verify, job.on_corrupt, accumulators,
-                     after_upload)
-    rows = keyed_rows(df, columns, found, counts, job.seed, job.val_fraction)
+    spark = df.sparkSession
+    accumulators = None if is_connect(df) else tuple(spark.sparkContext.accumulator(0) for _ in range(4))
+    task = ShardTask(storage, run, counts[0], counts[1], found.classes, columns.integer_labels, job.verify,
+                     job.on_corrupt, accumulators, after_upload)
     logger.info(f"sharding {sum(found.rows.values())} rows of {len(found.classes)} classes into {counts[0]} train + "
                 f"{counts[1]} val shards as a Spark job ({total} tasks) to {storage.url}")
+    if accumulators is None and job.progress:
+        logger.info("sharding: no progress lines under Spark Connect (no accumulators); the Spark UI shows the job")
     stop = threading.Event()
     reporter = threading.Thread(target=_report, args=(accumulators, total, stop, PROGRESS_SECONDS if job.progress else 0),
                                 name="shard-progress", daemon=True)
     reporter.start()
     try:
-        return (rows.repartitionAndSortWithinPartitions(total, partitionFunc=_first)
-                .mapPartitionsWithIndex(task).collect())
+        table = shard_partitions(keyed_table(df, columns, counts, job.seed, job.val_fraction), total)
+        with _arrow_batches(spark):
+            return [pickle.loads(row["result"]) for row in table.mapInArrow(task, RESULT_SCHEMA).collect()]
     except Exception as e:
         raise task_error(e) from None
     finally:
@@ -442,13 +489,16 @@ def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], 
         _log_progress(accumulators, total)
 
 
-def _report(accumulators: tuple, total: int, stop: threading.Event, every: float) -> None:
-    """Log the progress line every ``every`` seconds until ``stop`` (never when ``every`` is 0)."""
-    while every and not stop.wait(every):
+def _report(accumulators: tuple | None, total: int, stop: threading.Event, every: float) -> None:
+    """Log the progress line every ``every`` seconds until ``stop`` (never when ``every`` is 0 or there are no
+    accumulators)."""
+    while every and accumulators is not None and not stop.wait(every):
         _log_progress(accumulators, total)
 
 
-def _log_progress(accumulators: tuple, total: int) -> None:
+def _log_progress(accumulators: tuple | None, total: int) -> None:
+    if accumulators is None:
+        return
     shards, images, nbytes, bad = (a.value for a in accumulators)
     logger.info(f"sharding: {shards} of {total} shards written, {images} images, {nbytes / 1e6:.1f} MB, "
                 f"{bad} bad so far")

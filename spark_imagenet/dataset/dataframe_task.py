@@ -1,9 +1,10 @@
 """The executor side of :func:`spark_imagenet.dataset.dataframe.shard_dataframe`: one Spark task writes one shard.
 
-A task gets the rows of its shard sorted by ``(shard, order hash, name, class id)`` (Spark's
-``repartitionAndSortWithinPartitions``), so the shard's bytes depend only on the rows, never on the
-order Spark delivers them in. Each image is checked and encoded by the functions the local builder
-uses (:func:`~spark_imagenet.dataset.shard_writer.check_image`,
+A task gets the rows of its shard sorted by ``(shard, order hash, name, label)`` (``repartition`` on a key
+that sends shard ``s`` to partition ``s``, then ``sortWithinPartitions``; the task reads them as Arrow batches
+through ``mapInArrow``, which classic and Spark Connect sessions both offer), so the shard's bytes depend only
+on the rows, never on the order Spark delivers them in. Each image is checked and encoded by the functions the
+local builder uses (:func:`~spark_imagenet.dataset.shard_writer.check_image`,
 :func:`~spark_imagenet.dataset.shard_writer.example`, :func:`~spark_imagenet.dataset.report.note`): stored
 byte for byte, or repaired, or (unusable) failing the build or left out. Identical image bytes sort next to
 each other (same order hash), so a task finds the duplicates of its shard without holding more than one run
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
+import pickle
 import tempfile
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
@@ -36,8 +39,14 @@ MAX_PROBLEMS = 50
 #: How many groups of duplicates one task reports.
 MAX_DUPLICATES = 1000
 
-#: One row as the task gets it: ``((shard, order hash, name, class id), (image bytes, class id))``.
-Row = tuple[tuple[int, int, str, int], tuple[Any, int]]
+#: The columns a task reads, in this order: shard (int), order hash (long), name (string), label (class name or
+#: id), image (binary).
+ROW_COLUMNS = ("shard", "order", "name", "label", "image")
+#: The schema of what a task returns: one row per shard, its pickled :class:`ShardResult`.
+RESULT_SCHEMA = "result binary"
+
+#: One row as the task reads it: ``(shard, order hash, name, label, image bytes)``.
+Row = tuple[int, int, str, Any, bytes]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +82,9 @@ class ShardResult:
 
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
-    """The function Spark runs per partition (``mapPartitionsWithIndex``): partition ``i`` is train shard ``i``
-    for ``i < train_shards``, else val shard ``i - train_shards``.
+    """The function Spark runs per partition (``mapInArrow``): for each shard among its rows (one, as the job
+    partitions them), write, upload and report it. Shard ``s`` is train shard ``s`` for ``s < train_shards``,
+    else val shard ``s - train_shards``.
 
     Attributes:
         storage: the destination (a picklable handle; each executor opens its own client).
@@ -82,9 +92,11 @@ class ShardTask:
         train_shards: shards of the train split.
         val_shards: shards of the val split.
         classes: the class names by class id (the record's ``image/class/synset``).
+        integer_labels: whether the rows' labels are class ids (else class names, looked up in ``classes``).
         verify: ``"decode"`` or ``"header"`` (:func:`spark_imagenet.dataset.quality.classify`).
         on_corrupt: ``"error"`` (a bad image stops the shard; nothing is uploaded) or ``"skip"``.
-        progress: Spark accumulators ``(shards, images, bytes, bad)`` the driver's progress line reads, or None.
+        progress: Spark accumulators ``(shards, images, bytes, bad)`` the driver's progress line reads, or None
+            (a Spark Connect session has none).
         after_upload: called with the object's name right after this attempt uploaded it (a test makes the
             first attempt fail there); None in real use.
     """
@@ -94,35 +106,56 @@ class ShardTask:
     train_shards: int
     val_shards: int
     classes: tuple[str, ...]
+    integer_labels: bool = False
     verify: str = "decode"
     on_corrupt: str = "error"
     progress: tuple[Any, Any, Any, Any] | None = None
     after_upload: Callable[[str], None] | None = None
 
-    def place(self, partition: int) -> tuple[str, int, int]:
-        """``(split, index, count)`` of the shard partition ``partition`` writes."""
-        if partition < self.train_shards:
-            return "train", partition, self.train_shards
-        return "val", partition - self.train_shards, self.val_shards
+    def place(self, shard: int) -> tuple[str, int, int]:
+        """``(split, index, count)`` of shard ``shard``."""
+        if shard < self.train_shards:
+            return "train", shard, self.train_shards
+        return "val", shard - self.train_shards, self.val_shards
 
-    def __call__(self, partition: int, rows: Iterable[Row]) -> Iterator[ShardResult]:
-        """Write, upload and report the shard of ``partition`` (one :class:`ShardResult`).
+    def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Arrow batches of sorted rows (:data:`ROW_COLUMNS`) in, one batch per shard out (:data:`RESULT_SCHEMA`).
 
         Raises:
-            StorageError: the shard cannot be written locally or uploaded intact (Spark retries the task).
+            StorageError: a shard cannot be written locally or uploaded intact (Spark retries the task).
+        """
+        import pyarrow as pa
+
+        for shard, rows in itertools.groupby(self._rows(batches), key=lambda row: row[0]):
+            result = self.write(shard, rows)
+            yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(result)], pa.binary())], names=["result"])
+
+    def _rows(self, batches: Iterable[Any]) -> Iterator[Row]:
+        """The rows of the batches in order, each label made a class id."""
+        ids = None if self.integer_labels else {name: i for i, name in enumerate(self.classes)}
+        for batch in batches:
+            columns = [batch.column(name).to_pylist() for name in ROW_COLUMNS]
+            for shard, order, name, label, image in zip(*columns):
+                yield shard, order, name, (label if ids is None else ids[label]), image
+
+    def write(self, shard: int, rows: Iterable[Row]) -> ShardResult:
+        """Write, upload and report one shard from its sorted rows.
+
+        Raises:
+            StorageError: the shard cannot be written locally or uploaded intact.
         """
         from pyspark import TaskContext
 
         context = TaskContext.get()
         attempt = context.taskAttemptId() if context is not None else 0
-        split, index, count = self.place(partition)
+        split, index, count = self.place(shard)
         name = attempt_shard_name(split, index, count, self.run, attempt)
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=_scratch())
         try:
             with os.fdopen(fd, "wb") as f:
                 writer = _ShardWriter(f, split, self)
-                for key, value in rows:
-                    writer.add(key, value)
+                for _shard, order, image_name, label, data in rows:
+                    writer.add(order, image_name, label, data)
                 writer.finish()
             info = None
             if not writer.problems:
@@ -133,7 +166,7 @@ class ShardTask:
                 if self.after_upload is not None:
                     self.after_upload(name)
             self._count(writer)
-            yield writer.result(index, info)
+            return writer.result(index, info)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -170,10 +203,9 @@ class _ShardWriter:
         self._run_hash: int | None = None
         self._run: list[tuple[bytes, str, str]] = []
 
-    def add(self, key: tuple[int, int, str, int], value: tuple[Any, int]) -> None:
+    def add(self, order: int, name: str, label: int, data: bytes) -> None:
         """Check one image and append its record (unless it is unusable, or a bad image stopped the shard)."""
-        _shard, order, name, _label = key
-        data, label = bytes(value[0]), value[1]
+        data = bytes(data)
         cls = self._task.classes[label]
         self.images += 1
         self.image_bytes += len(data)
