@@ -474,3 +474,24 @@ def test_each_shard_is_one_partition_of_the_job(spark):
     for row in got:
         per_partition.setdefault(row["p"], []).append(row["order"])
     assert all(orders == sorted(orders) for orders in per_partition.values())
+
+
+def test_a_split_column_that_puts_one_image_in_both_splits_is_reported(spark, tmp_path, log_lines):
+    """Copies that a split column sends to train and to val land in shards no task sees together: the extra
+    pass finds them, the report lists them first as train+val, and the log warns. Copies of such a group within
+    one split are also that split's group (a task finds them)."""
+    data = [(content, label, name, "val" if i % 4 == 0 else "train") for i, (content, label, name) in enumerate(rows(8))]
+    leaked = [(data[0][0], data[0][1], "cat/train_copy.jpg", "train"), (data[0][0], "dog", "dog/relabelled.jpg", "train")]
+    in_train = [(data[1][0], data[1][1], "cat/twice.jpg", "train")]  # train and train: found by a task
+    df = spark.createDataFrame(data + leaked + in_train, "content binary, label string, name string, split string")
+    out = tmp_path / "shards"
+    shard_dataframe(df, str(out), split_col="split", name_col="name", train_shards=2, val_shards=1, progress=False)
+    report = __import__("json").loads((out / QUALITY_REPORT_NAME).read_text())
+    across, *within = report["duplicates"]
+    assert across == {"split": "train+val", "count": 3, "files": ["cat/train_copy.jpg", "cat/cat_0.jpg"],
+                      "classes": ["cat", "cat"], "splits": ["train", "val"]}
+    assert sorted(sorted(g["files"]) for g in within) == [["cat/cat_1.jpg", "cat/twice.jpg"],
+                                                          ["cat/train_copy.jpg", "dog/relabelled.jpg"]]
+    assert report["duplicate_totals"] == {"groups": 3, "images": 7, "train+val": 1}
+    assert any("1 group(s) hold the same image in train and in val" in line for line in log_lines)
+    assert any("3 copies: cat/train_copy.jpg, cat/cat_0.jpg (different classes!)" in line for line in log_lines)

@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator
 from spark_imagenet.dataset.dataframe_commit import Build, commit_build, delete_run
 from spark_imagenet.dataset.dataframe_task import RESULT_SCHEMA, ShardResult, ShardTask
 from spark_imagenet.dataset.manifest import Manifest
+from spark_imagenet.dataset.split_copies import copies_across_splits
 from spark_imagenet.dataset.sharding import (MIN_AUTO_TRAIN_SHARDS, MIN_AUTO_VAL_SHARDS, ON_CORRUPT_MODES,
                                              TARGET_SHARD_BYTES, VERIFY_MODES)
 from spark_imagenet.dataset.transfer import Destination, check_destination
@@ -203,14 +204,27 @@ def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, in
     run = uuid.uuid4().hex[:8]
     try:
         results = _run_job(df, columns, found, counts, storage, run, job, after_upload)
+        across = _across(df, columns, found, counts, job) if columns.split else ()
     except BaseException:
         delete_run(storage, run)
         if created_root:
             storage.remove_empty_root()
         raise
     build = Build(storage, dest, run, found.manifest_classes(), counts, tuple(results), job.verify, job.on_corrupt,
-                  job.overwrite, source)
+                  job.overwrite, source, across)
     return commit_build(build)  # on a failure before its commit, it deletes the run's objects itself
+
+
+def _across(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], job: JobSettings) -> tuple:
+    """The groups of copies that the split column put in both splits (:mod:`spark_imagenet.dataset.split_copies`;
+    one more pass over the image column)."""
+    logger.info(f"checking for images in both train and val (split column {columns.split!r}): one more pass over "
+                "the image column")
+    try:
+        return copies_across_splits(keyed_table(df, columns, counts, job.seed, job.val_fraction), counts[0],
+                                    found.classes, columns.integer_labels)
+    except Exception as e:
+        raise task_error(e) from None
 
 
 def _check_options(val_fraction: float, verify: str, on_corrupt: str, train_shards: int | None,

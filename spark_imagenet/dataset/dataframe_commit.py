@@ -23,7 +23,7 @@ import logging
 from typing import Any, Iterable
 
 from spark_imagenet.dataset.dataframe_task import ShardResult
-from spark_imagenet.dataset.duplicates import Duplicates
+from spark_imagenet.dataset.duplicates import Duplicate, Duplicates
 from spark_imagenet.dataset.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, SplitInfo
 from spark_imagenet.dataset.naming import of_run
 from spark_imagenet.dataset.quality import CATEGORIES
@@ -52,6 +52,8 @@ class Build:
         on_corrupt: ``"error"`` or ``"skip"``.
         overwrite: whether a different dataset at the destination may be replaced.
         source: the manifest's ``source`` (what was read).
+        across: groups of copies in both splits that a split column made (none without one; the tasks cannot
+            see them: :mod:`spark_imagenet.dataset.split_copies`).
     """
 
     storage: Storage
@@ -64,6 +66,7 @@ class Build:
     on_corrupt: str
     overwrite: bool
     source: dict[str, Any]
+    across: tuple[Duplicate, ...] = ()
 
 
 def delete_run(storage: Storage, run: str, keep: Iterable[str] = ()) -> int:
@@ -166,8 +169,8 @@ def quality_report(build: Build, ordered: dict[str, list[ShardResult]], dataset_
 
 
 def _duplicates(build: Build) -> Duplicates:
-    """The groups of identical images the tasks reported."""
-    return Duplicates.of(d for r in build.results for d in r.duplicates)
+    """The groups of identical images the tasks reported, and those across splits."""
+    return Duplicates.of([*build.across, *(d for r in build.results for d in r.duplicates)])
 
 
 def _log_report(build: Build, report: dict[str, Any]) -> None:
