@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator
 from spark_imagenet.dataset.dataframe_commit import Build, commit_build, delete_run
 from spark_imagenet.dataset.dataframe_task import RESULT_SCHEMA, ShardResult, ShardTask
 from spark_imagenet.dataset.manifest import Manifest
+from spark_imagenet.dataset.duplicates import Duplicate
 from spark_imagenet.dataset.split_copies import copies_across_splits
 from spark_imagenet.dataset.sharding import (MIN_AUTO_TRAIN_SHARDS, MIN_AUTO_VAL_SHARDS, ON_CORRUPT_MODES,
                                              TARGET_SHARD_BYTES, VERIFY_MODES)
@@ -203,8 +204,7 @@ def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, in
     created_root = not storage.root_exists()
     run = uuid.uuid4().hex[:8]
     try:
-        results = _run_job(df, columns, found, counts, storage, run, job, after_upload)
-        across = _across(df, columns, found, counts, job) if columns.split else ()
+        results, across = _run_job(df, columns, found, counts, storage, run, job, after_upload)
     except BaseException:
         delete_run(storage, run)
         if created_root:
@@ -213,18 +213,6 @@ def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, in
     build = Build(storage, dest, run, found.manifest_classes(), counts, tuple(results), job.verify, job.on_corrupt,
                   job.overwrite, source, across)
     return commit_build(build)  # on a failure before its commit, it deletes the run's objects itself
-
-
-def _across(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], job: JobSettings) -> tuple:
-    """The groups of copies that the split column put in both splits (:mod:`spark_imagenet.dataset.split_copies`;
-    one more pass over the image column)."""
-    logger.info(f"checking for images in both train and val (split column {columns.split!r}): one more pass over "
-                "the image column")
-    try:
-        return copies_across_splits(keyed_table(df, columns, counts, job.seed, job.val_fraction), counts[0],
-                                    found.classes, columns.integer_labels)
-    except Exception as e:
-        raise task_error(e) from None
 
 
 def _check_options(val_fraction: float, verify: str, on_corrupt: str, train_shards: int | None,
@@ -470,19 +458,18 @@ def is_connect(df: Any) -> bool:
 
 
 def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], storage: Any, run: str,
-             job: JobSettings, after_upload: Any = None) -> list[ShardResult]:
-    """Run one task per shard and collect what each reports (see the module doc).
+             job: JobSettings, after_upload: Any = None) -> tuple[list[ShardResult], tuple[Duplicate, ...]]:
+    """Run one task per shard and collect what each reports (see the module doc), and with a split column the
+    groups of copies it put in both splits (:mod:`spark_imagenet.dataset.split_copies`).
 
     Raises:
         SparkImagenetError: what a task raised (its own class and message), after Spark's retries.
     """
-    import pickle
-
     total = counts[0] + counts[1]
     spark = df.sparkSession
     accumulators = None if is_connect(df) else tuple(spark.sparkContext.accumulator(0) for _ in range(4))
     task = ShardTask(storage, run, counts[0], counts[1], found.classes, columns.integer_labels, job.verify,
-                     job.on_corrupt, accumulators, after_upload)
+                     job.on_corrupt, accumulators, bool(columns.split), after_upload)
     logger.info(f"sharding {sum(found.rows.values())} rows of {len(found.classes)} classes into {counts[0]} train + "
                 f"{counts[1]} val shards as a Spark job ({total} tasks) to {storage.url}")
     if accumulators is None and job.progress:
@@ -491,16 +478,35 @@ def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], 
     reporter = threading.Thread(target=_report, args=(accumulators, total, stop, PROGRESS_SECONDS if job.progress else 0),
                                 name="shard-progress", daemon=True)
     reporter.start()
+    output = None
     try:
         table = shard_partitions(keyed_table(df, columns, counts, job.seed, job.val_fraction), total)
         with _arrow_batches(spark):
-            return [pickle.loads(row["result"]) for row in table.mapInArrow(task, RESULT_SCHEMA).collect()]
+            output = table.mapInArrow(task, RESULT_SCHEMA)
+            if task.index:  # kept on the executors' disks for the index's aggregation: the images are read once
+                output = output.persist(_disk_only())
+            return _results(output), (copies_across_splits(output.where("result IS NULL")) if task.index else ())
     except Exception as e:
         raise task_error(e) from None
     finally:
         stop.set()
         reporter.join()
         _log_progress(accumulators, total)
+        if output is not None and task.index:
+            output.unpersist()
+
+
+def _results(output: Any) -> list[ShardResult]:
+    """The tasks' :class:`ShardResult` rows of the job's output."""
+    import pickle
+
+    return [pickle.loads(row["result"]) for row in output.where("result IS NOT NULL").select("result").collect()]
+
+
+def _disk_only() -> Any:
+    from pyspark.storagelevel import StorageLevel
+
+    return StorageLevel.DISK_ONLY
 
 
 def _report(accumulators: tuple | None, total: int, stop: threading.Event, every: float) -> None:

@@ -42,8 +42,12 @@ MAX_DUPLICATES = 1000
 #: The columns a task reads, in this order: shard (int), order hash (long), name (string), label (class name or
 #: id), image (binary).
 ROW_COLUMNS = ("shard", "order", "name", "label", "image")
-#: The schema of what a task returns: one row per shard, its pickled :class:`ShardResult`.
-RESULT_SCHEMA = "result binary"
+#: The schema of what a task returns: per shard one row with its pickled :class:`ShardResult` (the other columns
+#: null), and with ``index`` set one row per usable image (``result`` null): its order hash, length, whether it
+#: is in val, name and label (what :mod:`spark_imagenet.dataset.split_copies` groups).
+RESULT_SCHEMA = "result binary, order long, length long, val int, name string, label string"
+#: Index rows per Arrow batch a task yields.
+INDEX_BATCH_ROWS = 4096
 
 #: One row as the task reads it: ``(shard, order hash, name, label, image bytes)``.
 Row = tuple[int, int, str, Any, bytes]
@@ -97,6 +101,7 @@ class ShardTask:
         on_corrupt: ``"error"`` (a bad image stops the shard; nothing is uploaded) or ``"skip"``.
         progress: Spark accumulators ``(shards, images, bytes, bad)`` the driver's progress line reads, or None
             (a Spark Connect session has none).
+        index: also return one index row per usable image (see :data:`RESULT_SCHEMA`).
         after_upload: called with the object's name right after this attempt uploaded it (a test makes the
             first attempt fail there); None in real use.
     """
@@ -110,6 +115,7 @@ class ShardTask:
     verify: str = "decode"
     on_corrupt: str = "error"
     progress: tuple[Any, Any, Any, Any] | None = None
+    index: bool = False
     after_upload: Callable[[str], None] | None = None
 
     def place(self, shard: int) -> tuple[str, int, int]:
@@ -124,11 +130,14 @@ class ShardTask:
         Raises:
             StorageError: a shard cannot be written locally or uploaded intact (Spark retries the task).
         """
-        import pyarrow as pa
-
         for shard, rows in itertools.groupby(self._rows(batches), key=lambda row: row[0]):
-            result = self.write(shard, rows)
-            yield pa.RecordBatch.from_arrays([pa.array([pickle.dumps(result)], pa.binary())], names=["result"])
+            images: list[tuple[int, int, str, str]] = []
+            result = self.write(shard, rows, images if self.index else None)
+            yield _batch([pickle.dumps(result)], [(None, None, None, None)])
+            val = int(shard >= self.train_shards)
+            for at in range(0, len(images), INDEX_BATCH_ROWS):
+                chunk = images[at:at + INDEX_BATCH_ROWS]
+                yield _batch([None] * len(chunk), [(o, n, name, cls) for o, n, name, cls in chunk], val)
 
     def _rows(self, batches: Iterable[Any]) -> Iterator[Row]:
         """The rows of the batches in order, each label made a class id."""
@@ -138,8 +147,9 @@ class ShardTask:
             for shard, order, name, label, image in zip(*columns):
                 yield shard, order, name, (label if ids is None else ids[label]), image
 
-    def write(self, shard: int, rows: Iterable[Row]) -> ShardResult:
-        """Write, upload and report one shard from its sorted rows.
+    def write(self, shard: int, rows: Iterable[Row], images: list | None = None) -> ShardResult:
+        """Write, upload and report one shard from its sorted rows; append ``(order, length, name, class)`` of
+        each usable image to ``images`` when it is given.
 
         Raises:
             StorageError: the shard cannot be written locally or uploaded intact.
@@ -153,7 +163,7 @@ class ShardTask:
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=_scratch())
         try:
             with os.fdopen(fd, "wb") as f:
-                writer = _ShardWriter(f, split, self)
+                writer = _ShardWriter(f, split, self, images)
                 for _shard, order, image_name, label, data in rows:
                     writer.add(order, image_name, label, data)
                 writer.finish()
@@ -181,6 +191,17 @@ class ShardTask:
             bad.add(writer.bad)
 
 
+def _batch(results: list[bytes | None], rows: list[tuple], val: int | None = None) -> Any:
+    """One Arrow batch of :data:`RESULT_SCHEMA`."""
+    import pyarrow as pa
+
+    orders, lengths, names, labels = zip(*rows)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(results, pa.binary()), pa.array(orders, pa.int64()), pa.array(lengths, pa.int64()),
+         pa.array([val] * len(rows), pa.int32()), pa.array(names, pa.string()), pa.array(labels, pa.string())],
+        names=["result", "order", "length", "val", "name", "label"])
+
+
 def _scratch() -> str | None:
     """Where a task writes its shard before the upload: the first of the executor's ``SPARK_LOCAL_DIRS`` (Spark
     sets it for its Python workers: the disks it gives to shuffle files), else the temporary folder."""
@@ -191,8 +212,9 @@ def _scratch() -> str | None:
 class _ShardWriter:
     """Checks, encodes and writes the rows of one shard in order, and tallies what it found."""
 
-    def __init__(self, f: BinaryIO, split: str, task: ShardTask):
+    def __init__(self, f: BinaryIO, split: str, task: ShardTask, index: list | None = None):
         self._f = f
+        self._index = index
         self._split = split
         self._task = task
         self.quality: Quality = ({}, [])
@@ -212,6 +234,8 @@ class _ShardWriter:
         stored, height, width, finding = check_image(data, name, self._task.verify)
         if stored is not None:  # an unusable image is left out, reported as such, and not compared
             self._note_duplicate(order, digest(data), name, cls)
+            if self._index is not None:
+                self._index.append((order, len(data), name, cls))
         listed = len(self.quality[1])
         note(self.quality, self.images - 1, finding, stored)
         if len(self.quality[1]) > listed:
