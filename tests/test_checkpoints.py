@@ -239,7 +239,8 @@ def test_check_compatible_names_every_differing_field_and_option():
                  "use another --checkpoint-dir, or remove the old checkpoints", "epoch 2 (step 24"):
         assert part in message
     for option in ("--width", "--batch-size", "--seed", "--learning-rate", "--epochs"):
-        assert option not in message
+        assert option not in message.partition(". Run with")[0]
+    assert "what may differ: --epochs (more, to extend a run), --keep-checkpoints" in message
 
 
 @pytest.mark.parametrize("field, value, option", [
@@ -277,11 +278,17 @@ def test_check_compatible_refuses_a_checkpoint_past_the_jobs_epochs():
 def test_run_settings_from_a_train_config_and_the_options_exist():
     config = TrainConfig(workers=2, model="alexnet", epochs=5, batch_size=8, image_size=96, width=0.25,
                          learning_rate=0.01, seed=3)
-    assert RunSettings.from_config(config, dataset_id="d" * 16, num_classes=10) == SETTINGS
+    recipe = {"lr_schedule": "cosine", "lr_boundaries": (), "warmup_epochs": 5.0 * 5 / 90, "lr_scaling": "none",
+              "momentum": 0.9, "weight_decay": 0.0005, "label_smoothing": 0.0, "flip": True,
+              "crop_area": (0.08, 1.0), "lighting": 0.0}  # alexnet's recipe, resolved for 5 epochs
+    assert set(recipe) == set(ck.RECIPE_FIELDS)
+    settings = dataclasses.replace(SETTINGS, **recipe)
+    assert RunSettings.from_config(config, dataset_id="d" * 16, num_classes=10) == settings
     manifest = type("M", (), {"dataset_id": "d" * 16, "num_classes": 10})()
-    assert ck.expected_for(config, manifest) == SETTINGS
+    assert ck.expected_for(config, manifest) == settings
     template = ck.new_meta(config, "d" * 16, 10, 12, {"loss": [3.0, 2.0]})
-    assert (template.epoch, template.step, template.files, template.settings()) == (2, 24, (), SETTINGS)
+    assert (template.epoch, template.step, template.files, template.settings()) == (2, 24, (), settings)
+    assert CheckpointMeta.loads(template.dumps()) == template  # tuples through JSON lists
     assert template.replace(epoch=3, step=36, history=meta(3).history).history == meta(3).history
     assert ck.new_meta(config, "d" * 16, 10, 12).epoch == 1
     options = {f.metadata["rule"].option for _, f in TrainConfig.settings()}
@@ -335,3 +342,48 @@ def test_prune_plan():
     assert ck.prune_plan(5, None, states) == ["epoch-000002"]
     assert ck.folder_epoch("epoch-000012") == 12 and ck.folder_epoch("epoch-12") is None
     assert ck.folder_epoch("epoch-1234567") == 1234567 and ck.folder_name(1234567) == "epoch-1234567"
+
+
+# ------------------------------------------------------------------ the recipe and augmentation
+@pytest.mark.parametrize("field, value, option", [
+    ("lr_schedule", "constant", "--lr-schedule"), ("lr_scaling", "linear", "--lr-scaling"),
+    ("momentum", 0.95, "--momentum"), ("weight_decay", 0.0001, "--weight-decay"),
+    ("label_smoothing", 0.1, "--label-smoothing"), ("flip", False, "flip (--no-flip)"),
+    ("crop_area", (0.25, 1.0), "--crop-area"), ("lighting", 0.1, "--lighting"),
+    ("warmup_epochs", 1.0, "--warmup-epochs"), ("lr_boundaries", (2.0, 4.0), "--lr-boundaries"),
+])
+def test_every_setting_that_changes_the_math_is_compared(field, value, option):
+    recorded = dataclasses.replace(SETTINGS, lr_schedule="cosine", lr_boundaries=(), warmup_epochs=0.5,
+                                   lr_scaling="none", momentum=0.9, weight_decay=0.0005, label_smoothing=0.0,
+                                   flip=True, crop_area=(0.08, 1.0), lighting=0.0)
+    m = CheckpointMeta.create(recorded, epoch=2, step=24)
+    check_compatible(m, recorded, "here")
+    job = dataclasses.replace(recorded, **{field: value})
+    with pytest.raises(ConfigError) as e:
+        check_compatible(m, job, "here")
+    assert f"{option} {getattr(recorded, field)!r} in the checkpoint, {value!r} in this job" in str(e.value)
+    if field in ("warmup_epochs", "lr_boundaries"):  # their defaults follow --epochs: an extension is allowed
+        check_compatible(m, dataclasses.replace(job, epochs=10), "here")
+    older = CheckpointMeta.from_json({k: v for k, v in m.to_json().items() if k not in ck.RECIPE_FIELDS}, "old")
+    assert getattr(older, field) is None
+    check_compatible(older, job, "old")  # not recorded: not compared
+
+
+def test_a_checkpoint_of_another_schedule_is_refused_before_spark(tmp_path):
+    """plan_job (no Spark) reads the latest checkpoint and names the option with both values."""
+    from data_util import build, small_layout
+    from spark_imagenet.training.driver.launch import plan_job
+
+    data = tmp_path / "bucket"
+    manifest = build(small_layout(tmp_path / "src"), data)
+    before = TrainConfig(workers=1, epochs=3, image_size=72, width=0.25, batch_size=4, lr_schedule="cosine",
+                         checkpoint_dir=str(tmp_path / "ck"))
+    meta = ck.new_meta(before, manifest.dataset_id, manifest.num_classes, 6).replace(epoch=1, step=6)
+    commit(open_storage(tmp_path / "ck"), tf_files(tmp_path / "tf", 1), meta)
+    plan_job(str(data), before)  # the same settings resume
+    with pytest.raises(ConfigError) as e:
+        plan_job(str(data), before.replace(lr_schedule="constant", momentum=0.8))
+    message = str(e.value)
+    assert "--lr-schedule 'cosine' in the checkpoint, 'constant' in this job" in message
+    assert "--momentum 0.9 in the checkpoint, 0.8 in this job" in message
+    assert "epoch-000001" in message and "Run with the checkpoint's values" in message

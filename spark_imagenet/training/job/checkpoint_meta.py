@@ -12,6 +12,9 @@ No TensorFlow and no storage access here: :mod:`spark_imagenet.training.job.chec
       "dataset_id": "<the manifest's dataset_id>", "model": "alexnet", "width": 1.0,
       "image_size": 224, "num_classes": 1000, "workers": 8, "batch_size": 128, "seed": 0,
       "learning_rate": 0.01, "optimizer": "sgd", "precision": "float32",
+      "lr_schedule": "cosine", "lr_boundaries": [], "warmup_epochs": 5.0, "lr_scaling": "none",
+      "momentum": 0.9, "weight_decay": 0.0005, "label_smoothing": 0.0,
+      "flip": true, "crop_area": [0.08, 1.0], "lighting": 0.0,
       "files": [{"name": "ckpt.index", "size": 1234, "crc32c": "<base64>"}, ...],
       "history": {"loss": [6.1, 5.2, 4.8], "val_top1": [0.02, 0.05, 0.09]},
       "created": "2026-12-01T18:00:00Z"
@@ -50,14 +53,37 @@ OPTIONS = {
     "learning_rate": "--learning-rate",
     "optimizer": "--optimizer",
     "precision": "--precision",
+    "lr_schedule": "--lr-schedule",
+    "lr_boundaries": "--lr-boundaries",
+    "warmup_epochs": "--warmup-epochs",
+    "lr_scaling": "--lr-scaling",
+    "momentum": "--momentum",
+    "weight_decay": "--weight-decay",
+    "label_smoothing": "--label-smoothing",
+    "flip": "--no-flip",
+    "crop_area": "--crop-area",
+    "lighting": "--lighting",
 }
 #: Fields a ``checkpoint.json`` written before they existed lacks, and the value such a run had.
 DEFAULTS = {"optimizer": "sgd", "precision": "float32"}
+#: The recipe and augmentation settings (recorded since 2026-12-03): a ``checkpoint.json`` without them
+#: reads them as None (not recorded, so not compared). Every one changes the math of the steps to come.
+RECIPE_FIELDS = ("lr_schedule", "lr_boundaries", "warmup_epochs", "lr_scaling", "momentum", "weight_decay",
+                 "label_smoothing", "flip", "crop_area", "lighting")
+#: Settings whose default scales with ``--epochs``: compared only when ``--epochs`` is the checkpoint's (a run
+#: extended with more epochs is described by :func:`~spark_imagenet.training.job.schedules.extension_note`).
+_SCALED_WITH_EPOCHS = ("lr_boundaries", "warmup_epochs")
+#: Settings that may change on resume (docs/guide/failures.md): ``--epochs`` (larger), and everything that
+#: is not in :data:`OPTIONS`: outputs, checkpoints kept, restarts, timeouts, transfers, cache, parallelism.
+MAY_CHANGE = "--epochs (more, to extend a run), --keep-checkpoints, --max-restarts, the timeouts, --output, " \
+             "--results, --transfers, --parallel, --cache and the Spark settings"
 #: Why a field must match, where it is not plain (added to the message).
 _WHY = {"workers": "the global batch (batch_size x workers), the steps per epoch and each worker's shards "
                    "depend on it",
         "optimizer": "the optimizer's saved state differs (SGD and LARS keep different slots)",
-        "precision": "mixed_float16 adds a loss-scale optimizer, whose state the checkpoint does or does not hold"}
+        "precision": "mixed_float16 adds a loss-scale optimizer, whose state the checkpoint does or does not hold",
+        "lr_schedule": "the saved optimizer holds the schedule, and the learning rate of every step to come "
+                       "depends on it"}
 #: Integer fields and their minimum.
 _INTS = {"epoch": 1, "epochs": 1, "step": 0, "image_size": 1, "num_classes": 1, "workers": 1, "batch_size": 1,
          "seed": 0}
@@ -92,6 +118,10 @@ class RunSettings:
         epochs: ``--epochs``, the run's total.
         optimizer: ``--optimizer`` (``"sgd"`` or ``"lars"``).
         precision: ``--precision`` (``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``).
+        lr_schedule, lr_boundaries, warmup_epochs, lr_scaling, momentum, weight_decay, label_smoothing: the
+            recipe as resolved (a model's defaults filled in); None: not recorded (:data:`RECIPE_FIELDS`).
+        flip, crop_area, lighting: the augmentation (``--no-flip``, ``--crop-area``, ``--lighting``); None:
+            not recorded.
     """
 
     dataset_id: str
@@ -106,6 +136,21 @@ class RunSettings:
     epochs: int
     optimizer: str = DEFAULTS["optimizer"]
     precision: str = DEFAULTS["precision"]
+    lr_schedule: str | None = None
+    lr_boundaries: tuple[float, ...] | None = None
+    warmup_epochs: float | None = None
+    lr_scaling: str | None = None
+    momentum: float | None = None
+    weight_decay: float | None = None
+    label_smoothing: float | None = None
+    flip: bool | None = None
+    crop_area: tuple[float, ...] | None = None
+    lighting: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("lr_boundaries", "crop_area"):  # JSON gives lists
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @classmethod
     def from_config(cls, config: Any, *, dataset_id: str, num_classes: int) -> "RunSettings":
@@ -113,17 +158,16 @@ class RunSettings:
 
         Args:
             config: a :class:`~spark_imagenet.training.job.config.TrainConfig` (any object with its attributes
-                ``model``, ``width``, ``image_size``, ``workers``, ``batch_size``, ``seed``,
-                ``learning_rate``, ``epochs``, ``optimizer`` and ``precision``).
+                of the same names; one without a :data:`RECIPE_FIELDS` attribute records None for it).
             dataset_id: the dataset manifest's ``dataset_id``.
             num_classes: the dataset's class count.
 
         Returns:
             RunSettings: the job's values.
         """
-        return cls(dataset_id=dataset_id, num_classes=num_classes,
-                   **{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)
-                      if f.name not in ("dataset_id", "num_classes")})
+        values = {f.name: getattr(config, f.name, None) if f.name in RECIPE_FIELDS else getattr(config, f.name)
+                  for f in dataclasses.fields(RunSettings) if f.name not in ("dataset_id", "num_classes")}
+        return RunSettings(dataset_id=dataset_id, num_classes=num_classes, **values)
 
 
 def expected_for(config: Any, manifest: Any) -> RunSettings:
@@ -188,6 +232,23 @@ def _file_problems(files: Sequence[Any]) -> list[str]:
     return problems
 
 
+def _recipe_problems(meta: RunSettings) -> list[str]:
+    """What is wrong with the recorded :data:`RECIPE_FIELDS` (pure; None is not recorded, so never wrong)."""
+    kinds = {"lr_schedule": str, "lr_scaling": str, "flip": bool, "lr_boundaries": tuple, "crop_area": tuple}
+    problems = []
+    for name in RECIPE_FIELDS:
+        value = getattr(meta, name)
+        if value is None:
+            continue
+        if name in kinds:
+            good = isinstance(value, kinds[name]) and (not isinstance(value, tuple) or all(map(_is_number, value)))
+        else:
+            good = _is_number(value) and math.isfinite(value) and value >= 0
+        if not good:
+            problems.append(f"{name}: {value!r} is not a recorded value of {OPTIONS[name]}")
+    return problems
+
+
 def _problems(meta: "CheckpointMeta") -> list[str]:
     """What is wrong with a meta's values (pure): one line per field."""
     problems = []
@@ -204,6 +265,7 @@ def _problems(meta: "CheckpointMeta") -> list[str]:
             problems.append(f"{name} must be a non-empty string, got {getattr(meta, name)!r}")
     if not problems and meta.epoch > meta.epochs:
         problems.append(f"epoch {meta.epoch} is past the run's epochs {meta.epochs}")
+    problems.extend(_recipe_problems(meta))
     if not isinstance(meta.files, tuple):
         problems.append(f"files must be a tuple, got {type(meta.files).__name__}")
     else:
@@ -219,54 +281,36 @@ def _problems(meta: "CheckpointMeta") -> list[str]:
     return problems
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointMeta:
-    """A parsed ``checkpoint.json``: what a checkpoint holds and which run wrote it. Validated when built.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointMeta(RunSettings):
+    """A parsed ``checkpoint.json``: the :class:`RunSettings` of the run that wrote it (every attribute of
+    those), and what the checkpoint holds. Validated when built; keyword arguments only.
 
     Attributes:
         epoch: completed epochs (>= 1, counted from 1 as Keras prints them).
-        epochs: the run's total epochs (``--epochs``), ``>= epoch``.
         step: global optimizer steps done (>= 0).
-        dataset_id: the dataset manifest's ``dataset_id``.
-        model: ``--model``.
-        width: ``--width`` (> 0).
-        image_size: ``--image-size``.
-        num_classes: the dataset's class count.
-        workers: ``--workers``.
-        batch_size: ``--batch-size`` (per worker).
-        seed: ``--seed``.
-        learning_rate: ``--learning-rate`` (> 0).
-        optimizer: ``--optimizer`` (``"sgd"`` in a ``checkpoint.json`` without it).
-        precision: ``--precision`` (``"float32"`` in a ``checkpoint.json`` without it).
         files: the TensorFlow files, names relative to the checkpoint's folder
             (:func:`~spark_imagenet.training.job.checkpoints.commit` fills it).
         history: the Keras history of the epochs so far, ``{"loss": [per epoch], ...}`` (at most ``epoch``
             values per key; a metric computed every other epoch has fewer).
         created: ISO-8601 UTC time, ``2026-12-01T18:00:00Z`` (default: now).
 
+    The run's settings are checked too: ``epochs`` >= ``epoch``, ``width`` and ``learning_rate`` > 0, and so
+    on (``optimizer`` reads as ``"sgd"`` and ``precision`` as ``"float32"`` in a ``checkpoint.json`` without
+    them; the :data:`RECIPE_FIELDS` as None).
+
     Raises:
         ConfigError: a value of the wrong type or out of range (every one is named).
     """
 
     epoch: int
-    epochs: int
     step: int
-    dataset_id: str
-    model: str
-    width: float
-    image_size: int
-    num_classes: int
-    workers: int
-    batch_size: int
-    seed: int
-    learning_rate: float
-    optimizer: str = DEFAULTS["optimizer"]
-    precision: str = DEFAULTS["precision"]
     files: tuple[CheckpointFile, ...] = ()
     history: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     created: str = dataclasses.field(default_factory=utc_now)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.files, (list, tuple)):  # (name, size, crc32c) triples as CheckpointFile
             object.__setattr__(self, "files", tuple(
                 CheckpointFile(*f) if isinstance(f, (list, tuple)) and len(f) == 3 else f for f in self.files))
@@ -306,15 +350,19 @@ class CheckpointMeta:
         """The :class:`RunSettings` of the run that wrote this checkpoint."""
         return RunSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RunSettings)})
 
-    def to_json(self) -> dict[str, Any]:
-        """The meta as a JSON-serialisable dict (format of the module doc)."""
-        return ENVELOPE.to_json(self._body())
-
     def _body(self) -> dict[str, Any]:
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         body["files"] = [f._asdict() for f in self.files]
         body["history"] = {k: list(v) for k, v in self.history.items()}
+        for name in ("lr_boundaries", "crop_area"):
+            if body[name] is not None:
+                body[name] = list(body[name])
         return body
+
+    def to_json(self) -> dict[str, Any]:
+        """The meta as a JSON-serialisable dict (format of the module doc)."""
+        return ENVELOPE.to_json(self._body())
+
 
     def dumps(self) -> str:
         """The meta as indented JSON text."""
@@ -335,7 +383,7 @@ class CheckpointMeta:
             ConfigError: another format or format version (says what to do), or a missing or invalid field.
         """
         # a file written before the DEFAULTS fields existed: the values such a run had
-        data = {**DEFAULTS, **ENVELOPE.from_json(data, where)}
+        data = {**DEFAULTS, **dict.fromkeys(RECIPE_FIELDS), **ENVELOPE.from_json(data, where)}
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [n for n in names if n not in data]
         if missing:
@@ -377,8 +425,12 @@ def differences(meta: CheckpointMeta, expected: RunSettings) -> list[str]:
     lines = []
     for field, option in OPTIONS.items():
         ours, theirs = getattr(meta, field), getattr(expected, field)
+        if field in RECIPE_FIELDS and ours is None:
+            continue  # a checkpoint written before this field was recorded
+        if field in _SCALED_WITH_EPOCHS and meta.epochs != expected.epochs:
+            continue  # its default follows --epochs: an extension is described by schedules.extension_note
         if ours != theirs:
-            label = option if option.startswith("--") else f"{field} ({option})"
+            label = f"{field} ({option})" if field == "flip" or not option.startswith("--") else option
             why = f" ({_WHY[field]})" if field in _WHY else ""
             lines.append(f"{label} {ours!r} in the checkpoint, {theirs!r} in this job{why}")
     if meta.epoch > expected.epochs:
@@ -392,7 +444,11 @@ def check_compatible(meta: CheckpointMeta, expected: RunSettings, where: str) ->
 
     Must match: the dataset (its ``dataset_id`` and class count), ``--model``, ``--width``,
     ``--image-size``, ``--batch-size``, ``--seed``, ``--learning-rate``, ``--optimizer``, ``--precision``
-    and ``--workers`` (the optimizer and precision decide which optimizer state the checkpoint holds). A different
+    and ``--workers`` (the optimizer and precision decide which optimizer state the checkpoint holds), and
+    every setting that changes the math of the steps to come (:data:`RECIPE_FIELDS`: the schedule, warm-up,
+    learning-rate scaling, momentum, weight decay, label smoothing and augmentation) that the checkpoint
+    records; ``--warmup-epochs`` and ``--lr-boundaries`` only when ``--epochs`` is the checkpoint's, since
+    their defaults scale with it. What may change: :data:`MAY_CHANGE`. A different
     worker count is refused: the global batch (``batch_size x workers``), the steps per epoch (so what
     ``step`` means) and which shards each worker reads (so the data order) all depend on it; TensorFlow
     would restore the weights, but the run would not be the one the checkpoint belongs to, and a run launched
@@ -412,4 +468,5 @@ def check_compatible(meta: CheckpointMeta, expected: RunSettings, where: str) ->
     lines = differences(meta, expected)
     if lines:
         raise ConfigError(f"{where}: this job cannot resume from {describe(meta)}: " + "; ".join(lines)
-                          + f". Run with the checkpoint's values to resume from it, or {REMEDY}")
+                          + f". Run with the checkpoint's values to resume from it (what may differ: {MAY_CHANGE}), "
+                          f"or {REMEDY}")

@@ -49,7 +49,9 @@ from spark_imagenet.training.job.checkpoint_meta import (
     FORMAT,
     FORMAT_VERSION,
     META_NAME,
+    MAY_CHANGE,
     OPTIONS,
+    RECIPE_FIELDS,
     REMEDY,
     CheckpointFile,
     CheckpointMeta,
@@ -65,7 +67,7 @@ from spark_imagenet.training.job.checkpoint_meta import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULTS", "DEFAULT_KEEP", "FORMAT", "FORMAT_VERSION", "META_NAME", "OPTIONS", "REMEDY", "CheckpointFile",
+    "DEFAULTS", "DEFAULT_KEEP", "FORMAT", "FORMAT_VERSION", "MAY_CHANGE", "META_NAME", "OPTIONS", "RECIPE_FIELDS", "REMEDY", "CheckpointFile",
     "CheckpointMeta", "RunSettings", "check_compatible", "check_keep", "checkpoint_sets", "commit", "describe",
     "differences", "download", "expected_for", "folder_epoch", "folder_name", "latest", "new_meta", "prune_plan",
     "read_local", "tf_prefix", "utc_now",

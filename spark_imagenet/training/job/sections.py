@@ -325,7 +325,9 @@ class RunConfig:
     checkpoint_dir: str | None = setting(None, kind="str", optional=True, option="--checkpoint-dir",
                                          help=f"folder every host sees, or bucket URL ({store_schemes()}): the "
                                               "chief commits the weights and optimizer state after every epoch, and "
-                                              "a launch of the same job resumes from the latest complete checkpoint")
+                                              "a launch of the same job resumes from the latest complete checkpoint "
+                                              "(the data, model, cluster shape, recipe and augmentation must match "
+                                              "it; --epochs may grow; docs/guide/failures.md)")
     keep_checkpoints: int = setting(DEFAULT_KEEP, kind="int", minimum=1, option="--keep-checkpoints",
                                     help="complete checkpoints to keep in --checkpoint-dir, the newest included; "
                                          "older ones are deleted after each commit")
