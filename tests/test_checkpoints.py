@@ -387,3 +387,47 @@ def test_a_checkpoint_of_another_schedule_is_refused_before_spark(tmp_path):
     assert "--lr-schedule 'cosine' in the checkpoint, 'constant' in this job" in message
     assert "--momentum 0.9 in the checkpoint, 0.8 in this job" in message
     assert "epoch-000001" in message and "Run with the checkpoint's values" in message
+
+
+# ------------------------------------------------------------------ a store that runs out of room
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 180 KiB tmpfs (room for two of tf_files' checkpoints, about 71 KB each, not three); needs root."""
+    import subprocess
+
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=180k", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root (the full-disk tests)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_folder_with_room_for_two_checkpoints_keeps_training(small_disk, tmp_path, log_lines):
+    """Epoch 3's commit runs out of room; the older checkpoint goes, the commit is tried again and stands; the
+    next epochs do the same, and no temp file is left."""
+    store = open_storage(small_disk / "ck")
+    for epoch in range(1, 6):
+        assert commit(store, tf_files(tmp_path / f"tf{epoch}", epoch), meta(epoch)) == \
+            f"epoch-{epoch:06d}"
+    assert sorted(p.name for p in (small_disk / "ck").iterdir()) == ["epoch-000004", "epoch-000005"]
+    assert latest(store)[1].epoch == 5
+    assert any("no room in" in line and "removed the older checkpoint(s) epoch-000001" in line for line in log_lines)
+    assert not [p for p in (small_disk / "ck").rglob(".*tmp-*")]
+
+
+def test_a_folder_with_room_for_one_checkpoint_fails_once_with_the_size_and_keeps_the_last(small_disk, tmp_path):
+    store = open_storage(small_disk / "ck")
+    commit(store, tf_files(tmp_path / "tf1", 1), meta(1), keep=1)
+    (small_disk / "filler").write_bytes(b"\0" * 60_000)  # leaves room for one checkpoint, not two
+    with pytest.raises(StorageError) as e:
+        commit(store, tf_files(tmp_path / "tf2", 2), meta(2), keep=1)
+    message = str(e.value)
+    assert re.search(r"no room for checkpoint epoch-000002 in .*: it needs 70\.\d KB \(\d+\.?\d* KB free there now\)",
+                     message), message
+    assert "give a --checkpoint-dir with room for two checkpoints" in message
+    assert latest(store)[1].epoch == 1  # the last good checkpoint is whole
+    assert sorted(p.name for p in (small_disk / "ck").iterdir()) == ["epoch-000001"]

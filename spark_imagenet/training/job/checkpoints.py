@@ -32,14 +32,18 @@ How many checkpoints stay is :func:`commit`'s ``keep`` (default :data:`DEFAULT_K
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 
 from spark_imagenet.errors import ConfigError, StorageError
+from spark_imagenet.units import human_size
 from spark_imagenet.storage import DEFAULT_TRANSFERS, ObjectInfo, Storage
 from spark_imagenet.storage.base import check_transfers
 from spark_imagenet.storage.committed import CommittedSets, download_verified, local_entries
@@ -223,8 +227,10 @@ def prune_plan(epoch: int, keep: int | None, states: dict[str, bool]) -> list[st
     return _sets_prune_plan(older, None if keep is None else max(keep - 1, 0), folder_epoch)
 
 
-def _prune(sets: CommittedSets, epoch: int, keep: int | None, groups: dict[str, dict[str, ObjectInfo]]) -> None:
-    """Delete the folders :func:`prune_plan` names; a folder whose meta is foreign is left alone (logged)."""
+def _prune(sets: CommittedSets, epoch: int, keep: int | None,
+           groups: dict[str, dict[str, ObjectInfo]]) -> list[str]:
+    """Delete the folders :func:`prune_plan` names and return those deleted; a folder whose meta is foreign is
+    left alone (logged)."""
     states = {}
     for folder, objects in groups.items():
         if folder_epoch(folder) >= epoch:
@@ -236,7 +242,7 @@ def _prune(sets: CommittedSets, epoch: int, keep: int | None, groups: dict[str, 
             continue
         states[folder] = meta is not None and sets.missing(meta, objects) is None
     older = prune_plan(epoch, keep, states)
-    sets.prune({f: states[f] for f in older}, 0, groups)  # every one of them goes
+    return sets.prune({f: states[f] for f in older}, 0, groups)  # every one of them goes
 
 
 def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta, *, keep: int | None = DEFAULT_KEEP,
@@ -249,6 +255,10 @@ def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta,
     reports them; a mismatch is uploaded once more), ``checkpoint.json`` is written (the commit point);
     then older folders are pruned: complete checkpoints beyond the newest ``keep`` and half-written ones (a
     prune that fails is logged as a warning; the commit stands). One listing serves the whole commit.
+
+    A store that runs out of room (:func:`out_of_space`) gets one more try after what the new checkpoint
+    wrote and every older checkpoint but the newest complete one are deleted (a warning names them): a folder
+    with room for two checkpoints then keeps training; with room for fewer the error says how much one needs.
 
     Args:
         storage: the checkpoint dir.
@@ -263,7 +273,8 @@ def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta,
     Raises:
         ConfigError: ``keep`` or ``transfers`` < 1, or ``local_dir`` holds a ``checkpoint.json``.
         StorageError: ``local_dir`` is not a folder or is empty, or a file cannot be uploaded intact (the
-            checkpoint is then not committed).
+            checkpoint is then not committed), or there is no room for it even after the pruning above
+            (:func:`no_room`).
     """
     check_keep(keep)
     check_transfers(transfers)
@@ -277,6 +288,49 @@ def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta,
     folder = folder_name(meta.epoch)
     sets = checkpoint_sets(storage)
     before = sets.folders()
-    sets.commit(folder, items, meta.dumps().encode("utf-8"), transfers=transfers, before=before)
+    marker = meta.dumps().encode("utf-8")
+    try:
+        sets.commit(folder, items, marker, transfers=transfers, before=before)
+    except StorageError as e:
+        if not out_of_space(e):
+            raise
+        sets.delete(folder, sets.folders().get(folder, {}))  # what of the new one did fit
+        freed = _prune(sets, meta.epoch, 2, before)  # the newest complete checkpoint stays
+        if not freed:
+            raise no_room(storage, folder, items) from None
+        logger.warning(f"checkpoint: no room in {storage.url} for {folder}; removed the older checkpoint(s) "
+                       f"{', '.join(freed)} before the new one is committed (the newest complete one is kept) and "
+                       "trying again")
+        try:
+            sets.commit(folder, items, marker, transfers=transfers)
+        except StorageError as again:
+            raise (no_room(storage, folder, items) if out_of_space(again) else again) from None
     _prune(sets, meta.epoch, keep, before)
     return folder
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) says the store is full: ENOSPC or EDQUOT, or their
+    text in a message that carries another process's or a client's error."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def no_room(storage: Storage, folder: str, items: list) -> StorageError:
+    """The error for a checkpoint the store has no room for: its size, the free space where it is known (a
+    local folder), and what to do."""
+    size = sum(entry.size for _path, entry in items)
+    free = ""
+    root = getattr(storage, "root", None)
+    if root is not None:
+        with contextlib.suppress(OSError):
+            free = f" ({human_size(shutil.disk_usage(root).free)} free there now)"
+    return StorageError(f"no room for checkpoint {folder} in {storage.url}: it needs {human_size(size)}{free}, "
+                        "and no older checkpoint is left to remove but the newest complete one, which is kept. Free "
+                        "space there, or give a --checkpoint-dir with room for two checkpoints, then run the same "
+                        "command again: it resumes from the newest complete checkpoint")
