@@ -187,7 +187,7 @@ def test_rate_bound_drops_the_excess_with_one_notice():
 
 
 # ------------------------------------------------------------------ the sender never blocks or fails
-def test_sender_without_a_server_drops_and_records_the_error():
+def test_sender_without_a_server_drops_and_records_the_error(log_lines):
     taken = socket.socket()
     taken.bind((HOST, 0))  # bound, never listening: connections are refused, and nobody else gets the port
     try:
@@ -198,6 +198,9 @@ def test_sender_without_a_server_drops_and_records_the_error():
         assert wait_until(lambda: sender.dropped == 10_000)
         assert "cannot connect" in sender.error and "\n" not in sender.error
         assert sender.sent == 0
+        warned = [line for line in log_lines if "cannot connect to the driver's log channel" in line]
+        assert len(warned) == 1 and warned[0].startswith("warning: ")  # on the task's own log (its stderr)
+        assert warned[0].endswith("this task's lines stay in this executor's log (training goes on)")
         assert in_thread(sender.close, 30)
         sender.send("after close")
         assert sender.dropped == 10_001
@@ -242,7 +245,7 @@ def test_server_closed_midway_ends_sending_without_raising():
             return sender.error is not None
 
         assert wait_until(poke)
-        assert "log server" in sender.error and "\n" not in sender.error
+        assert "log channel" in sender.error and "\n" not in sender.error
         for _ in range(1000):
             sender.send("still after")
         assert sender.dropped > 0
@@ -285,3 +288,39 @@ def test_life_cycle_and_bad_arguments():
         LogSender(spec, -1, "h")
     with pytest.raises(ConfigError, match="queue_lines"):
         LogSender(spec, 0, "h", queue_lines=0)
+
+
+class _Cluster:
+    """What ``launch._log_server`` reads of a SparkContext: a cluster master and the driver's host."""
+
+    master = "spark://cluster:7077"
+
+    @staticmethod
+    def getConf():
+        return type("Conf", (), {"get": staticmethod(lambda key, default=None: HOST)})()
+
+
+@pytest.mark.parametrize("job_seconds", [0.0, 0.6])
+def test_the_driver_warns_once_when_no_task_reaches_its_log_channel(monkeypatch, log_lines, job_seconds):
+    """A job shorter than the bound is checked at its end; a longer one when the bound passes (once)."""
+    from spark_imagenet.training.driver import launch
+
+    monkeypatch.setattr(launch, "CHANNEL_WARN_S", 0.3)
+    with launch._log_server(_Cluster()) as spec:
+        assert spec is not None
+        time.sleep(job_seconds)
+    warned = [line for line in log_lines if "no task reached the driver's log channel" in line]
+    assert len(warned) == 1 and f"at {spec.host}:{spec.port}" in warned[0]
+    assert "training does not wait for the channel" in warned[0]
+
+
+def test_the_driver_is_quiet_when_a_task_reached_its_log_channel(monkeypatch, log_lines):
+    from spark_imagenet.training.driver import launch
+
+    monkeypatch.setattr(launch, "CHANNEL_WARN_S", 0.3)
+    with launch._log_server(_Cluster()) as spec:
+        with LogSender(spec, 0, "h") as sender:
+            sender.send("hello")
+        time.sleep(0.6)
+    assert any(line == "[rank 0 on h] hello" for line in log_lines)
+    assert not [line for line in log_lines if "no task reached" in line]

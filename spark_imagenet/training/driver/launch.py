@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -229,10 +230,34 @@ def _log_server(sc) -> Iterator[ChannelSpec | None]:
                        "logs")
         yield None
         return
+    quiet = threading.Timer(CHANNEL_WARN_S, _warn_if_unreached, args=(server, CHANNEL_WARN_S))
+    quiet.daemon = True
+    quiet.start()
     try:
         yield server.spec
+        if not quiet.is_alive():
+            return
+        quiet.cancel()
+        _warn_if_unreached(server, None)  # a job shorter than the bound: it ran, and no task came
     finally:
+        quiet.cancel()
         server.close()
+
+
+#: Seconds after the launch within which some task is expected to reach the driver's log channel.
+CHANNEL_WARN_S = 90.0
+
+
+def _warn_if_unreached(server: LogServer, after: float | None) -> None:
+    """One warning when no task has reached the log channel (``after`` seconds into the job, or by its end)."""
+    if server.connections:
+        return
+    spec = server.spec
+    when = f"within {after:g} s of the launch" if after is not None else "during the job"
+    logger.warning(f"warning: no task reached the driver's log channel at {spec.host}:{spec.port} {when}: the "
+                   "executors cannot connect to the driver at that address (a firewall, NAT, or a spark.driver.host "
+                   "they do not reach); the tasks' lines stay in the executors' logs, and training does not wait "
+                   "for the channel" + (" (or the tasks have not started yet)" if after is not None else ""))
 
 
 def _launch(spark, sc, job: JobPlan, resume: ResumePoint | None = None) -> list[TaskResult]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import selectors
 import socket
 import threading
@@ -18,16 +19,19 @@ from spark_imagenet.training.job.logchannel import (
     one_line,
 )
 
+logger = logging.getLogger(__name__)
+
 
 class LogSender:
     """The task side of the log channel: a bounded queue and a daemon thread that writes it out.
 
     The thread starts with the sender: it connects once, writes the secret
     line, then the queued lines. It gives up for good (recorded in
-    :attr:`error`; everything queued or sent afterwards counts as dropped)
-    when the connection cannot be made, breaks, or takes no data for
-    :data:`SEND_TIMEOUT_S` seconds. Use as a context manager or call
-    :meth:`close`.
+    :attr:`error`; everything queued or sent afterwards counts as dropped;
+    one warning on this task's own log says why and that its lines stay
+    there) when the connection cannot be made, breaks, or takes no data for
+    :data:`SEND_TIMEOUT_S` seconds. The task never waits for it. Use as a
+    context manager or call :meth:`close`.
 
     Args:
         spec: ChannelSpec, the job's channel (``LogServer.spec`` on the driver).
@@ -144,13 +148,21 @@ class LogSender:
             self._pending.clear()
             self._pending_bytes = 0
 
+    def _give_up(self, error: str) -> None:
+        """Stop sending (:meth:`_stop`) and say so once on this task's own log (the executor's stderr)."""
+        self._stop(error)
+        with self._lock:
+            closing = self._closing
+        if not closing:
+            logger.warning(f"warning: {error}; this task's lines stay in this executor's log (training goes on)")
+
     def _run(self) -> None:
         """The thread: connect, authenticate, then write batches until closed or broken."""
         where = f"{self._spec.host}:{self._spec.port}"
         try:
             sock = socket.create_connection((self._spec.host, self._spec.port), timeout=self._connect_timeout)
         except OSError as e:
-            self._stop(f"cannot connect to the log server at {where}: {one_line(e)}")
+            self._give_up(f"cannot connect to the driver's log channel at {where}: {one_line(e)}")
             return
         with self._lock:
             self._sock = sock
@@ -162,9 +174,9 @@ class LogSender:
             self._stop(None)
             sock.shutdown(socket.SHUT_WR)
         except TimeoutError:
-            self._stop(f"the log server at {where} stalled: it took no data for {SEND_TIMEOUT_S:g} s")
+            self._give_up(f"the driver's log channel at {where} stalled: it took no data for {SEND_TIMEOUT_S:g} s")
         except OSError as e:
-            self._stop(f"the connection to the log server at {where} broke: {one_line(e)}")
+            self._give_up(f"the connection to the driver's log channel at {where} broke: {one_line(e)}")
         finally:
             sock.close()
 
