@@ -109,3 +109,25 @@ def test_the_plan_carries_storage_handles_that_pickle_without_their_clients(tmp_
     assert WorkerSpec.from_json(data).checkpoints == gcs
     with pytest.raises(ConfigError, match=r"key 'checkpoints': expected \{\"url\": str"):
         WorkerSpec.from_json({**data, "checkpoints": "gs://x"})
+
+
+def test_a_shard_deleted_or_replaced_after_the_commit_is_caught_before_spark(tmp_path):
+    """One listing of the dataset at plan time: a shard gone or of another size is named (a host's cached copy
+    from an earlier run would otherwise hide it)."""
+    from data_util import build, small_layout
+    from spark_imagenet.errors import ManifestError
+
+    data = tmp_path / "bucket"
+    manifest = build(small_layout(tmp_path / "src"), data)
+    config = TrainConfig(workers=1, batch_size=2, image_size=72, width=0.25)
+    plan_job(str(data), config)
+    gone, changed = manifest.splits["train"].shards[0], manifest.splits["val"].shards[0]
+    (data / gone.name).unlink()
+    (data / changed.name).write_bytes(b"other bytes")
+    with pytest.raises(ManifestError) as e:
+        plan_job(str(data), config)
+    message = str(e.value)
+    assert message.startswith(f"2 shard(s) of the dataset at {data} (id {manifest.dataset_id}) do not match")
+    assert f"{gone.name}: missing" in message
+    assert f"{changed.name}: 11 bytes, the manifest says {changed.bytes}" in message
+    assert "Shard the source again, or upload the dataset again" in message

@@ -78,6 +78,34 @@ def _intact(storage: Storage, info: ObjectInfo | None, shard: ShardInfo) -> bool
     return intact(storage, info, _entry(shard))
 
 
+def check_listed(storage: Storage, manifest: Manifest) -> None:
+    """Check, from one listing of the dataset, that every shard its manifest names is there with its size (and
+    its CRC32C, where the listing gives one: GCS): a shard deleted or replaced after an earlier run cached it
+    would otherwise go unnoticed on the hosts that hold the cached copy.
+
+    Raises:
+        ManifestError: a shard is missing or differs (up to 10 named, and what to do).
+        StorageError: the dataset cannot be listed.
+    """
+    listed = {o.name: o for o in storage.list()}
+    bad = []
+    for split in manifest.splits.values():
+        for s in split.shards:
+            info = listed.get(s.name)
+            if info is None:
+                bad.append(f"{storage.where(s.name)}: missing")
+            elif info.size != s.bytes:
+                bad.append(f"{storage.where(s.name)}: {info.size} bytes, the manifest says {s.bytes}")
+            elif info.crc32c is not None and info.crc32c != s.crc32c:
+                bad.append(f"{storage.where(s.name)}: crc32c {info.crc32c}, the manifest says {s.crc32c}")
+    if bad:
+        raise ManifestError(
+            f"{len(bad)} shard(s) of the dataset at {storage.url} (id {manifest.dataset_id}) do not match its "
+            f"{MANIFEST_NAME}: the dataset changed after it was committed (a copy cached on a host from an earlier "
+            "run is not used in its place). Shard the source again, or upload the dataset again (spark-imagenet "
+            "upload):" + "".join(f"\n  {b}" for b in bad[:10]) + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else ""))
+
+
 def check_destination(storage: Storage, dataset_id: str, overwrite: bool, option: str = "--out") -> Destination:
     """Look at a bucket URL before writing a dataset there.
 

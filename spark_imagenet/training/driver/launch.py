@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 from spark_imagenet.dataset.manifest import Manifest
+from spark_imagenet.dataset.transfer import check_listed
 from spark_imagenet.errors import SparkImagenetError, TrainingError, WorkerLost
 from spark_imagenet.logs import ensure_console
 from spark_imagenet.storage import open_storage
@@ -95,7 +96,8 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
             earlier run's outputs without ``overwrite``, too few train shards
             for the workers, GPUs asked of a ``local[N]`` master (which never gives tasks GPUs), a checkpoint
             in ``checkpoint_dir`` this job cannot resume from (:func:`resume_point`).
-        ManifestError: no or invalid manifest at ``url``.
+        ManifestError: no or invalid manifest at ``url``, or a shard it names is missing or differs in the
+            store (:func:`~spark_imagenet.dataset.transfer.check_listed`).
         StorageError: the storage cannot be read.
     """
     check_results_path(config.results)
@@ -115,6 +117,7 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
             config = config.replace(checkpoint_dir=str(Path(config.checkpoint_dir).expanduser().absolute()))
     storage = open_storage(url)
     manifest = Manifest.load(storage)
+    check_listed(storage, manifest)  # a shard deleted or replaced since: caught here, not hidden by a host's cache
     plan = assign(manifest, config.workers, config.batch_size)
     schedule = schedule_for(config, plan.steps_per_epoch)  # the job's one schedule; one that does not fit is refused
     job = JobPlan(config=config, dataset=storage, manifest=manifest, assignment=plan,
@@ -413,7 +416,8 @@ def train(spark, url: str | os.PathLike, config: TrainConfig | int | None = None
     Raises:
         ConfigError: a bad setting, dynamic allocation, too few
             task slots, too few train shards, an unwritable ``results`` path.
-        ManifestError: no or invalid manifest at ``url``.
+        ManifestError: no or invalid manifest at ``url``, or a shard it names is missing or differs in the
+            store (:func:`~spark_imagenet.dataset.transfer.check_listed`).
         StorageError: a shard cannot be staged intact (from a task).
         TrainingError: a TensorFlow worker failed (message: rank, host, exit
             status and its last output lines; the error's ``failure`` attribute holds them as a
