@@ -24,12 +24,14 @@ import re
 import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.dataset.transfer import check_listed
+from spark_imagenet.storage import lease
 from spark_imagenet.errors import SparkImagenetError, TrainingError, WorkerLost
 from spark_imagenet.logs import ensure_console
 from spark_imagenet.storage import open_storage
@@ -121,7 +123,7 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
     plan = assign(manifest, config.workers, config.batch_size)
     schedule = schedule_for(config, plan.steps_per_epoch)  # the job's one schedule; one that does not fit is refused
     job = JobPlan(config=config, dataset=storage, manifest=manifest, assignment=plan,
-                  schedule=schedule, output=output, checkpoints=checkpoints_at)
+                  schedule=schedule, output=output, checkpoints=checkpoints_at, run_id=uuid.uuid4().hex)
     resume_point(job)  # a checkpoint this job cannot resume from is refused before Spark starts
     return job
 
@@ -371,11 +373,41 @@ def run_job(spark, job: JobPlan) -> Result:
     ensure_console()  # a notebook without logging set up sees the progress (spark_imagenet.logs)
     sc = spark_context(spark)  # None: a Spark Connect session
     master = _check_session(spark, sc, job)
-    _announce(job)
-    start = time.monotonic()
-    records, restarts = _launch_with_restarts(spark, sc, job)
-    out = build_results(records, job, master=master, wall_seconds=time.monotonic() - start,
-                        restarts=restarts)
+    with _leases(spark, job):
+        _announce(job)
+        start = time.monotonic()
+        records, restarts = _launch_with_restarts(spark, sc, job)
+        out = build_results(records, job, master=master, wall_seconds=time.monotonic() - start,
+                            restarts=restarts)
+        _report(job, out)
+    return out
+
+
+@contextlib.contextmanager
+def _leases(spark, job: JobPlan) -> Iterator[None]:
+    """Hold the run's lease on ``--checkpoint-dir`` and ``--output`` while inside (:mod:`spark_imagenet.storage.lease`):
+    another run using either folder is refused, a stale lease taken over; released at the end."""
+    folders = [(s, o) for s, o in ((job.checkpoints, "--checkpoint-dir"), (job.output, "--output")) if s is not None]
+    if not folders or not job.run_id:
+        yield
+        return
+    renewal = lease.take(folders, job.run_id, _app_id(spark))
+    try:
+        yield
+    finally:
+        renewal.stop()
+
+
+def _app_id(spark) -> str:
+    """The Spark application's id (the same for every attempt of a YARN application), or ""."""
+    try:
+        return str(spark.conf.get("spark.app.id", "") or "")
+    except Exception:  # noqa: BLE001 - a Connect server that does not say: no same-application wait
+        return ""
+
+
+def _report(job: JobPlan, out: Result) -> None:
+    """Log the results table and write ``--results`` and the driver's part of ``--output``."""
     for line in format_table(out).splitlines():
         logger.info(line)
     if job.config.results is not None:
@@ -387,7 +419,6 @@ def run_job(spark, job: JobPlan) -> Result:
         logger.info(f"output: {', '.join(written)} written to {job.config.output} (beside the chief's "
                     f"{MODEL_FILE} and "
                     f"{TENSORBOARD_DIR}/)")
-    return out
 
 
 def train(spark, url: str | os.PathLike, config: TrainConfig | int | None = None,

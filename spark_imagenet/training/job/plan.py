@@ -49,6 +49,8 @@ class JobPlan:
         schedule: the learning-rate schedule of every optimizer step (built once, here).
         output: the ``--output`` storage, or None.
         checkpoints: the ``--checkpoint-dir`` storage, or None.
+        run_id: this run's id (32 hex digits), the holder of the folders' leases
+            (:mod:`spark_imagenet.storage.lease`); "" = no lease is checked.
     """
 
     config: TrainConfig
@@ -58,6 +60,7 @@ class JobPlan:
     schedule: Schedule
     output: Storage | None = None
     checkpoints: Storage | None = None
+    run_id: str = ""
 
     @property
     def url(self) -> str:
@@ -104,6 +107,8 @@ class WorkerSpec:
         threads: TensorFlow intra/inter-op threads; None = TensorFlow's default.
         restore: a local folder holding the checkpoint to resume from (its ``checkpoint.json`` and TensorFlow
             files), or None to start at epoch 1.
+        run_id: the run's id; the chief commits a checkpoint only while the run holds ``checkpoints``' lease
+            (:func:`spark_imagenet.storage.lease.check_held`); "" = no check.
         train_files: local paths of this worker's train shards (non-empty).
         train_examples: examples in those shards.
         val_files: local paths of the val shards this worker reads.
@@ -136,6 +141,7 @@ class WorkerSpec:
     peers: tuple[str, ...] = ()
     threads: int | None = None
     restore: str | None = None
+    run_id: str = ""
 
     def __post_init__(self) -> None:
         where = f"worker spec of rank {self.rank}"
@@ -249,7 +255,7 @@ def worker_spec(job: JobPlan, rank: int, train_files: Sequence[str], val_files: 
     plan, assignment = job.assignment[rank], job.assignment
     return WorkerSpec(
         config=job.config, schedule=job.schedule, dataset_id=job.dataset_id, num_classes=job.num_classes,
-        checkpoints=job.checkpoints, rank=rank, peers=tuple(peers), threads=threads,
+        checkpoints=job.checkpoints, rank=rank, peers=tuple(peers), threads=threads, run_id=job.run_id,
         train_files=tuple(train_files), train_examples=plan.train_examples, val_files=tuple(val_files),
         val_record_shard=plan.val_record_shard, val_examples=plan.val_examples,
         val_examples_total=assignment.val_examples_total, steps_per_epoch=assignment.steps_per_epoch,

@@ -27,6 +27,7 @@ import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import TrainingError  # noqa: E402
 from spark_imagenet.storage import Storage  # noqa: E402
+from spark_imagenet.storage.lease import check_held
 from spark_imagenet.training.job import checkpoints  # noqa: E402
 from spark_imagenet.training.job.checkpoints import CheckpointMeta  # noqa: E402
 from spark_imagenet.training.worker import tf_internals  # noqa: E402
@@ -101,6 +102,8 @@ class CheckpointSaver(keras.callbacks.Callback):
             count as a stuck step.
         keep: complete checkpoints kept in the checkpoint folder, the new one included (``--keep-checkpoints``);
             None = all.
+        run_id: the run's id: each commit first checks that the run still holds the folder's lease
+            (:func:`~spark_imagenet.storage.lease.check_held`; a TrainingError otherwise); "" = no check.
 
     Raises:
         ConfigError: ``keep`` below 1.
@@ -108,9 +111,10 @@ class CheckpointSaver(keras.callbacks.Callback):
 
     def __init__(self, meta: CheckpointMeta, storage: Storage, chief: bool, steps_per_epoch: int,
                  feed: Callable[[], None] = lambda: None, *,
-                 keep: int | None = checkpoints.DEFAULT_KEEP) -> None:
+                 keep: int | None = checkpoints.DEFAULT_KEEP, run_id: str = "") -> None:
         super().__init__()
         self._keep = checkpoints.check_keep(keep)
+        self._run_id = run_id
         self._meta, self._storage, self._chief, self._steps = meta, storage, chief, steps_per_epoch
         self._feed = feed
         self.history: dict[str, list[float]] = {k: list(v) for k, v in meta.history.items()}
@@ -135,6 +139,8 @@ class CheckpointSaver(keras.callbacks.Callback):
         meta = self._meta.replace(epoch=epoch, step=epoch * self._steps, history=self.history,
                                   created=checkpoints.utc_now())
         t0 = time.perf_counter()
+        if self._run_id:  # a chief whose driver is gone, or whose folder another run took, stops committing
+            check_held(self._storage, self._run_id)
         name = checkpoints.commit(self._storage, folder, meta, keep=self._keep)
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
         logger.info(f"checkpoint: epoch {epoch} committed to {self._storage.url}/{name} ({size / 1e6:.1f} MB; "

@@ -338,7 +338,8 @@ def _saver(spec: WorkerSpec, earlier: CheckpointMeta | None, feed: Callable[[], 
                                 earlier.history if earlier is not None else {})
     assert spec.checkpoints is not None
     return CheckpointSaver(meta, spec.checkpoints,
-                           spec.rank == 0, spec.steps_per_epoch, feed, keep=config.keep_checkpoints)
+                           spec.rank == 0, spec.steps_per_epoch, feed, keep=config.keep_checkpoints,
+                           run_id=spec.run_id)
 
 
 def _save_outputs(model: keras.Model, spec: WorkerSpec, val: ValMetrics, local: str | None) -> None:
