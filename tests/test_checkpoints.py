@@ -234,23 +234,37 @@ def test_check_compatible_names_every_differing_field_and_option():
     message = str(e.value)
     assert message.startswith("gs://b/ck/epoch-000002/checkpoint.json: ")
     for part in ("--image-size 96 in the checkpoint, 128 in this job", "--model 'alexnet' in the checkpoint, "
-                 "'other' in this job", "--workers 2 in the checkpoint, 4 in this job",
+                 "'other' in this job", "the global batch (--batch-size x --workers) 16 (8 x 2) in the checkpoint, "
+                 "32 (8 x 4) in this job: on 4 worker(s) give --batch-size 4 to keep it",
                  f"dataset_id (the dataset's manifest) '{'d' * 16}' in the checkpoint, '{'e' * 16}' in this job",
                  "use another --checkpoint-dir, or remove the old checkpoints", "epoch 2 (step 24"):
         assert part in message
-    for option in ("--width", "--batch-size", "--seed", "--learning-rate", "--epochs"):
+    for option in ("--width", "--seed", "--learning-rate", "--epochs"):
         assert option not in message.partition(". Run with")[0]
-    assert "what may differ: --epochs (more, to extend a run), --keep-checkpoints" in message
+    assert "what may differ: --epochs (more, to extend a run), --workers (with --batch-size keeping" in message
 
 
 @pytest.mark.parametrize("field, value, option", [
-    ("width", 0.5, "--width"), ("batch_size", 16, "--batch-size"), ("seed", 4, "--seed"),
+    ("width", 0.5, "--width"), ("seed", 4, "--seed"),
     ("learning_rate", 0.1, "--learning-rate"), ("num_classes", 11, "num_classes (the dataset's classes)"),
     ("optimizer", "lars", "--optimizer"), ("precision", "mixed_float16", "--precision"),
 ])
 def test_check_compatible_refuses_each_setting(field, value, option):
     with pytest.raises(ConfigError, match=f"{re.escape(option)} .* in the checkpoint, {value!r} in this job"):
         check_compatible(meta(1), dataclasses.replace(SETTINGS, **{field: value}), "here")
+
+
+def test_another_worker_count_resumes_when_the_global_batch_stays():
+    m = meta(2)  # 2 workers x 8
+    for workers, batch in ((1, 16), (4, 4), (16, 1)):
+        check_compatible(m, dataclasses.replace(SETTINGS, workers=workers, batch_size=batch), "here")
+    with pytest.raises(ConfigError) as e:
+        check_compatible(m, dataclasses.replace(SETTINGS, workers=3, batch_size=5), "here")
+    assert ("the global batch (--batch-size x --workers) 16 (8 x 2) in the checkpoint, 15 (5 x 3) in this job: 3 "
+            "worker(s) cannot share 16 images per step evenly; resume on 1, 2, 4, 8, 16 worker(s) with --batch-size "
+            "16 / workers") in str(e.value)
+    with pytest.raises(ConfigError, match=r"on 4 worker\(s\) give --batch-size 4 to keep it"):
+        check_compatible(m, dataclasses.replace(SETTINGS, workers=4), "here")
 
 
 def test_a_checkpoint_json_from_before_optimizer_and_precision_reads_as_sgd_float32():

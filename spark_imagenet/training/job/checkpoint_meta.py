@@ -47,8 +47,6 @@ OPTIONS = {
     "model": "--model",
     "width": "--width",
     "image_size": "--image-size",
-    "workers": "--workers",
-    "batch_size": "--batch-size",
     "seed": "--seed",
     "learning_rate": "--learning-rate",
     "optimizer": "--optimizer",
@@ -75,12 +73,11 @@ RECIPE_FIELDS = ("lr_schedule", "lr_boundaries", "warmup_epochs", "lr_scaling", 
 _SCALED_WITH_EPOCHS = ("lr_boundaries", "warmup_epochs")
 #: Settings that may change on resume (docs/guide/failures.md): ``--epochs`` (larger), and everything that
 #: is not in :data:`OPTIONS`: outputs, checkpoints kept, restarts, timeouts, transfers, cache, parallelism.
-MAY_CHANGE = "--epochs (more, to extend a run), --keep-checkpoints, --max-restarts, the timeouts, --output, " \
+MAY_CHANGE = "--epochs (more, to extend a run), --workers (with --batch-size keeping the global batch), " \
+             "--keep-checkpoints, --max-restarts, the timeouts, --output, " \
              "--results, --transfers, --parallel, --cache and the Spark settings"
 #: Why a field must match, where it is not plain (added to the message).
-_WHY = {"workers": "the global batch (batch_size x workers), the steps per epoch and each worker's shards "
-                   "depend on it",
-        "optimizer": "the optimizer's saved state differs (SGD and LARS keep different slots)",
+_WHY = {"optimizer": "the optimizer's saved state differs (SGD and LARS keep different slots)",
         "precision": "mixed_float16 adds a loss-scale optimizer, whose state the checkpoint does or does not hold",
         "lr_schedule": "the saved optimizer holds the schedule, and the learning rate of every step to come "
                        "depends on it"}
@@ -433,26 +430,45 @@ def differences(meta: CheckpointMeta, expected: RunSettings) -> list[str]:
             label = f"{field} ({option})" if field == "flip" or not option.startswith("--") else option
             why = f" ({_WHY[field]})" if field in _WHY else ""
             lines.append(f"{label} {ours!r} in the checkpoint, {theirs!r} in this job{why}")
+    lines += _global_batch(meta, expected)
     if meta.epoch > expected.epochs:
         lines.append(f"--epochs {expected.epochs} in this job, but the checkpoint has completed {meta.epoch} "
                      f"epoch(s) (give --epochs {meta.epoch} or more to resume from it)")
     return lines
 
 
+def _global_batch(meta: RunSettings, expected: RunSettings) -> list[str]:
+    """Why the job's global batch cannot resume the checkpoint's (pure; empty: it can): the batch per worker
+    that keeps it on the job's worker count, or the worker counts that can."""
+    ours, theirs = meta.batch_size * meta.workers, expected.batch_size * expected.workers
+    if ours == theirs:
+        return []
+    was = f"the global batch (--batch-size x --workers) {ours} ({meta.batch_size} x {meta.workers}) in the checkpoint, " \
+          f"{theirs} ({expected.batch_size} x {expected.workers}) in this job"
+    if ours % expected.workers == 0:
+        return [f"{was}: on {expected.workers} worker(s) give --batch-size {ours // expected.workers} to keep it"]
+    counts = [n for n in range(1, min(ours, 64) + 1) if ours % n == 0]
+    return [f"{was}: {expected.workers} worker(s) cannot share {ours} images per step evenly; resume on "
+            f"{', '.join(map(str, counts))} worker(s) with --batch-size {ours} / workers"]
+
+
 def check_compatible(meta: CheckpointMeta, expected: RunSettings, where: str) -> None:
     """Refuse to resume a job from a checkpoint another run wrote.
 
     Must match: the dataset (its ``dataset_id`` and class count), ``--model``, ``--width``,
-    ``--image-size``, ``--batch-size``, ``--seed``, ``--learning-rate``, ``--optimizer``, ``--precision``
-    and ``--workers`` (the optimizer and precision decide which optimizer state the checkpoint holds), and
+    ``--image-size``, ``--seed``, ``--learning-rate``, ``--optimizer``, ``--precision``
+    and the global batch (the optimizer and precision decide which optimizer state the checkpoint holds), and
     every setting that changes the math of the steps to come (:data:`RECIPE_FIELDS`: the schedule, warm-up,
     learning-rate scaling, momentum, weight decay, label smoothing and augmentation) that the checkpoint
     records; ``--warmup-epochs`` and ``--lr-boundaries`` only when ``--epochs`` is the checkpoint's, since
-    their defaults scale with it. What may change: :data:`MAY_CHANGE`. A different
-    worker count is refused: the global batch (``batch_size x workers``), the steps per epoch (so what
-    ``step`` means) and which shards each worker reads (so the data order) all depend on it; TensorFlow
-    would restore the weights, but the run would not be the one the checkpoint belongs to, and a run launched
-    again after a lost worker keeps its count anyway. A different ``--epochs`` (the run's total) is allowed,
+    their defaults scale with it. What may change: :data:`MAY_CHANGE`.
+
+    ``--workers`` may change when the global batch (``batch_size x workers``) stays: the steps per epoch
+    (``train images // global batch``), so the meaning of ``step`` and the learning-rate schedule, then stay
+    too; the shards are assigned to the new worker count, so the data order of the epochs to come differs
+    (each epoch still reads every train shard). A checkpoint of 2 workers at ``--batch-size 64`` resumes on 4
+    with ``--batch-size 32``, on 1 with 128; a worker count that does not divide the global batch is refused
+    with the counts that do (:func:`_global_batch`). A different ``--epochs`` (the run's total) is allowed,
     to extend a run, as long as the checkpoint's completed epochs are at most the new total (equal: nothing
     is left to train).
 
