@@ -6,6 +6,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
 
+from session_util import module_spark
+
 
 @pytest.fixture(scope="module")
 def spark():
@@ -18,12 +20,7 @@ def spark():
     SparkContext in the process inherits; a test needing other settings
     should start the JVM first (``SparkContext._ensure_initialized()``).
     """
-    from spark_imagenet.training.driver.spark_session import local_session
-
-    session = local_session("local[2]", app_name="spark-imagenet-tests",
-                            conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
+    yield from module_spark("local[2]", "spark-imagenet-tests")
 
 
 @pytest.fixture(scope="session")

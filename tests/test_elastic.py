@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from data_util import small_layout
+from session_util import module_spark
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.training.driver.launch import train
 from test_train_e2e import _scalars
@@ -21,12 +22,7 @@ RECIPE = {"image_size": 72, "width": 0.25, "learning_rate": 0.02, "lr_schedule":
 
 @pytest.fixture(scope="module")
 def spark():
-    from spark_imagenet.training.driver.spark_session import local_session
-
-    session = local_session("local[3]", app_name="spark-imagenet-elastic",
-                            conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "3"})
-    yield session
-    session.stop()
+    yield from module_spark("local[3]", "spark-imagenet-elastic")
 
 
 @pytest.fixture(scope="module")

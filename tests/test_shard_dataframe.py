@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from archive_util import parse_example
+from session_util import module_spark
 from spark_imagenet.dataset.dataframe import shard_dataframe
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
@@ -27,12 +28,7 @@ CLASSES = ("cat", "dog", "fox")
 @pytest.fixture(scope="module")
 def spark():
     """``local[2,2]``: two cores, and a failed task is tried once more (the retry test needs it)."""
-    from spark_imagenet.training.driver.spark_session import local_session
-
-    session = local_session("local[2,2]", app_name="spark-imagenet-shard-dataframe",
-                            conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
+    yield from module_spark("local[2,2]", "spark-imagenet-shard-dataframe")
 
 
 def jpeg(k: int, seed: int, fmt: str = "JPEG") -> bytes:
