@@ -317,7 +317,7 @@ def test_meta_json_round_trip_and_validation():
     assert m.settings() == SETTINGS
     assert describe(dataclasses.replace(m, created="2026-12-01T18:00:00Z")) == \
         "the checkpoint of epoch 3 (step 36, 2026-12-01T18:00:00Z)"
-    for change, pattern in [({"epoch": 0}, "epoch must be an integer >= 1"),
+    for change, pattern in [({"epoch": -1}, "epoch must be an integer >= 0"),
                             ({"epoch": 6}, "epoch 6 is past the run's epochs 5"),
                             ({"width": "1"}, "width must be a number > 0"),
                             ({"files": [{"name": "../x", "size": 1, "crc32c": "A"}]}, "'../x' is not a file name"),
@@ -445,3 +445,22 @@ def test_a_folder_with_room_for_one_checkpoint_fails_once_with_the_size_and_keep
     assert "give a --checkpoint-dir with room for two checkpoints" in message
     assert latest(store)[1].epoch == 1  # the last good checkpoint is whole
     assert sorted(p.name for p in (small_disk / "ck").iterdir()) == ["epoch-000001"]
+
+
+# ------------------------------------------------------------------ checkpoints inside an epoch
+def test_a_checkpoint_inside_an_epoch_ranks_between_the_epochs_and_is_pruned_like_them(tmp_path):
+    assert ck.folder_name(2, 120) == "epoch-000002-000120" and ck.folder_position("epoch-000002-000120") == (2, 120)
+    assert ck.folder_position("epoch-000002") == (2, 0) and ck.folder_position("epoch-000002-000000") is None
+    assert ck.folder_position("epoch-2-5") is None and ck.folder_epoch("epoch-000003-000001") == 3
+    store = open_storage(tmp_path / "ck")
+    commit(store, tf_files(tmp_path / "tf1", 1), meta(1), keep=3)
+    inside = dataclasses.replace(meta(1), step=12 + 5)
+    assert commit(store, tf_files(tmp_path / "tf2", 2), inside, keep=3, inside=5) == "epoch-000001-000005"
+    name, got = latest(store)
+    assert name == "epoch-000001-000005" and (got.epoch, got.step) == (1, 17)
+    commit(store, tf_files(tmp_path / "tf3", 3), meta(2), keep=2)  # the newest two: epoch 2 and the one inside it
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["epoch-000001-000005", "epoch-000002"]
+    assert ck.prune_plan((2, 3), 1, {"epoch-000002": True, "epoch-000001-000009": True}) == \
+        ["epoch-000002", "epoch-000001-000009"]
+    first = dataclasses.replace(meta(1), epoch=0, step=4, history={})  # inside the first epoch: 0 epochs done
+    assert CheckpointMeta.loads(first.dumps()).epoch == 0

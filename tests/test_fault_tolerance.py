@@ -262,3 +262,31 @@ def test_a_stopped_worker_ends_the_job_within_the_step_timeout_naming_it(spark, 
     [peer] = e.value.failure.lost_peers  # the same, typed: what the worker wrote, not parsed from its output
     assert peer.rank == 1 and peer.address and e.value.failure.rank == 0 and e.value.failure.lost
     assert none_left()
+
+
+def test_a_worker_killed_inside_an_epoch_resumes_at_the_step_of_the_last_checkpoint(spark, bucket, tmp_path,
+                                                                                   uninterrupted):
+    """--checkpoint-every 4 (10 steps per epoch): rank 1 is SIGKILLed once the checkpoint 6 steps into epoch 2
+    (global step 16) is committed; the relaunch resumes inside epoch 2 (the rest of its batches, not the whole
+    epoch again) and the final weights equal the uninterrupted run's (deterministic mode)."""
+    ckpt = tmp_path / "ckpt"
+    killer = Saboteur(1, signal.SIGKILL, (ckpt / "epoch-000001-000006" / "checkpoint.json").exists)
+    killer.start()
+    try:
+        with collect() as lines:
+            out = train(spark, str(bucket), 2, cache=tmp_path / "cache", output=str(tmp_path / "resumed"),
+                        checkpoint_dir=str(ckpt), checkpoint_every=4, **SMALL)
+    finally:
+        killer.stop.set()
+    text = "\n".join(lines)
+    assert killer.victims and out["restarts"] == 1, text
+    resumed = re.search(r"resuming at epoch (\d) of 3 from the checkpoint of epoch (\d) \(step (\d+),", text)
+    assert resumed, text
+    step = int(resumed.group(3))
+    assert step >= 16 and (step % 10 != 0 or step == 20), text  # inside epoch 2, or the end of it if the kill was late
+    assert [w["steps"] for w in out["per_worker"]] == [30 - step] * 2  # the rest of epoch 2, then epoch 3
+    plain, plain_output = uninterrupted
+    for a, b in zip(_weights(plain_output), _weights(tmp_path / "resumed"), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert out["val"] == plain["val"] and len(out["history"]["xent"]) == 3
+    assert out["history"]["xent"][2] == pytest.approx(plain["history"]["xent"][2], rel=1e-6)  # epoch 3: whole

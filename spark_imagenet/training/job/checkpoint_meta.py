@@ -82,7 +82,7 @@ _WHY = {"optimizer": "the optimizer's saved state differs (SGD and LARS keep dif
         "lr_schedule": "the saved optimizer holds the schedule, and the learning rate of every step to come "
                        "depends on it"}
 #: Integer fields and their minimum.
-_INTS = {"epoch": 1, "epochs": 1, "step": 0, "image_size": 1, "num_classes": 1, "workers": 1, "batch_size": 1,
+_INTS = {"epoch": 0, "epochs": 1, "step": 0, "image_size": 1, "num_classes": 1, "workers": 1, "batch_size": 1,
          "seed": 0}
 _FLOATS = ("width", "learning_rate")
 _STRINGS = ("dataset_id", "model", "created", "optimizer", "precision")
@@ -284,8 +284,10 @@ class CheckpointMeta(RunSettings):
     those), and what the checkpoint holds. Validated when built; keyword arguments only.
 
     Attributes:
-        epoch: completed epochs (>= 1, counted from 1 as Keras prints them).
-        step: global optimizer steps done (>= 0).
+        epoch: completed epochs (>= 0: 0 for a checkpoint inside the first epoch; counted from 1 as Keras prints
+            them).
+        step: global optimizer steps done (>= 0); beyond ``epoch`` x steps per epoch for a checkpoint inside
+            an epoch (``--checkpoint-every``).
         files: the TensorFlow files, names relative to the checkpoint's folder
             (:func:`~spark_imagenet.training.job.checkpoints.commit` fills it).
         history: the Keras history of the epochs so far, ``{"loss": [per epoch], ...}`` (at most ``epoch``

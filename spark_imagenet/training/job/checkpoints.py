@@ -73,30 +73,42 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULTS", "DEFAULT_KEEP", "FORMAT", "FORMAT_VERSION", "MAY_CHANGE", "META_NAME", "OPTIONS", "RECIPE_FIELDS", "REMEDY", "CheckpointFile",
     "CheckpointMeta", "RunSettings", "check_compatible", "check_keep", "checkpoint_sets", "commit", "describe",
-    "differences", "download", "expected_for", "folder_epoch", "folder_name", "latest", "new_meta", "prune_plan",
+    "differences", "download", "expected_for", "folder_epoch", "folder_name", "folder_position", "latest", "new_meta", "prune_plan",
     "read_local", "tf_prefix", "utc_now",
 ]
 
 #: Complete checkpoints :func:`commit` keeps by default (the new one included).
 DEFAULT_KEEP = 2
-_FOLDER = re.compile(r"epoch-(\d{6,})")
+_FOLDER = re.compile(r"epoch-(\d{6,})(?:-(\d{6,}))?")
 
 
-def folder_name(epoch: int) -> str:
-    """The folder of the checkpoint of ``epoch``: ``epoch-000003``."""
-    return f"epoch-{epoch:06d}"
+def folder_name(epoch: int, inside: int = 0) -> str:
+    """The folder of the checkpoint after ``epoch`` epochs and ``inside`` steps into the next: ``epoch-000003``,
+    or ``epoch-000003-000120`` (``--checkpoint-every``)."""
+    return f"epoch-{epoch:06d}" + (f"-{inside:06d}" if inside else "")
+
+
+def folder_position(name: str) -> tuple[int, int] | None:
+    """``(epochs done, steps into the next)`` a checkpoint folder's name stands for (``epoch-000003`` ->
+    ``(3, 0)``, ``epoch-000003-000120`` -> ``(3, 120)``); None for any other name. Newer is greater."""
+    m = _FOLDER.fullmatch(name)
+    if not m:
+        return None
+    position = (int(m.group(1)), int(m.group(2) or 0))
+    return position if folder_name(*position) == name else None
 
 
 def folder_epoch(name: str) -> int | None:
-    """The epoch a checkpoint folder's name stands for (``epoch-000003`` -> 3); None for any other name."""
-    m = _FOLDER.fullmatch(name)
-    return int(m.group(1)) if m and folder_name(int(m.group(1))) == name else None
+    """The epochs done of a checkpoint folder's name (``epoch-000003`` -> 3); None for any other name."""
+    position = folder_position(name)
+    return None if position is None else position[0]
 
 
 def checkpoint_sets(storage: Storage) -> CommittedSets:
     """The checkpoints of a checkpoint dir as committed sets: ``epoch-*`` folders, ``checkpoint.json``
-    markers, newest = highest epoch."""
-    return CommittedSets(storage, META_NAME, folder_epoch, noun="file", kind="checkpoint", logger_name=__name__)
+    markers, newest = highest position (:func:`folder_position`)."""
+    return CommittedSets(storage, META_NAME, folder_position, noun="file", kind="checkpoint",
+                         logger_name=__name__)
 
 
 def check_keep(keep: int | None) -> int | None:
@@ -211,11 +223,11 @@ def download(storage: Storage, name: str, meta: CheckpointMeta, local_dir: str |
     return tf_prefix(local, meta)
 
 
-def prune_plan(epoch: int, keep: int | None, states: dict[str, bool]) -> list[str]:
+def prune_plan(epoch: int | tuple[int, int], keep: int | None, states: dict[str, bool]) -> list[str]:
     """Which folders a commit of ``epoch`` deletes (pure).
 
     Args:
-        epoch: the epoch just committed.
+        epoch: the epoch just committed, or its position ``(epochs done, steps into the next)``.
         keep: complete checkpoints to keep, the new one included; None = all.
         states: ``{folder: complete?}`` of the other checkpoint folders.
 
@@ -223,17 +235,18 @@ def prune_plan(epoch: int, keep: int | None, states: dict[str, bool]) -> list[st
         list[str]: the folders older than ``epoch`` that are half-written, or complete beyond the newest
         ``keep``, newest first; newer folders are never deleted.
     """
-    older = {f: complete for f, complete in states.items() if folder_epoch(f) < epoch}
-    return _sets_prune_plan(older, None if keep is None else max(keep - 1, 0), folder_epoch)
+    position = (epoch, 0) if isinstance(epoch, int) else epoch
+    older = {f: complete for f, complete in states.items() if (folder_position(f) or (-1, 0)) < position}
+    return _sets_prune_plan(older, None if keep is None else max(keep - 1, 0), folder_position)
 
 
-def _prune(sets: CommittedSets, epoch: int, keep: int | None,
+def _prune(sets: CommittedSets, epoch: tuple[int, int], keep: int | None,
            groups: dict[str, dict[str, ObjectInfo]]) -> list[str]:
     """Delete the folders :func:`prune_plan` names and return those deleted; a folder whose meta is foreign is
     left alone (logged)."""
     states = {}
     for folder, objects in groups.items():
-        if folder_epoch(folder) >= epoch:
+        if (folder_position(folder) or (-1, 0)) >= epoch:
             continue
         try:
             meta = sets.read_marker(folder, _parse) if META_NAME in objects else None
@@ -246,7 +259,7 @@ def _prune(sets: CommittedSets, epoch: int, keep: int | None,
 
 
 def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta, *, keep: int | None = DEFAULT_KEEP,
-           transfers: int = DEFAULT_TRANSFERS) -> str:
+           transfers: int = DEFAULT_TRANSFERS, inside: int = 0) -> str:
     """Publish the checkpoint the chief wrote into ``local_dir`` as ``epoch-{meta.epoch:06d}/``.
 
     :meth:`CommittedSets.commit <spark_imagenet.storage.committed.CommittedSets.commit>`: the folder's old
@@ -266,9 +279,10 @@ def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta,
         meta: the checkpoint's meta; its ``files`` are replaced by those of ``local_dir`` (size, CRC32C).
         keep: complete checkpoints to keep, the new one included (>= 1); None = all.
         transfers: parallel uploads (>= 1).
+        inside: steps into the epoch after ``meta.epoch`` (a checkpoint inside an epoch), else 0.
 
     Returns:
-        str: the checkpoint's folder name, ``epoch-000003``.
+        str: the checkpoint's folder name, ``epoch-000003`` (``epoch-000003-000120`` inside an epoch).
 
     Raises:
         ConfigError: ``keep`` or ``transfers`` < 1, or ``local_dir`` holds a ``checkpoint.json``.
@@ -285,7 +299,7 @@ def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta,
         meta = dataclasses.replace(meta, files=tuple(entry for _path, entry in items))
     except ConfigError as e:
         raise ConfigError(f"{local_dir}: {e}") from None
-    folder = folder_name(meta.epoch)
+    folder, position = folder_name(meta.epoch, inside), (meta.epoch, inside)
     sets = checkpoint_sets(storage)
     before = sets.folders()
     marker = meta.dumps().encode("utf-8")
@@ -295,7 +309,7 @@ def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta,
         if not out_of_space(e):
             raise
         sets.delete(folder, sets.folders().get(folder, {}))  # what of the new one did fit
-        freed = _prune(sets, meta.epoch, 2, before)  # the newest complete checkpoint stays
+        freed = _prune(sets, position, 2, before)  # the newest complete checkpoint stays
         if not freed:
             raise no_room(storage, folder, items) from None
         logger.warning(f"checkpoint: no room in {storage.url} for {folder}; removed the older checkpoint(s) "
@@ -305,7 +319,7 @@ def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta,
             sets.commit(folder, items, marker, transfers=transfers)
         except StorageError as again:
             raise (no_room(storage, folder, items) if out_of_space(again) else again) from None
-    _prune(sets, meta.epoch, keep, before)
+    _prune(sets, position, keep, before)
     return folder
 
 

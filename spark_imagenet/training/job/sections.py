@@ -304,6 +304,8 @@ class RunConfig:
             a job launched again resumes from the latest complete one; None = none.
         keep_checkpoints: complete checkpoints kept in ``checkpoint_dir``, the newest included (>= 1); older
             ones are deleted after each commit. May differ between the launches of one run.
+        checkpoint_every: also commit a checkpoint inside an epoch at every multiple of this many global steps
+            (>= 1); None = at epoch ends only. May differ between the launches of one run.
         max_restarts: times the driver launches the barrier stage again after
             a :class:`~spark_imagenet.errors.WorkerLost` failure (>= 0).
         step_timeout: seconds without a finished step before a worker gives up (0 = no limit).
@@ -331,6 +333,10 @@ class RunConfig:
     keep_checkpoints: int = setting(DEFAULT_KEEP, kind="int", minimum=1, option="--keep-checkpoints",
                                     help="complete checkpoints to keep in --checkpoint-dir, the newest included; "
                                          "older ones are deleted after each commit")
+    checkpoint_every: int | None = setting(None, kind="int", minimum=1, optional=True, option="--checkpoint-every",
+                                           help="also commit a checkpoint inside an epoch every N global steps (a "
+                                                "resume then continues at that step with the batches an "
+                                                "uninterrupted run would see)")
     max_restarts: int = setting(2, kind="int", minimum=0, option="--max-restarts",
                                 help="launch the barrier stage again this many times after a worker is lost "
                                      "(killed, stopped, timed out), from the latest checkpoint (from epoch 1 "

@@ -104,6 +104,9 @@ class CheckpointSaver(keras.callbacks.Callback):
             None = all.
         run_id: the run's id: each commit first checks that the run still holds the folder's lease
             (:func:`~spark_imagenet.storage.lease.check_held`; a TrainingError otherwise); "" = no check.
+        every_steps: also write a checkpoint inside an epoch whenever the global step (the optimizer's
+            iterations) is a multiple of it (``--checkpoint-every``), in ``epoch-E-K`` (E epochs done, K steps
+            into the next); None = at epoch ends only.
 
     Raises:
         ConfigError: ``keep`` below 1.
@@ -111,10 +114,12 @@ class CheckpointSaver(keras.callbacks.Callback):
 
     def __init__(self, meta: CheckpointMeta, storage: Storage, chief: bool, steps_per_epoch: int,
                  feed: Callable[[], None] = lambda: None, *,
-                 keep: int | None = checkpoints.DEFAULT_KEEP, run_id: str = "") -> None:
+                 keep: int | None = checkpoints.DEFAULT_KEEP, run_id: str = "",
+                 every_steps: int | None = None) -> None:
         super().__init__()
         self._keep = checkpoints.check_keep(keep)
         self._run_id = run_id
+        self._every = every_steps
         self._meta, self._storage, self._chief, self._steps = meta, storage, chief, steps_per_epoch
         self._feed = feed
         self.history: dict[str, list[float]] = {k: list(v) for k, v in meta.history.items()}
@@ -123,25 +128,39 @@ class CheckpointSaver(keras.callbacks.Callback):
         """Record epoch ``epoch``'s (0-based) logs in the history, then write and (chief) commit the checkpoint."""
         for key, value in (logs or {}).items():
             self.history.setdefault(key, []).append(float(value))
+        self._save(epoch + 1, 0)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        """With ``every_steps``: a checkpoint inside the epoch at each multiple of it (not at an epoch's end)."""
+        if not self._every:
+            return
+        step = int(self.model.optimizer.iterations.numpy())
+        if step % self._every == 0 and step % self._steps != 0:
+            self._save(step // self._steps, step % self._steps)
+
+    def _save(self, epoch: int, inside: int) -> None:
+        """Write the checkpoint after ``epoch`` epochs and ``inside`` steps (every worker: the strategy's
+        collective), and commit it (the chief)."""
         self._feed()
         t0 = time.perf_counter()
         folder = tempfile.mkdtemp(prefix="spark-imagenet-ckpt-")
         try:
             _trackable(self.model).write(os.path.join(folder, TF_PREFIX))
             if self._chief:
-                self._commit(folder, epoch + 1, time.perf_counter() - t0)
+                self._commit(folder, epoch, inside, time.perf_counter() - t0)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             self._feed()
 
-    def _commit(self, folder: str, epoch: int, write_seconds: float) -> None:
-        """Commit the chief's written checkpoint of ``epoch`` (completed epochs)."""
-        meta = self._meta.replace(epoch=epoch, step=epoch * self._steps, history=self.history,
+    def _commit(self, folder: str, epoch: int, inside: int, write_seconds: float) -> None:
+        """Commit the chief's written checkpoint of ``epoch`` completed epochs and ``inside`` steps more."""
+        meta = self._meta.replace(epoch=epoch, step=epoch * self._steps + inside, history=self.history,
                                   created=checkpoints.utc_now())
         t0 = time.perf_counter()
         if self._run_id:  # a chief whose driver is gone, or whose folder another run took, stops committing
             check_held(self._storage, self._run_id)
-        name = checkpoints.commit(self._storage, folder, meta, keep=self._keep)
+        name = checkpoints.commit(self._storage, folder, meta, keep=self._keep, inside=inside)
         size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
-        logger.info(f"checkpoint: epoch {epoch} committed to {self._storage.url}/{name} ({size / 1e6:.1f} MB; "
+        where = f"epoch {epoch}" if not inside else f"step {meta.step} ({inside} into epoch {epoch + 1})"
+        logger.info(f"checkpoint: {where} committed to {self._storage.url}/{name} ({size / 1e6:.1f} MB; "
                     f"written in {write_seconds:.1f} s, committed in {time.perf_counter() - t0:.1f} s)")

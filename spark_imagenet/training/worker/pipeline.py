@@ -346,6 +346,7 @@ def train_dataset(
     flip: bool = True,
     crop_area: tuple[float, float] = CROP_AREA_RANGE,
     lighting: float = 0.0,
+    skip_records: int = 0,
 ) -> tf.data.Dataset:
     """The shuffled, augmented training dataset of one worker, epoch by epoch.
 
@@ -408,6 +409,11 @@ def train_dataset(
             the whole image, resized).
         lighting: float >= 0, the standard deviation of alpha of the PCA
             colour noise (``--lighting``; the paper: 0.1; 0: none).
+        skip_records: records of epoch ``initial_epoch`` left out at the start (a
+            resume inside that epoch: the steps done times the records per step),
+            before decoding, so they cost a read and no decode; the records that
+            follow keep their positions (and so their augmentation). Below
+            ``records_per_epoch``.
 
     Returns:
         tf.data.Dataset: elements ``(images float32 [B,S,S,3] normalized with
@@ -425,8 +431,10 @@ def train_dataset(
     """
     args = _train_args(files, batch_size, image_size, parallel, seed, shuffle_buffer, records_per_epoch,
                        initial_epoch, epochs, deterministic, flip, crop_area, lighting)
+    if skip_records and not 0 <= skip_records < (records_per_epoch or 0):
+        raise ConfigError(f"skip_records={skip_records}: must be below records_per_epoch={records_per_epoch}")
     _reuse_freed_memory()
-    ds = _decode_for_training(_train_record_stream(args), args)
+    ds = _decode_for_training(_train_record_stream(args).skip(int(skip_records)), args)
     ds = _normalized_batches(ds, args.batch_size, args.image_size, args.lighting)
     return ds.prefetch(PREFETCH_BATCHES).with_options(_options(deterministic=args.deterministic))
 

@@ -113,10 +113,8 @@ def _check_files(files: list[str], what: str) -> None:
 
 
 def _datasets(strategy: tf.distribute.Strategy, spec: WorkerSpec, initial_epoch: int = 0) -> tuple[Any, Any]:
-    """The distributed train dataset, from epoch ``initial_epoch`` (0-based) on, and the val dataset (None
-    without val steps). Each epoch's batches depend only on the worker's files, its seed and the epoch
-    (:func:`~spark_imagenet.training.worker.pipeline.train_dataset`), so a resumed run sees the batches of an
-    uninterrupted one.
+    """The distributed train dataset, from epoch ``initial_epoch`` (0-based) on (:func:`_train_stream`), and the
+    val dataset (None without val steps).
 
     Raises:
         TrainingError: a shard file is missing.
@@ -128,17 +126,6 @@ def _datasets(strategy: tf.distribute.Strategy, spec: WorkerSpec, initial_epoch:
     config = spec.config
     global_batch = config.global_batch_size
 
-    def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        # each local replica takes one batch per step: an epoch is steps x this worker's batch records
-        per_replica = ctx.get_per_replica_batch_size(global_batch)
-        local_replicas = max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
-        return pipeline.train_dataset(list(spec.train_files), per_replica, config.image_size, spec.parallel,
-                                      seed=spec.seed,
-                                      records_per_epoch=spec.steps_per_epoch * per_replica * local_replicas,
-                                      initial_epoch=initial_epoch, epochs=config.epochs,
-                                      deterministic=config.deterministic, flip=config.flip,
-                                      crop_area=config.crop_area, lighting=config.lighting)
-
     def eval_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         # Each local replica takes one batch per step from this worker's dataset.
         local_replicas = max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
@@ -147,9 +134,33 @@ def _datasets(strategy: tf.distribute.Strategy, spec: WorkerSpec, initial_epoch:
                                      examples=spec.val_examples, steps=spec.val_steps * local_replicas)
 
     tf_internals.no_autotune_on_device_datasets()  # why: docs/design.md, 'The tf.data autotune stall'
-    train_ds = strategy.distribute_datasets_from_function(train_fn)
+    train_ds = _train_stream(strategy, spec, initial_epoch)
     val_ds = strategy.distribute_datasets_from_function(eval_fn) if spec.val_steps > 0 else None
     return train_ds, val_ds
+
+
+def _train_stream(strategy: tf.distribute.Strategy, spec: WorkerSpec, initial_epoch: int, skip_steps: int = 0,
+                  epochs: int | None = None) -> Any:
+    """The distributed train dataset: epochs ``initial_epoch`` .. ``epochs`` (default the run's), the first
+    without its first ``skip_steps`` steps (a resume inside it). Each epoch's batches depend only on the
+    worker's files, its seed and the epoch (:func:`~spark_imagenet.training.worker.pipeline.train_dataset`), so
+    a resumed run sees the batches of an uninterrupted one."""
+    from spark_imagenet.training.worker import pipeline
+
+    config = spec.config
+
+    def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        # each local replica takes one batch per step: an epoch is steps x this worker's batch records
+        per_replica = ctx.get_per_replica_batch_size(config.global_batch_size)
+        per_step = per_replica * max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
+        return pipeline.train_dataset(list(spec.train_files), per_replica, config.image_size, spec.parallel,
+                                      seed=spec.seed, records_per_epoch=spec.steps_per_epoch * per_step,
+                                      initial_epoch=initial_epoch, epochs=epochs or config.epochs,
+                                      deterministic=config.deterministic, flip=config.flip,
+                                      crop_area=config.crop_area, lighting=config.lighting,
+                                      skip_records=skip_steps * per_step)
+
+    return strategy.distribute_datasets_from_function(train_fn)
 
 
 def _build_model(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> keras.Model:
@@ -179,8 +190,12 @@ def _build_model(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> keras.Mo
 def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec,
          summary_dir: str | None = None, initial_epoch: int = 0,
          callbacks: Sequence[keras.callbacks.Callback] = (),
-         earlier: dict[str, list[float]] | None = None) -> dict[str, Any]:
+         earlier: dict[str, list[float]] | None = None, partial: tuple[Any, int] | None = None) -> dict[str, Any]:
     """Train epochs ``initial_epoch + 1 .. epochs``; return the result fields about training.
+
+    ``partial`` = ``(dataset, k)``: a checkpoint stopped ``k`` steps into epoch ``initial_epoch + 1``; that epoch
+    is trained first from ``dataset`` (its remaining steps, its logs over those steps only), then the others
+    from ``train_ds`` (which then starts at epoch ``initial_epoch + 1``, 0-based).
 
     The chief writes TensorBoard scalars to ``summary_dir``. ``earlier`` is the history of the epochs a
     checkpoint already holds; the returned ``history`` covers every epoch, and ``steps``/``train_images``
@@ -195,14 +210,20 @@ def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec,
                            summary_dir if chief else None)
     t0 = time.perf_counter()
     hist = {k: list(v) for k, v in (earlier or {}).items()}
-    if initial_epoch < config.epochs:
+    fits = [(train_ds, initial_epoch, config.epochs, spec.steps_per_epoch)]
+    if partial is not None and initial_epoch < config.epochs:  # the rest of an epoch a checkpoint stopped inside
+        fits = [(partial[0], initial_epoch, initial_epoch + 1, spec.steps_per_epoch - partial[1]),
+                (train_ds, initial_epoch + 1, config.epochs, spec.steps_per_epoch)]
+    for dataset, first, last, steps_per_epoch in fits:
+        if first >= last:
+            continue
         with pipeline.naming_bad_records(list(spec.train_files), parallel=spec.parallel):
-            history = model.fit(train_ds, epochs=config.epochs, initial_epoch=initial_epoch,
-                                steps_per_epoch=spec.steps_per_epoch, callbacks=[timer, *callbacks], verbose=0)
+            history = model.fit(dataset, epochs=last, initial_epoch=first, steps_per_epoch=steps_per_epoch,
+                                callbacks=[timer, *callbacks], verbose=0)
         for k, vals in history.history.items():
             hist.setdefault(k, []).extend(float(v) for v in vals)
     train_seconds = time.perf_counter() - t0
-    steps = (config.epochs - initial_epoch) * spec.steps_per_epoch
+    steps = (config.epochs - initial_epoch) * spec.steps_per_epoch - (partial[1] if partial else 0)
     timed = timer.seconds[1:] if len(timer.seconds) > 1 else timer.seconds
     images = spec.steps_per_epoch * config.batch_size * len(timed)
     images_per_sec = images / sum(timed) if timed and sum(timed) > 0 else 0.0
@@ -287,8 +308,10 @@ def run_worker(spec: WorkerSpec, *, status: dict | None = None, output_dir: str 
         status["stage"] = STAGE_RESTORE
         earlier = _restore(model, strategy, spec)
     initial_epoch = earlier.epoch if earlier is not None else 0
+    inside = earlier.step - earlier.epoch * spec.steps_per_epoch if earlier is not None else 0  # a mid-epoch one
     status["stage"] = STAGE_DATA
-    train_ds, val_ds = _datasets(strategy, spec, initial_epoch)
+    train_ds, val_ds = _datasets(strategy, spec, initial_epoch + (1 if inside else 0))
+    partial = (_train_stream(strategy, spec, initial_epoch, inside, initial_epoch + 1), inside) if inside else None
     logger.info(f"data: {len(spec.train_files)} train file(s), {spec.train_examples} examples; "
                 f"{len(spec.val_files)} val file(s), {spec.val_examples} of {val_total} val examples; "
                 f"batch {config.batch_size}/worker, {config.image_size} px")
@@ -301,7 +324,7 @@ def run_worker(spec: WorkerSpec, *, status: dict | None = None, output_dir: str 
         callbacks.append(_saver(spec, earlier, watchdog.feed))
     trained = _fit(model, train_ds, spec,
                    os.path.join(local_output, TENSORBOARD_DIR, "train") if local_output else None,
-                   initial_epoch, callbacks, earlier.history if earlier is not None else None)
+                   initial_epoch, callbacks, earlier.history if earlier is not None else None, partial)
     status["stage"] = STAGE_EVALUATE
     val, eval_seconds = _evaluate(model, val_ds, spec, val_total, [watchdog])
     if config.output:
@@ -339,7 +362,7 @@ def _saver(spec: WorkerSpec, earlier: CheckpointMeta | None, feed: Callable[[], 
     assert spec.checkpoints is not None
     return CheckpointSaver(meta, spec.checkpoints,
                            spec.rank == 0, spec.steps_per_epoch, feed, keep=config.keep_checkpoints,
-                           run_id=spec.run_id)
+                           run_id=spec.run_id, every_steps=config.checkpoint_every)
 
 
 def _save_outputs(model: keras.Model, spec: WorkerSpec, val: ValMetrics, local: str | None) -> None:
