@@ -169,8 +169,8 @@ def test_a_dead_task_ends_its_waiting_preloaded_child_and_removes_its_folder(tmp
         child = int(pid_file.read_text())
         task.send_signal(signal.SIGKILL)
         task.wait(30)
-        assert _wait_until(lambda: not _alive(child), 30), "the waiting child outlived its task"
-        assert _wait_until(lambda: list(tmpdir.iterdir()) == [], 30), "the spare's folder was left behind"
+        assert _wait_until(lambda: not _alive(child), 90), "the waiting child outlived its task"
+        assert _wait_until(lambda: list(tmpdir.iterdir()) == [], 90), "the spare's folder was left behind"
     finally:
         if task.poll() is None:
             task.kill()
