@@ -94,12 +94,25 @@ def _shard_table(args: argparse.Namespace) -> int:
     spark = session_for(args.master, os.cpu_count() or 1, app_name="spark-imagenet shard",
                         warn_oversubscription=False)
     df = read_table(spark, args.table, args.format)
-    split = args.split_column or ("split" if args.format == "binaryFile" else None)
+    split = args.split_column or _default_split(df, args.format)
     shard_dataframe(df, args.out, args.image_column, args.label_column or "label", split, name_col=args.name_column,
                     val_fraction=args.val_fraction or DEFAULT_VAL_FRACTION, seed=args.seed,
                     train_shards=args.train_shards, val_shards=args.val_shards, verify=args.verify,
                     on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress)
     return 0
+
+
+def _default_split(df, fmt: str | None) -> str | None:
+    """The split column when ``--split-column`` is not given: ``split`` of a binaryFile read (from the path),
+    else a string column named ``split`` if the table has one (as ``--labels`` reads one), said in a line."""
+    if fmt == "binaryFile":
+        return "split"
+    if any(f.name == "split" and type(f.dataType).__name__ == "StringType" for f in df.schema.fields):
+        logger.info(
+            "the table's 'split' column gives each row's split (train, val, or null: by --val-fraction); "
+            "--split-column names another")
+        return "split"
+    return None
 
 
 def _shard_source(args: argparse.Namespace) -> int:

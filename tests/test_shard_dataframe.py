@@ -491,3 +491,30 @@ def test_a_split_column_that_puts_one_image_in_both_splits_is_reported(spark, tm
     assert report["duplicate_totals"] == {"groups": 3, "images": 7, "train+val": 1}
     assert any("1 group(s) hold the same image in train and in val" in line for line in log_lines)
     assert any("3 copies: cat/train_copy.jpg, cat/cat_0.jpg (different classes!)" in line for line in log_lines)
+
+
+def test_shards_left_empty_by_the_hash_are_refused_and_nothing_is_left(spark, tmp_path):
+    """More shards than the rows fill (rows go to shards by a hash): refused, naming the empty shards; the job's
+    objects are gone and the destination folder it created too."""
+    df = spark.createDataFrame(rows(12), "content binary, label string, name string")
+    out = tmp_path / "shards"
+    with pytest.raises(DataError, match=r"\d+ of the 25 train shards got no images \(shard .*\): choose fewer train"):
+        shard_dataframe(df, str(out), name_col="name", train_shards=25, val_shards=1, val_fraction=0.25,
+                        progress=False)
+    assert not out.exists()
+
+
+def test_the_command_line_reads_a_tables_split_column_without_being_told(spark, tmp_path, capsys, monkeypatch):
+    """--table with a string column named split: it gives the rows' splits, as --labels reads one, and says so."""
+    from spark_imagenet.cli import main
+    from spark_imagenet.training.driver import spark_session
+
+    data = [(c, label, name, "val" if i % 3 == 0 else "train") for i, (c, label, name) in enumerate(rows(8))]
+    spark.createDataFrame(data, "content binary, label string, name string, split string").write.parquet(
+        str(tmp_path / "t"))
+    monkeypatch.setattr(spark_session, "session_for", lambda *a, **k: spark)
+    assert main(["shard", "--table", str(tmp_path / "t"), "--format", "parquet", "--name-column", "name",
+                 "--train-shards", "1", "--val-shards", "1", "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    manifest = Manifest.load(__import__("spark_imagenet").open_storage(str(tmp_path / "o")))
+    assert manifest.splits["val"].shards[0].examples == 8 and manifest.splits["train"].shards[0].examples == 16
+    assert "the table's 'split' column gives each row's split" in capsys.readouterr().err

@@ -212,7 +212,12 @@ def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, in
         raise
     build = Build(storage, dest, run, found.manifest_classes(), counts, tuple(results), job.verify, job.on_corrupt,
                   job.overwrite, source, across)
-    return commit_build(build)  # on a failure before its commit, it deletes the run's objects itself
+    try:
+        return commit_build(build)  # on a failure before its commit, it deletes the run's objects itself
+    except BaseException:
+        if created_root:
+            storage.remove_empty_root()
+        raise
 
 
 def _check_options(val_fraction: float, verify: str, on_corrupt: str, train_shards: int | None,
@@ -354,8 +359,8 @@ def shard_counts(found: Survey, val_fraction: float, train_shards: int | None,
             auto = math.ceil((found.image_bytes or 0) * share / TARGET_SHARD_BYTES)
             given = max(1, min(max(minimum, auto), int(rows) // MIN_AUTO_ROWS_PER_SHARD))
         elif given > rows:
-            raise ConfigError(f"{option}={given}: more than the about {int(rows)} {split} rows, so some shards would "
-                              "be empty; choose fewer")
+            raise ConfigError(f"--{option.replace('_', '-')} {given} ({option}=): more than the about {int(rows)} "
+                              f"{split} rows, so some shards would be empty; choose fewer")
         counts.append(given)
     return counts[0], counts[1]
 

@@ -108,11 +108,12 @@ def fingerprint(classes: tuple[str, ...], splits: dict[str, SplitInfo], on_corru
 
 
 def _ordered(build: Build) -> dict[str, list[ShardResult]]:
-    """The results per split in shard order."""
-    out: dict[str, list[ShardResult]] = {"train": [], "val": []}
-    for r in sorted(build.results, key=lambda r: (r.split != "train", r.index)):
-        out[r.split].append(r)
-    return out
+    """The results per split in shard order; a shard that got no rows (its task had none, so it reported
+    nothing) stands as an empty result, which :func:`_check_results` refuses."""
+    found = {(r.split, r.index): r for r in build.results}
+    return {split: [found.get((split, i)) or ShardResult(split, i, None, (), 0, 0, 0, {}, (), ())
+                    for i in range(count)]
+            for split, count in zip(("train", "val"), build.counts)}
 
 
 def _check_results(build: Build, ordered: dict[str, list[ShardResult]]) -> None:

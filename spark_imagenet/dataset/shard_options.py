@@ -54,7 +54,7 @@ def add_shard_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-column", metavar="NAME", help="the label column of --labels or --table: class names or ids "
                    "0..K-1 (default: label)")
     p.add_argument("--split-column", metavar="NAME", help="the split column of --labels or --table, train or val "
-                   "(default: split, if there is one; for --table only with --format binaryFile)")
+                   "(default: split, if there is one; with --format binaryFile the train/val folder in the path)")
     p.add_argument("--image-column", metavar="NAME", default="content",
                    help="--table's column of image bytes (default: content)")
     p.add_argument("--name-column", metavar="NAME", help="--table's column of file names (default: path, if there is one)")

@@ -25,9 +25,9 @@ from typing import Callable
 import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
-from spark_imagenet.errors import TrainingError  # noqa: E402
+from spark_imagenet.errors import StorageError, TrainingError  # noqa: E402
 from spark_imagenet.storage import Storage  # noqa: E402
-from spark_imagenet.storage.lease import check_held
+from spark_imagenet.storage.lease import check_held  # noqa: E402
 from spark_imagenet.training.job import checkpoints  # noqa: E402
 from spark_imagenet.training.job.checkpoints import CheckpointMeta  # noqa: E402
 from spark_imagenet.training.worker import tf_internals  # noqa: E402
@@ -147,10 +147,22 @@ class CheckpointSaver(keras.callbacks.Callback):
         try:
             _trackable(self.model).write(os.path.join(folder, TF_PREFIX))
             if self._chief:
-                self._commit(folder, epoch, inside, time.perf_counter() - t0)
+                self._commit_or_go_on(folder, epoch, inside, time.perf_counter() - t0)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             self._feed()
+
+    def _commit_or_go_on(self, folder: str, epoch: int, inside: int, write_seconds: float) -> None:
+        """:meth:`_commit`; the last epoch's checkpoint may fail to commit (a full store) without failing the
+        run: the model is trained, so evaluation and ``--output`` still come, and one error line says so."""
+        try:
+            self._commit(folder, epoch, inside, write_seconds)
+        except StorageError as e:
+            if inside or epoch < self._meta.epochs:
+                raise  # a rerun resumes from the checkpoint before: fail now, clearly
+            logger.error(f"checkpoint: the last epoch's checkpoint was not committed ({e}); the trained model "
+                         "is not lost: it is evaluated and written to --output as usual (without --output it is "
+                         "not kept)")
 
     def _commit(self, folder: str, epoch: int, inside: int, write_seconds: float) -> None:
         """Commit the chief's written checkpoint of ``epoch`` completed epochs and ``inside`` steps more."""
