@@ -6,6 +6,7 @@ and sends it SIGKILL or SIGSTOP from outside, as a dying machine or a stuck proc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -290,3 +291,43 @@ def test_a_worker_killed_inside_an_epoch_resumes_at_the_step_of_the_last_checkpo
         np.testing.assert_array_equal(a, b)
     assert out["val"] == plain["val"] and len(out["history"]["xent"]) == 3
     assert out["history"]["xent"][2] == pytest.approx(plain["history"]["xent"][2], rel=1e-6)  # epoch 3: whole
+
+
+def test_min_workers_goes_on_with_fewer_when_a_slot_stays_taken(spark, bucket, tmp_path):
+    """--min-workers 1: rank 1 is SIGKILLed after epoch 1 while another job takes one of the two slots; the
+    relaunch waits --regain-timeout for two free slots, then goes on with one worker (batch 8, the global batch
+    kept) from the checkpoint, and finishes."""
+    sc = spark.sparkContext
+    ckpt = tmp_path / "ckpt"
+
+    def hold_a_slot() -> None:
+        sc.setJobGroup("slot-hog", "holds one task slot", interruptOnCancel=True)
+        with contextlib.suppress(Exception):  # cancelled at the end
+            sc.parallelize([0], 1).foreach(lambda _: time.sleep(120))
+
+    hog = threading.Thread(target=hold_a_slot, daemon=True)
+
+    def ready() -> bool:
+        if not (ckpt / "epoch-000001" / "checkpoint.json").exists():
+            return False
+        if not hog.is_alive():
+            hog.start()  # queued behind the barrier tasks: it gets the first slot they free
+        return bool(sc.statusTracker().getJobIdsForGroup("slot-hog"))  # submitted: now the kill
+
+    killer = Saboteur(1, signal.SIGKILL, ready)
+    killer.start()
+    try:
+        with collect() as lines:
+            out = train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt), min_workers=1,
+                        regain_timeout=5.0, **SMALL)
+    finally:
+        killer.stop.set()
+        sc.cancelJobGroup("slot-hog")
+    text = "\n".join(lines)
+    assert killer.victims and out["restarts"] == 1, text
+    assert ("warning: elastic: 1 of 2 barrier slots free after 5 s: going on with 1 worker(s), batch 8 each (the "
+            "global batch 8 kept), from the latest checkpoint") in text, text
+    resumed = re.search(r"resuming at epoch (\d) of 3 from the checkpoint of epoch (\d) ", text)
+    assert resumed and resumed.group(2) in ("1", "2"), text  # epoch 2 when the kill came late
+    assert out["workers"] == 1 and len(out["per_worker"]) == 1 and len(out["history"]["xent"]) == 3
+    assert out["per_worker"][0]["steps"] == (3 - int(resumed.group(2))) * 10  # 10 steps an epoch, as on two

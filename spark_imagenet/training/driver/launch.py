@@ -18,6 +18,7 @@ before Spark starts:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -53,6 +54,7 @@ from spark_imagenet.training.driver.preflight import (
     check_output_unused,
     check_results_path,
     check_spark,
+    free_slots,
     spark_context,
 )
 from spark_imagenet.training.job.plan import JobPlan
@@ -172,18 +174,21 @@ def resume_point(job: JobPlan, *, announce: bool = False) -> ResumePoint | None:
     return ResumePoint(name, meta)
 
 
-def _launch_with_restarts(spark, sc, job: JobPlan) -> tuple[list[TaskResult], int]:
+def _launch_with_restarts(spark, sc, job: JobPlan) -> tuple[list[TaskResult], int, JobPlan]:
     """Run the barrier stage; after a :class:`WorkerLost` failure launch it again, at most
     ``config.max_restarts`` times, each time from the latest complete checkpoint (from epoch 1 without
-    ``checkpoint_dir``). Returns every rank's record and the number of restarts.
+    ``checkpoint_dir``), on fewer workers when ``min_workers`` allows and the slots are not free
+    (:func:`_relaunch_job`). Returns every rank's record, the number of restarts and the job the last launch
+    ran.
 
     Raises:
         WorkerLost: the last allowed launch lost a worker too (the message counts the launches).
         SparkImagenetError: any other failure, at once (bad data or settings fail again the same way).
     """
-    config = job.config
+    wanted = job
     restarts = 0
     while True:
+        config = job.config
         resume = resume_point(job, announce=True)
         epochs_done = resume.epoch if resume else 0
         if resume is not None and epochs_done >= config.epochs:
@@ -200,7 +205,7 @@ def _launch_with_restarts(spark, sc, job: JobPlan) -> tuple[list[TaskResult], in
             logger.info("checkpoint: none to resume from; training starts again at epoch 1"
                         + ("" if config.checkpoint_dir else " (no --checkpoint-dir)"))
         try:
-            return _launch(spark, sc, job, resume), restarts
+            return _launch(spark, sc, job, resume), restarts, job
         except WorkerLost as e:
             if restarts >= config.max_restarts:
                 if restarts:
@@ -212,6 +217,40 @@ def _launch_with_restarts(spark, sc, job: JobPlan) -> tuple[list[TaskResult], in
             logger.warning(f"warning: a worker was lost: "
                            f"{failure.summary() if failure else str(e).splitlines()[0]}")
             logger.info(f"launching the barrier stage again (restart {restarts} of {config.max_restarts})")
+            job = _relaunch_job(sc, job, wanted)
+
+
+def _relaunch_job(sc, job: JobPlan, wanted: JobPlan) -> JobPlan:
+    """The job of a relaunch: ``wanted`` (the planned worker count) when its barrier slots are free within
+    ``regain_timeout``, or without ``min_workers`` (or under Spark Connect, whose free slots cannot be asked);
+    else the same job on as many workers as are free, at least ``min_workers``, that divide the global batch
+    (batch per worker = global batch / workers, so the checkpoint resumes: docs/guide/failures.md)."""
+    config = wanted.config
+    if config.min_workers is None or config.min_workers >= config.workers or sc is None:
+        return wanted
+    deadline = time.monotonic() + config.regain_timeout
+    free = free_slots(sc)
+    while free < config.workers and time.monotonic() < deadline:
+        time.sleep(1.0)
+        free = free_slots(sc)
+    if free >= config.workers:
+        if job.config.workers != config.workers:
+            logger.info(f"elastic: {config.workers} barrier slots are free again: back to {config.workers} workers")
+        return wanted
+    batch = config.global_batch_size
+    fits = [m for m in range(min(free, config.workers), config.min_workers - 1, -1) if batch % m == 0]
+    if not fits:
+        logger.warning(f"warning: elastic: {free} of {config.workers} barrier slots free after "
+                       f"{config.regain_timeout:g} s, and no worker count from --min-workers {config.min_workers} to "
+                       f"{free} divides the global batch {batch}: relaunching on {config.workers} (it waits for "
+                       "the slots)")
+        return wanted
+    m = fits[0]
+    logger.warning(f"warning: elastic: {free} of {config.workers} barrier slots free after {config.regain_timeout:g} s: "
+                   f"going on with {m} worker(s), batch {batch // m} each (the global batch {batch} kept), from the "
+                   f"latest checkpoint; a later relaunch goes back to {config.workers} when the slots are free")
+    smaller = plan_job(wanted.url, config.replace(workers=m, batch_size=batch // m))
+    return dataclasses.replace(smaller, run_id=wanted.run_id)
 
 
 @contextlib.contextmanager
@@ -376,8 +415,8 @@ def run_job(spark, job: JobPlan) -> Result:
     with _leases(spark, job):
         _announce(job)
         start = time.monotonic()
-        records, restarts = _launch_with_restarts(spark, sc, job)
-        out = build_results(records, job, master=master, wall_seconds=time.monotonic() - start,
+        records, restarts, ran = _launch_with_restarts(spark, sc, job)
+        out = build_results(records, ran, master=master, wall_seconds=time.monotonic() - start,
                             restarts=restarts)
         _report(job, out)
     return out

@@ -128,6 +128,18 @@ def available_slots(sc) -> tuple[int, str]:
         return slots, f"estimated from master {sc.master} and spark.task.cpus={task_cpus}"
 
 
+def free_slots(sc) -> int:
+    """Barrier slots free now: :func:`available_slots` less the tasks other jobs run (the status tracker's
+    active stages; one slot per task)."""
+    total, _how = available_slots(sc)
+    tracker = sc.statusTracker()
+    busy = 0
+    for stage in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(stage)
+        busy += info.numActiveTasks if info is not None else 0
+    return max(0, total - busy)
+
+
 #: Spark's time suffixes (JavaUtils.timeStringAs), in seconds; a bare number is Spark's default unit.
 _TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 

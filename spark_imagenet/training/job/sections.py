@@ -84,6 +84,8 @@ class ScalingConfig:
             a spare one (TensorFlow imported, waiting) that the next task in the
             same reused PySpark Python worker takes (docs/design.md, 'Starting
             TensorFlow early, and a spare for the next job'); False: none.
+        min_workers: the fewest workers a relaunch after a lost worker may go on with when ``workers`` barrier
+            slots are not free within ``regain_timeout`` (the global batch kept); None: always ``workers``.
 
     Raises:
         ConfigError: a value of the wrong type or out of range, a strategy that does not fit the worker count
@@ -94,6 +96,10 @@ class ScalingConfig:
     workers: int = setting(None, kind="int", minimum=1, option="--workers", help="barrier tasks = TensorFlow workers")
     gpus_per_worker: int = setting(0, kind="int", minimum=0, option="--gpus-per-worker",
                                    help="GPUs each worker trains on (Spark's task GPU resource; 0 = CPU only)")
+    min_workers: int | None = setting(None, kind="int", minimum=1, optional=True, option="--min-workers",
+                                      help="after a lost worker, if --workers barrier slots are not free within "
+                                           "--regain-timeout, go on with as many as are free (at least this many, "
+                                           "dividing the global batch) from the latest checkpoint")
     strategy: str = setting("multiworker", kind="str", option="--strategy", choices=STRATEGIES,
                             help="multiworker: MultiWorkerMirroredStrategy over the barrier tasks; mirrored: one "
                                  "worker on all its GPUs (MirroredStrategy); default: one worker, one device")
@@ -118,6 +124,9 @@ class ScalingConfig:
             raise setting_error("strategy", f"strategy (--strategy) {self.strategy} runs one worker ({what}), but "
                                             f"workers (--workers) is {self.workers}: use --workers 1, or --strategy "
                                             "multiworker for several workers")
+        if self.min_workers is not None and self.min_workers > self.workers:
+            raise setting_error("min_workers", f"min_workers (--min-workers) {self.min_workers} is more than workers "
+                                               f"(--workers) {self.workers}: give at most {self.workers}")
         if self.strategy == "default" and self.gpus_per_worker > 1:
             raise setting_error("gpus_per_worker", f"gpus_per_worker (--gpus-per-worker) {self.gpus_per_worker} "
                                                    "with --strategy default, which trains on one device: the other "
@@ -306,6 +315,8 @@ class RunConfig:
             ones are deleted after each commit. May differ between the launches of one run.
         checkpoint_every: also commit a checkpoint inside an epoch at every multiple of this many global steps
             (>= 1); None = at epoch ends only. May differ between the launches of one run.
+        regain_timeout: seconds a relaunch waits for ``workers`` free barrier slots before it goes on with
+            fewer (only with ``min_workers``).
         max_restarts: times the driver launches the barrier stage again after
             a :class:`~spark_imagenet.errors.WorkerLost` failure (>= 0).
         step_timeout: seconds without a finished step before a worker gives up (0 = no limit).
@@ -337,6 +348,9 @@ class RunConfig:
                                            help="also commit a checkpoint inside an epoch every N global steps (a "
                                                 "resume then continues at that step with the batches an "
                                                 "uninterrupted run would see)")
+    regain_timeout: float = setting(60.0, kind="float", minimum=0.0, option="--regain-timeout",
+                                    help="with --min-workers: seconds a relaunch waits for --workers free barrier "
+                                         "slots before it goes on with fewer")
     max_restarts: int = setting(2, kind="int", minimum=0, option="--max-restarts",
                                 help="launch the barrier stage again this many times after a worker is lost "
                                      "(killed, stopped, timed out), from the latest checkpoint (from epoch 1 "
