@@ -215,8 +215,6 @@ def build_results(records: Sequence[TaskResult], job, *, master: str, wall_secon
     Raises:
         TrainingError: missing or duplicate ranks, or a rank that did not train.
     """
-    from spark_imagenet.training.job.checkpoints import folder_name
-
     config, plan, manifest = job.config, job.assignment, job.manifest
     per_worker, val = combine(records, config.workers)
     rank0 = min(records, key=lambda r: r.rank).worker
@@ -225,8 +223,7 @@ def build_results(records: Sequence[TaskResult], job, *, master: str, wall_secon
                  "lr_boundaries", "warmup_epochs", "lr_scaling", "optimizer", "momentum", "weight_decay",
                  "label_smoothing", "flip", "crop_area", "lighting", "precision", "jit_compile", "parallel", "seed",
                  "checkpoint_dir", "deterministic")}
-    checkpoint = (config.checkpoint_dir.rstrip("/") + "/" + folder_name(config.epochs)
-                  if config.checkpoint_dir else None)
+    checkpoint = _last_checkpoint(job) if config.checkpoint_dir else None
     return Result(
         workers=config.workers, per_worker=tuple(per_worker), val=val,
         train=TrainMetrics(rank0.train_loss, rank0.train_top1),
@@ -242,3 +239,17 @@ def build_results(records: Sequence[TaskResult], job, *, master: str, wall_secon
         },
         wall_seconds=wall_seconds, restarts=restarts, checkpoint=checkpoint, output=config.output,
     )
+
+
+def _last_checkpoint(job: Any) -> str | None:
+    """The URL of the newest complete checkpoint in ``--checkpoint-dir`` (that of the last epoch, unless its
+    commit failed), or None when there is none or the folder cannot be read (a warning)."""
+    from spark_imagenet.errors import SparkImagenetError
+    from spark_imagenet.training.job.checkpoints import latest
+
+    try:
+        found = latest(job.checkpoints) if job.checkpoints is not None else None
+    except SparkImagenetError as e:
+        logger.warning(f"warning: could not read --checkpoint-dir {job.config.checkpoint_dir} for the results: {e}")
+        return None
+    return None if found is None else job.config.checkpoint_dir.rstrip("/") + "/" + found[0]
