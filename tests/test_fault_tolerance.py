@@ -331,3 +331,31 @@ def test_min_workers_goes_on_with_fewer_when_a_slot_stays_taken(spark, bucket, t
     assert resumed and resumed.group(2) in ("1", "2"), text  # epoch 2 when the kill came late
     assert out["workers"] == 1 and len(out["per_worker"]) == 1 and len(out["history"]["xent"]) == 3
     assert out["per_worker"][0]["steps"] == (3 - int(resumed.group(2))) * 10  # 10 steps an epoch, as on two
+
+
+def test_a_checkpoint_folder_with_room_for_two_checkpoints_finishes_the_run(spark, bucket, tmp_path):
+    """--checkpoint-dir on a tmpfs with room for two of this job's checkpoints, not three: epoch 3's commit
+    runs out of room, the oldest checkpoint goes, the commit is tried again; the run finishes with the last
+    two checkpoints."""
+    import subprocess
+
+    from spark_imagenet.training.job.checkpoints import latest
+    from spark_imagenet.storage import open_storage
+
+    probe = tmp_path / "probe"  # one epoch's checkpoint, to size the disk
+    train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(probe), **{**SMALL, "epochs": 1})
+    size = sum(p.stat().st_size for p in probe.rglob("*") if p.is_file())
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 2.5)}", "tmpfs",
+                                            str(disk)], capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        with collect() as lines:
+            out = train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(disk / "ck"), **SMALL)
+        assert len(out["history"]["xent"]) == 3 and out["restarts"] == 0
+        assert sorted(p.name for p in (disk / "ck").iterdir()) == ["epoch-000002", "epoch-000003"]
+        assert latest(open_storage(disk / "ck"))[1].epoch == 3
+        assert out.checkpoint == f"{disk / 'ck'}/epoch-000003", "\n".join(lines)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
