@@ -407,17 +407,10 @@ def test_a_checkpoint_of_another_schedule_is_refused_before_spark(tmp_path):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 180 KiB tmpfs (room for two of tf_files' checkpoints, about 71 KB each, not three); needs root."""
-    import subprocess
+    from disk_util import small_tmpfs
 
-    where = tmp_path / "disk"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=180k", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root (the full-disk tests)")
-    try:
+    with small_tmpfs(tmp_path / "disk", 180 * 1024) as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_folder_with_room_for_two_checkpoints_keeps_training(small_disk, tmp_path, log_lines):

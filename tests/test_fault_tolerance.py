@@ -337,25 +337,16 @@ def test_a_checkpoint_folder_with_room_for_two_checkpoints_finishes_the_run(spar
     """--checkpoint-dir on a tmpfs with room for two of this job's checkpoints, not three: epoch 3's commit
     runs out of room, the oldest checkpoint goes, the commit is tried again; the run finishes with the last
     two checkpoints."""
-    import subprocess
-
-    from spark_imagenet.training.job.checkpoints import latest
+    from disk_util import small_tmpfs
     from spark_imagenet.storage import open_storage
+    from spark_imagenet.training.job.checkpoints import latest
 
     probe = tmp_path / "probe"  # one epoch's checkpoint, to size the disk
     train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(probe), **{**SMALL, "epochs": 1})
     size = sum(p.stat().st_size for p in probe.rglob("*") if p.is_file())
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size * 2.5)}", "tmpfs",
-                                            str(disk)], capture_output=True).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
-        with collect() as lines:
-            out = train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(disk / "ck"), **SMALL)
+    with small_tmpfs(tmp_path / "disk", int(size * 2.5)) as disk, collect() as lines:
+        out = train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(disk / "ck"), **SMALL)
         assert len(out["history"]["xent"]) == 3 and out["restarts"] == 0
         assert sorted(p.name for p in (disk / "ck").iterdir()) == ["epoch-000002", "epoch-000003"]
         assert latest(open_storage(disk / "ck"))[1].epoch == 3
         assert out.checkpoint == f"{disk / 'ck'}/epoch-000003", "\n".join(lines)
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)

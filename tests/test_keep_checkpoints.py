@@ -45,16 +45,10 @@ def test_the_saver_refuses_keeping_none(tmp_path):
 def test_a_full_store_fails_an_epoch_but_not_the_runs_last(tmp_path, log_lines):
     """A checkpoint the store has no room for: before the last epoch the run stops (a rerun resumes from the one
     before); at the last epoch the trained model goes on to evaluation and --output, with one error line."""
-    import subprocess
-
+    from disk_util import small_tmpfs
     from spark_imagenet.errors import StorageError
 
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(disk)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    try:
+    with small_tmpfs(tmp_path / "disk", 4096) as disk:
         saver = _saver(LocalStorage(disk / "ckpt"), 2)
         with pytest.raises(StorageError, match="no room for checkpoint epoch-000002"):
             saver.on_epoch_end(1, {"loss": 1.0})
@@ -62,5 +56,3 @@ def test_a_full_store_fails_an_epoch_but_not_the_runs_last(tmp_path, log_lines):
         assert any(line.startswith("checkpoint: the last epoch's checkpoint was not committed (no room for "
                                    "checkpoint epoch-000004") and "written to --output as usual" in line
                    for line in log_lines)
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
