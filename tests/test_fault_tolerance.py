@@ -303,7 +303,7 @@ def test_min_workers_goes_on_with_fewer_when_a_slot_stays_taken(spark, bucket, t
     def hold_a_slot() -> None:
         sc.setJobGroup("slot-hog", "holds one task slot", interruptOnCancel=True)
         with contextlib.suppress(Exception):  # cancelled at the end
-            sc.parallelize([0], 1).foreach(lambda _: time.sleep(120))
+            sc.parallelize([0], 1).foreach(lambda _: time.sleep(60))
 
     hog = threading.Thread(target=hold_a_slot, daemon=True)
 
@@ -312,7 +312,10 @@ def test_min_workers_goes_on_with_fewer_when_a_slot_stays_taken(spark, bucket, t
             return False
         if not hog.is_alive():
             hog.start()  # queued behind the barrier tasks: it gets the first slot they free
-        return bool(sc.statusTracker().getJobIdsForGroup("slot-hog"))  # submitted: now the kill
+        tracker = sc.statusTracker()
+        stages = {s for j in tracker.getJobIdsForGroup("slot-hog") for s in (tracker.getJobInfo(j) or
+                                                                              type("", (), {"stageIds": ()})).stageIds}
+        return bool(stages & set(tracker.getActiveStageIds()))  # its stage waits for a slot: now the kill
 
     killer = Saboteur(1, signal.SIGKILL, ready)
     killer.start()

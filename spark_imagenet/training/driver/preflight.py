@@ -129,14 +129,15 @@ def available_slots(sc) -> tuple[int, str]:
 
 
 def free_slots(sc) -> int:
-    """Barrier slots free now: :func:`available_slots` less the tasks other jobs run (the status tracker's
-    active stages; one slot per task)."""
+    """Barrier slots free for a new stage: :func:`available_slots` less the unfinished tasks of other jobs'
+    active stages, running or waiting (a waiting task of an earlier job takes the next free slot first; one
+    slot per task)."""
     total, _how = available_slots(sc)
     tracker = sc.statusTracker()
     busy = 0
     for stage in tracker.getActiveStageIds():
         info = tracker.getStageInfo(stage)
-        busy += info.numActiveTasks if info is not None else 0
+        busy += max(0, info.numTasks - info.numCompletedTasks) if info is not None else 0
     return max(0, total - busy)
 
 

@@ -381,8 +381,7 @@ def train_dataset(
     horizontal flip (``flip``) and, with ``lighting > 0``, AlexNet's PCA
     colour noise (:func:`lighting_shift`, one RGB offset per image, added to
     the uint8 pixels inside the batch normalization). ``lighting=0`` adds no
-    op to the pipeline. Each epoch starts by filling its shuffle buffer (about
-    110 MB on ImageNet): a short pause that the prefetched batches partly hide.
+    op to the pipeline. (Each epoch's first batch waits for its shuffle buffer to fill.)
 
     Args:
         files: local paths of this worker's TFRecord shards (train split).
@@ -399,21 +398,16 @@ def train_dataset(
         initial_epoch: the first epoch of the stream (needs ``records_per_epoch``).
         epochs: the stream ends before this epoch (``None``: never; needs
             ``records_per_epoch``).
-        deterministic: keep the element order through the parallel stages
-            (tf.data option ``deterministic`` and the interleave's and map's
-            argument), so equal inputs give bit-identical batches.
-        flip: bool, random horizontal flips (``False``: none; command-line
-            ``--no-flip``).
+        deterministic: keep the element order through the parallel stages (tf.data's
+            ``deterministic``), so equal inputs give bit-identical batches.
+        flip: bool, random horizontal flips (``False``: none; ``--no-flip``).
         crop_area: ``(lo, hi)``, the random crop's area range as fractions of
             the image's, ``0 < lo <= hi <= 1`` (``--crop-area``; ``(1.0, 1.0)``:
             the whole image, resized).
         lighting: float >= 0, the standard deviation of alpha of the PCA
             colour noise (``--lighting``; the paper: 0.1; 0: none).
-        skip_records: records of epoch ``initial_epoch`` left out at the start (a
-            resume inside that epoch: the steps done times the records per step),
-            before decoding, so they cost a read and no decode; the records that
-            follow keep their positions (and so their augmentation). Below
-            ``records_per_epoch``.
+        skip_records: records of epoch ``initial_epoch`` left out before decoding (a resume
+            inside it); the others keep their positions. Below ``records_per_epoch``.
 
     Returns:
         tf.data.Dataset: elements ``(images float32 [B,S,S,3] normalized with
