@@ -362,7 +362,7 @@ def test_prune_plan():
 @pytest.mark.parametrize("field, value, option", [
     ("lr_schedule", "constant", "--lr-schedule"), ("lr_scaling", "linear", "--lr-scaling"),
     ("momentum", 0.95, "--momentum"), ("weight_decay", 0.0001, "--weight-decay"),
-    ("label_smoothing", 0.1, "--label-smoothing"), ("flip", False, "flip (--no-flip)"),
+    ("label_smoothing", 0.1, "--label-smoothing"), ("flip", False, "random flips (off with --no-flip)"),
     ("crop_area", (0.25, 1.0), "--crop-area"), ("lighting", 0.1, "--lighting"),
     ("warmup_epochs", 1.0, "--warmup-epochs"), ("lr_boundaries", (2.0, 4.0), "--lr-boundaries"),
 ])

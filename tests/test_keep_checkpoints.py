@@ -56,3 +56,14 @@ def test_a_full_store_fails_an_epoch_but_not_the_runs_last(tmp_path, log_lines):
         assert any(line.startswith("checkpoint: the last epoch's checkpoint was not committed (no room for "
                                    "checkpoint epoch-000004") and "written to --output as usual" in line
                    for line in log_lines)
+
+
+def test_a_loss_that_is_not_finite_stops_training_before_its_checkpoint(tmp_path):
+    """StopOnNaN raises at the end of a diverged epoch, and it comes before the saver, so no NaN checkpoint."""
+    from spark_imagenet.errors import TrainingError
+    from spark_imagenet.training.worker.model_state import StopOnNaN
+
+    StopOnNaN().on_epoch_end(0, {"xent": 1.5})
+    with pytest.raises(TrainingError, match=r"training diverged: the loss is nan after epoch 3; .*Lower "
+                                            r"--learning-rate, add --warmup-epochs"):
+        StopOnNaN().on_epoch_end(2, {"xent": float("nan"), "top1": 0.2})

@@ -127,6 +127,8 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
     job = JobPlan(config=config, dataset=storage, manifest=manifest, assignment=plan,
                   schedule=schedule, output=output, checkpoints=checkpoints_at, run_id=uuid.uuid4().hex)
     resume_point(job)  # a checkpoint this job cannot resume from is refused before Spark starts
+    if config.checkpoint_every and config.checkpoint_dir is None:
+        logger.warning("warning: --checkpoint-every has no effect without --checkpoint-dir: no checkpoint is kept")
     return job
 
 

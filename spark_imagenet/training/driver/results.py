@@ -91,7 +91,8 @@ def combine(records: Sequence[TaskResult], workers: int) -> tuple[list[WorkerRec
         for k, v in val.to_json().items():
             w = getattr(other, k)
             if not (isinstance(v, (int, float)) and isinstance(w, (int, float))
-                    and math.isclose(v, w, rel_tol=VAL_REL_TOL, abs_tol=VAL_ABS_TOL)):
+                    and (math.isclose(v, w, rel_tol=VAL_REL_TOL, abs_tol=VAL_ABS_TOL)
+                         or (math.isnan(v) and math.isnan(w)))):
                 logger.warning(f"warning: rank {r.rank} reports val {k}={w!r} but rank 0 reports {v!r}; "
                                "the all-reduced metrics should agree (using rank 0's)")
     return [WorkerRecord.of(r) for r in records], val

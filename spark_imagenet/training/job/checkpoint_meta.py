@@ -75,7 +75,8 @@ _SCALED_WITH_EPOCHS = ("lr_boundaries", "warmup_epochs")
 #: is not in :data:`OPTIONS`: outputs, checkpoints kept, restarts, timeouts, transfers, cache, parallelism.
 MAY_CHANGE = "--epochs (more, to extend a run), --workers (with --batch-size keeping the global batch), " \
              "--keep-checkpoints, --max-restarts, the timeouts, --output, " \
-             "--results, --transfers, --parallel, --cache and the Spark settings"
+             "--results, --overwrite, --transfers, --parallel, --cache, --deterministic, --jit-compile and the " \
+             "Spark settings"
 #: Why a field must match, where it is not plain (added to the message).
 _WHY = {"optimizer": "the optimizer's saved state differs (SGD and LARS keep different slots)",
         "precision": "mixed_float16 adds a loss-scale optimizer, whose state the checkpoint does or does not hold",
@@ -429,7 +430,9 @@ def differences(meta: CheckpointMeta, expected: RunSettings) -> list[str]:
         if field in _SCALED_WITH_EPOCHS and meta.epochs != expected.epochs:
             continue  # its default follows --epochs: an extension is described by schedules.extension_note
         if ours != theirs:
-            label = f"{field} ({option})" if field == "flip" or not option.startswith("--") else option
+            label = option if option.startswith("--") else f"{field} ({option})"
+            if field == "flip":
+                label = "random flips (off with --no-flip)"
             why = f" ({_WHY[field]})" if field in _WHY else ""
             lines.append(f"{label} {ours!r} in the checkpoint, {theirs!r} in this job{why}")
     lines += _global_batch(meta, expected)

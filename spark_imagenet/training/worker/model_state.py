@@ -15,6 +15,7 @@ chief's copy is committed, the others' are deleted.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -176,3 +177,16 @@ class CheckpointSaver(keras.callbacks.Callback):
         where = f"epoch {epoch}" if not inside else f"step {meta.step} ({inside} into epoch {epoch + 1})"
         logger.info(f"checkpoint: {where} committed to {self._storage.url}/{name} ({size / 1e6:.1f} MB; "
                     f"written in {write_seconds:.1f} s, committed in {time.perf_counter() - t0:.1f} s)")
+
+
+class StopOnNaN(keras.callbacks.Callback):
+    """Stops training with a :class:`~spark_imagenet.errors.TrainingError` at the end of an epoch whose loss is
+    not finite (the weights have diverged: everything after it, checkpoints and outputs included, would hold
+    NaN). Placed before the checkpoint saver, so no such checkpoint is committed."""
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        loss = (logs or {}).get("xent", (logs or {}).get("loss"))
+        if loss is not None and not math.isfinite(float(loss)):
+            raise TrainingError(f"training diverged: the loss is {float(loss)} after epoch {epoch + 1}; nothing of "
+                                "this epoch was kept. Lower --learning-rate, add --warmup-epochs, or check the "
+                                "data, then run again (a --checkpoint-dir resumes from the last good epoch)")

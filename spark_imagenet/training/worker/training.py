@@ -319,7 +319,9 @@ def run_worker(spec: WorkerSpec, *, status: dict | None = None, output_dir: str 
     status["stage"] = STAGE_FIT
     watchdog = StepWatchdog(config.step_timeout, spec.rank, list(spec.peers), on_expire=None if on_step_timeout
                             is None else lambda message: on_step_timeout(message, watchdog.lost))
-    callbacks: list[keras.callbacks.Callback] = [watchdog]
+    from spark_imagenet.training.worker.model_state import StopOnNaN
+
+    callbacks: list[keras.callbacks.Callback] = [watchdog, StopOnNaN()]
     if spec.checkpoints is not None:
         callbacks.append(_saver(spec, earlier, watchdog.feed))
     trained = _fit(model, train_ds, spec,
