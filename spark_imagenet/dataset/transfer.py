@@ -78,6 +78,20 @@ def _intact(storage: Storage, info: ObjectInfo | None, shard: ShardInfo) -> bool
     return intact(storage, info, _entry(shard))
 
 
+def _shard_problem(storage: Storage, info: ObjectInfo | None, shard: ShardInfo, *, read: bool) -> str | None:
+    """What is wrong with a stored shard against its manifest entry (``"<where>: missing"``, its size, or its
+    CRC32C: the one ``info`` gives, else with ``read`` the stored bytes' own), or None when it matches."""
+    where = storage.where(shard.name)
+    if info is None:
+        return f"{where}: missing"
+    if info.size != shard.bytes:
+        return f"{where}: {info.size} bytes, the manifest says {shard.bytes}"
+    crc = info.crc32c if info.crc32c is not None or not read else storage.crc32c(shard.name)
+    if crc is not None and crc != shard.crc32c:
+        return f"{where}: crc32c {crc}, the manifest says {shard.crc32c}"
+    return None
+
+
 def check_listed(storage: Storage, manifest: Manifest) -> None:
     """Check, from one listing of the dataset, that every shard its manifest names is there with its size (and
     its CRC32C, where the listing gives one: GCS): a shard deleted or replaced after an earlier run cached it
@@ -88,16 +102,8 @@ def check_listed(storage: Storage, manifest: Manifest) -> None:
         StorageError: the dataset cannot be listed.
     """
     listed = {o.name: o for o in storage.list()}
-    bad = []
-    for split in manifest.splits.values():
-        for s in split.shards:
-            info = listed.get(s.name)
-            if info is None:
-                bad.append(f"{storage.where(s.name)}: missing")
-            elif info.size != s.bytes:
-                bad.append(f"{storage.where(s.name)}: {info.size} bytes, the manifest says {s.bytes}")
-            elif info.crc32c is not None and info.crc32c != s.crc32c:
-                bad.append(f"{storage.where(s.name)}: crc32c {info.crc32c}, the manifest says {s.crc32c}")
+    bad = [problem for split in manifest.splits.values() for shard in split.shards
+           if (problem := _shard_problem(storage, listed.get(shard.name), shard, read=False))]
     if bad:
         raise ManifestError(
             f"{len(bad)} shard(s) of the dataset at {storage.url} (id {manifest.dataset_id}) do not match its "
@@ -344,15 +350,7 @@ def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int
         raise ConfigError(f"upload: SOURCE and DEST are the same folder ({src.url})")
     manifest = Manifest.load(src)
     shards = [s for split in manifest.splits.values() for s in split.shards]
-    bad = []
-    for s in shards:
-        info = src.stat(s.name)
-        if info is None:
-            bad.append(f"{src.where(s.name)}: missing")
-        elif info.size != s.bytes:
-            bad.append(f"{src.where(s.name)}: {info.size} bytes, the manifest says {s.bytes}")
-        elif (crc := src.crc32c(s.name)) != s.crc32c:
-            bad.append(f"{src.where(s.name)}: crc32c {crc}, the manifest says {s.crc32c}")
+    bad = [problem for s in shards if (problem := _shard_problem(src, src.stat(s.name), s, read=True))]
     if bad:
         raise ManifestError(
             f"{len(bad)} local shard(s) in {src.url} do not match its {MANIFEST_NAME}; nothing was uploaded. "
