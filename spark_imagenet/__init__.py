@@ -9,6 +9,8 @@ a function of this package; no module of the package has these names):
   (:mod:`spark_imagenet.dataset.sharding`); ``shard(open_labels("labels.csv"), out)`` for a labels file.
 * :func:`shard_dataframe`: a Spark DataFrame of image bytes and labels -> shards + manifest, as a Spark job
   (:mod:`spark_imagenet.dataset.dataframe`).
+* :func:`predict_dataframe`: the top-k classes of each image of a Spark DataFrame, as a Spark job, with the
+  ``serving/`` model of a training run's ``--output`` (:mod:`spark_imagenet.training.driver.batch_predict`).
 * :func:`inspect`: read a dataset's manifest.
 * :func:`train`: ``train(spark, url, config)`` with a
   :class:`~spark_imagenet.training.job.config.TrainConfig`, or
@@ -32,6 +34,7 @@ _LAZY = {
     "shard": ("spark_imagenet.dataset.sharding", "shard"),
     "open_labels": ("spark_imagenet.source", "open_labels"),
     "shard_dataframe": ("spark_imagenet.dataset.dataframe", "shard_dataframe"),
+    "predict_dataframe": ("spark_imagenet.training.driver.batch_predict", "predict_dataframe"),
     "inspect": ("spark_imagenet.dataset.report", "inspect"),
     "train": ("spark_imagenet.training.driver.launch", "train"),
     "run_demo": ("spark_imagenet.demo", "run_demo"),

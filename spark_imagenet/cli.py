@@ -18,6 +18,7 @@ command       function
 ``doctor``    :func:`spark_imagenet.doctor.run_doctor`
 ``evaluate``  ``python -m spark_imagenet.training.worker.evaluate`` in a child Python (TensorFlow)
 ``predict``   ``python -m spark_imagenet.training.worker.predict`` in a child Python (TensorFlow)
+``predict``   ``--source``/``--table``: :func:`spark_imagenet.training.driver.predict_job.main` (a Spark job)
 ============  ==========================================================
 
 ``train`` and ``demo`` take every setting of :class:`~spark_imagenet.training.job.config.TrainConfig`
@@ -356,6 +357,10 @@ def run(argv: Sequence[str] | None = None) -> int:
 def _run_command(argv: Sequence[str] | None) -> int:
     """:func:`run` without the console."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["predict"] and _spark_predict(argv[1:]):
+        from spark_imagenet.training.driver.predict_job import main as predict_job
+
+        return predict_job(argv[1:])  # predict MODEL --source/--table ... --out: a Spark job run from here
     if argv[:1] in (["evaluate"], ["predict"]):  # their options, --help too, are the child's (not argparse's here)
         if argv[0] == "predict":
             _check_predict_images(argv[1:])
@@ -427,7 +432,16 @@ def _add_tensorflow_commands(sub) -> None:
                         "validation shards, on this machine: evaluate MODEL_URL DATA_URL [--json] [--cache DIR]")
     sub.add_parser("predict", add_help=False,
                    help="the top-5 classes of images (JPEG files or folders) with names and probabilities: "
-                        "predict MODEL_URL IMAGE... [--json] [--labels URL] [--top K]")
+                        "predict MODEL_URL IMAGE... [--json] [--labels URL] [--top K]; or as a Spark job over a "
+                        "folder, a labels file or a table, into Parquet: predict MODEL_URL --source URL|--table NAME "
+                        "--out URL [--master M] [--top K] (predict MODEL_URL --source X --out Y --help)")
+
+
+def _spark_predict(arguments: list[str]) -> bool:
+    """Whether ``predict``'s arguments ask for the Spark job (``--source`` or ``--table`` among them)."""
+    from spark_imagenet.training.driver.predict_job import is_spark_form
+
+    return is_spark_form(arguments)
 
 
 class _ArgumentsUnclear(Exception):

@@ -142,8 +142,7 @@ def image_folder(spark: Any, root: str) -> Any:
     """
     from pyspark.sql import functions as F
 
-    df = (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
-          .option("pathGlobFilter", IMAGE_GLOB).load(root))
+    df = images_under(spark, root)
     parts = F.split(F.col("path"), "/")
     labelled = df.withColumn("label", F.element_at(parts, -2)).withColumn(
         "split", F.when(F.array_contains(parts, "train"), F.lit("train"))
@@ -155,3 +154,11 @@ def image_folder(spark: Any, root: str) -> Any:
     if len(labels) == 1:
         raise _one_folder(root, root, labels[0])
     return labelled
+
+
+def images_under(spark: Any, root: str) -> Any:
+    """Every image file under the folder ``root`` (sub-folders included, names ending like an image:
+    :data:`IMAGE_GLOB`) as binaryFile's rows (``path``, ``modificationTime``, ``length``, ``content``), read by
+    the executors (``root`` is a path or URL Spark reads)."""
+    return (spark.read.format("binaryFile").option("recursiveFileLookup", "true")
+            .option("pathGlobFilter", IMAGE_GLOB).load(root))
