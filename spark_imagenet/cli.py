@@ -19,6 +19,7 @@ command       function
 ``evaluate``  ``python -m spark_imagenet.training.worker.evaluate`` in a child Python (TensorFlow)
 ``predict``   ``python -m spark_imagenet.training.worker.predict`` in a child Python (TensorFlow)
 ``predict``   ``--source``/``--table``: :func:`spark_imagenet.training.driver.predict_job.main` (a Spark job)
+``export``    ``python -m spark_imagenet.training.worker.export`` in a child Python (TensorFlow)
 ============  ==========================================================
 
 ``train`` and ``demo`` take every setting of :class:`~spark_imagenet.training.job.config.TrainConfig`
@@ -361,7 +362,7 @@ def _run_command(argv: Sequence[str] | None) -> int:
         from spark_imagenet.training.driver.predict_job import main as predict_job
 
         return predict_job(argv[1:])  # predict MODEL --source/--table ... --out: a Spark job run from here
-    if argv[:1] in (["evaluate"], ["predict"]):  # their options, --help too, are the child's (not argparse's here)
+    if argv[:1] in (["evaluate"], ["predict"], ["export"]):  # their options, --help too, are the child's
         if argv[0] == "predict":
             _check_predict_images(argv[1:])
         return _in_tensorflow_child(f"spark_imagenet.training.worker.{argv[0]}", argv[1:])
@@ -426,7 +427,8 @@ def _run_command(argv: Sequence[str] | None) -> int:
 
 
 def _add_tensorflow_commands(sub) -> None:
-    """``evaluate`` and ``predict`` in the command list; :func:`run` hands their arguments to a child Python."""
+    """``evaluate``, ``predict`` and ``export`` in the command list; :func:`run` hands their arguments to a child
+    Python."""
     sub.add_parser("evaluate", add_help=False,
                    help="top-1/top-5 of a saved model (model.keras or an --output folder) on a dataset's "
                         "validation shards, on this machine: evaluate MODEL_URL DATA_URL [--json] [--cache DIR]")
@@ -435,6 +437,9 @@ def _add_tensorflow_commands(sub) -> None:
                         "predict MODEL_URL IMAGE... [--json] [--labels URL] [--top K]; or as a Spark job over a "
                         "folder, a labels file or a table, into Parquet: predict MODEL_URL --source URL|--table NAME "
                         "--out URL [--master M] [--top K] (predict MODEL_URL --source X --out Y --help)")
+    sub.add_parser("export", add_help=False,
+                   help="write serving/ (a TensorFlow SavedModel taking JPEG/PNG bytes) and preprocessing.json for "
+                        "a model.keras and its labels.json: export MODEL_URL [--labels URL] [--out URL]")
 
 
 def _spark_predict(arguments: list[str]) -> bool:

@@ -14,6 +14,7 @@ from spark_imagenet.errors import ConfigError
 from spark_imagenet.training.driver.launch import plan_job
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.storage import LocalStorage, open_storage
+from spark_imagenet.training.job import outputs
 from spark_imagenet.training.job.plan import WorkerSpec, worker_spec
 from spark_imagenet.training.job.schedules import schedule_for
 from spark_imagenet.training.task.barrier_task import TaskSpec
@@ -91,6 +92,14 @@ def test_the_plan_is_resolved_once_and_each_hop_adds_its_own_part(tmp_path):
                         threads=3)
     assert fixed.parallel == 1 and fixed.threads == 3
     assert WorkerSpec.from_json(json.loads(json.dumps(one.to_json()))) == one
+    # the chief alone carries the class list (its serving SavedModel names the classes), as labels.json has it
+    assert one.labels == () and [c["wnid"] for c in fixed.labels] == [c.wnid for c in job.manifest.classes]
+    assert list(fixed.labels) == outputs.labels(job.manifest.classes)
+    assert WorkerSpec.from_json(json.loads(json.dumps(fixed.to_json()))) == fixed
+    no_output = worker_spec(dataclasses.replace(job, output=None), 0, ["/c/t0"], ["/c/v0"])
+    assert no_output.labels == ()
+    with pytest.raises(ConfigError, match="key 'labels' must be empty or 2 objects"):
+        dataclasses.replace(fixed, labels=fixed.labels[:1])
 
 
 def test_the_plan_carries_storage_handles_that_pickle_without_their_clients(tmp_path, gcs_bucket):

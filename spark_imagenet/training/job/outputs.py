@@ -3,7 +3,11 @@
 The output folder (a local path or a bucket URL of any store, through
 :func:`spark_imagenet.storage.open_storage`) receives:
 
-* ``model.keras``: the trained model in Keras format (from the chief, rank 0);
+* ``model.keras``: the trained model in Keras format, without the optimizer (from the chief, rank 0; it loads
+  with plain ``tf_keras.models.load_model``; training state stays in the checkpoints);
+* ``preprocessing.json``: how an image becomes the model's input (:mod:`spark_imagenet.training.job.exported`);
+* ``serving/``: a TensorFlow SavedModel taking encoded image bytes (from the chief:
+  :func:`spark_imagenet.training.worker.export.write_serving`);
 * ``labels.json``: the class list, ``[{"id": 0, "wnid": "n01440764",
   "names": ["tench", "Tinca tinca"]}, ...]`` in output order (from the driver);
 * ``results.json``: the job's results dict (from the driver);
@@ -31,6 +35,8 @@ MODEL_FILE = "model.keras"
 LABELS_FILE = "labels.json"
 RESULTS_FILE = "results.json"
 TENSORBOARD_DIR = "tensorboard"
+SERVING_DIR = "serving"
+PREPROCESSING_FILE = "preprocessing.json"
 #: The chief's local folder, beside its RESULT_JSON in the task's child folder, that its task publishes.
 LOCAL_OUTPUT_DIR = "output"
 
@@ -77,15 +83,15 @@ def _refuse_a_file(output: str, option: str) -> None:
 
 
 def earlier_outputs(storage: Storage) -> list[str]:
-    """The objects of an earlier run in an output folder: ``model.keras``, ``labels.json``, ``results.json``
-    and everything under ``tensorboard/``, sorted.
+    """The objects of an earlier run in an output folder: ``model.keras``, ``labels.json``, ``results.json``,
+    ``preprocessing.json`` and everything under ``tensorboard/`` and ``serving/``, sorted.
 
     Raises:
         StorageError: the folder cannot be listed.
     """
-    ours = (MODEL_FILE, LABELS_FILE, RESULTS_FILE)
-    return [info.name for info in storage.list()
-            if info.name in ours or info.name.startswith(TENSORBOARD_DIR + "/")]
+    ours = (MODEL_FILE, LABELS_FILE, RESULTS_FILE, PREPROCESSING_FILE)
+    return sorted(info.name for info in storage.list()
+                  if info.name in ours or info.name.startswith((TENSORBOARD_DIR + "/", SERVING_DIR + "/")))
 
 
 def labels(classes: Any) -> list[dict[str, Any]]:
@@ -107,14 +113,15 @@ def write_driver_outputs(storage: Storage, classes: Any, results: Mapping[str, A
     return [LABELS_FILE, RESULTS_FILE]
 
 
-def publish(local: str, storage: Storage) -> list[str]:
+def publish(local: str, storage: Storage, replace: tuple[str, ...] = (TENSORBOARD_DIR, SERVING_DIR)) -> list[str]:
     """Copy every file under the local folder ``local`` into the output folder (names relative to ``local``),
-    then delete the TensorBoard files there that this run did not write (an earlier run's, replaced with
-    ``--overwrite``), so that TensorBoard shows this run alone.
+    then delete the files under the ``replace`` folders there that this run did not write (an earlier run's,
+    replaced with ``--overwrite``), so that TensorBoard shows this run alone and ``serving/`` is one SavedModel.
 
     Args:
         local: the chief's local output folder.
         storage: the ``--output`` folder (the handle the driver opened, pickled to the task).
+        replace: the folders whose other objects are deleted.
 
     Returns:
         list[str]: the object names written, sorted.
@@ -122,14 +129,15 @@ def publish(local: str, storage: Storage) -> list[str]:
     Raises:
         StorageError: a file cannot be written intact, each verified by size and CRC32C
             (:func:`~spark_imagenet.storage.committed.upload_folder`; names every such file), or an
-            earlier TensorBoard file cannot be deleted.
+            earlier file under ``replace`` cannot be deleted.
     """
     try:
         written = upload_folder(storage, local)
     except StorageError as e:
         raise type(e)(f"--output {storage.url}: {e}") from None
     ours = set(written)
+    stale = tuple(folder + "/" for folder in replace)
     for name in earlier_outputs(storage):  # an earlier run's TensorBoard logs (--overwrite) would mix with ours
-        if name.startswith(TENSORBOARD_DIR + "/") and name not in ours:
+        if stale and name.startswith(stale) and name not in ours:
             storage.delete(name)
     return written

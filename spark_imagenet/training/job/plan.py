@@ -31,6 +31,7 @@ from spark_imagenet.training.job.assignment import Assignment
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.storage.envelope import Envelope
 from spark_imagenet.training.job.outcome import SAME_VERSION
+from spark_imagenet.training.job.outputs import labels as output_labels
 from spark_imagenet.training.job.schedules import Schedule
 
 #: The worker spec's JSON form (``worker.json``).
@@ -109,6 +110,8 @@ class WorkerSpec:
             files), or None to start at epoch 1.
         run_id: the run's id; the chief commits a checkpoint only while the run holds ``checkpoints``' lease
             (:func:`spark_imagenet.storage.lease.check_held`); "" = no check.
+        labels: the class list, ``labels.json``'s entries (``{"id", "wnid", "names"}``) in output order: the
+            chief's with ``--output`` (its serving SavedModel names the classes), else empty.
         train_files: local paths of this worker's train shards (non-empty).
         train_examples: examples in those shards.
         val_files: local paths of the val shards this worker reads.
@@ -142,6 +145,7 @@ class WorkerSpec:
     threads: int | None = None
     restore: str | None = None
     run_id: str = ""
+    labels: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         where = f"worker spec of rank {self.rank}"
@@ -174,6 +178,13 @@ class WorkerSpec:
                 f"worker's val_examples {self.val_examples}; val_steps must be ceil(max val_examples / batch_size)")
         if self.val_examples > 0 and not self.val_files:
             raise ConfigError(f"{where}: val_examples is {self.val_examples} but val_files is empty")
+        if isinstance(self.labels, list):
+            object.__setattr__(self, "labels", tuple(self.labels))
+        if not isinstance(self.labels, tuple) or (self.labels and len(self.labels) != self.num_classes) or not all(
+                isinstance(c, dict) and isinstance(c.get("wnid"), str) and isinstance(c.get("names"), list)
+                for c in self.labels):
+            raise ConfigError(f"{where}: key 'labels' must be empty or {self.num_classes} objects with \"wnid\" and "
+                              f"\"names\", got {self.labels!r:.200}")
 
     @property
     def workers(self) -> int:
@@ -220,7 +231,7 @@ class WorkerSpec:
         fields["schedule"] = Schedule.from_json(fields["schedule"], f"{where}, key 'schedule'")
         if fields.get("checkpoints") is not None:
             fields["checkpoints"] = _reopen(fields["checkpoints"], f"{where}, key 'checkpoints'")
-        for name in ("train_files", "val_files", "peers", "val_record_shard"):
+        for name in ("train_files", "val_files", "peers", "val_record_shard", "labels"):
             if isinstance(fields.get(name), list):
                 fields[name] = tuple(fields[name])
         return cls(**fields)
@@ -259,7 +270,8 @@ def worker_spec(job: JobPlan, rank: int, train_files: Sequence[str], val_files: 
         train_files=tuple(train_files), train_examples=plan.train_examples, val_files=tuple(val_files),
         val_record_shard=plan.val_record_shard, val_examples=plan.val_examples,
         val_examples_total=assignment.val_examples_total, steps_per_epoch=assignment.steps_per_epoch,
-        val_steps=assignment.val_steps)
+        val_steps=assignment.val_steps,
+        labels=tuple(output_labels(job.manifest.classes)) if rank == 0 and job.output is not None else ())
 
 
 __all__ = ["JobPlan", "WORKER", "WorkerSpec", "worker_spec"]

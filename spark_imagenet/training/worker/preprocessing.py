@@ -255,11 +255,29 @@ def eval_image(jpeg: tf.Tensor, image_size: int) -> tf.Tensor:
     return _resize_uint8(image, image_size)
 
 
-def normalizer(image_size: int):
+def eval_view(image: tf.Tensor, image_size: int) -> tf.Tensor:
+    """The evaluation view of an image already decoded (PNG, GIF, BMP): :func:`eval_image`'s crop and resize.
+
+    Args:
+        image: uint8 ``[H, W, 3]``, RGB.
+        image_size: S, the output side in pixels.
+
+    Returns:
+        tf.Tensor: uint8 ``[S, S, 3]``, the central crop (:func:`center_crop_window`) resized as
+        :func:`eval_image` does it (for a JPEG, the same pixels as :func:`eval_image` of its bytes).
+    """
+    window = center_crop_window(tf.shape(image))
+    crop = tf.slice(image, tf.stack([window[0], window[1], 0]), tf.stack([window[2], window[3], 3]))
+    return _resize_uint8(crop, image_size)
+
+
+def normalizer(image_size: int, xla: bool | None = None):
     """A function that normalizes a batch of uint8 images.
 
     Args:
         image_size: S, the side of the images in pixels.
+        xla: compile it with XLA (None: when :func:`xla_available`; False: a plain function, for a SavedModel
+            that any TensorFlow runs).
 
     Returns:
         Callable: ``uint8 [B, S, S, 3] -> float32 [B, S, S, 3]``,
@@ -280,7 +298,7 @@ def normalizer(image_size: int):
     def normalize(images: tf.Tensor) -> tf.Tensor:
         return tf.cast(images, tf.float32) * scale_img + offset_img
 
-    if xla_available():
+    if xla_available() if xla is None else xla:
         return tf.function(normalize, jit_compile=True, reduce_retracing=True)
     return normalize
 

@@ -368,17 +368,31 @@ def _saver(spec: WorkerSpec, earlier: CheckpointMeta | None, feed: Callable[[], 
 
 
 def _save_outputs(model: keras.Model, spec: WorkerSpec, val: ValMetrics, local: str | None) -> None:
-    """Save the model on every rank (MultiWorkerMirroredStrategy wants all workers to take part): the chief's
-    ``model.keras`` and its validation scalars into ``local``, which its barrier task then publishes to
-    ``--output`` (:func:`spark_imagenet.training.job.outputs.publish`); the other ranks' copies go to a
-    temporary folder."""
-    chief = spec.rank == 0
-    folder = local if chief and local else tempfile.mkdtemp(prefix="spark-imagenet-save-")
-    os.makedirs(folder, exist_ok=True)
-    model.save(os.path.join(folder, MODEL_FILE))
-    if not chief or val.top1 is None:
+    """Save the model on every rank (MultiWorkerMirroredStrategy wants all workers to take part), each into a
+    temporary folder; the chief then writes ``model.keras`` (a plain copy, without the optimizer),
+    ``preprocessing.json``, ``serving/`` (:func:`spark_imagenet.training.worker.export.write_outputs`) and its
+    validation scalars into ``local``, which its barrier task then publishes to ``--output``
+    (:func:`spark_imagenet.training.job.outputs.publish`)."""
+    import shutil
+
+    chief = spec.rank == 0 and local is not None
+    saved = tempfile.mkdtemp(prefix="spark-imagenet-save-")
+    try:
+        model.save(os.path.join(saved, MODEL_FILE))
+        if not chief:
+            return
+        from spark_imagenet.training.worker.export import write_outputs
+
+        assert local is not None
+        os.makedirs(local, exist_ok=True)
+        seconds = write_outputs(os.path.join(saved, MODEL_FILE), spec.labels, local)
+        logger.info("output: model.keras, preprocessing.json" + (f" and serving/ (SavedModel, {seconds:.1f} s)"
+                                                                   if spec.labels else " (no class list: no serving/)"))
+    finally:
+        shutil.rmtree(saved, ignore_errors=True)
+    if val.top1 is None:
         return
-    writer = tf.summary.create_file_writer(os.path.join(folder, TENSORBOARD_DIR, "validation"))
+    writer = tf.summary.create_file_writer(os.path.join(local, TENSORBOARD_DIR, "validation"))
     with writer.as_default(step=spec.config.epochs):
         for name, value in (("xent", val.loss), ("top1", val.top1), ("top5", val.top5)):
             tf.summary.scalar(name, float(value))
