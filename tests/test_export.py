@@ -3,7 +3,6 @@ optimizer, preprocessing.json, the serving SavedModel, and the `export` command;
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
