@@ -62,7 +62,7 @@ def test_unknown_keys_suggest_the_closest_and_list_the_known():
         TrainConfig.from_mapping({"workers": 2, "bach_size": 8, "zzz": 1}, "train()")
     msg = str(e.value)
     assert "'bach_size' (did you mean 'batch_size'?)" in msg and "'zzz'" in msg
-    assert "known keys are: scaling, data, recipe, run, workers, gpus_per_worker" in msg
+    assert "known keys are: scaling, data, recipe, run, tracking, workers, gpus_per_worker" in msg
 
 
 def test_json_round_trip_and_version():
@@ -99,7 +99,7 @@ def test_layers_later_wins_and_conf_merges_per_key():
 
 @pytest.mark.parametrize("text, fragments", [
     ("workers = 2\nbach_size = 3\n", ["unknown key(s) 'bach_size' (did you mean 'batch_size'?)",
-                                      "url, scaling, data, recipe, run, workers"]),
+                                      "url, scaling, data, recipe, run, tracking, workers"]),
     ("[scaling]\nworkers = 2\nepochs = 3\n", ["[scaling] has no setting 'epochs': it belongs in [recipe]"]),
     ("[recipe]\nepoch = 3\n", ["[recipe]: unknown key(s) 'epoch' (did you mean 'epochs'?)", "model, width"]),
     ("workers = 2\n[scaling]\nworkers = 3\n", ["workers is given twice (at the top level and in [scaling])"]),
@@ -145,7 +145,7 @@ def test_sections_hold_the_settings_and_the_flat_names_read_them():
     assert c == TrainConfig(workers=4, epochs=9, batch_size=16, output="gs://b/run")
     assert c.replace(epochs=3).recipe.epochs == 3 and c.replace(epochs=3).scaling == c.scaling
     assert c.recipe.learning_rate == 0.01  # the model's recipe fills what is left at None
-    assert [name for name, _ in TrainConfig.settings()][:1] == ["scaling"] and len(TrainConfig.keys()) == 44
+    assert [name for name, _ in TrainConfig.settings()][:1] == ["scaling"] and len(TrainConfig.keys()) == 50
     with pytest.raises(ConfigError, match=r"section 'run' must be a RunConfig \(or a mapping of its settings\), "
                                           r"got ScalingConfig"):
         TrainConfig(workers=1, run=ScalingConfig(workers=1))

@@ -2,8 +2,8 @@
 
 :class:`TrainConfig`: every setting of a training job (what ``spark-imagenet
 train`` takes as options or as keys of a TOML job file, and what
-:func:`spark_imagenet.training.driver.launch.train` takes as a config object), in four sections
-(:mod:`spark_imagenet.training.job.sections`): ``scaling``, ``data``, ``recipe`` and ``run``.
+:func:`spark_imagenet.training.driver.launch.train` takes as a config object), in five sections
+(:mod:`spark_imagenet.training.job.sections`): ``scaling``, ``data``, ``recipe``, ``run`` and ``tracking``.
 Validated once, when it is built. What each TensorFlow worker process reads is
 :class:`spark_imagenet.training.job.plan.WorkerSpec`.
 
@@ -34,6 +34,7 @@ from spark_imagenet.training.job.sections import (  # noqa: F401 - the constants
     RecipeConfig,
     RunConfig,
     ScalingConfig,
+    TrackingConfig,
 )
 from spark_imagenet.training.job.settings import (
     check_unknown_keys,
@@ -53,7 +54,7 @@ MAX_SEED = 2**32 - 1
 # -------------------------------------------------------------- the job
 @dataclasses.dataclass(frozen=True, init=False)
 class TrainConfig:
-    """Every setting of one training job, in four sections; validated when built.
+    """Every setting of one training job, in five sections; validated when built.
 
     Build it from sections, from settings by name, or both (a setting by name replaces its section's)::
 
@@ -69,6 +70,7 @@ class TrainConfig:
         data: shard fetching and the input pipeline (:class:`~.sections.DataConfig`).
         recipe: the model and how it is trained (:class:`~.sections.RecipeConfig`).
         run: outputs, checkpoints, restarts and time limits (:class:`~.sections.RunConfig`).
+        tracking: MLflow tracking (:class:`~.sections.TrackingConfig`).
 
     Raises:
         ConfigError: an unknown setting name (with the closest one), a section of the wrong type, or
@@ -80,13 +82,15 @@ class TrainConfig:
     data: DataConfig
     recipe: RecipeConfig
     run: RunConfig
+    tracking: TrackingConfig
 
     def __init__(self, scaling: ScalingConfig | Mapping[str, Any] | None = None,
                  data: DataConfig | Mapping[str, Any] | None = None,
                  recipe: RecipeConfig | Mapping[str, Any] | None = None,
-                 run: RunConfig | Mapping[str, Any] | None = None, **settings: Any) -> None:
+                 run: RunConfig | Mapping[str, Any] | None = None,
+                 tracking: TrackingConfig | Mapping[str, Any] | None = None, **settings: Any) -> None:
         check_unknown_keys(settings, self.keys(), "TrainConfig")
-        given = {"scaling": scaling, "data": data, "recipe": recipe, "run": run}
+        given = {"scaling": scaling, "data": data, "recipe": recipe, "run": run, "tracking": tracking}
         for name, cls in SECTIONS:
             mine = {key: value for key, value in settings.items() if SECTION_OF[key] == name}
             object.__setattr__(self, name, _section(name, cls, given[name], mine))

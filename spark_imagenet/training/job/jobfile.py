@@ -122,6 +122,9 @@ def _merge_section(values: dict[str, Any], name: str, table: Any, where: str) ->
         values[key] = value
 
 
+#: The settings written as a table of ``KEY = "VALUE"`` lines (``[scaling.conf]``, ``[tracking.mlflow_tags]``).
+TABLE_KEYS = ("conf", "mlflow_tags")
+
 #: Significant digits of the floats :func:`dump_job` writes (``0.3``, not ``0.30000000000000004``).
 FLOAT_DIGITS = 6
 
@@ -166,9 +169,9 @@ def dump_job(config: TrainConfig, url: str | None = None) -> str:
             value = getattr(config, key)
             if key in RECIPE_KEYS and value == recipe.value(key, config.epochs):
                 derived.append(f"# {tomli_w.dumps({key: _shown(value)}).strip()}  (the {config.model} recipe's)\n")
-            elif key == "conf":
+            elif key in TABLE_KEYS:
                 if value:
-                    table["conf"] = dict(value)
+                    table[key] = dict(value)
             elif value is not None:
                 table[key] = _shown(value)
         # left to the recipe as comments, so that another --model or --epochs derives its own values
@@ -195,6 +198,8 @@ def resolve_job(layers: list[Mapping[str, Any]]) -> TrainConfig:
         for key, value in layer.items():
             if key == "conf":
                 conf.update(dict(value.items() if isinstance(value, Mapping) else value))
+            elif key in TABLE_KEYS and value is not None:
+                merged[key] = dict(value.items() if isinstance(value, Mapping) else value)
             elif value is not None:
                 merged[key] = value
     merged.pop("url", None)

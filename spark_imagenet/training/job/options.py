@@ -24,6 +24,7 @@ SECTION_TITLES = {
     "data": "data: fetching and reading the shards ([data] in the job file)",
     "recipe": "recipe: the model and how it is trained ([recipe] in the job file)",
     "run": "run: outputs, checkpoints, restarts and time limits ([run] in the job file)",
+    "tracking": "tracking: the job in MLflow ([tracking] in the job file)",
 }
 
 
@@ -59,8 +60,9 @@ def _add_option(group: Any, f: dataclasses.Field, default: Any) -> None:
     if f.name == "model":
         text += ": " + ", ".join(f"{m} (>= {px} px)" for m, px in sorted(MIN_IMAGE_SIZE.items())) \
             + ", or package.module:function, your own builder (num_classes, image_size, width) -> tf_keras.Model"
-    if f.name == "conf":
+    if rule.kind == "conf":
         group.add_argument(rule.option, type=conf_pair, action="append", default=None, metavar="KEY=VALUE",
+                           dest=f.name,
                            help=text + ", repeatable")
         return
     if rule.kind == "bool":  # an option that turns a default-on setting off is named --no-...

@@ -36,8 +36,8 @@ with their defaults) and a keyword of `spark_imagenet.train(spark, url, ...)` an
 Options given on the command line override the job file; `--print-config` prints the resolved job as TOML.
 A value is checked once, when the job is built, and a bad one is refused naming the key and its option.
 
-The settings come in four sections, one table each in a job file (`[scaling]`, `[data]`, `[recipe]`,
-`[run]`); `TrainConfig(scaling=ScalingConfig(...), ...)` takes them by section, `TrainConfig(workers=8)` and
+The settings come in five sections, one table each in a job file (`[scaling]`, `[data]`, `[recipe]`,
+`[run]`, `[tracking]`); `TrainConfig(scaling=ScalingConfig(...), ...)` takes them by section, `TrainConfig(workers=8)` and
 a flat job file by name.
 
 | option | job-file key | type | default | what it does |
@@ -55,7 +55,7 @@ def _kind(rule: Any) -> str:
     """The type column: what a value of this field is, in a user's words."""
     names = {"int": "integer", "float": "number", "bool": "true/false", "path": "local path",
              "str": "string", "epochs": "epochs, e.g. `30,60,80`", "range": "two fractions `MIN MAX`",
-             "conf": "`KEY=VALUE` (repeatable); `[scaling.conf]` table in a job file"}
+             "conf": "`KEY=VALUE` (repeatable); a table in a job file"}
     text = names.get(rule.kind, rule.kind)
     if rule.choices:
         text = "one of " + ", ".join(f"`{c}`" for c in rule.choices)

@@ -1,4 +1,4 @@
-"""The four sections of a training job's settings, each a frozen dataclass a user can read on its own.
+"""The five sections of a training job's settings, each a frozen dataclass a user can read on its own.
 
 =========================  =================================================================================
 section                    what it holds
@@ -7,6 +7,7 @@ section                    what it holds
 :class:`DataConfig`        how the shards are fetched and the images read and augmented (``[data]``)
 :class:`RecipeConfig`      the model and how it is trained: epochs, batch, learning rate, optimizer (``[recipe]``)
 :class:`RunConfig`         what the run leaves behind and how it survives failures (``[run]``)
+:class:`TrackingConfig`    where the run is tracked in MLflow (``[tracking]``)
 =========================  =================================================================================
 
 :class:`~spark_imagenet.training.job.config.TrainConfig` holds one of each (``config.recipe.epochs``) and
@@ -367,9 +368,57 @@ class RunConfig:
         validate_fields(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrackingConfig:
+    """Where the run is tracked in MLflow (``[tracking]``): one MLflow run per job, logged from the driver and
+    the chief only (docs/guide/training.md, 'Tracking in MLflow').
+
+    Attributes:
+        mlflow: track the job in MLflow. Any other setting of this section turns it on too.
+        mlflow_tracking_uri: the tracking server (``http://host:5000``, ``databricks``, ``sqlite:///path``);
+            None = MLflow's own default (``MLFLOW_TRACKING_URI``, or the workspace on Databricks).
+        mlflow_experiment: the experiment's name (a workspace path such as ``/Users/me/alexnet`` on
+            Databricks); None = ``MLFLOW_EXPERIMENT_NAME``, else ``spark-imagenet``.
+        mlflow_run_name: the run's name; None = MLflow's generated one.
+        mlflow_tags: extra run tags as sorted ``(key, value)`` pairs.
+        register_model: register the logged model under this name (``catalog.schema.model`` in Unity
+            Catalog) and log which version; None = logged, not registered.
+
+    Raises:
+        ConfigError: a value of the wrong type, naming the key and its option.
+    """
+
+    mlflow: bool = setting(False, kind="bool", option="--mlflow",
+                           help="track the job in MLflow: the settings, every epoch's metrics, the validation, the "
+                                "dataset and the model (with --output), in one run logged by the driver and the chief")
+    mlflow_tracking_uri: str | None = setting(None, kind="str", optional=True, option="--mlflow-tracking-uri",
+                                              help="the MLflow tracking server (default: MLFLOW_TRACKING_URI, or "
+                                                   "the workspace on Databricks); implies --mlflow")
+    mlflow_experiment: str | None = setting(None, kind="str", optional=True, option="--mlflow-experiment",
+                                            help="the MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else "
+                                                 "spark-imagenet; a workspace path on Databricks); implies --mlflow")
+    mlflow_run_name: str | None = setting(None, kind="str", optional=True, option="--mlflow-run-name",
+                                          help="the MLflow run's name (default: MLflow's); implies --mlflow")
+    mlflow_tags: tuple[tuple[str, str], ...] = setting((), kind="conf", option="--mlflow-tag",
+                                                       help="an MLflow run tag; implies --mlflow")
+    register_model: str | None = setting(None, kind="str", optional=True, option="--register-model",
+                                         help="register the logged model under this name (catalog.schema.model in "
+                                              "Unity Catalog); needs --output; implies --mlflow")
+
+    def __post_init__(self) -> None:
+        validate_fields(self)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the job is tracked: ``mlflow`` or any other setting of the section given."""
+        return bool(self.mlflow or self.mlflow_tracking_uri or self.mlflow_experiment or self.mlflow_run_name
+                    or self.mlflow_tags or self.register_model)
+
+
 #: The sections in order: (name in the job file and on :class:`~spark_imagenet.training.job.config.TrainConfig`,
 #: class).
 SECTIONS: tuple[tuple[str, type], ...] = (("scaling", ScalingConfig), ("data", DataConfig),
-                                          ("recipe", RecipeConfig), ("run", RunConfig))
+                                          ("recipe", RecipeConfig), ("run", RunConfig),
+                                          ("tracking", TrackingConfig))
 #: Each setting's section name, by setting name.
 SECTION_OF: dict[str, str] = {f.name: name for name, cls in SECTIONS for f in dataclasses.fields(cls)}
