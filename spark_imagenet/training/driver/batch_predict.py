@@ -20,12 +20,10 @@ from typing import Any
 
 from spark_imagenet.errors import ConfigError, SparkImagenetError
 from spark_imagenet.storage import is_remote_url, open_storage
-from spark_imagenet.training.job.outputs import LABELS_FILE, MODEL_FILE
+from spark_imagenet.training.job.outputs import LABELS_FILE, MODEL_FILE, SERVING_DIR
 
 #: The executor-side module, imported by name in the UDF (:func:`_make_predict_fn`).
 WORKER_MODULE = "spark_imagenet.training.worker.batch_predict"
-#: ``serving/`` in an ``--output`` folder (the SavedModel).
-SERVING_DIR = "serving"
 #: Images per call of the model (per executor Python worker).
 DEFAULT_BATCH = 64
 #: The added column's type.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
@@ -223,14 +224,15 @@ def _set_conf(spark: Any, values: dict[str, str | None]) -> dict[str, str | None
 
 
 def report(result: dict[str, Any], key: str) -> None:
-    """Print the counts and where the output went; warn once about the images without a prediction."""
+    """Print the counts and where the output went (stdout); warn once about the images without a prediction
+    (stderr)."""
     print(f"predict: {result['images']} images, {result['errors']} errors -> {result['out']} (Parquet: {key}, "
           f"{', '.join(FIELDS)})")
     if result["errors"]:
         named = "; ".join(f"{k} ({e})" for k, e in result["failed"])
         more = result["errors"] - len(result["failed"])
-        logger.warning(f"{result['errors']} of {result['images']} images have no prediction (the error column "
-                       f"says why): {named}" + (f"; and {more} more" if more > 0 else ""))
+        print(f"spark-imagenet: warning: {result['errors']} of {result['images']} images have no prediction (the "
+              f"error column says why): {named}" + (f"; and {more} more" if more > 0 else ""), file=sys.stderr)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -32,12 +32,9 @@ import numpy as np
 
 from spark_imagenet.errors import ConfigError, SparkImagenetError
 from spark_imagenet.storage import open_storage
-from spark_imagenet.training.job.outputs import LABELS_FILE
+from spark_imagenet.training.job.exported import INPUT_KEY, PROBABILITIES_SIGNATURE
+from spark_imagenet.training.job.outputs import LABELS_FILE, SERVING_DIR
 
-#: The SavedModel folder in ``--output`` (written by :mod:`spark_imagenet.training.worker.export`).
-SERVING_DIR = "serving"
-#: Its signature giving every class's probability.
-PROBABILITIES_SIGNATURE = "probabilities"
 #: The columns :meth:`BatchModel.predict` returns, in order.
 FIELDS = ("class_ids", "wnids", "names", "probabilities", "error")
 
@@ -46,7 +43,8 @@ _lock = threading.Lock()
 
 
 def fetch_serving(model_url: str, dest: str) -> None:
-    """Copy ``serving/`` and ``labels.json`` of the ``--output`` folder ``model_url`` into the local folder
+    """Copy ``serving/`` (written by :func:`spark_imagenet.training.worker.export.write_serving`) and
+    ``labels.json`` of the ``--output`` folder ``model_url`` into the local folder
     ``dest`` (``dest/serving/...``, ``dest/labels.json``).
 
     Raises:
@@ -97,7 +95,7 @@ class BatchModel:
             raise ConfigError(f"model {url}: {LABELS_FILE} lists {len(labels) if isinstance(labels, list) else 'no'}"
                               f" classes but the model has {classes} outputs")
         self.wnids = np.array([str(c["wnid"]) for c in labels], dtype=object)
-        self.names = np.array([str((c.get("names") or [""])[0]) for c in labels], dtype=object)
+        self.names = np.array([str((c.get("names") or [c["wnid"]])[0]) for c in labels], dtype=object)
 
     @property
     def classes(self) -> int:
@@ -118,7 +116,7 @@ class BatchModel:
         """
         import tensorflow as tf
 
-        out = self._signature(images=tf.constant(list(images), dtype=tf.string))
+        out = self._signature(**{INPUT_KEY: tf.constant(list(images), dtype=tf.string)})
         return out["probabilities"].numpy()
 
     def predict(self, images: Sequence[Any], top_k: int = 5) -> dict[str, np.ndarray]:
