@@ -184,6 +184,13 @@ def test_earlier_outputs_count_the_serving_files_and_publish_replaces_them(tmp_p
     assert publish(str(local), storage) == ["serving/saved_model.pb"]
     assert earlier_outputs(storage) == ["preprocessing.json", "serving/saved_model.pb"]  # the old index went
     assert storage.read_bytes("mine.txt") == b"x"
+    # so a second train into this folder is refused without --overwrite
+    from spark_imagenet.errors import ConfigError
+    from spark_imagenet.training.driver.preflight import check_output_unused
+
+    with pytest.raises(ConfigError, match=r"holds the outputs of an earlier run \(preprocessing.json, serving/\)"):
+        check_output_unused(storage, "OUT", overwrite=False)
+    check_output_unused(storage, "OUT", overwrite=True)
 
 
 def test_the_saved_model_answers_as_predict_does_and_takes_png_gif_bmp(tmp_path, images):
