@@ -292,3 +292,23 @@ def test_export_refuses_bad_input_naming_the_file(tmp_path, older_run, case, cap
     err = capsys.readouterr().err
     assert err.startswith("spark-imagenet: error: ") and fragment in err and err.count("\n") == 1, err
     assert not (tmp_path / "o" / "serving").exists()
+
+
+class _Unregistered(keras.layers.Layer):
+    """A user's layer that is not registered with Keras: a saved model holding it does not load again."""
+
+    def call(self, x):
+        return x * 2.0
+
+
+def test_a_model_that_does_not_load_again_is_kept_as_saved(tmp_path, caplog):
+    inputs = keras.Input((SIZE, SIZE, 3))
+    model = keras.Model(inputs, keras.layers.Dense(CLASSES)(keras.layers.Flatten()(_Unregistered()(inputs))))
+    model.save(str(tmp_path / "trained.keras"))
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with caplog.at_level("WARNING"):
+        assert export.write_outputs(str(tmp_path / "trained.keras"), labels_for(CLASSES), str(folder)) is None
+    assert [p.name for p in folder.iterdir()] == ["model.keras"]
+    assert (folder / "model.keras").read_bytes() == (tmp_path / "trained.keras").read_bytes()
+    assert "does not load again without its custom classes" in caplog.text and "spark-imagenet export" in caplog.text

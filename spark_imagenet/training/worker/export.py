@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -36,6 +37,8 @@ from spark_imagenet.storage import store_schemes
 from spark_imagenet.training.job.exported import (INPUT_KEY, PROBABILITIES_SIGNATURE, SERVING_SIGNATURE, TOP_K,
                                                   Preprocessing)
 from spark_imagenet.training.job.outputs import MODEL_FILE, PREPROCESSING_FILE, SERVING_DIR, open_output, publish
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # TensorFlow is imported only once the command's URLs are checked (see main)
     import tensorflow as tf
@@ -179,13 +182,15 @@ def write_serving(model: keras.Model, labels: Sequence[dict[str, Any]], image_si
     return path
 
 
-def write_outputs(trained: str, labels: Sequence[dict[str, Any]], folder: str) -> float:
+def write_outputs(trained: str, labels: Sequence[dict[str, Any]], folder: str) -> float | None:
     """The chief's ``model.keras``, ``preprocessing.json`` and ``serving/`` in ``folder``, from the model training
     saved (with its optimizer) to ``trained``.
 
     The model is loaded again from ``trained`` outside the strategy's scope (a plain copy: no mirrored
     variables, no collective ops), saved as ``folder/model.keras`` without optimizer or compile state, and
-    exported. Without ``labels`` (a spec made by hand) ``serving/`` is left out.
+    exported. Without ``labels`` (a spec made by hand) ``serving/`` is left out. A model that does not load
+    again (a user's model with custom classes that are not registered with Keras) is copied as it was saved,
+    with its optimizer, and nothing else is written: one warning says why.
 
     Args:
         trained: the ``.keras`` file training saved.
@@ -193,14 +198,23 @@ def write_outputs(trained: str, labels: Sequence[dict[str, Any]], folder: str) -
         folder: the chief's local output folder.
 
     Returns:
-        float: the seconds the SavedModel took (0.0 when left out).
+        float | None: the seconds the SavedModel took (0.0 when left out); None when the model did not load
+        again.
 
     Raises:
         ConfigError: ``labels`` does not have one entry per output.
     """
     import tf_keras as keras
 
-    model = keras.models.load_model(trained, compile=False)
+    try:
+        model = keras.models.load_model(trained, compile=False)
+    except Exception as e:  # noqa: BLE001 - a user's classes; training's model is kept as saved
+        shutil.copyfile(trained, os.path.join(folder, MODEL_FILE))
+        logger.warning(f"output: the trained model does not load again without its custom classes "
+                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); model.keras is saved "
+                       "with its optimizer and without preprocessing.json and serving/ (register the classes with "
+                       "tf_keras.saving.register_keras_serializable, then spark-imagenet export)")
+        return None
     model.save(os.path.join(folder, MODEL_FILE))
     size = image_size_of(model, trained)
     write_preprocessing(size, folder)

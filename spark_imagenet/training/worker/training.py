@@ -386,8 +386,9 @@ def _save_outputs(model: keras.Model, spec: WorkerSpec, val: ValMetrics, local: 
         assert local is not None
         os.makedirs(local, exist_ok=True)
         seconds = write_outputs(os.path.join(saved, MODEL_FILE), spec.labels, local)
-        logger.info("output: model.keras, preprocessing.json" + (f" and serving/ (SavedModel, {seconds:.1f} s)"
-                                                                   if spec.labels else " (no class list: no serving/)"))
+        if seconds is not None:
+            logger.info("output: model.keras, preprocessing.json" + (
+                f" and serving/ (SavedModel, {seconds:.1f} s)" if spec.labels else " (no class list: no serving/)"))
     finally:
         shutil.rmtree(saved, ignore_errors=True)
     if val.top1 is None:
