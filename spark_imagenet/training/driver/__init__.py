@@ -8,6 +8,9 @@
 * :mod:`.connect`: the same barrier stage under Spark Connect (``mapInArrow(barrier=True)``).
 * :mod:`.logserver`: the driver's side of the log channel (the tasks' lines on this console).
 * :mod:`.results`: the per-worker records the tasks hand back, and the job's typed ``Result``.
+* :mod:`.batch_predict`: ``predict_dataframe``, batch inference as a Spark job (its pandas UDF imports
+  :mod:`spark_imagenet.training.worker.batch_predict` by name, in the executors' Python workers);
+  :mod:`.predict_job`: the ``predict --source/--table ... --out`` command around it.
 
 May import :mod:`spark_imagenet.training.task` and :mod:`spark_imagenet.training.job`; never TensorFlow.
 """

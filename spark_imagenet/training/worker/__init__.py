@@ -13,6 +13,8 @@
 * :mod:`.tf_internals`: every private TensorFlow and tf-keras API the package uses, behind small shims, with
   the TensorFlow version each was checked against.
 * :mod:`.evaluate`, :mod:`.predict`: the ``evaluate`` and ``predict`` commands (run in a child Python).
+* :mod:`.batch_predict`: the executor side of batch inference (``predict_dataframe``): runs in an executor's
+  PySpark Python worker, inside a pandas UDF, the one module here not run in a TensorFlow process of ours.
 
 TensorFlow's set-up is made here, once, before any module of this folder imports it: the Keras 2 API of
 ``tf_keras`` (``TF_USE_LEGACY_KERAS=1``), which MultiWorkerMirroredStrategy needs (Keras 3 fails under it;
