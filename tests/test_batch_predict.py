@@ -145,6 +145,7 @@ def test_predict_dataframe_refuses_before_the_job(spark, tmp_path, run_folder):
 @pytest.mark.parametrize("arguments, message", [
     (["--source", "S", "--table", "T"], "give one of --source URL (a folder or a labels file) and --table NAME"),
     (["--source", "S", "--id-column", "k"], "--id-column goes with --table, not --source"),
+    (["--source", "{tmp}/absent"], "--source {tmp}/absent: no such folder or file"),
     (["--table", "T", "--out", "{tmp}/file"], "--out {tmp}/file is a file"),
     (["--table", "T", "--out", "{tmp}/full"], "--out {tmp}/full is a folder with files in it"),
     (["--table", "T", "--out", "{tmp}/file/out"], "--out {tmp}/file/out: cannot write there"),
@@ -254,13 +255,17 @@ def test_the_command_over_a_folder_and_over_a_table(run_folder, images, tmp_path
 @pytest.mark.slow
 @requires_shared(ILSVRC_MINI)
 def test_a_labels_file_source_is_read_by_the_executors(spark, images, tmp_path):
-    """--source labels.csv: the images it lists (path,label), read through its source on the executors."""
+    """--source labels.csv: the images it lists (path,label), read through its source on the executors; a folder
+    without images is named."""
     from spark_imagenet.training.driver.predict_job import source_rows
 
     jpegs = sorted(images.glob("*.JPEG"))
     (tmp_path / "labels.csv").write_text("path,label\n" + "".join(f"{p},c{i % 2}\n" for i, p in enumerate(jpegs)))
     rows = {r["path"]: r["content"] for r in source_rows(spark, str(tmp_path / "labels.csv")).collect()}
     assert {Path(k).name: v for k, v in rows.items()} == {p.name: p.read_bytes() for p in jpegs}
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no image files"):
+        source_rows(spark, str(tmp_path / "empty"))
 
 
 @pytest.mark.slow

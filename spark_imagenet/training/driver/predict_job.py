@@ -88,6 +88,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         if given or args.image_column != "content":
             raise ConfigError(f"{', '.join(given) or '--image-column'} goes with --table, not --source (a "
                               "--source's rows are named by their path)")
+        local = "://" not in args.source or args.source.startswith("file://")
+        path = Path(urlparse(args.source).path if args.source.startswith("file://") else args.source).expanduser()
+        if local and not path.exists():
+            raise ConfigError(f"--source {args.source}: no such folder or file (give a folder of images, a "
+                              "class-folder tree, or a labels file)")
     check_model(model_location(args.model))
     check_out(args.out, args.overwrite)
 
@@ -127,7 +132,7 @@ def source_rows(spark: Any, source: str) -> Any:
 
     Raises:
         ConfigError: a labels file that cannot be read or lists no image, a folder Spark cannot read or with
-            no image in it.
+            no image file in it.
     """
     from spark_imagenet.dataset.source_job import image_rows
     from spark_imagenet.dataset.tables import images_under
@@ -137,17 +142,16 @@ def source_rows(spark: Any, source: str) -> Any:
 
         dataset = open_labels(source).list_images()
         return image_rows(spark, dataset).withColumnRenamed("name", "path").select("path", "content")
-    local = "://" not in source or source.startswith("file://")
-    if local and not Path(urlparse(source).path if source.startswith("file://") else source).expanduser().is_dir():
-        raise ConfigError(f"--source {source}: no such folder or file (give a folder of images, a class-folder "
-                          "tree, or a labels file)")
     where = os.path.abspath(os.path.expanduser(source)) if "://" not in source else source
     try:
         df = images_under(spark, where).select("path", "content")
-        df.limit(1).count()
+        found = df.limit(1).count()
     except Exception as e:
         raise ConfigError(f"--source {source}: Spark cannot read it ({spark_reason(e)[:300]}); check the path "
                           "and that the executors can read it") from None
+    if not found:
+        raise ConfigError(f"--source {source} holds no image files (.jpg, .jpeg, .png, .gif, .bmp, sub-folders "
+                          "included)")
     return df
 
 
