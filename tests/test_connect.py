@@ -362,3 +362,44 @@ def test_shard_dataframe_in_a_connect_session_reports_bad_images_as_our_error(re
     manifest = shard_dataframe(df, str(out), name_col="name", train_shards=1, val_shards=1, val_fraction=0.25,
                                on_corrupt="skip")
     assert sum(s.examples for s in manifest.splits.values()) == 24
+
+
+def test_predict_dataframe_through_connect_equals_the_classic_answers(remote, tmp_path):
+    """predict_dataframe in a Spark Connect session (its pandas UDF run by the server's Python workers): the
+    SavedModel's answers for generated JPEGs and a PNG, and a bad image's reason in its row."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    import spark_imagenet.training.worker  # noqa: F401  (TensorFlow's set-up)
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from spark_imagenet import predict_dataframe
+    from spark_imagenet.training.worker.export import write_serving
+
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((32, 32, 3))
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(inputs)))
+    labels = [{"id": i, "wnid": f"n0000000{i}", "names": [f"class {i}"]} for i in range(3)]
+    (tmp_path / "labels.json").write_text(json.dumps(labels))
+    write_serving(model, labels, 32, str(tmp_path))
+    rng = np.random.default_rng(0)
+    data = {}
+    for i, fmt in enumerate(("JPEG", "JPEG", "PNG")):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (40 + i, 50, 3), dtype=np.uint8)).save(buf, fmt)
+        data[f"{i}.{fmt.lower()}"] = buf.getvalue()
+    data["bad.jpg"] = b"not an image"
+    df = remote.createDataFrame(sorted(data.items()), "name string, content binary")
+    got = {r["name"]: r["prediction"] for r in predict_dataframe(df, str(tmp_path), top_k=2).collect()}
+    signature = tf.saved_model.load(str(tmp_path / "serving")).signatures["probabilities"]
+    for name, image in data.items():
+        if name == "bad.jpg":
+            assert "Unknown image file format" in got[name]["error"] and got[name]["class_ids"] is None
+            continue
+        probabilities = signature(images=tf.constant([image]))["probabilities"].numpy()[0]
+        best = np.argsort(-probabilities, kind="stable")[:2]
+        assert got[name]["error"] is None and list(got[name]["class_ids"]) == best.tolist()
+        np.testing.assert_allclose(got[name]["probabilities"], probabilities[best], atol=1e-6)
