@@ -3,24 +3,25 @@
 Each sub-command parses its options and calls one importable function, so a
 notebook with an existing SparkSession (Databricks) runs the same job:
 
-============  ==========================================================
-command       function
-============  ==========================================================
-``demo``      :func:`spark_imagenet.demo.run_demo`
-``shard``     :func:`spark_imagenet.dataset.sharding.shard` (options: :mod:`spark_imagenet.dataset.shard_options`)
-``shard``     ``--table``: :func:`spark_imagenet.dataset.dataframe.shard_dataframe`
-``inspect``   :func:`spark_imagenet.dataset.report.inspect`
-``upload``    :func:`spark_imagenet.dataset.transfer.upload`
-``fetch``     :func:`spark_imagenet.training.task.staging.fetch_rank`
-``train``     :func:`spark_imagenet.training.driver.launch.plan_job`, then ``run_job``
-``download``  :func:`spark_imagenet.source.kaggle.download`
-``extract``   :func:`spark_imagenet.source.extract.extract`
-``doctor``    :func:`spark_imagenet.doctor.run_doctor`
-``evaluate``  ``python -m spark_imagenet.training.worker.evaluate`` in a child Python (TensorFlow)
-``predict``   ``python -m spark_imagenet.training.worker.predict`` in a child Python (TensorFlow)
-``predict``   ``--source``/``--table``: :func:`spark_imagenet.training.driver.predict_job.main` (a Spark job)
-``export``    ``python -m spark_imagenet.training.worker.export`` in a child Python (TensorFlow)
-============  ==========================================================
+==============  ==========================================================
+command         function
+==============  ==========================================================
+``demo``        :func:`spark_imagenet.demo.run_demo`
+``shard``       :func:`spark_imagenet.dataset.sharding.shard` (options: :mod:`spark_imagenet.dataset.shard_options`)
+``shard``       ``--table``: :func:`spark_imagenet.dataset.dataframe.shard_dataframe`
+``inspect``     :func:`spark_imagenet.dataset.report.inspect`
+``upload``      :func:`spark_imagenet.dataset.transfer.upload`
+``fetch``       :func:`spark_imagenet.training.task.staging.fetch_rank`
+``train``       :func:`spark_imagenet.training.driver.launch.plan_job`, then ``run_job``
+``download``    :func:`spark_imagenet.source.kaggle.download`
+``extract``     :func:`spark_imagenet.source.extract.extract`
+``doctor``      :func:`spark_imagenet.doctor.run_doctor`
+``mlflow-log``  :func:`spark_imagenet.training.driver.tracking.send_pending`
+``evaluate``    ``python -m spark_imagenet.training.worker.evaluate`` in a child Python (TensorFlow)
+``predict``     ``python -m spark_imagenet.training.worker.predict`` in a child Python (TensorFlow)
+``predict``     ``--source``/``--table``: :func:`spark_imagenet.training.driver.predict_job.main` (a Spark job)
+``export``      ``python -m spark_imagenet.training.worker.export`` in a child Python (TensorFlow)
+==============  ==========================================================
 
 ``train`` and ``demo`` take every setting of :class:`~spark_imagenet.training.job.config.TrainConfig`
 as an option (generated from its definition, one ``--help`` group per section:
@@ -210,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     _add_tensorflow_commands(sub)
+    p = sub.add_parser("mlflow-log", help="send a tracked run that its MLflow server could not take (the "
+                       "mlflow-pending.json the job wrote) to that server")
+    p.add_argument("record", help="the mlflow-pending.json (a local path or bucket URL)")
     p = sub.add_parser("doctor", help="print the versions, GPUs, bucket credentials and Spark preflight checks "
                        "found here and on a master; exit 1 when a check fails")
     p.add_argument("url", nargs="?", help="a dataset URL whose manifest to read (optional)")
@@ -418,6 +422,11 @@ def _run_command(argv: Sequence[str] | None) -> int:
         return 0
     if args.command == "demo":
         return _demo(args)
+    if args.command == "mlflow-log":
+        from spark_imagenet.training.driver.tracking import send_pending
+
+        print(send_pending(args.record))
+        return 0
     if args.command == "doctor":
         from spark_imagenet.doctor import run_doctor
 

@@ -43,6 +43,16 @@ def moto_s3(tmp_path_factory):
     yield from serving(MotoS3, Unavailable, tmp_path_factory.mktemp("moto"))
 
 
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real ``mlflow server`` (SQLite backend, local artifact root) on 127.0.0.1:<free port> for the whole
+    session (tests/mlflow_server.py)."""
+    from mlflow_server import MlflowServer, Unavailable
+    from server_util import serving
+
+    yield from serving(MlflowServer, Unavailable, tmp_path_factory.mktemp("mlflow"))
+
+
 @pytest.fixture
 def s3_url(moto_s3, monkeypatch, request):
     """``s3://<new bucket>/t`` on the server, with AWS_ENDPOINT_URL and dummy credentials set for this test

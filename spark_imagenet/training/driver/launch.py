@@ -60,6 +60,7 @@ from spark_imagenet.training.driver.preflight import (
 from spark_imagenet.training.job.plan import JobPlan
 from spark_imagenet.training.job.schedules import extension_note, schedule_for
 from spark_imagenet.training.driver.results import Result, build_results, format_table, write_results
+from spark_imagenet.training.driver.tracking import RunTracker, check_tracking
 from spark_imagenet.training.driver.spark_session import runs_in_driver_jvm
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
     job = JobPlan(config=config, dataset=storage, manifest=manifest, assignment=plan,
                   schedule=schedule, output=output, checkpoints=checkpoints_at, run_id=uuid.uuid4().hex)
     resume_point(job)  # a checkpoint this job cannot resume from is refused before Spark starts
+    check_tracking(job)
     if config.checkpoint_every and config.checkpoint_dir is None:
         logger.warning("warning: --checkpoint-every has no effect without --checkpoint-dir: no checkpoint is kept")
     return job
@@ -415,12 +417,22 @@ def run_job(spark, job: JobPlan) -> Result:
     sc = spark_context(spark)  # None: a Spark Connect session
     master = _check_session(spark, sc, job)
     with _leases(spark, job):
+        tracker = RunTracker.begin(job, resume_point(job) is not None)
+        if tracker is not None and tracker.spec is not None:
+            job = dataclasses.replace(job, tracking=tracker.spec)  # the chief logs each epoch to it
         _announce(job)
         start = time.monotonic()
-        records, restarts, ran = _launch_with_restarts(spark, sc, job)
-        out = build_results(records, ran, master=master, wall_seconds=time.monotonic() - start,
-                            restarts=restarts)
-        _report(job, out)
+        try:
+            records, restarts, ran = _launch_with_restarts(spark, sc, job)
+            out = build_results(records, ran, master=master, wall_seconds=time.monotonic() - start,
+                                restarts=restarts)
+            _report(job, out)
+        except BaseException as e:
+            if tracker is not None:
+                tracker.finish(None, e)
+            raise
+        if tracker is not None:
+            tracker.finish(out, None)
     return out
 
 

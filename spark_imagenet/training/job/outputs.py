@@ -30,6 +30,7 @@ from typing import Any, Mapping
 from spark_imagenet.errors import ConfigError, StorageError
 from spark_imagenet.storage import Storage, open_storage, url_forms
 from spark_imagenet.storage.committed import upload_folder
+from spark_imagenet.training.job.tracking import MODEL_DIR as MLFLOW_MODEL_DIR, PENDING_FILE
 
 MODEL_FILE = "model.keras"
 LABELS_FILE = "labels.json"
@@ -84,14 +85,15 @@ def _refuse_a_file(output: str, option: str) -> None:
 
 def earlier_outputs(storage: Storage) -> list[str]:
     """The objects of an earlier run in an output folder: ``model.keras``, ``labels.json``, ``results.json``,
-    ``preprocessing.json`` and everything under ``tensorboard/`` and ``serving/``, sorted.
+    ``preprocessing.json``, ``mlflow-pending.json`` and everything under ``tensorboard/``, ``serving/`` and
+    ``mlflow-model/``, sorted.
 
     Raises:
         StorageError: the folder cannot be listed.
     """
-    ours = (MODEL_FILE, LABELS_FILE, RESULTS_FILE, PREPROCESSING_FILE)
-    return sorted(info.name for info in storage.list()
-                  if info.name in ours or info.name.startswith((TENSORBOARD_DIR + "/", SERVING_DIR + "/")))
+    ours = (MODEL_FILE, LABELS_FILE, RESULTS_FILE, PREPROCESSING_FILE, PENDING_FILE)
+    return sorted(info.name for info in storage.list() if info.name in ours
+                  or info.name.startswith((TENSORBOARD_DIR + "/", SERVING_DIR + "/", MLFLOW_MODEL_DIR + "/")))
 
 
 def labels(classes: Any) -> list[dict[str, Any]]:
@@ -113,7 +115,8 @@ def write_driver_outputs(storage: Storage, classes: Any, results: Mapping[str, A
     return [LABELS_FILE, RESULTS_FILE]
 
 
-def publish(local: str, storage: Storage, replace: tuple[str, ...] = (TENSORBOARD_DIR, SERVING_DIR)) -> list[str]:
+def publish(local: str, storage: Storage,
+            replace: tuple[str, ...] = (TENSORBOARD_DIR, SERVING_DIR, MLFLOW_MODEL_DIR)) -> list[str]:
     """Copy every file under the local folder ``local`` into the output folder (names relative to ``local``),
     then delete the files under the ``replace`` folders there that this run did not write (an earlier run's,
     replaced with ``--overwrite``), so that TensorBoard shows this run alone and ``serving/`` is one SavedModel.

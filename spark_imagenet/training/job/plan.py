@@ -33,6 +33,7 @@ from spark_imagenet.storage.envelope import Envelope
 from spark_imagenet.training.job.outcome import SAME_VERSION
 from spark_imagenet.training.job.outputs import labels as output_labels
 from spark_imagenet.training.job.schedules import Schedule
+from spark_imagenet.training.job.tracking import TrackingSpec
 
 #: The worker spec's JSON form (``worker.json``).
 WORKER = Envelope("spark-imagenet-worker-spec", 2, "spark-imagenet worker spec", remedy=SAME_VERSION)
@@ -52,6 +53,7 @@ class JobPlan:
         checkpoints: the ``--checkpoint-dir`` storage, or None.
         run_id: this run's id (32 hex digits), the holder of the folders' leases
             (:mod:`spark_imagenet.storage.lease`); "" = no lease is checked.
+        tracking: the job's MLflow run (set on the driver once the run exists), or None when untracked.
     """
 
     config: TrainConfig
@@ -62,6 +64,7 @@ class JobPlan:
     output: Storage | None = None
     checkpoints: Storage | None = None
     run_id: str = ""
+    tracking: TrackingSpec | None = None
 
     @property
     def url(self) -> str:
@@ -112,6 +115,7 @@ class WorkerSpec:
             (:func:`spark_imagenet.storage.lease.check_held`); "" = no check.
         labels: the class list, ``labels.json``'s entries (``{"id", "wnid", "names"}``) in output order: the
             chief's with ``--output`` (its serving SavedModel names the classes), else empty.
+        tracking: the job's MLflow run: the chief's, when the job is tracked; else None.
         train_files: local paths of this worker's train shards (non-empty).
         train_examples: examples in those shards.
         val_files: local paths of the val shards this worker reads.
@@ -146,6 +150,7 @@ class WorkerSpec:
     restore: str | None = None
     run_id: str = ""
     labels: tuple[dict[str, Any], ...] = ()
+    tracking: TrackingSpec | None = None
 
     def __post_init__(self) -> None:
         where = f"worker spec of rank {self.rank}"
@@ -229,6 +234,8 @@ class WorkerSpec:
         fields = WORKER.fields_for(cls, data, where)
         fields["config"] = TrainConfig.from_json(fields["config"], f"{where}, key 'config'")
         fields["schedule"] = Schedule.from_json(fields["schedule"], f"{where}, key 'schedule'")
+        if fields.get("tracking") is not None:
+            fields["tracking"] = TrackingSpec.from_json(fields["tracking"], f"{where}, key 'tracking'")
         if fields.get("checkpoints") is not None:
             fields["checkpoints"] = _reopen(fields["checkpoints"], f"{where}, key 'checkpoints'")
         for name in ("train_files", "val_files", "peers", "val_record_shard", "labels"):
@@ -271,7 +278,8 @@ def worker_spec(job: JobPlan, rank: int, train_files: Sequence[str], val_files: 
         val_record_shard=plan.val_record_shard, val_examples=plan.val_examples,
         val_examples_total=assignment.val_examples_total, steps_per_epoch=assignment.steps_per_epoch,
         val_steps=assignment.val_steps,
-        labels=tuple(output_labels(job.manifest.classes)) if rank == 0 and job.output is not None else ())
+        labels=tuple(output_labels(job.manifest.classes)) if rank == 0 and job.output is not None else (),
+        tracking=job.tracking if rank == 0 else None)
 
 
 __all__ = ["JobPlan", "WORKER", "WorkerSpec", "worker_spec"]

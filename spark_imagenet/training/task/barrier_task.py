@@ -70,6 +70,7 @@ from spark_imagenet.training.job.logchannel import ChannelSpec
 from spark_imagenet.training.task.logsender import LogSender
 from spark_imagenet.storage.lease import check_held
 from spark_imagenet.training.job.outputs import LOCAL_OUTPUT_DIR, MODEL_FILE, SERVING_DIR, TENSORBOARD_DIR, publish
+from spark_imagenet.training.job.tracking import MODEL_DIR as MLFLOW_MODEL_DIR
 from spark_imagenet.training.job.outcome import Failure, ResumePoint, TaskResult, TfProcess, WorkerResult, read_outcome
 from spark_imagenet.errors import ConfigError, PeerFailed, SparkImagenetError
 from spark_imagenet.logs import task_console
@@ -276,7 +277,9 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, extra_env: Mapping[str, str
                 names = publish(local, output)
             logger.info(f"output: {len(names)} file(s) written to {spec.config.output} ({MODEL_FILE}, "
                         f"{sum(1 for n in names if n.startswith(SERVING_DIR + '/'))} SavedModel file(s), "
-                        f"{sum(1 for n in names if n.startswith(TENSORBOARD_DIR + '/'))} TensorBoard file(s))")
+                        f"{sum(1 for n in names if n.startswith(TENSORBOARD_DIR + '/'))} TensorBoard file(s)"
+                        + (f", {mlflow_files} MLflow model file(s))" if (mlflow_files := sum(
+                            1 for n in names if n.startswith(MLFLOW_MODEL_DIR + "/"))) else ")"))
 
     folder = ChildFolder(f"spark-imagenet-rank{rank}-", prepare, collect)
     logger.info(f"TensorFlow process: {'a spare, started by an earlier task' if held.spare else 'started by this task'}"

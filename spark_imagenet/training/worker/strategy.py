@@ -70,6 +70,20 @@ def _gather_worker_settings(strategy: tf.distribute.Strategy, spec: WorkerSpec) 
     return {int(row[0]): dict(zip(keys[1:], (int(v) for v in row[1:]))) for row in rows}
 
 
+def leave_together(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> None:
+    """One all-reduce that every worker of a multi-worker strategy joins last: the other ranks wait in it until
+    the chief has written its outputs, so that none ends its process meanwhile (the chief runs TensorFlow's
+    coordination service, which reports a peer gone quiet as an error). Nothing for one worker."""
+    if spec.config.strategy != "multiworker" or spec.workers < 2:
+        return
+
+    @tf.function
+    def meet() -> Any:
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0)))
+
+    strategy.experimental_local_results(meet())
+
+
 def _check_workers(spec: WorkerSpec, workers: dict[int, dict[str, int]]) -> int:
     """Check the gathered settings agree; return the total real val examples.
 

@@ -50,15 +50,19 @@ class _EpochProgress(keras.callbacks.Callback):
         steps: S, steps per epoch.
         batch_size: examples per step on this worker.
         log_epochs: log (INFO) each epoch's line; False logs nothing (the other ranks).
+        summary_dir: the chief's TensorBoard folder for each epoch's scalars (:meth:`scalars`), or None.
+        tracker: the chief's MLflow sender (:class:`~spark_imagenet.training.worker.tracking.EpochMetricsSender`),
+            handed the same scalars, or None.
     """
 
     def __init__(self, epochs: int = 0, steps: int = 0, batch_size: int = 0,
-                 log_epochs: bool = False, summary_dir: str | None = None) -> None:
+                 log_epochs: bool = False, summary_dir: str | None = None, tracker: Any = None) -> None:
         super().__init__()
         self.seconds: list[float] = []
         self._start = 0.0
         self._epochs, self._steps, self._batch, self._log_epochs = epochs, steps, batch_size, log_epochs
         self._writer = tf.summary.create_file_writer(summary_dir) if summary_dir else None
+        self._tracker = tracker
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """Start the clock of epoch ``epoch`` (0-based)."""
@@ -69,22 +73,27 @@ class _EpochProgress(keras.callbacks.Callback):
         self.seconds.append(time.perf_counter() - self._start)
         if self._log_epochs:
             logger.info(self.line(epoch, logs or {}))
+        if self._writer is None and self._tracker is None:
+            return
+        scalars = self.scalars(logs or {})
         if self._writer is not None:
-            self._summarize(epoch, logs or {})
+            with self._writer.as_default(step=epoch + 1):
+                for key, value in scalars.items():
+                    tf.summary.scalar(key, value)
+            self._writer.flush()
+        if self._tracker is not None:
+            self._tracker.epoch(epoch + 1, scalars)
 
-    def _summarize(self, epoch: int, logs: dict) -> None:
-        """TensorBoard scalars of epoch ``epoch`` (0-based; step = epoch + 1): xent, top1, top5, learning rate,
-        images/s on this worker."""
+    def scalars(self, logs: dict) -> dict[str, float]:
+        """The last epoch's scalars (TensorBoard's and MLflow's; step = the epoch from 1): ``xent``, ``top1``,
+        ``top5`` from its Keras ``logs``, ``learning_rate`` and ``images_per_sec`` on this worker."""
         seconds = self.seconds[-1]
+        out = {key: float(logs[key]) for key in ("xent", "top1", "top5") if key in logs}
         lr = self._learning_rate()
-        with self._writer.as_default(step=epoch + 1):
-            for key in ("xent", "top1", "top5"):
-                if key in logs:
-                    tf.summary.scalar(key, float(logs[key]))
-            if lr is not None:
-                tf.summary.scalar("learning_rate", lr)
-            tf.summary.scalar("images_per_sec", self._steps * self._batch / seconds if seconds > 0 else 0.0)
-        self._writer.flush()
+        if lr is not None:
+            out["learning_rate"] = lr
+        out["images_per_sec"] = self._steps * self._batch / seconds if seconds > 0 else 0.0
+        return out
 
     def _learning_rate(self) -> float | None:
         try:
@@ -206,8 +215,13 @@ def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec,
     config = spec.config
     # one progress stream: the chief logs our epoch lines; Keras' own per-rank lines are off
     chief = spec.rank == 0
+    tracker = None
+    if chief and spec.tracking is not None:
+        from spark_imagenet.training.worker.tracking import EpochMetricsSender
+
+        tracker = EpochMetricsSender(spec.tracking)
     timer = _EpochProgress(config.epochs, spec.steps_per_epoch, config.batch_size, chief,
-                           summary_dir if chief else None)
+                           summary_dir if chief else None, tracker)
     t0 = time.perf_counter()
     hist = {k: list(v) for k, v in (earlier or {}).items()}
     fits = [(train_ds, initial_epoch, config.epochs, spec.steps_per_epoch)]
@@ -223,6 +237,8 @@ def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec,
         for k, vals in history.history.items():
             hist.setdefault(k, []).extend(float(v) for v in vals)
     train_seconds = time.perf_counter() - t0
+    if tracker is not None:
+        tracker.close()
     steps = (config.epochs - initial_epoch) * spec.steps_per_epoch - (partial[1] if partial else 0)
     timed = timer.seconds[1:] if len(timer.seconds) > 1 else timer.seconds
     images = spec.steps_per_epoch * config.batch_size * len(timed)
@@ -332,6 +348,9 @@ def run_worker(spec: WorkerSpec, *, status: dict | None = None, output_dir: str 
     if config.output:
         status["stage"] = STAGE_OUTPUT
         _save_outputs(model, spec, val, local_output)
+        from spark_imagenet.training.worker.strategy import leave_together
+
+        leave_together(strategy, spec)  # the others wait while the chief writes its outputs
     return WorkerResult(rank=spec.rank, workers=spec.workers, replicas_in_sync=int(strategy.num_replicas_in_sync),
                         train_examples=spec.train_examples, batch_size=config.batch_size, epochs=config.epochs,
                         **described, **trained, val=val, eval_seconds=eval_seconds, params=params)
@@ -389,6 +408,10 @@ def _save_outputs(model: keras.Model, spec: WorkerSpec, val: ValMetrics, local: 
         if seconds is not None:
             logger.info("output: model.keras, preprocessing.json" + (
                 f" and serving/ (SavedModel, {seconds:.1f} s)" if spec.labels else " (no class list: no serving/)"))
+        if spec.config.tracking.enabled:  # the driver logs it to the run from --output
+            from spark_imagenet.training.worker.tracking import write_mlflow_model
+
+            write_mlflow_model(os.path.join(local, MODEL_FILE), local)
     finally:
         shutil.rmtree(saved, ignore_errors=True)
     if val.top1 is None:
