@@ -133,7 +133,7 @@ def test_a_tracked_job_is_one_run_with_every_epoch_the_validation_and_a_register
     assert run.inputs.dataset_inputs[0].dataset.source == json.dumps({"url": str(bucket)})
     (version,) = client.search_model_versions("name='tiny-alexnet'")
     assert version.version == "1" and version.run_id == rid
-    _check_model_equals_predict(f"models:/{version.model_id}", mlflow_server.uri, out, _train_images(bucket))
+    _check_model_equals_predict("models:/tiny-alexnet/1", mlflow_server.uri, out, _train_images(bucket))
 
 
 def _check_model_equals_predict(model_uri: str, tracking_uri: str, out: Path, files: list[Path]) -> None:
