@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from spark_imagenet.errors import ConfigError, SparkImagenetError
+from spark_imagenet.errors import ConfigError, SparkImagenetError, StorageError
 from spark_imagenet.storage import open_storage
 from spark_imagenet.storage.envelope import Envelope
 from spark_imagenet.training.job.plan import JobPlan
@@ -248,7 +248,12 @@ def _log_model(record: RunRecord, client: Any, experiment_id: str) -> str | None
     if f"{prefix}/MLmodel" not in names:
         return None
     with tempfile.TemporaryDirectory(prefix="spark-imagenet-mlflow-") as tmp:
-        storage.get_files([(n, os.path.join(tmp, n[len(prefix) + 1:])) for n in names])
+        pairs = [(n, os.path.join(tmp, n[len(prefix) + 1:])) for n in names]
+        for _, path in pairs:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        failed = [str(e) for e in storage.get_files(pairs) if e is not None]
+        if failed:
+            raise StorageError(f"cannot read the MLflow model {record.model_url}: {failed[0]}")
         model = client.create_logged_model(experiment_id, name=MODEL_NAME, source_run_id=record.run_id,
                                            model_type="tensorflow")
         client.log_model_artifacts(model.model_id, tmp)
