@@ -35,8 +35,8 @@ start of each ``fit`` call and a step preempted by another process weigh nothing
   ``CPU time per step`` ratio is the overhead claim on a busy machine.
 
 ``--ablate`` adds "bare + X" variants, each adding one thing of ours to bare, to find where a difference comes
-from ("bare + decoupled weight decay" is not ours: tf_keras' ``SGD(weight_decay=...)``, the cheaper alternative
-to our L2 term, for comparison).
+from ("bare + decoupled weight decay" is not ours: tf_keras' ``SGD(weight_decay=...)``, for comparison; "bare + L2
+loss term" is how our weight decay was applied before it moved into the optimizer's step, ``DecayedSGD``).
 
 Sizes: ``224`` is AlexNet as in the paper (224 px, width 1.0, 1000 classes) at a small batch (CPU);
 ``test`` is the size tests train (the smallest input AlexNet takes, ``specs.MIN_IMAGE_SIZE`` = 67 px, width
@@ -82,7 +82,7 @@ LEARNING_RATE = 0.01
 BARE_SETTINGS = {"lr_schedule": "constant", "warmup_epochs": 0.0, "weight_decay": 0.0}
 #: --ablate: bare plus one thing of ours each.
 ABLATIONS = ("strategy", "metrics", "weight decay", "schedule", "callbacks", "generator dropout",
-             "decoupled weight decay")
+             "decoupled weight decay", "L2 loss term")
 #: The recipe's weight decay (AlexNet: Krizhevsky et al. 2012).
 WEIGHT_DECAY = 5e-4
 
@@ -207,6 +207,17 @@ class Ours:
         return self.clock.step_seconds()
 
 
+def _l2_term(model):
+    """The L2 term ``WEIGHT_DECAY / 2 * sum(w ** 2)`` over the model's kernels, as a callable loss (the former
+    way of weight decay, kept here to measure against)."""
+    import tensorflow as tf
+
+    from spark_imagenet.training.worker.models.compile import decayed_kernels
+
+    kernels = decayed_kernels(model)
+    return lambda: tf.constant(WEIGHT_DECAY / 2, tf.float32) * tf.add_n([tf.reduce_sum(tf.square(k)) for k in kernels])
+
+
 class Bare:
     """tf_keras alone: the registry's model, SGD + sparse cross-entropy, ``fit`` with no callbacks of ours.
 
@@ -228,13 +239,18 @@ class Bare:
             keras.backend.experimental.disable_tf_random_generator()
         with scope:
             self.model = build_model("alexnet", size["num_classes"], size["image_size"], size["width"])
-            if extra == "weight decay":  # the L2 term compile_model adds (a callable loss), before compiling
-                from spark_imagenet.training.worker.models.compile import _set_weight_decay
-
-                _set_weight_decay(self.model, WEIGHT_DECAY)
+            if extra == "L2 loss term":  # how weight decay was applied before DecayedSGD: a callable loss
+                self.model.add_loss(_l2_term(self.model))
             # not ours: tf_keras' own decoupled decay (w -= lr * wd * w in the update), a cheaper alternative
             decoupled = WEIGHT_DECAY if extra == "decoupled weight decay" else None
-            self.model.compile(optimizer=keras.optimizers.SGD(self._rate(), momentum=0.9, weight_decay=decoupled),
+            optimizer = keras.optimizers.SGD(self._rate(), momentum=0.9, weight_decay=decoupled)
+            if extra == "weight decay":  # ours: the L2 gradient added inside the optimizer's step
+                from spark_imagenet.training.worker.models.compile import decayed_kernels
+                from spark_imagenet.training.worker.optimizers import DecayedSGD
+
+                optimizer = DecayedSGD(self._rate(), momentum=0.9, weight_decay=WEIGHT_DECAY,
+                                       decayed=decayed_kernels(self.model))
+            self.model.compile(optimizer=optimizer,
                                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                                weighted_metrics=self._metrics())
         data = tf.data.Dataset.from_tensors(batch).repeat()

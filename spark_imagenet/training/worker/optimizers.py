@@ -1,4 +1,5 @@
-"""LARS, layer-wise adaptive rate scaling, as a ``tf_keras`` optimizer (imports TensorFlow; worker side only).
+"""The optimizers of training: :class:`LARS` (layer-wise adaptive rate scaling) and :class:`DecayedSGD` (SGD with
+the L2 weight decay inside its step), ``tf_keras`` optimizers (import TensorFlow; worker side only).
 
 Reference: Y. You, I. Gitman, B. Ginsburg, "Large Batch Training of Convolutional Networks" (2017),
 arXiv:1708.03888, Algorithm 1 and equation (6); used by You et al. (2017, "ImageNet Training in Minutes") to
@@ -28,7 +29,7 @@ all replicas compute the same norms and stay equal. Registered for ``.keras`` sa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 
 import tensorflow as tf  # noqa: E402
@@ -119,4 +120,52 @@ class LARS(keras.optimizers.Optimizer):
         return config
 
 
-__all__ = ["LARS", "TRUST_COEFFICIENT", "adapted"]
+@keras.saving.register_keras_serializable(package="spark_imagenet")
+class DecayedSGD(keras.optimizers.SGD):
+    """SGD with momentum whose update adds ``weight_decay * w`` to the gradient of the decayed variables: the
+    gradient of the L2 term ``weight_decay / 2 * sum(w ** 2)``, applied in the optimizer's step instead of
+    through the loss.
+
+    The update of each decayed variable is exactly that of plain SGD on the loss plus the L2 term (the same
+    velocity, the same step; tests/test_compile.py compares them), without the term's forward pass, its
+    backward pass and the full-size temporaries of both. The reported ``loss`` then holds no decay term.
+
+    Args:
+        learning_rate: float > 0, or a ``LearningRateSchedule`` of the step.
+        momentum: float in [0, 1).
+        weight_decay: float >= 0.
+        decayed: the variables to decay (:func:`~spark_imagenet.training.worker.models.compile.decayed_kernels`:
+            conv and dense kernels); not stored by ``get_config``: a reloaded optimizer decays nothing.
+        name: the optimizer's name.
+        **kwargs: the other arguments of ``tf_keras.optimizers.SGD``.
+
+    Raises:
+        ConfigError: ``weight_decay`` below 0 (names ``--weight-decay``).
+    """
+
+    def __init__(self, learning_rate: Any = 0.01, momentum: float = 0.0, weight_decay: float = 0.0,
+                 decayed: Sequence[tf.Variable] = (), name: str = "SGD", **kwargs: Any) -> None:
+        l2 = kwargs.pop("l2_weight_decay", None)
+        if l2 is not None:  # from get_config, whose "weight_decay" is the base class's decoupled decay (None)
+            weight_decay = l2
+        if not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
+            raise ConfigError(f"weight_decay (--weight-decay) must be a number >= 0, got {weight_decay!r}")
+        kwargs.pop("is_legacy_optimizer", None)
+        super().__init__(learning_rate=learning_rate, momentum=momentum, name=name, **kwargs)
+        self.l2_weight_decay = float(weight_decay)
+        self._decayed = {self._var_key(v) for v in decayed}
+
+    def update_step(self, gradient: Any, variable: tf.Variable) -> None:
+        """SGD's update of ``variable`` with ``gradient + weight_decay * variable`` when it is decayed."""
+        if self.l2_weight_decay and self._var_key(variable) in self._decayed:
+            gradient = tf.convert_to_tensor(gradient) + tf.cast(self.l2_weight_decay, variable.dtype) * variable
+        super().update_step(gradient, variable)
+
+    def get_config(self) -> dict[str, Any]:
+        """SGD's arguments and ``l2_weight_decay`` (for ``.keras`` saving; the decayed variables are not kept)."""
+        config = super().get_config()
+        config["l2_weight_decay"] = self.l2_weight_decay
+        return config
+
+
+__all__ = ["DecayedSGD", "LARS", "TRUST_COEFFICIENT", "adapted"]

@@ -8,13 +8,12 @@ The order a training process follows (the worker and ``benchmarks/gpu.py``)::
     compile_model(model, learning_rate, optimizer=..., momentum=..., weight_decay=...,
                   label_smoothing=..., jit_compile=...)
 
-Weight decay (every model): with ``optimizer="sgd"`` an L2 term ``weight_decay / 2 * sum(w ** 2)`` over the
-conv and dense kernels (:func:`decayed_kernels`; not biases, not batch-norm gamma/beta) is added to the
-model's losses, so its gradient is the papers' ``weight_decay * w``. tf-keras adds the model's losses to the
-data loss in ``train_step`` and divides them by the replicas in sync, as it divides the data loss by the
-global batch, so under a distribution strategy the summed gradient holds the term once. With
-``optimizer="lars"`` the decay is inside LARS' update (:mod:`spark_imagenet.training.worker.optimizers`) and no L2 term
-is added. The term is a callable loss, which ``.keras`` files do not store: a loaded model has no decay.
+Weight decay (every model): the papers' L2 decay, gradient ``weight_decay * w`` on the conv and dense kernels
+(:func:`decayed_kernels`; not biases, not batch-norm gamma/beta), is applied inside the optimizer's step, after
+the gradients are all-reduced: with ``optimizer="sgd"`` by :class:`~spark_imagenet.training.worker.optimizers.DecayedSGD`
+(the same update as plain SGD on the loss plus ``weight_decay / 2 * sum(w ** 2)``, without that term's forward
+and backward passes over every weight), with ``optimizer="lars"`` inside LARS' update. No term is added to the
+loss: the reported ``loss`` is the data loss.
 
 XLA (``jit_compile=True``): with one replica in sync, ``model.compile(jit_compile=True)`` compiles the whole
 train step. With several (MultiWorkerMirroredStrategy, MirroredStrategy) the gradient all-reduce must stay
@@ -106,32 +105,6 @@ def decayed_kernels(model: keras.Model) -> list[tf.Variable]:
                 seen.add(id(var))
                 kernels.append(var)
     return kernels
-
-
-class _WeightDecay:
-    """The callable loss ``weight_decay / 2 * sum(w ** 2)`` over a model's kernels (float32 scalar); one per
-    model, its ``weight_decay`` updated by a later :func:`compile_model`."""
-
-    def __init__(self, kernels: list[tf.Variable], weight_decay: float) -> None:
-        self.kernels, self.weight_decay = kernels, weight_decay
-
-    def __call__(self) -> tf.Tensor:
-        if not self.weight_decay or not self.kernels:
-            return tf.constant(0.0, tf.float32)
-        total = tf.add_n([tf.reduce_sum(tf.square(tf.cast(k, tf.float32))) for k in self.kernels])
-        return tf.constant(self.weight_decay / 2, tf.float32) * total
-
-
-def _set_weight_decay(model: keras.Model, weight_decay: float) -> None:
-    """Give ``model`` its L2 term (added once, as a callable loss; a second call only changes the factor)."""
-    decay = getattr(model, "_spark_imagenet_weight_decay", None)
-    if decay is None:
-        if not weight_decay:
-            return
-        decay = _WeightDecay(decayed_kernels(model), weight_decay)
-        model._spark_imagenet_weight_decay = decay
-        model.add_loss(decay)
-    decay.weight_decay = float(weight_decay)
 
 
 @keras.saving.register_keras_serializable(package="spark_imagenet")
@@ -295,10 +268,11 @@ def compile_model(model: keras.Model, learning_rate: float | keras.optimizers.sc
         from spark_imagenet.training.worker.optimizers import LARS
 
         opt = LARS(rate, momentum=float(momentum), weight_decay=float(weight_decay))
-        _set_weight_decay(model, 0.0)
     else:
-        opt = keras.optimizers.SGD(learning_rate=rate, momentum=float(momentum))
-        _set_weight_decay(model, float(weight_decay))
+        from spark_imagenet.training.worker.optimizers import DecayedSGD
+
+        opt = DecayedSGD(rate, momentum=float(momentum), weight_decay=float(weight_decay),
+                         decayed=decayed_kernels(model))
     loss = (SmoothedSparseCrossentropy(float(label_smoothing)) if label_smoothing > 0
             else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     whole_step = _set_train_step(model, bool(jit_compile))
