@@ -16,6 +16,16 @@ per line (to stdout, or to the file given) with exactly the keys of :data:`RECOR
 * ``params`` (dict): the settings of this measurement (sizes, counts, the alternative compared against).
 * ``quick`` (bool), ``date`` (ISO 8601, UTC), ``commit`` (the checkout's git commit or None),
   ``machine`` (:func:`machine`) and ``versions`` (:func:`versions`).
+* ``others_cpu`` (dict or None): the CPU that processes other than this run's own process tree used during the
+  run (:func:`others_cpu`): ``cpu_seconds``, ``wall_seconds``, ``core_share`` (others' CPU-seconds per wall
+  second: the share of one core), ``limit`` (:data:`OTHERS_LIMIT`), ``quiet`` (``core_share <= limit``),
+  ``own_cpu_seconds`` and ``top`` (the 3 other processes that used most); None where ``/proc`` cannot be read
+  (Linux only). Records committed before this rule lack the key (see BENCHMARKS.md, "Quiet machine rule").
+
+The quiet machine rule: a full run (not ``--quick``) whose others used more than :data:`OTHERS_LIMIT` of a core
+writes no record: :meth:`Report.close` prints one message on stderr (how much, and the top 3 other processes)
+and exits with status 3 (:data:`NOISY_EXIT`). ``--noisy-ok`` writes the records anyway, marked
+``"quiet": false``; ``--quick`` runs record the number and never refuse.
 
 Repetitions are interleaved by the scripts where two things are compared (A, B, A, B, ...), so that drifting
 load from other processes on a shared machine hits both alike; the ratio of one run is what a claim rests on,
@@ -32,16 +42,28 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 #: The keys of every JSON record, in order.
 RECORD_KEYS = ("benchmark", "measurement", "unit", "kind", "median", "min", "max", "spread", "reps", "values",
-               "params", "quick", "date", "commit", "machine", "versions")
+               "params", "quick", "date", "commit", "machine", "versions", "others_cpu")
+
+#: The keys of the records committed before the quiet machine rule (no ``others_cpu``).
+PRE_QUIET_RECORD_KEYS = RECORD_KEYS[:-1]
+
+#: Others' CPU during a full run, as a share of one core (CPU-seconds per wall second), above which the run
+#: writes no record.
+OTHERS_LIMIT = 0.10
+
+#: The exit status of a full run refused by the quiet machine rule.
+NOISY_EXIT = 3
 
 #: The distributions whose versions every record names (absent ones are left out).
 DISTRIBUTIONS = ("spark-imagenet", "tensorflow", "tf-keras", "pyspark", "pillow", "google-cloud-storage",
@@ -66,6 +88,10 @@ def add_options(parser: argparse.ArgumentParser, reps: int = FULL_REPS, quick_re
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=_json_target,
                         help="write one JSON object per measurement, one per line, to FILE (replaced if it "
                              "exists; default: stdout, the human-readable lines then go to stderr)")
+    parser.add_argument("--noisy-ok", action="store_true",
+                        help=f"write the records even if other processes used more than {OTHERS_LIMIT:g} of a "
+                             "core during the run (they are then marked \"quiet\": false; without it such a "
+                             f"full run writes nothing and exits {NOISY_EXIT})")
     parser.set_defaults(_full_reps=reps, _quick_reps=quick_reps)
 
 
@@ -161,6 +187,163 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     return {"median": med, "min": lo, "max": hi, "spread": (hi - lo) / med if med else 0.0}
 
 
+# --- the quiet machine rule: the CPU of other processes during a run (Linux /proc) ---------------------------
+
+#: Indexes, after the ``cpu`` label of /proc/stat, of the busy jiffies: user, nice, system, irq, softirq, steal
+#: (idle and iowait are 3 and 4; guest and guest_nice are already inside user and nice).
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+
+
+def parse_proc_stat(text: str) -> int:
+    """The busy jiffies of all CPUs (user+nice+system+irq+softirq+steal) from the text of ``/proc/stat``.
+
+    Raises:
+        ValueError: no aggregate ``cpu`` line.
+    """
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            numbers = [int(f) for f in fields[1:]]
+            return sum(numbers[i] for i in _BUSY_FIELDS if i < len(numbers))
+    raise ValueError("no aggregate 'cpu' line in /proc/stat")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """What the quiet machine rule reads from one ``/proc/PID/stat`` (times in clock ticks)."""
+
+    pid: int
+    comm: str
+    ppid: int
+    utime: int
+    stime: int
+    cutime: int
+    cstime: int
+    starttime: int
+
+    @property
+    def cpu(self) -> int:
+        """The process's CPU and that of its children it has waited for: utime+stime+cutime+cstime."""
+        return self.utime + self.stime + self.cutime + self.cstime
+
+
+def parse_pid_stat(text: str) -> ProcStat:
+    """Parse one ``/proc/PID/stat`` line. The command name sits in parentheses and may hold spaces and
+    parentheses itself, so it runs to the *last* ``)``.
+
+    Raises:
+        ValueError: not a stat line.
+    """
+    head, close, tail = text.rpartition(")")
+    pid_text, open_, comm = head.partition(" (")
+    if not close or not open_:
+        raise ValueError(f"not a /proc/PID/stat line: {text[:80]!r}")
+    rest = tail.split()  # rest[0] is field 3 (state) of proc(5), so field N is rest[N - 3]
+    if len(rest) < 20:
+        raise ValueError(f"/proc/PID/stat line too short: {text[:80]!r}")
+    return ProcStat(pid=int(pid_text), comm=comm, ppid=int(rest[1]), utime=int(rest[11]), stime=int(rest[12]),
+                    cutime=int(rest[13]), cstime=int(rest[14]), starttime=int(rest[19]))
+
+
+def process_tree(parents: Mapping[int, int], root: int) -> set[int]:
+    """``root`` and every process below it, from a map pid -> parent pid."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    tree, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in tree:
+                tree.add(child)
+                todo.append(child)
+    return tree
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One reading: the wall clock (monotonic seconds), the machine's busy jiffies and every process's stat."""
+
+    wall: float
+    busy: int
+    procs: Mapping[int, ProcStat]
+
+
+def own_cpu(snapshot: Snapshot, root: int) -> int:
+    """Clock ticks used by the process tree of ``root`` at ``snapshot``: root's utime+stime+cutime+cstime and
+    the same of every live descendant (a descendant that ended is in its parent's cutime once waited for)."""
+    tree = process_tree({pid: p.ppid for pid, p in snapshot.procs.items()}, root)
+    return sum(snapshot.procs[pid].cpu for pid in tree if pid in snapshot.procs)
+
+
+def top_others(start: Snapshot, end: Snapshot, root: int, count: int = 3) -> list[tuple[int, str, int]]:
+    """The ``count`` processes outside ``root``'s tree (at either reading) that used the most clock ticks
+    between the readings, as (pid, command name, ticks), most first. A process started in between counts
+    all its ticks; one that ended in between is not seen (its parent's cutime holds it)."""
+    tree = (process_tree({pid: p.ppid for pid, p in start.procs.items()}, root)
+            | process_tree({pid: p.ppid for pid, p in end.procs.items()}, root))
+    used = []
+    for pid, proc in end.procs.items():
+        if pid in tree:
+            continue
+        before = start.procs.get(pid)
+        ticks = proc.cpu - (before.cpu if before is not None and before.starttime == proc.starttime else 0)
+        if ticks > 0:
+            used.append((pid, proc.comm, ticks))
+    return sorted(used, key=lambda u: (-u[2], u[0]))[:count]
+
+
+def others_cpu(start: Snapshot, end: Snapshot, root: int, ticks_per_second: float,
+               limit: float = OTHERS_LIMIT) -> dict[str, Any]:
+    """The record's ``others_cpu``: the CPU used between two readings by processes outside ``root``'s tree,
+    i.e. the machine's busy time less the tree's own, in CPU-seconds and as a share of one core."""
+    own = own_cpu(end, root) - own_cpu(start, root)
+    others = max(0, end.busy - start.busy - own) / ticks_per_second
+    wall = max(end.wall - start.wall, 1e-9)
+    share = others / wall
+    return {"cpu_seconds": round(others, 2), "wall_seconds": round(wall, 2), "core_share": round(share, 4),
+            "limit": limit, "quiet": share <= limit, "own_cpu_seconds": round(own / ticks_per_second, 2),
+            "top": [{"pid": pid, "command": comm, "cpu_seconds": round(t / ticks_per_second, 2)}
+                    for pid, comm, t in top_others(start, end, root)]}
+
+
+def noisy_message(result: Mapping[str, Any]) -> str:
+    """The one line a refused run prints: how much CPU others used, and the top 3 of them."""
+    top = ", ".join(f"pid {t['pid']} ({t['command']}) {t['cpu_seconds']:g} CPU-s" for t in result["top"])
+    return (f"quiet machine rule: other processes used {result['cpu_seconds']:g} CPU-s in the run's "
+            f"{result['wall_seconds']:g} s, {result['core_share']:.2f} of a core (limit {result['limit']:g}); "
+            f"top others: {top or 'none still running'}; no record written (re-run on a quiet machine, or pass "
+            "--noisy-ok to write the records marked \"quiet\": false)")
+
+
+def read_snapshot(proc: Path = Path("/proc")) -> Snapshot | None:
+    """Read ``/proc/stat`` and every ``/proc/PID/stat`` now; None where ``/proc/stat`` cannot be read."""
+    wall = time.monotonic()
+    try:
+        busy = parse_proc_stat((proc / "stat").read_text())
+    except (OSError, ValueError):
+        return None
+    procs = {}
+    try:
+        entries = [e.name for e in os.scandir(proc) if e.name.isdigit()]
+    except OSError:
+        return None
+    for name in entries:
+        try:
+            stat = parse_pid_stat((proc / name / "stat").read_text())
+        except (OSError, ValueError):  # ended meanwhile, or unreadable
+            continue
+        procs[stat.pid] = stat
+    return Snapshot(wall, busy, procs)
+
+
+def clock_ticks() -> float:
+    """Clock ticks per second of /proc's times (``SC_CLK_TCK``, 100 where unknown)."""
+    try:
+        return float(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError, AttributeError):
+        return 100.0
+
+
 class Report:
     """Collects a script's measurements, prints them, and writes the JSON lines of ``--json``.
 
@@ -168,17 +351,25 @@ class Report:
         benchmark: the script's short name (the records' ``benchmark``).
         args: the parsed options (uses ``quick`` and ``json``).
         extra_versions: more distributions to name in ``versions``.
+        others_limit: the quiet machine rule's limit (share of one core; default :data:`OTHERS_LIMIT`).
+
+    The run measured for the quiet machine rule is from this constructor to :meth:`close`.
     """
 
-    def __init__(self, benchmark: str, args: argparse.Namespace, extra_versions: Iterable[str] = ()) -> None:
+    def __init__(self, benchmark: str, args: argparse.Namespace, extra_versions: Iterable[str] = (),
+                 others_limit: float = OTHERS_LIMIT) -> None:
         self.benchmark = benchmark
         self.quick = bool(getattr(args, "quick", False))
         self.target = getattr(args, "json", None)
+        self.noisy_ok = bool(getattr(args, "noisy_ok", False))
+        self.others_limit = others_limit
+        self.others: dict[str, Any] | None = None
         self.records: list[dict[str, Any]] = []
         self._context = {"quick": self.quick,
                          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                          "commit": commit(), "machine": machine(), "versions": versions(extra_versions)}
         self.human = sys.stderr if self.target == "-" else sys.stdout
+        self._start = read_snapshot()
 
     def say(self, text: str) -> None:
         """Print a human-readable line (to stderr when the JSON goes to stdout)."""
@@ -189,7 +380,8 @@ class Report:
         """Record one measurement from its repetitions ``values``; prints its line and returns the record."""
         values = [float(v) for v in values]
         record = {"benchmark": self.benchmark, "measurement": measurement, "unit": unit, "kind": kind,
-                  **summary(values), "reps": len(values), "values": values, "params": params, **self._context}
+                  **summary(values), "reps": len(values), "values": values, "params": params, **self._context,
+                  "others_cpu": None}
         self.records.append(record)
         spread = f" (min {record['min']:.4g}, max {record['max']:.4g}, {len(values)} reps)" if len(values) > 1 else ""
         self.say(f"{self.benchmark}: {measurement}: {record['median']:.4g} {unit}{spread}")
@@ -206,8 +398,32 @@ class Report:
         """Record a number computed from measured medians (a projection, a bound)."""
         return self.add(measurement, unit, [value], kind="derived", **params)
 
+    def measure_others(self) -> dict[str, Any] | None:
+        """Read /proc again and put the CPU that others used since the constructor into every record."""
+        end = read_snapshot() if self._start is not None else None
+        if end is None:
+            self.say(f"{self.benchmark}: the CPU of other processes is not measured: /proc/stat cannot be read "
+                     "(Linux only); the records' others_cpu is null")
+            return None
+        self.others = others_cpu(self._start, end, os.getpid(), clock_ticks(), self.others_limit)
+        for record in self.records:
+            record["others_cpu"] = self.others
+        self.say(f"{self.benchmark}: other processes used {self.others['cpu_seconds']:g} CPU-s in "
+                 f"{self.others['wall_seconds']:g} s, {self.others['core_share']:.2f} of a core (limit "
+                 f"{self.others_limit:g}{'' if self.others['quiet'] else ': not quiet'})")
+        return self.others
+
     def close(self) -> None:
-        """Write the JSON lines (if ``--json`` was given)."""
+        """Apply the quiet machine rule, then write the JSON lines (if ``--json`` was given).
+
+        Raises:
+            SystemExit: status :data:`NOISY_EXIT`, after one message on stderr, when a full run without
+                ``--noisy-ok`` was not quiet (nothing is written).
+        """
+        others = self.measure_others()
+        if others is not None and not others["quiet"] and not self.quick and not self.noisy_ok:
+            print(f"{self.benchmark}: {noisy_message(others)}", file=sys.stderr, flush=True)
+            raise SystemExit(NOISY_EXIT)
         if self.target is None:
             return
         lines = "".join(json.dumps(r, sort_keys=False) + "\n" for r in self.records)

@@ -59,6 +59,9 @@ def check_record(record: dict, benchmark: str) -> None:
     assert record["commit"] is None or isinstance(record["commit"], str)
     assert record["machine"]["cpus"] >= 1 and record["machine"]["python"]
     assert "tensorflow" in record["versions"] or "pillow" in record["versions"]
+    others = record["others_cpu"]  # the quiet machine rule: measured, never refused under --quick
+    assert others is None or (others["cpu_seconds"] >= 0.0 and others["wall_seconds"] > 0.0
+                              and isinstance(others["quiet"], bool) and len(others["top"]) <= 3), others
 
 
 def check_records(records: list[dict], benchmark: str, expected: set[str]) -> dict[str, dict]:
