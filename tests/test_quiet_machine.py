@@ -124,7 +124,7 @@ def test_a_full_run_beside_a_busy_process_that_is_not_its_child_is_refused(tmp_p
     try:
         time.sleep(0.3)
         out = tmp_path / "records.jsonl"
-        refused = _run("--json", str(out), "--sleep", "1.0")
+        refused = _run("--json", str(out), "--sleep", "0.7")
         assert refused.returncode == NOISY_EXIT, refused.stderr
         assert out.read_text() == "", "a refused run wrote records"
         message = [line for line in refused.stderr.splitlines() if "quiet machine rule" in line]
@@ -133,10 +133,10 @@ def test_a_full_run_beside_a_busy_process_that_is_not_its_child_is_refused(tmp_p
         assert message[0].count("top others: pid ") == 1, message[0]
 
         burned = _cpu_seconds(busy.pid)
-        kept = _run("--json", str(out), "--sleep", "1.0", "--noisy-ok")
+        kept = _run("--json", str(out), "--sleep", "0.7", "--noisy-ok")
         burned = _cpu_seconds(busy.pid) - burned
         assert kept.returncode == 0, kept.stderr
-        quick = _run("--json", "-", "--quick", "--sleep", "1.0")
+        quick = _run("--json", "-", "--quick", "--sleep", "0.7")
         assert quick.returncode == 0, quick.stderr
     finally:
         busy.kill()
