@@ -47,7 +47,8 @@ class _EpochProgress(keras.callbacks.Callback):
 
     Args:
         epochs: N, the epochs ``fit`` runs.
-        steps: S, steps per epoch.
+        steps: S, steps per epoch (:attr:`steps`, set to the remaining steps while an epoch a checkpoint stopped
+            inside is finished).
         batch_size: examples per step on this worker.
         log_epochs: log (INFO) each epoch's line; False logs nothing (the other ranks).
         summary_dir: the chief's TensorBoard folder for each epoch's scalars (:meth:`scalars`), or None.
@@ -59,8 +60,9 @@ class _EpochProgress(keras.callbacks.Callback):
                  log_epochs: bool = False, summary_dir: str | None = None, tracker: Any = None) -> None:
         super().__init__()
         self.seconds: list[float] = []
+        self.counted: list[int] = []  # the steps of each epoch in seconds
         self._start = 0.0
-        self._epochs, self._steps, self._batch, self._log_epochs = epochs, steps, batch_size, log_epochs
+        self._epochs, self.steps, self._batch, self._log_epochs = epochs, steps, batch_size, log_epochs
         self._writer = tf.summary.create_file_writer(summary_dir) if summary_dir else None
         self._tracker = tracker
 
@@ -71,6 +73,7 @@ class _EpochProgress(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Append the seconds since ``on_epoch_begin`` to :attr:`seconds`; log the epoch's line."""
         self.seconds.append(time.perf_counter() - self._start)
+        self.counted.append(self.steps)
         if self._log_epochs:
             logger.info(self.line(epoch, logs or {}))
         if self._writer is None and self._tracker is None:
@@ -92,7 +95,7 @@ class _EpochProgress(keras.callbacks.Callback):
         lr = self._learning_rate()
         if lr is not None:
             out["learning_rate"] = lr
-        out["images_per_sec"] = self._steps * self._batch / seconds if seconds > 0 else 0.0
+        out["images_per_sec"] = self.steps * self._batch / seconds if seconds > 0 else 0.0
         return out
 
     def _learning_rate(self) -> float | None:
@@ -108,8 +111,8 @@ class _EpochProgress(keras.callbacks.Callback):
         eta = (self._epochs - epoch - 1) * (sum(timed) / len(timed))
         metrics = ", ".join(f"{k} {float(logs[k]):.4f}" for k in ("xent", "top1", "top5") if k in logs)
         lr = self._learning_rate()
-        rate = self._steps * self._batch / seconds if seconds > 0 else 0.0
-        return (f"Epoch {epoch + 1}/{self._epochs}: {self._steps} steps in {seconds:.1f} s, {metrics}"
+        rate = self.steps * self._batch / seconds if seconds > 0 else 0.0
+        return (f"Epoch {epoch + 1}/{self._epochs}: {self.steps} steps in {seconds:.1f} s, {metrics}"
                 + (f", lr {lr:.4g}" if lr is not None else "")
                 + f", {rate:.1f} images/s on this worker, ETA {eta:.0f} s")
 
@@ -231,6 +234,7 @@ def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec,
     for dataset, first, last, steps_per_epoch in fits:
         if first >= last:
             continue
+        timer.steps = steps_per_epoch  # the rest of an epoch counts its own steps (line, images/s)
         with pipeline.naming_bad_records(list(spec.train_files), parallel=spec.parallel):
             history = model.fit(dataset, epochs=last, initial_epoch=first, steps_per_epoch=steps_per_epoch,
                                 callbacks=[timer, *callbacks], verbose=0)
@@ -241,7 +245,7 @@ def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec,
         tracker.close()
     steps = (config.epochs - initial_epoch) * spec.steps_per_epoch - (partial[1] if partial else 0)
     timed = timer.seconds[1:] if len(timer.seconds) > 1 else timer.seconds
-    images = spec.steps_per_epoch * config.batch_size * len(timed)
+    images = sum(timer.counted[1:] if len(timer.counted) > 1 else timer.counted) * config.batch_size
     images_per_sec = images / sum(timed) if timed and sum(timed) > 0 else 0.0
     logger.info(
         f"train: {steps} steps, {steps * config.batch_size} images in {train_seconds:.1f} s; "
