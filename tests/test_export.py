@@ -74,14 +74,21 @@ print(json.dumps({"optimizer": model.optimizer is not None, "older_error": older
 
 
 def clean_python(root: Path) -> Path:
-    """A virtualenv (no pip) that sees the site-packages of this one (TensorFlow, tf_keras) through a .pth line,
-    but not spark_imagenet: a directory named in a .pth file does not have its own .pth files (the editable
-    install's) processed. Returns its python."""
+    """A virtualenv (no pip) that sees this one's installed packages (TensorFlow, tf_keras, ...) but not
+    spark_imagenet, however it was installed: a folder of links to every entry of this site-packages except
+    spark_imagenet's own (its package, its dist-info, an editable install's .pth and finder) is named in a .pth
+    line (the linked folder's own .pth files are not processed). Returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     inner = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                            check=True, capture_output=True, text=True).stdout.strip()
-    Path(inner, "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    outer = Path(sysconfig.get_paths()["purelib"])
+    linked = root / "outer-site-packages"
+    linked.mkdir()
+    for entry in outer.iterdir():
+        if not entry.name.lower().replace("-", "_").startswith(("spark_imagenet", "__editable__.spark_imagenet")):
+            (linked / entry.name).symlink_to(entry)
+    Path(inner, "outer.pth").write_text(f"{linked}\n")
     return python
 
 
