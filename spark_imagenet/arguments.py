@@ -93,6 +93,14 @@ def nonnegative_float(text: str) -> float:
     return value
 
 
+def tag_pair(text: str) -> tuple[str, str]:
+    """An argparse type: ``KEY=VALUE`` (an MLflow tag) as ``(key, value)``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. team=vision")
+    return key.strip(), value.strip()
+
+
 def conf_pair(text: str) -> tuple[str, str]:
     """An argparse type: ``KEY=VALUE`` (a Spark setting) as ``(key, value)``."""
     key, sep, value = text.partition("=")

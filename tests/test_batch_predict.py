@@ -142,6 +142,13 @@ def test_predict_dataframe_refuses_before_the_job(spark, tmp_path, run_folder):
                       "probabilities:array<float>,error:string>")
 
 
+def _errors(capsys) -> list[str]:
+    """The command's stderr lines, less the line naming the Spark log an earlier test's session in this
+    process wrote (a command run on its own has none before Spark starts)."""
+    return [line for line in capsys.readouterr().err.strip().splitlines()
+            if not line.startswith("spark-imagenet: Spark's log of this run")]
+
+
 @pytest.mark.parametrize("arguments, message", [
     (["--source", "S", "--table", "T"], "give one of --source URL (a folder or a labels file) and --table NAME"),
     (["--source", "S", "--id-column", "k"], "--id-column goes with --table, not --source"),
@@ -159,7 +166,7 @@ def test_the_spark_form_refuses_bad_options_in_one_line(run_folder, tmp_path, ca
     arguments = [a.replace("{tmp}", str(tmp_path)) for a in arguments]
     arguments = arguments if "--out" in arguments else [*arguments, "--out", str(tmp_path / "o")]
     code = cli.main(["predict", str(run_folder), *arguments])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _errors(capsys)
     assert code == 2 and len(err) == 1 and err[0].startswith("spark-imagenet: error: "), err
     assert message.replace("{tmp}", str(tmp_path)) in err[0]
 
@@ -174,7 +181,7 @@ def test_the_spark_form_refuses_a_model_without_serving(tmp_path, capsys, model,
     (tmp_path / "older" / "model.keras").write_bytes(b"")
     model = model.replace("{tmp}", str(tmp_path))
     code = cli.main(["predict", model, "--source", str(tmp_path), "--out", str(tmp_path / "o")])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _errors(capsys)
     assert code == 2 and len(err) == 1 and message.replace("{tmp}", str(tmp_path)) in err[0], err
 
 

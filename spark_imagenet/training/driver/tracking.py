@@ -28,6 +28,7 @@ from spark_imagenet.storage import open_storage
 from spark_imagenet.storage.envelope import Envelope
 from spark_imagenet.training.job.plan import JobPlan
 from spark_imagenet.training.job.tracking import (
+    EPOCH_METRICS,
     MODEL_DIR,
     MODEL_NAME,
     PENDING_FILE,
@@ -107,10 +108,15 @@ class RunRecord:
             ConfigError: not a record of this format and version (names ``where``).
         """
         fields = PENDING.from_json(data, where)
-        try:
-            return cls(**fields)
-        except TypeError as e:
-            raise ConfigError(f"{where}: not an MLflow run record ({e})") from None
+        known = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted({"uri", "experiment"} - set(fields))
+        unknown = sorted(set(fields) - known)
+        if missing or unknown:
+            raise ConfigError(f"{where}: not an MLflow run record ("
+                              + "; ".join(part for part in (f"it lacks {', '.join(missing)}" if missing else "",
+                                                            f"unknown key(s) {', '.join(unknown)}" if unknown else "")
+                                          if part) + ")")
+        return cls(**fields)
 
 
 def _params(job: JobPlan) -> dict[str, str]:
@@ -332,6 +338,28 @@ def _bounded(work: Callable[[], Any], seconds: float, name: str) -> tuple[bool, 
     return ("error" not in box), box.get("value", box.get("error"))
 
 
+#: Seconds to wait for a TCP connection to an http(s) tracking server before calling it unreachable.
+PROBE_S = 5.0
+
+
+def unreachable(uri: str, timeout_s: float = PROBE_S) -> str | None:
+    """Why an ``http://`` or ``https://`` tracking server cannot be reached (a refused or timed-out TCP
+    connection to its host and port), in a few words; None when it can be, or for any other kind of URI
+    (``databricks``, ``sqlite:///...``, a path), which MLflow's own calls are left to judge."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return f"cannot connect to {parts.hostname}:{port}: {e.strerror or type(e).__name__}"
+
+
 def _why(error: Any, seconds: float) -> str:
     """The reason of a failed or late MLflow call, on one line."""
     if error is None:
@@ -352,6 +380,7 @@ class RunTracker:
     def __init__(self, job: JobPlan, record: RunRecord) -> None:
         self._job, self.record = job, record
         self.spec: TrackingSpec | None = None
+        self.warned = False  # the start's warning said the server did not take the run
         self._opening = dataclasses.replace(record)  # the start's copy, which its thread may fill in late
 
     @classmethod
@@ -365,10 +394,14 @@ class RunTracker:
         earlier = _checkpoints_run(job, tracker.record.uri) if resuming else None
         tracker._opening.run_id = earlier
         client = mlflow_module().MlflowClient(tracker.record.uri)
-        ok, value = _bounded(lambda: open_run(tracker._opening, client), START_WAIT_S, "mlflow-start")
+        down = unreachable(tracker.record.uri)
+        ok, value = (False, down) if down else _bounded(lambda: open_run(tracker._opening, client), START_WAIT_S,
+                                                         "mlflow-start")
         if not ok:
+            tracker.warned = True
             logger.warning(f"warning: mlflow: the tracking server {tracker.record.uri} did not take the run "
-                           f"({_why(value, START_WAIT_S)}); training goes on, and the run is sent when the job ends")
+                           f"({value if down else _why(value, START_WAIT_S)}); training goes on, and the run is "
+                           "sent when the job ends (or written to a file to send later)")
             return tracker
         tracker.spec = value
         tracker.record.run_id = value.run_id
@@ -393,14 +426,17 @@ class RunTracker:
             record.metrics.extend(result_metrics(result, self._job.config.epochs))
             record.results = result.to_json()
         client = mlflow_module().MlflowClient(record.uri)
-        ok, value = _bounded(lambda: send_record(record, client), FINISH_WAIT_S, "mlflow-finish")
+        down = unreachable(record.uri)
+        ok, value = (False, down) if down else _bounded(lambda: send_record(record, client), FINISH_WAIT_S,
+                                                         "mlflow-finish")
         if ok:
             logger.info(f"mlflow: run {value} {record.status.lower()} at {record.uri}")
             return
         where = self._write_pending()
-        logger.warning(f"warning: mlflow: the tracking server {record.uri} did not take the run's end "
-                       f"({_why(value, FINISH_WAIT_S)}); nothing is lost: {where} holds what it lacks; send it with: "
-                       f"spark-imagenet mlflow-log {where}")
+        say = logger.info if self.warned else logger.warning  # one warning per job: the start's, if it warned
+        say(f"{'' if self.warned else 'warning: '}mlflow: the tracking server {record.uri} did not take the run's "
+            f"end ({value if down else _why(value, FINISH_WAIT_S)}); nothing is lost: {where} holds the run; send "
+            f"it with: spark-imagenet mlflow-log {where}")
 
     def _write_pending(self) -> str:
         """Write the record to ``--output`` (else the working folder); returns where it went."""
@@ -418,13 +454,16 @@ class RunTracker:
 
 
 def result_metrics(result: Any, epochs: int) -> list[list[Any]]:
-    """The metric rows of a job's result: each epoch's ``xent``, ``top1`` and ``top5`` from its history (step =
-    the epoch), and the validation as :data:`VAL_METRICS` at step ``epochs``."""
+    """The metric rows of a job's result: each epoch's :data:`EPOCH_METRICS` from its history (step = the
+    epoch; a series shorter than ``xent``'s, from checkpoints written before it was kept, covers the last
+    epochs), and the validation as :data:`VAL_METRICS` at step ``epochs``."""
     stamp = int(time.time() * 1000)
     rows = []
-    for key in ("xent", "top1", "top5"):
-        for i, value in enumerate(result.history.get(key, ())):
-            rows.append([key, float(value), i + 1, stamp])
+    done = len(result.history.get("xent", ()))
+    for key in EPOCH_METRICS:
+        series = list(result.history.get(key, ()))
+        first = max(done - len(series), 0) + 1
+        rows.extend([key, float(value), first + i, stamp] for i, value in enumerate(series))
     val = result.val
     for key, value in zip(VAL_METRICS, (val.loss, val.top1, val.top5)):
         if value is not None:
@@ -479,8 +518,13 @@ def send_pending(url: str) -> str:
     try:
         record = RunRecord.from_json(json.loads(storage.read_bytes(name)), url)
     except (SparkImagenetError, ValueError) as e:
-        raise ConfigError(f"{url}: not a readable MLflow run record ({e}); give the {PENDING_FILE} a job "
-                          "wrote") from None
+        reason = str(e)
+        where = reason if url in reason else f"{url}: not a readable MLflow run record ({reason})"
+        raise ConfigError(f"{where}; give the {PENDING_FILE} a job wrote") from None
+    down = unreachable(record.uri)
+    if down:
+        raise TrainingError(f"the MLflow tracking server {record.uri} cannot be reached ({down}); {url} is kept: "
+                            "try again later")
     try:
         run_id = send_record(record)
     except SparkImagenetError:

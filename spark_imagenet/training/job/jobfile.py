@@ -98,9 +98,10 @@ def load_job_file(path: str | os.PathLike) -> dict[str, Any]:
             _merge_section(values, name, data[name], where)
     if "url" in values and (not isinstance(values["url"], str) or not values["url"]):
         raise ConfigError(f"{where}: url must be a dataset URL string, got {values['url']!r}")
-    if "conf" in values and not isinstance(values["conf"], dict):
-        raise ConfigError(f"{where}: conf must be a table ([scaling.conf] with \"spark.key\" = \"value\" lines), "
-                          f"got {values['conf']!r}")
+    for key, table in (("conf", "[scaling.conf] with \"spark.key\" = \"value\" lines"),
+                       ("mlflow_tags", "[tracking.mlflow_tags] with key = \"value\" lines, or { key = \"value\" }")):
+        if key in values and not isinstance(values[key], dict):
+            raise ConfigError(f"{where}: {key} must be a table ({table}), got {values[key]!r:.200}")
     return absolute_paths(values, p.absolute().parent)
 
 

@@ -13,7 +13,14 @@ import argparse
 import dataclasses
 from typing import Any, Callable, Mapping
 
-from spark_imagenet.arguments import conf_pair, nonnegative_float, nonnegative_int, positive_float, positive_int
+from spark_imagenet.arguments import (
+    conf_pair,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    tag_pair,
+)
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.training.job.sections import RECIPE_KEYS
 from spark_imagenet.training.job.settings import Rule
@@ -61,7 +68,7 @@ def _add_option(group: Any, f: dataclasses.Field, default: Any) -> None:
         text += ": " + ", ".join(f"{m} (>= {px} px)" for m, px in sorted(MIN_IMAGE_SIZE.items())) \
             + ", or package.module:function, your own builder (num_classes, image_size, width) -> tf_keras.Model"
     if rule.kind == "conf":
-        group.add_argument(rule.option, type=conf_pair, action="append", default=None, metavar="KEY=VALUE",
+        group.add_argument(rule.option, type=conf_pair if f.name == "conf" else tag_pair, action="append", default=None, metavar="KEY=VALUE",
                            dest=f.name,
                            help=text + ", repeatable")
         return

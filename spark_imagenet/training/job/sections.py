@@ -374,7 +374,7 @@ class TrackingConfig:
     the chief only (docs/guide/training.md, 'Tracking in MLflow').
 
     Attributes:
-        mlflow: track the job in MLflow. Any other setting of this section turns it on too.
+        mlflow: track the job in MLflow; set to True when any other setting of this section is given.
         mlflow_tracking_uri: the tracking server (``http://host:5000``, ``databricks``, ``sqlite:///path``);
             None = MLflow's own default (``MLFLOW_TRACKING_URI``, or the workspace on Databricks).
         mlflow_experiment: the experiment's name (a workspace path such as ``/Users/me/alexnet`` on
@@ -407,12 +407,14 @@ class TrackingConfig:
 
     def __post_init__(self) -> None:
         validate_fields(self)
+        if (self.mlflow_tracking_uri or self.mlflow_experiment or self.mlflow_run_name or self.mlflow_tags
+                or self.register_model):
+            object.__setattr__(self, "mlflow", True)  # each implies --mlflow: the resolved job says so
 
     @property
     def enabled(self) -> bool:
-        """Whether the job is tracked: ``mlflow`` or any other setting of the section given."""
-        return bool(self.mlflow or self.mlflow_tracking_uri or self.mlflow_experiment or self.mlflow_run_name
-                    or self.mlflow_tags or self.register_model)
+        """Whether the job is tracked (``mlflow``, which any other setting of the section turns on)."""
+        return self.mlflow
 
 
 #: The sections in order: (name in the job file and on :class:`~spark_imagenet.training.job.config.TrainConfig`,

@@ -71,14 +71,16 @@ class _EpochProgress(keras.callbacks.Callback):
         self._start = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        """Append the seconds since ``on_epoch_begin`` to :attr:`seconds`; log the epoch's line."""
+        """Append the seconds since ``on_epoch_begin`` to :attr:`seconds`; log the epoch's line; add
+        ``learning_rate`` and ``images_per_sec`` to ``logs`` (so to the history); hand :meth:`scalars` to
+        TensorBoard and the MLflow sender."""
         self.seconds.append(time.perf_counter() - self._start)
         self.counted.append(self.steps)
         if self._log_epochs:
             logger.info(self.line(epoch, logs or {}))
-        if self._writer is None and self._tracker is None:
-            return
         scalars = self.scalars(logs or {})
+        if isinstance(logs, dict):  # into the history (Keras' History comes after us), checkpoints and results
+            logs.update({k: scalars[k] for k in ("learning_rate", "images_per_sec") if k in scalars})
         if self._writer is not None:
             with self._writer.as_default(step=epoch + 1):
                 for key, value in scalars.items():
