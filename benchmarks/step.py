@@ -12,7 +12,7 @@ so only the training step differs (the pipeline has its own benchmark, ``pipelin
 * **ours**: the worker's own code (``spark_imagenet.training.worker.main``): ``_configure`` (seed, the
   ``tf.random.Generator`` dropout), ``_build_strategy`` (``MultiWorkerMirroredStrategy`` with one worker, what a
   one-worker job runs), ``_build_model`` (``build_model`` + ``float32_logits`` + ``compile_model`` inside the
-  strategy's scope: SGD with momentum, the learning-rate schedule, the L2 weight-decay term, the ``top1``,
+  strategy's scope: SGD with momentum and the L2 weight decay in its step, the learning-rate schedule, the ``top1``,
   ``top5`` and ``xent`` weighted metrics) and ``_fit`` (``model.fit`` with the epoch progress callback and the
   step watchdog the worker adds; no checkpoints, no TensorBoard: those are off unless a job asks for them). The
   batch reaches it through ``strategy.distribute_datasets_from_function``, as in the worker. Settings: the
