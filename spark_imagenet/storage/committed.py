@@ -339,6 +339,34 @@ def upload_folder(storage: Storage, local_dir: str | os.PathLike, *, prefix: str
     return [object_name(prefix, entry.name) for _path, entry in items]
 
 
+def download_folder(storage: Storage, local_dir: str | os.PathLike, *, prefix: str = "",
+                    transfers: int = DEFAULT_TRANSFERS) -> list[str]:
+    """Download every object under ``prefix`` into a local folder, its sub-folders made as needed (the
+    inverse of :func:`upload_folder`, without a manifest to verify against: each object as the store gives it).
+
+    Args:
+        storage: the source.
+        local_dir: the folder; each object lands at its name relative to ``prefix`` (``/``-separated).
+        prefix: the source folder (``""``: the storage's root).
+        transfers: downloads in parallel (>= 1).
+
+    Returns:
+        list[str]: the object names downloaded, sorted (empty when nothing is under ``prefix``).
+
+    Raises:
+        StorageError: the folder cannot be listed, or an object cannot be downloaded (the first failure).
+    """
+    start = f"{prefix.rstrip('/')}/" if prefix else ""
+    names = sorted(info.name for info in storage.list() if info.name.startswith(start))
+    pairs = [(name, os.path.join(local_dir, *name[len(start):].split("/"))) for name in names]
+    for _, path in pairs:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    failed = [e for e in storage.get_files(pairs, transfers) if e is not None]
+    if failed:
+        raise failed[0]
+    return names
+
+
 @dataclasses.dataclass(frozen=True)
 class CommittedSets:
     """The committed sets of one storage: each a top-level folder holding its files and a marker object.

@@ -25,7 +25,9 @@ from typing import Any, Callable
 
 from spark_imagenet.errors import ConfigError, SparkImagenetError, StorageError
 from spark_imagenet.storage import open_storage
+from spark_imagenet.storage.committed import download_folder
 from spark_imagenet.storage.envelope import Envelope
+from spark_imagenet.training.job.logchannel import one_line
 from spark_imagenet.training.job.plan import JobPlan
 from spark_imagenet.training.job.tracking import (
     EPOCH_METRICS,
@@ -250,16 +252,13 @@ def _log_model(record: RunRecord, client: Any, experiment_id: str) -> str | None
     assert record.model_url is not None and record.run_id is not None
     folder, prefix = record.model_url.rsplit("/", 1)
     storage = open_storage(folder)
-    names = [i.name for i in storage.list() if i.name.startswith(prefix + "/")]
-    if f"{prefix}/MLmodel" not in names:
+    if not storage.exists(f"{prefix}/MLmodel"):
         return None
     with tempfile.TemporaryDirectory(prefix="spark-imagenet-mlflow-") as tmp:
-        pairs = [(n, os.path.join(tmp, n[len(prefix) + 1:])) for n in names]
-        for _, path in pairs:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        failed = [str(e) for e in storage.get_files(pairs) if e is not None]
-        if failed:
-            raise StorageError(f"cannot read the MLflow model {record.model_url}: {failed[0]}")
+        try:
+            download_folder(storage, tmp, prefix=prefix)
+        except StorageError as e:
+            raise StorageError(f"cannot read the MLflow model {record.model_url}: {e}") from None
         model = client.create_logged_model(experiment_id, name=MODEL_NAME, source_run_id=record.run_id,
                                            model_type="tensorflow")
         client.log_model_artifacts(model.model_id, tmp)
@@ -346,26 +345,23 @@ def unreachable(uri: str, timeout_s: float = PROBE_S) -> str | None:
     """Why an ``http://`` or ``https://`` tracking server cannot be reached (a refused or timed-out TCP
     connection to its host and port), in a few words; None when it can be, or for any other kind of URI
     (``databricks``, ``sqlite:///...``, a path), which MLflow's own calls are left to judge."""
-    import socket
     from urllib.parse import urlsplit
+
+    from spark_imagenet.training.driver.spark_session import tcp_unreachable
 
     parts = urlsplit(uri)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return None
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
-            return None
-    except OSError as e:
-        return f"cannot connect to {parts.hostname}:{port}: {e.strerror or type(e).__name__}"
+    why = tcp_unreachable(parts.hostname, port, timeout_s)
+    return None if why is None else f"cannot connect to {parts.hostname}:{port}: {why}"
 
 
 def _why(error: Any, seconds: float) -> str:
     """The reason of a failed or late MLflow call, on one line."""
     if error is None:
         return f"no answer within {seconds:g} s"
-    text = (str(error).strip().splitlines() or [""])[0]
-    return f"{type(error).__name__}: {text[:300]}"
+    return one_line(error)[:300]
 
 
 class RunTracker:

@@ -32,6 +32,7 @@ import numpy as np
 
 from spark_imagenet.errors import ConfigError, SparkImagenetError
 from spark_imagenet.storage import open_storage
+from spark_imagenet.storage.committed import download_folder
 from spark_imagenet.training.job.exported import INPUT_KEY, PROBABILITIES_SIGNATURE
 from spark_imagenet.training.job.outputs import LABELS_FILE, SERVING_DIR
 
@@ -53,16 +54,10 @@ def fetch_serving(model_url: str, dest: str) -> None:
     """
     root = model_url.rstrip("/")
     serving = open_storage(f"{root}/{SERVING_DIR}")
-    objects = [o.name for o in serving.list()]
-    if "saved_model.pb" not in objects:
+    if not serving.exists("saved_model.pb"):
         raise ConfigError(f"model {model_url}: no {SERVING_DIR}/saved_model.pb (an --output written before the "
                           f"serving export); run `spark-imagenet export {model_url}` first")
-    pairs = [(name, os.path.join(dest, SERVING_DIR, *name.split("/"))) for name in objects]
-    for _, path in pairs:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    failed = [e for e in serving.get_files(pairs) if e is not None]
-    if failed:
-        raise failed[0]
+    download_folder(serving, os.path.join(dest, SERVING_DIR))
     open_storage(root).get_file(LABELS_FILE, os.path.join(dest, LABELS_FILE))
 
 

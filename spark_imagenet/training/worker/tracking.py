@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any, Mapping
 
+from spark_imagenet.training.job.logchannel import one_line
 from spark_imagenet.training.job.tracking import EPOCH_METRICS, MODEL_DIR, TrackingSpec
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class EpochMetricsSender:
             self.sent += 1
 
     def _give_up(self, error: BaseException) -> None:
-        self.error = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
+        self.error = one_line(error)[:300]
         logger.warning(f"warning: mlflow: the epochs' metrics are not sent to {self._spec.uri} as they come "
                        f"({self.error}); training goes on, and the driver sends them when the job ends")
 
@@ -135,6 +136,6 @@ def write_mlflow_model(model_file: str, folder: str) -> str | None:
         mlflow.tensorflow.save_model(model, path, signature=signature, input_example=example)
         return path
     except Exception as e:  # noqa: BLE001 - tracking never fails a trained run
-        logger.warning(f"warning: mlflow: the MLflow model was not written ({type(e).__name__}: "
-                       f"{(str(e).strip().splitlines() or [''])[0][:300]}); model.keras and serving/ are in --output")
+        logger.warning(f"warning: mlflow: the MLflow model was not written ({one_line(e)[:300]}); model.keras and "
+                       "serving/ are in --output")
         return None
