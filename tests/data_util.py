@@ -28,6 +28,16 @@ def small_layout(dest: Path, **kw) -> Path:
     return generate_kaggle_layout(dest, **args)
 
 
+def small_bucket(root: Path, train_per_class: int) -> Path:
+    """``root/bucket``: a :func:`small_layout` tree (in ``root/kaggle``) of ``train_per_class`` train images per
+    class, sharded into 2 train and 1 val shards in this process."""
+    from spark_imagenet.dataset.sharding import shard
+
+    tree = small_layout(root / "kaggle", train_per_class=train_per_class)
+    shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
+    return root / "bucket"
+
+
 def build(tree: Path, out: Path, **kw):
     """``shard`` a tree quietly into ``out`` (4 train and 2 val shards, 2 processes, unless overridden)."""
     from spark_imagenet.dataset.sharding import shard

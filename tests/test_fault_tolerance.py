@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_util import small_layout
-from spark_imagenet.dataset.sharding import shard
+from data_util import small_bucket
 from spark_imagenet.errors import WorkerLost
 from spark_imagenet.logs import collect
 from spark_imagenet.training.driver.launch import train
@@ -35,10 +34,7 @@ SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01
 
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults")
-    tree = small_layout(root / "kaggle", train_per_class=20)
-    shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
-    return root / "bucket"
+    return small_bucket(tmp_path_factory.mktemp("faults"), train_per_class=20)
 
 
 def _parent(pid: int) -> int:

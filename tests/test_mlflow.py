@@ -91,13 +91,9 @@ SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01
 
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory):
-    from data_util import small_layout
-    from spark_imagenet.dataset.sharding import shard
+    from data_util import small_bucket
 
-    root = tmp_path_factory.mktemp("mlflow-data")
-    tree = small_layout(root / "kaggle", train_per_class=8)
-    shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
-    return root / "bucket"
+    return small_bucket(tmp_path_factory.mktemp("mlflow-data"), train_per_class=8)
 
 
 def _train_images(bucket: Path) -> list[Path]:
