@@ -29,6 +29,7 @@ import pytest
 from child_util import worker_env as child_env
 from spark_imagenet.training.task.child import (SPARE_FOLDER_PREFIX, ChildFolder, finish_child, spares_enabled,
                                                start_child)
+from spark_imagenet.training.job import priority
 from spark_imagenet.training.task.environment import job_env, preload_env
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.training.task.supervisor import EXIT_PRELOAD_ENDED
@@ -239,6 +240,8 @@ def test_jobs_of_one_session_take_the_spares_of_the_last(bucket, tmp_path):
         assert _wait_until(lambda: all(len(_spares_of(t)) == 1 for t in tasks), 60), [_children(t) for t in tasks]
         spares = {t: _spares_of(t)[0] for t in tasks}
         seen += spares.values()
+        if priority.idle_reversible():  # started during the job, under SCHED_IDLE until a task takes it
+            assert {os.sched_getscheduler(s) for s in spares.values()} == {os.SCHED_IDLE}
 
         second = _job(spark, bucket)  # each task takes the spare of its Python worker
         taken = {r["tf_process"]["task_pid"]: r["tf_process"] for r in second}

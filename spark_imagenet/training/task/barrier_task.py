@@ -81,8 +81,10 @@ from spark_imagenet.training.task.child import (
     end_child,
     exit_description,
     finish_child,
+    drop_spare,
     leave_spare,
     spares_enabled,
+    start_spare_early,
     start_preloaded,
     take_preloaded,
 )
@@ -341,12 +343,17 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
                     env = preload_env(os.environ, gpus, task_path=sys.path)  # --py-files reach the child
                 # TensorFlow's import overlaps the staging and the rendezvous
                 held = take_preloaded(env, spec.child_module, rank, spares)
+                if spares:  # the next job's, importing on CPU time this one leaves
+                    start_spare_early(env, spec.child_module)
                 with failing_as(STAGE_STAGING, rank, host):
                     train_files, val_files = _stage(spec, rank)
             except SparkImagenetError as e:
                 failed = e
             result = _meet_and_train(ctx, spec, rank, host, failed, held, gpus,
                                      (train_files, val_files) if failed is None else ([], []))
+        except BaseException:
+            drop_spare()  # none is left after a failed task
+            raise
         finally:
             if held is not None:
                 end_child(held.proc)  # a no-op once it has run

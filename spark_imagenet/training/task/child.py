@@ -20,6 +20,7 @@ import subprocess
 import sys
 from typing import Callable, Mapping, Sequence
 
+from spark_imagenet.training.job import priority
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.training.task.supervisor import EXIT_SUPERVISOR_FAILED, set_death_signal
 
@@ -36,6 +37,13 @@ def _supervisor_preexec() -> None:
     the supervisor's handler is in place (the supervisor checks for a parent already gone)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     set_death_signal(signal.SIGTERM)
+
+
+def _idle_supervisor_preexec() -> None:
+    """preexec_fn of a spare's supervisor: :func:`_supervisor_preexec`, then ``SCHED_IDLE`` (inherited by the
+    TensorFlow process it starts; :mod:`spark_imagenet.training.job.priority`)."""
+    _supervisor_preexec()
+    priority.set_idle()
 
 
 def exit_description(code: int) -> str:
@@ -124,7 +132,7 @@ def _echo(raw: bytes, prefix: str, tail: collections.deque, out,
 
 
 def start_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
-                folder_prefix: str | None = None, preload: bool = False) -> subprocess.Popen:
+                folder_prefix: str | None = None, preload: bool = False, idle: bool = False) -> subprocess.Popen:
     """Start the supervisor of a child (:mod:`spark_imagenet.training.task.supervisor`) in a new session.
 
     The supervisor gets ``PR_SET_PDEATHSIG`` = SIGTERM, bound to the calling thread (start it from the
@@ -134,6 +142,7 @@ def start_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = N
         argv, env, cwd: the child's command, environment (also the supervisor's) and working folder.
         folder_prefix: the name prefix of the child's temporary folder (:class:`ChildFolder`), or None.
         preload: start the child at once, before its inputs are written; it waits for its go (``--preload``).
+        idle: start the supervisor, and so its child, under ``SCHED_IDLE`` (a spare started while a job runs).
 
     Returns:
         The supervisor's ``Popen`` (stdin and stdout pipes, stderr merged into stdout).
@@ -143,7 +152,8 @@ def start_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = N
     command += ["--preload"] if preload else []
     return subprocess.Popen(
         command + ["--", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_supervisor_preexec,
+        env=dict(env), cwd=cwd, start_new_session=True,
+        preexec_fn=_idle_supervisor_preexec if idle else _supervisor_preexec,
     )
 
 
@@ -227,13 +237,15 @@ class Preloaded:
         proc: its supervisor (:func:`start_child` with ``preload``).
         env: the environment it was started with (:func:`preload_env`).
         key: what it was started with (:func:`preload_key`); a task takes only a process of its own key.
-        spare: started after an earlier task, for the next one in this Python worker.
+        spare: started by an earlier task, for the next one in this Python worker.
+        idle: started under ``SCHED_IDLE`` (until a task takes it and wakes it).
     """
 
     proc: subprocess.Popen
     env: dict[str, str]
     key: tuple
     spare: bool = False
+    idle: bool = False
 
 
 #: This Python worker's spare (PySpark reuses its Python workers from task to task): at most one.
@@ -245,13 +257,15 @@ def preload_key(env: Mapping[str, str], child_module: str) -> tuple:
     return sys.executable, child_module, tuple(sorted(env.items()))
 
 
-def start_preloaded(env: Mapping[str, str], child_module: str, folder_prefix: str, spare: bool = False) -> Preloaded:
+def start_preloaded(env: Mapping[str, str], child_module: str, folder_prefix: str, spare: bool = False,
+                    idle: bool = False) -> Preloaded:
     """Start ``python -m child_module --preload {folder}/environ.json {folder}/worker.json {folder}/result.json``
-    under its supervisor (``--preload``), from the calling thread (its death signal is bound to it)."""
+    under its supervisor (``--preload``; ``idle``: under ``SCHED_IDLE``), from the calling thread (its death
+    signal is bound to it)."""
     argv = [sys.executable, "-m", child_module, "--preload", "{folder}/environ.json", "{folder}/worker.json",
             "{folder}/result.json"]
-    return Preloaded(start_child(argv, env, None, folder_prefix, preload=True), dict(env),
-                     preload_key(env, child_module), spare)
+    return Preloaded(start_child(argv, env, None, folder_prefix, preload=True, idle=idle), dict(env),
+                     preload_key(env, child_module), spare, idle)
 
 
 def spares_enabled(config: TrainConfig, base: Mapping[str, str]) -> bool:
@@ -260,22 +274,62 @@ def spares_enabled(config: TrainConfig, base: Mapping[str, str]) -> bool:
     return bool(config.spare_worker and base.get("SPARK_REUSE_WORKER"))
 
 
+def _woken(spare: Preloaded) -> bool:
+    """Wake an idle spare's whole process tree (:func:`~spark_imagenet.training.job.priority.wake_tree`);
+    False when the system refuses (the spare is then not to be used)."""
+    if not spare.idle:
+        return True
+    try:
+        priority.wake_tree(spare.proc.pid)
+    except OSError:
+        return False
+    spare.idle = False
+    return True
+
+
 def take_preloaded(env: Mapping[str, str], child_module: str, rank: int, use_spare: bool) -> Preloaded:
-    """This task's TensorFlow process: this Python worker's spare when ``use_spare``, it still runs and its key
-    matches ``env`` and ``child_module``; else a new one (folder ``spark-imagenet-rank<R>-``). A spare not
-    taken is ended."""
+    """This task's TensorFlow process: this Python worker's spare when ``use_spare``, it still runs, its key
+    matches ``env`` and ``child_module`` and it could be woken from ``SCHED_IDLE``; else a new one (folder
+    ``spark-imagenet-rank<R>-``). A spare not taken is ended."""
     key = preload_key(env, child_module)
     while _SPARE:
         spare = _SPARE.pop()
-        if use_spare and spare.key == key and spare.proc.poll() is None:
+        if use_spare and spare.key == key and spare.proc.poll() is None and _woken(spare):
             return spare
         end_child(spare.proc)
     return start_preloaded(env, child_module, f"spark-imagenet-rank{rank}-")
 
 
-def leave_spare(env: Mapping[str, str], child_module: str) -> None:
-    """Start a spare for the next task of this Python worker (ending any other); call it from the task's own
-    thread once its TensorFlow process has ended."""
+def start_spare_early(env: Mapping[str, str], child_module: str) -> bool:
+    """Start the spare for the next task of this Python worker now, while this task's job runs, under
+    ``SCHED_IDLE`` (its import then takes only CPU time the job leaves): only where this process may wake it
+    again (:func:`~spark_imagenet.training.job.priority.idle_reversible`). Call it from the task's own thread.
+
+    Returns:
+        bool: whether a spare was started (False: :func:`leave_spare` starts one when the task ends).
+    """
+    if not priority.idle_reversible():
+        return False
     while _SPARE:
         end_child(_SPARE.pop().proc)
-    _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True))
+    _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True, idle=True))
+    return True
+
+
+def leave_spare(env: Mapping[str, str], child_module: str) -> None:
+    """Leave a spare for the next task of this Python worker: keep the one :func:`start_spare_early` started
+    if it still runs and has this key, else end any other and start one (under ``SCHED_IDLE`` where it can be
+    woken again). Call it from the task's own thread once its TensorFlow process has ended."""
+    key = preload_key(env, child_module)
+    if len(_SPARE) == 1 and _SPARE[0].key == key and _SPARE[0].proc.poll() is None:
+        return
+    while _SPARE:
+        end_child(_SPARE.pop().proc)
+    idle = priority.idle_reversible()
+    _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True, idle=idle))
+
+
+def drop_spare() -> None:
+    """End this Python worker's spare, if any (after a failed task)."""
+    while _SPARE:
+        end_child(_SPARE.pop().proc)

@@ -69,6 +69,7 @@ printing ``Timeout`` and its stack, and RESULT_JSON holds the failure written be
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -79,6 +80,7 @@ import tensorflow as tf
 
 from spark_imagenet.errors import SparkImagenetError
 from spark_imagenet.logs import worker_console
+from spark_imagenet.training.job import priority
 from spark_imagenet.training.job.outcome import Failure, LostPeer, describe_lost, write_outcome
 from spark_imagenet.training.job.outputs import LOCAL_OUTPUT_DIR
 from spark_imagenet.training.job.plan import WorkerSpec
@@ -184,6 +186,8 @@ def _await_go(env_path: str) -> bool:
     preload()
     if sys.stdin.readline().strip() != "run":
         return False
+    with contextlib.suppress(OSError):  # a spare started idle: its task woke it, a thread may have been missed
+        priority.wake_threads(os.getpid())
     with open(env_path, encoding="utf-8") as f:
         environ = json.load(f)
     if not isinstance(environ, dict) or not all(isinstance(v, str) for v in environ.values()):
