@@ -115,13 +115,13 @@ CHILD_TIMEOUT_S = 600
 #: uses this order only between events of equal median.
 EVENTS = ("call", "planned", "checked", "submitted", "task started", "shards staged", "worker python start",
           "tensorflow import start", "rendezvous done", "run_worker called", "tensorflow imported",
-          "strategy start", "strategy created", "model build start", "model built", "model compiled", "fit start",
-          "first step", "training done", "evaluation done", "returned")
+          "strategy start", "strategy created", "model build start", "model built", "model compiled", "datasets start",
+          "datasets built", "fit called", "fit start", "first step", "training done", "evaluation done", "returned")
 #: Events of the TensorFlow worker processes: counted only from the processes that trained in the job (that
 #: reached its first step), not from a spare started for the next job.
 WORKER_EVENTS = {"worker python start", "tensorflow import start", "tensorflow imported", "strategy start",
-                 "strategy created", "model build start", "model built", "model compiled", "fit start", "first step",
-                 "training done", "evaluation done"}
+                 "strategy created", "model build start", "model built", "model compiled", "datasets start",
+                 "datasets built", "fit called", "fit start", "first step", "training done", "evaluation done"}
 
 PROBE = r'''"""Written by benchmarks/launch.py: a job's launch events (active with $SPARK_IMAGENET_LAUNCH_PROBE).
 
@@ -191,7 +191,13 @@ def _registry(module):
     wrap(module, "compile_model", None, "model compiled")
 
 
+def _training(module):
+    wrap(module, "_datasets", "datasets start", "datasets built")
+    wrap(module, "_fit", "fit called")
+
+
 HOOKS = {
+    "spark_imagenet.training.worker.training": (None, None, _training),
     "tensorflow": ("tensorflow import start", "tensorflow imported", _tensorflow),
     "spark_imagenet.training.task.barrier_task": (None, None, _task),
     "spark_imagenet.training.task.rendezvous": (None, None, lambda m: wrap(m, "rendezvous", None, "rendezvous done")),

@@ -45,7 +45,7 @@ import dataclasses
 import math
 import os
 import random
-from typing import Sequence
+from typing import Callable, Sequence
 
 import tensorflow as tf
 
@@ -124,6 +124,14 @@ def _check_epochs(batch_size: int, records_per_epoch: int | None, initial_epoch:
         raise ConfigError(f"epochs={epochs} is smaller than initial_epoch={initial_epoch}")
 
 
+def _as_written(fn: Callable) -> Callable:
+    """``fn``, marked for tf.data to trace as written, without AutoGraph's conversion: no function of this
+    pipeline branches or loops on a tensor in Python, and the conversion (parsing and rewriting each
+    function's source) was most of a job's dataset set-up: 2.6 to 4.0 s of a warm job's 10 to 12 s on a loaded
+    2-core machine (docs/design.md, 'Starting TensorFlow early, and a spare for the next job')."""
+    return tf.autograph.experimental.do_not_convert(fn)
+
+
 def _epoch_records(files: list[str], base_seed: int, parallel: int, shuffle_buffer: int,
                    records_per_epoch: int | None, deterministic: bool):
     """A function: epoch e (int64 scalar tensor) -> dataset of epoch e's
@@ -147,16 +155,16 @@ def _epoch_records(files: list[str], base_seed: int, parallel: int, shuffle_buff
         shuffle_key = tf.random.experimental.stateless_fold_in(epoch_key, _RECORD_SHUFFLE_TAG, alg=RNG_ALG)
         shuffle_seed = tf.random.stateless_uniform([], shuffle_key, minval=None, maxval=None, dtype=tf.int64,
                                                    alg=RNG_ALG)
-        paths = tf.data.Dataset.range(tf.int64.max).map(
+        paths = tf.data.Dataset.range(tf.int64.max).map(_as_written(
             lambda n: tf.random.experimental.stateless_shuffle(
-                file_names, tf.random.experimental.stateless_fold_in(order_key, n, alg=RNG_ALG), alg=RNG_ALG)
+                file_names, tf.random.experimental.stateless_fold_in(order_key, n, alg=RNG_ALG), alg=RNG_ALG))
         ).unbatch()
         ds = paths.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
                               num_parallel_calls=cycle, deterministic=deterministic)
         ds = ds.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
         return ds if records_per_epoch is None else ds.take(records_per_epoch)
 
-    return records
+    return _as_written(records)
 
 
 def _train_decoder(base_seed: int, image_size: int, flip: bool = True,
@@ -182,7 +190,7 @@ def _train_decoder(base_seed: int, image_size: int, flip: bool = True,
             return image, lighting_shift(lighting, tf.stack([base, -1 - position])), label
         return image, label
 
-    return decode
+    return _as_written(decode)
 
 
 #: glibc ``mallopt`` parameters (malloc.h) and the values :func:`_reuse_freed_memory` sets.
@@ -326,9 +334,9 @@ def _normalized_batches(images: tf.data.Dataset, batch_size: int, image_size: in
     ds = images.batch(batch_size, drop_remainder=True)
     if lighting > 0:
         normalize_lit = lighting_normalizer(image_size)
-        return ds.map(lambda images, shifts, labels: (normalize_lit(images, shifts), labels))
+        return ds.map(_as_written(lambda images, shifts, labels: (normalize_lit(images, shifts), labels)))
     normalize = normalizer(image_size)
-    return ds.map(lambda images, labels: (normalize(images), labels))
+    return ds.map(_as_written(lambda images, labels: (normalize(images), labels)))
 
 
 def train_dataset(
@@ -496,7 +504,7 @@ def eval_dataset(
         ds = ds.shard(n, i)
     # Raises at iteration when the files hold fewer or more records than expected.
     ds = ds.apply(tf.data.experimental.assert_cardinality(examples))
-    ds = ds.map(decode, num_parallel_calls=parallel, deterministic=True)
+    ds = ds.map(_as_written(decode), num_parallel_calls=parallel, deterministic=True)
     padding = tf.data.Dataset.from_tensors(
         (
             tf.zeros([image_size, image_size, 3], tf.uint8),
@@ -508,6 +516,6 @@ def eval_dataset(
     ds = ds.batch(batch_size, drop_remainder=True)
     _reuse_freed_memory()
     normalize = normalizer(image_size)
-    ds = ds.map(lambda images, labels, weights: (normalize(images), labels, weights))
+    ds = ds.map(_as_written(lambda images, labels, weights: (normalize(images), labels, weights)))
     ds = ds.prefetch(PREFETCH_BATCHES)
     return ds.with_options(_options(deterministic=True))
