@@ -336,3 +336,36 @@ def test_dead_endpoint_is_named_after_the_client_gives_up():
     assert p.returncode == 3, p.stdout + p.stderr
     assert f"cannot reach the endpoint {endpoint} (from STORAGE_EMULATOR_HOST or endpoint=)" in msg, msg
     assert "connection refused" in msg and "still failing after retrying with backoff for 2 s" in msg, msg
+
+
+def test_downloads_read_a_mebibyte_at_a_time_and_stay_byte_identical(gcs_bucket, tmp_path):
+    """GCSStorage's downloads make google-cloud-storage read its responses 1 MiB at a time, not its own 8 KiB
+    (docs/design.md, 'Storage, checksums and the GCS emulator'); an object of several reads and a size that
+    is no multiple of one comes back byte-identical, through get_file, get_files and read_bytes."""
+    from google.cloud.storage._media.requests import _request_helpers
+
+    from spark_imagenet.storage.gcs import DOWNLOAD_READ_BYTES
+
+    storage = GCSStorage(f"gs://{gcs_bucket}/reads")
+    data = os.urandom(3 * DOWNLOAD_READ_BYTES + 12345)
+    storage.write_bytes("obj", data)
+    storage.get_file("obj", tmp_path / "one")
+    assert _request_helpers._SINGLE_GET_CHUNK_SIZE == DOWNLOAD_READ_BYTES
+    assert storage.get_files([("obj", tmp_path / "a"), ("obj", tmp_path / "b")], transfers=2) == [None, None]
+    for name in ("one", "a", "b"):
+        assert (tmp_path / name).read_bytes() == data
+    assert storage.read_bytes("obj") == data
+
+
+def test_a_read_size_someone_else_set_is_left_alone(monkeypatch):
+    """Only the library's own 8 KiB is replaced: a read size a user (or a later release) set stays."""
+    from google.cloud.storage._media.requests import _request_helpers
+
+    from spark_imagenet.storage.gcs import DOWNLOAD_READ_BYTES, tune_download_reads
+
+    monkeypatch.setattr(_request_helpers, "_SINGLE_GET_CHUNK_SIZE", 65536)
+    assert tune_download_reads() is False
+    assert _request_helpers._SINGLE_GET_CHUNK_SIZE == 65536
+    monkeypatch.setattr(_request_helpers, "_SINGLE_GET_CHUNK_SIZE", 8192)
+    assert tune_download_reads() is True
+    assert _request_helpers._SINGLE_GET_CHUNK_SIZE == DOWNLOAD_READ_BYTES

@@ -18,6 +18,38 @@ from spark_imagenet.storage.base import DEFAULT_TRANSFERS, ObjectInfo, Storage, 
 
 logger = logging.getLogger(__name__)
 
+#: Bytes google-cloud-storage reads from a download's response at a time once :func:`tune_download_reads` ran
+#: (its own default is 8 KiB, read in a Python loop: docs/design.md, 'Storage, checksums and the GCS emulator').
+DOWNLOAD_READ_BYTES = 1024 * 1024
+#: google-cloud-storage's own read size, the only value :func:`tune_download_reads` replaces.
+_LIBRARY_READ_BYTES = 8192
+
+
+def tune_download_reads() -> bool:
+    """Make google-cloud-storage read downloads :data:`DOWNLOAD_READ_BYTES` at a time instead of 8 KiB.
+
+    The library streams a download's body into the file, and through its CRC32C, in pieces of a size
+    it fixes in a module constant (``google.cloud.storage._media.requests._request_helpers.
+    _SINGLE_GET_CHUNK_SIZE``, 8192, no parameter of any public call sets it). Each piece costs several
+    Python calls (requests, urllib3, http.client), a ``recv`` and a file ``write``: 8 KiB pieces made the
+    client's CPU, not the network, the limit of parallel downloads (measured: about 2.5 times the CPU per
+    byte of 1 MiB pieces). Only the read size changes (what is read, checked and written is the same); it
+    applies to the whole process, to every download of that library, and costs at most this many bytes
+    of buffer per download in progress. A value other than the library's own default (set by someone
+    else, or changed by a later release) is left as it is.
+
+    Returns:
+        bool: True when the read size is now :data:`DOWNLOAD_READ_BYTES`; False when the library has no
+        such constant or another value was set (downloads then work as the library does them).
+    """
+    try:
+        from google.cloud.storage._media.requests import _request_helpers as helpers
+    except ImportError:  # a release without the module: its own reads, nothing to tune
+        return False
+    if getattr(helpers, "_SINGLE_GET_CHUNK_SIZE", None) == _LIBRARY_READ_BYTES:
+        helpers._SINGLE_GET_CHUNK_SIZE = DOWNLOAD_READ_BYTES
+    return getattr(helpers, "_SINGLE_GET_CHUNK_SIZE", None) == DOWNLOAD_READ_BYTES
+
 
 class GCSStorage(Storage):
     """Objects under ``gs://bucket/prefix`` in Google Cloud Storage.
@@ -224,6 +256,7 @@ class GCSStorage(Storage):
         return ObjectInfo(name, int(blob.size or 0), blob.crc32c, int(blob.generation or 0))
 
     def read_bytes(self, name: str) -> bytes:
+        tune_download_reads()
         try:
             return self.bucket.blob(self._key(name)).download_as_bytes(retry=self._retry, timeout=120)
         except Exception as e:  # noqa: BLE001
@@ -244,6 +277,7 @@ class GCSStorage(Storage):
             raise self._error(e, self.where(name), "write") from None
 
     def get_file(self, name: str, local_path: str | os.PathLike) -> None:
+        tune_download_reads()
         try:
             self.bucket.blob(self._key(name)).download_to_filename(
                 os.fspath(local_path), checksum="crc32c", retry=self._retry, timeout=600)
@@ -296,6 +330,7 @@ class GCSStorage(Storage):
 
         if not pairs:
             return []
+        tune_download_reads()
         results = transfer_manager.download_many(
             [(self.bucket.blob(self._key(n)), os.fspath(p)) for n, p in pairs],
             download_kwargs={"checksum": "crc32c", "retry": self._retry, "timeout": 600},
