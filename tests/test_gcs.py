@@ -10,6 +10,7 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 from data_util import all_shards, gcs_generations
 from spark_imagenet.dataset.cache import fetch
 from spark_imagenet.training.task.staging import fetch_rank
-from spark_imagenet.errors import ConfigError, ManifestError, StorageError
+from spark_imagenet.errors import ConfigError, IntegrityError, ManifestError, StorageError
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.storage import GCSStorage, crc32c_file, open_storage
@@ -369,3 +370,53 @@ def test_a_read_size_someone_else_set_is_left_alone(monkeypatch):
     monkeypatch.setattr(_request_helpers, "_SINGLE_GET_CHUNK_SIZE", 8192)
     assert tune_download_reads() is True
     assert _request_helpers._SINGLE_GET_CHUNK_SIZE == DOWNLOAD_READ_BYTES
+
+
+def test_get_files_checks_each_download_in_its_own_thread_while_others_go_on(gcs_bucket, tmp_path):
+    """get_files' check follows each download at once, in the thread that made it, with the object's bytes
+    already in the closed file: two checks meet at a barrier, which passes only while both run at once
+    (checks left for after the batch, one after another, would time out); the exception a check raises
+    becomes its pair's result, the other pairs succeed."""
+    storage = GCSStorage(f"gs://{gcs_bucket}/checked")
+    data = {name: os.urandom(100_000 + i) for i, name in enumerate("abc")}
+    for name, payload in data.items():
+        storage.write_bytes(name, payload)
+    meet, caller, seen = threading.Barrier(2, timeout=30), threading.get_ident(), {}
+
+    def check(name, local_path):
+        seen[name] = (Path(local_path).read_bytes() == data[name], threading.get_ident() != caller)
+        if name == "c":
+            raise IntegrityError("c: wrong bytes")
+        meet.wait()
+
+    results = storage.get_files([(n, tmp_path / n) for n in "abc"], transfers=3, check=check)
+    assert results[:2] == [None, None]
+    assert isinstance(results[2], IntegrityError) and str(results[2]) == "c: wrong bytes"
+    assert seen == {n: (True, True) for n in "abc"}
+
+
+class CorruptingDisk(GCSStorage):
+    """The real GCSStorage whose local disk flips one byte of every file it downloads, after the client has
+    checked the bytes it received against the object's CRC32C (a bad disk, or a write gone wrong)."""
+
+    def get_file(self, name, local_path):
+        super().get_file(name, local_path)
+        with open(local_path, "r+b") as f:
+            first = f.read(1)
+            f.seek(0)
+            f.write(bytes([first[0] ^ 0xFF]))
+
+
+def test_fetch_verifies_the_file_on_disk_not_only_the_bytes_received(local_ds, gcs_bucket, tmp_path):
+    """The cache's own check re-reads each downloaded file from disk: bytes that arrived intact (the client's
+    CRC32C check passed) but were changed on the local disk are caught, retried once and named; nothing
+    lands in the cache."""
+    local, manifest = local_ds
+    url = f"gs://{gcs_bucket}/disk"
+    upload(local, url)
+    victim = manifest.splits["train"].shards[0]
+    with pytest.raises(StorageError, match=rf"{victim.name} \(attempt 1: crc32c .* the manifest says "
+                                           rf"{victim.crc32c}, attempt 2: crc32c "):
+        fetch(CorruptingDisk(url), [victim], tmp_path / "cache", dataset_id=manifest.dataset_id, transfers=2)
+    folder = tmp_path / "cache" / manifest.dataset_id
+    assert sorted(p.name for p in folder.iterdir()) == [victim.name + ".lock"]

@@ -18,7 +18,8 @@ Rules:
   CRC32C is computed once and matches (the marker is then written).
 * Otherwise the shard is downloaded (several in parallel) to a temporary name
   unique to this process and attempt, checked (size, then CRC32C against the
-  manifest), and renamed into place (atomic on one filesystem); a mismatching
+  manifest, of the file read back from disk, in the transfer's own thread as
+  soon as its download ends), and renamed into place (atomic on one filesystem); a mismatching
   download is tried once more, then :class:`StorageError` naming the shard
   (:func:`spark_imagenet.storage.committed.download_verified`). A file at the final name is never
   partial: a download killed midway leaves only its temporary file.
@@ -37,6 +38,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -197,13 +199,16 @@ def _download_group(storage: Storage, todo: list[tuple[ShardInfo, Path]], transf
                     result: FetchResult) -> None:
     """Download ``todo`` (locks held by the caller) verified against the manifest
     (:func:`~spark_imagenet.storage.committed.download_verified`), each renamed into
-    place and marked; the failures are tried once more, then StorageError names every one."""
+    place and marked in the thread that downloaded it, as soon as its download ends;
+    the failures are tried once more, then StorageError names every one."""
     start = time.monotonic()
+    counting = threading.Lock()  # verified() runs in the transfers' threads
 
     def verified(entry: Entry, path: Path) -> None:
         _write_marker(path, entry.crc32c)
-        result.downloaded += 1
-        result.bytes_downloaded += entry.size
+        with counting:
+            result.downloaded += 1
+            result.bytes_downloaded += entry.size
         logger.info(f"fetched {entry.name} ({entry.size} bytes) in {time.monotonic() - start:.1f} s")
 
     download_verified(
@@ -220,9 +225,10 @@ def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.Pat
     Shards are handled in groups of :data:`LOCK_GROUP`: the group's locks are
     taken in name order (so two tasks with overlapping shard lists cannot
     deadlock), cached copies are checked, the missing ones are downloaded
-    with ``transfers`` parallel transfers (``Storage.get_files``: GCS's
-    ``transfer_manager``), each is verified (size, then CRC32C against the
-    manifest) and renamed into place; failures get one more try.
+    with ``transfers`` parallel transfers (``Storage.get_files``), each is
+    verified (size, then CRC32C against the manifest, read back from disk) and
+    renamed into place by the thread that downloaded it while the others go on;
+    failures get one more try.
 
     Args:
         storage: the dataset's bucket.

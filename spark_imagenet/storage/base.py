@@ -334,19 +334,29 @@ class Storage(abc.ABC):
             info = dataclasses.replace(info, crc32c=self.crc32c(name))
         return info
 
-    def get_files(self, pairs: Sequence[tuple[str, str | os.PathLike]],
-                  transfers: int = DEFAULT_TRANSFERS) -> list[BaseException | None]:
+    def get_files(self, pairs: Sequence[tuple[str, str | os.PathLike]], transfers: int = DEFAULT_TRANSFERS, *,
+                  check: Callable[[str, str | os.PathLike], None] | None = None) -> list[BaseException | None]:
         """:meth:`get_file` for many ``(name, local_path)`` pairs at once.
 
         Args:
             pairs: what to download where.
             transfers: how many transfers run in parallel (threads).
+            check: called as ``check(name, local_path)`` right after each download that succeeded, in
+                the thread that made it, while the other transfers go on (so work on a downloaded file,
+                such as re-reading it to verify it, is not left for after the whole batch); an
+                exception it raises becomes that pair's result. None: no call.
 
         Returns:
             list: one entry per pair, None on success or the
-            :class:`StorageError` it failed with.
+            :class:`StorageError` it failed with (or the exception ``check``
+            raised).
         """
-        return _run_parallel(self.get_file, pairs, transfers)
+        def one(name: str, local_path: str | os.PathLike) -> None:
+            self.get_file(name, local_path)
+            if check is not None:
+                check(name, local_path)
+
+        return _run_parallel(one, pairs, transfers)
 
     @abc.abstractmethod
     def list(self) -> list[ObjectInfo]:

@@ -43,7 +43,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 
-from spark_imagenet.errors import StorageError
+from spark_imagenet.errors import IntegrityError, StorageError
 from spark_imagenet.storage.base import (
     DEFAULT_TRANSFERS,
     ObjectInfo,
@@ -237,24 +237,42 @@ def upload_verified(storage: Storage, items: Sequence[tuple[str | os.PathLike, E
     return infos
 
 
-def _verify_downloads(todo: Sequence[tuple[Entry, Path]], tmps: Sequence[Path], errors: Sequence[Any],
-                      reference: str, on_verified: Callable[[Entry, Path], None] | None) -> list[tuple[Entry, str]]:
-    """Check each downloaded temporary file, rename the good ones into place; the others' ``(entry, why)``."""
-    failed = []
-    for (entry, path), tmp, err in zip(todo, tmps, errors):
+def _placer(todo: Sequence[tuple[Entry, Path]], tmps: Sequence[Path], reference: str,
+            on_verified: Callable[[Entry, Path], None] | None) -> Callable[[str, str | os.PathLike], None]:
+    """The ``check`` of :meth:`Storage.get_files` for one round: in the thread that downloaded a temporary
+    file, re-read it from disk (size, then CRC32C against its entry), rename it into place and call
+    ``on_verified``, so the verification of one file overlaps the other transfers and nothing can change
+    the file between its check and its rename. A mismatch or a local file error raises
+    :class:`IntegrityError` with the reason (a failure worth one more transfer)."""
+    targets = {Path(tmp): item for tmp, item in zip(tmps, todo)}
+
+    def place(_name: str, local_path: str | os.PathLike) -> None:
+        tmp = Path(local_path)
+        entry, path = targets[tmp]
         try:
-            why = str(err) if err is not None else _local_mismatch(tmp, entry, reference)
+            why = _local_mismatch(tmp, entry, reference)
             if why is None:
                 os.replace(tmp, path)
                 if on_verified is not None:
                     on_verified(entry, path)
         except OSError as e:
             why = f"cannot write {tmp}: {e}"
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
         if why is not None:
-            failed.append((entry, why))
+            raise IntegrityError(why)
+
+    return place
+
+
+def _failures(todo: Sequence[tuple[Entry, Path]], tmps: Sequence[Path],
+              errors: Sequence[BaseException | None]) -> list[tuple[Entry, str]]:
+    """Remove what a round left of its temporary files (the verified ones were renamed); the failed
+    entries with why (a transfer's error, or the mismatch its check raised)."""
+    failed = []
+    for (entry, _path), tmp, err in zip(todo, tmps, errors):
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        if err is not None:
+            failed.append((entry, str(err)))
     return failed
 
 
@@ -264,7 +282,9 @@ def download_verified(storage: Storage, items: Sequence[tuple[Entry, str | os.Pa
     """Download objects into local files, verified against their entries; a mismatch is fetched once more.
 
     Each object goes to a temporary file beside its target (``.<name>.tmp-<pid>-<random>``), is checked
-    (size, then CRC32C) and renamed into place, so a target is either absent, as it was, or intact.
+    (size, then CRC32C of the file read back from disk) and renamed into place, so a target is either
+    absent, as it was, or intact. The check and the rename follow each download at once, in the thread
+    that made it, while the other transfers go on (:meth:`Storage.get_files`'s ``check``).
 
     Args:
         storage: the source.
@@ -275,8 +295,9 @@ def download_verified(storage: Storage, items: Sequence[tuple[Entry, str | os.Pa
         noun: what one object is, for messages.
         reference: where the entries come from, for messages (``"the manifest"``, ``"checkpoint.json"``).
         remedy: what to do when an object stays bad, appended to that message.
-        on_verified: called with each entry and its target, right after its rename (under the caller's
-            locks, if any); an ``OSError`` it raises counts as that object's failure.
+        on_verified: called with each entry and its target, right after its rename, in the thread that
+            downloaded it (under the caller's locks, if any; several such threads may call it at once);
+            an ``OSError`` it raises counts as that object's failure.
 
     Raises:
         AccessError: a missing bucket, 401 or 403 (at once, no retry).
@@ -298,14 +319,12 @@ def download_verified(storage: Storage, items: Sequence[tuple[Entry, str | os.Pa
         if not todo:
             return
         tmps = [_tmp_path(path) for _entry, path in todo]
-        errors = storage.get_files([(object_name(prefix, e.name), tmp) for (e, _p), tmp in zip(todo, tmps)], transfers)
+        errors = storage.get_files([(object_name(prefix, e.name), tmp) for (e, _p), tmp in zip(todo, tmps)],
+                                   transfers, check=_placer(todo, tmps, reference, on_verified))
+        failed = _failures(todo, tmps, errors)
         stop = unretryable(errors, f"could not be fetched from {source}", noun)
         if stop is not None:
-            for tmp in tmps:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
             raise stop
-        failed = _verify_downloads(todo, tmps, errors, reference, on_verified)
         for entry, why in failed:
             problems.setdefault(entry.name, []).append(f"attempt {attempt}: {why}")
         bad = {entry.name for entry, _why in failed}

@@ -62,8 +62,11 @@ class GCSStorage(Storage):
     every object this package writes is either immutable under its name or
     written with a generation precondition. Downloads are checked by the
     client against the object's CRC32C (``DataCorruption`` otherwise);
-    :meth:`put_files`/:meth:`put_files_info`/:meth:`get_files` use
-    ``transfer_manager`` with threads. A missing bucket, 401 and 403 fail at once with a message
+    :meth:`put_files`/:meth:`put_files_info` use ``transfer_manager`` with
+    threads; :meth:`get_files` runs :meth:`get_file` on threads (what
+    ``transfer_manager.download_many`` does with threads, here so that each
+    download's ``check`` follows it in its own thread), each download's
+    response read 1 MiB at a time (:func:`tune_download_reads`). A missing bucket, 401 and 403 fail at once with a message
     saying what to check.
 
     Args:
@@ -323,19 +326,6 @@ class GCSStorage(Storage):
         for i, info in zip(unknown, _run_parallel(self._written, [(pairs[i][1],) for i in unknown], transfers)):
             out[i] = info
         return out  # type: ignore[return-value]  # every None was filled in
-
-    def get_files(self, pairs: Sequence[tuple[str, str | os.PathLike]],
-                  transfers: int = DEFAULT_TRANSFERS) -> list[BaseException | None]:
-        from google.cloud.storage import transfer_manager
-
-        if not pairs:
-            return []
-        tune_download_reads()
-        results = transfer_manager.download_many(
-            [(self.bucket.blob(self._key(n)), os.fspath(p)) for n, p in pairs],
-            download_kwargs={"checksum": "crc32c", "retry": self._retry, "timeout": 600},
-            max_workers=max(1, transfers), worker_type=transfer_manager.THREAD, raise_exception=False)
-        return [None if r is None else self._error(r, self.where(n), "read") for r, (n, _p) in zip(results, pairs)]
 
     def list(self) -> list[ObjectInfo]:
         base = f"{self.prefix}/" if self.prefix else ""
