@@ -21,7 +21,8 @@ What it does:
 3. **Localhost** (the emulator on 127.0.0.1, straight): each repetition, in an order that alternates,
    * **fetch** every shard with :func:`spark_imagenet.dataset.cache.fetch` into a new, empty cache folder
      with ``transfers=1`` and with ``transfers=--transfers`` (download, the client's CRC32C check, the
-     cache's own size + CRC32C verification and rename);
+     cache's own size + CRC32C verification of the file read back from disk, rename and marker, each in
+     the transfer's own thread as soon as its download ends);
    * **upload** the local dataset with :func:`spark_imagenet.dataset.transfer.upload` to a new prefix with
      ``transfers=1`` and ``--transfers`` (the local shards checked against the manifest, the uploads, each
      object's size and CRC32C checked as the bucket reports it, the manifest committed last); the prefix
@@ -65,9 +66,10 @@ What the ratios mean:
 
 * Localhost, parallel / serial: there is no network latency on 127.0.0.1 and client and emulator share
   the machine's cores, so this measures whether parallel transfers overlap CPU work. google-cloud-storage
-  reads each download in 8 KiB chunks in a Python loop (urllib3, CRC32C, file write) that holds the GIL
-  between system calls, so extra threads mostly take turns rather than run at once; the localhost
-  parallel rate is roughly the ceiling the client's CPU allows.
+  reads each download in a Python loop (urllib3, CRC32C, file write) that holds the GIL between system
+  calls, in pieces of 8 KiB by default and of 1 MiB under ``GCSStorage`` (``tune_download_reads``: about
+  2.5 times less client CPU per byte), so extra threads partly take turns rather than run at once; the
+  localhost parallel rate is roughly the ceiling the client's CPU (and the emulator's) allows.
 * Localhost / local copy: how far the HTTP path (client, emulator, checksums) is from the bytes' own I/O.
 * Modelled network, parallel / serial: one transfer at a time waits one round trip per request and is held
   to one connection's rate, so the serial rate is at most the model's serial bound; N transfers hide each
