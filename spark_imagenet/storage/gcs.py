@@ -65,9 +65,9 @@ class GCSStorage(Storage):
     :meth:`put_files`/:meth:`put_files_info` use ``transfer_manager`` with
     threads; :meth:`get_files` runs :meth:`get_file` on threads (what
     ``transfer_manager.download_many`` does with threads, here so that each
-    download's ``check`` follows it in its own thread), each download's
-    response read 1 MiB at a time (:func:`tune_download_reads`). A missing bucket, 401 and 403 fail at once with a message
-    saying what to check.
+    download's ``check`` follows it in its own thread). Downloads read their
+    response 1 MiB at a time (:func:`tune_download_reads`). A missing bucket,
+    401 and 403 fail at once with a message saying what to check.
 
     Args:
         url: ``gs://bucket`` or ``gs://bucket/prefix`` (a trailing ``/`` is
