@@ -10,8 +10,8 @@ Supported:
 * a plain local path (``/data/imagenet-shards``, ``./shards``) or a
   ``file://`` URL (``file:///data/imagenet-shards``): :class:`LocalStorage`;
 * ``gs://bucket/prefix``: :class:`GCSStorage`, on the ``google-cloud-storage``
-  client (its ``transfer_manager`` for parallel transfers, its retry policy
-  for 429/5xx/reset connections). Credentials are found the way Google's
+  client (its ``transfer_manager`` for parallel uploads, threads of its own
+  for parallel downloads, its retry policy for 429/5xx/reset connections). Credentials are found the way Google's
   libraries find them (Application Default Credentials:
   ``GOOGLE_APPLICATION_CREDENTIALS``, ``gcloud auth application-default
   login``, the metadata server of a GCE/Dataproc/GKE machine).
