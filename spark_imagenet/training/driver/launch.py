@@ -45,6 +45,7 @@ from spark_imagenet.training.driver.stage import BarrierLaunch, ClassicLaunch, r
 from spark_imagenet.training.job.gpus import check_gpu_conf
 from spark_imagenet.training.job.logchannel import ChannelSpec
 from spark_imagenet.training.driver.logserver import LogServer
+from spark_imagenet.training.driver.meeting_server import driver_meeting
 from spark_imagenet.training.job.outcome import Failure, ResumePoint, TaskResult
 from spark_imagenet.training.job.outputs import MODEL_FILE, TENSORBOARD_DIR, open_output, write_driver_outputs
 from spark_imagenet.training.driver.preflight import (
@@ -322,9 +323,9 @@ def _launch(spark, sc, job: JobPlan, resume: ResumePoint | None = None) -> list[
     """
     launch: BarrierLaunch = (ConnectLaunch(spark) if sc is None else
                              ClassicLaunch(sc, f"spark-imagenet train {job.config.model} x{job.config.workers}"))
-    with _log_server(sc) as channel:
+    with _log_server(sc) as channel, driver_meeting(sc) as meeting:
         try:
-            lines = run_stage(launch, TaskSpec(job, resume, channel))
+            lines = run_stage(launch, TaskSpec(job, resume, channel, meeting=meeting))
         except Exception as e:  # noqa: BLE001 - Spark's (Py4J's, gRPC's) error of the failed stage
             raise task_error(str(e)) from None
     return [TaskResult.from_line(s) for s in lines]

@@ -61,7 +61,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from spark_imagenet.training.job.config import EXIT_STEP_TIMEOUT, TrainConfig
 from spark_imagenet.training.job.plan import JobPlan, WorkerSpec, worker_spec
@@ -91,6 +91,9 @@ from spark_imagenet.training.task.child import (
 from spark_imagenet.training.task.environment import gpu_sharing_warning, host_cpus, job_env, preload_env, task_gpus
 from spark_imagenet.training.task.supervisor import EXIT_PRELOAD_ENDED
 
+if TYPE_CHECKING:
+    from spark_imagenet.training.task.rendezvous import DriverMeeting
+
 logger = logging.getLogger(__name__)
 
 #: The module run in the child process: the TensorFlow worker (reads a :class:`WorkerSpec`).
@@ -117,12 +120,15 @@ class TaskSpec:
             or None (local mode, where the stderr is the console, and Spark Connect).
         child_module: module run with ``python -m`` in the child; it takes ``--preload ENV_JSON`` as
             :mod:`spark_imagenet.training.worker.main` does.
+        meeting: the driver's rendezvous (:mod:`spark_imagenet.training.job.meeting`), or None (Spark
+            Connect: the tasks meet through ``allGather``).
     """
 
     job: JobPlan
     resume: ResumePoint | None = None
     log_channel: ChannelSpec | None = None
     child_module: str = WORKER_MODULE
+    meeting: ChannelSpec | None = None
 
     @property
     def config(self) -> TrainConfig:
@@ -321,7 +327,7 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     """
     from pyspark import BarrierTaskContext
 
-    from spark_imagenet.training.task.rendezvous import split_host_port
+    from spark_imagenet.training.task.rendezvous import DriverMeeting, split_host_port
 
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
@@ -334,6 +340,7 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
         held: Preloaded | None = None
         failed: SparkImagenetError | None = None
         gpus: list[str] | None = None
+        meeting = DriverMeeting.open(spec.meeting, ctx) if spec.config.strategy == "multiworker" else None
         try:
             try:
                 with failing_as(STAGE_GPUS, rank, host):
@@ -350,13 +357,15 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
             except SparkImagenetError as e:
                 failed = e
             result = _meet_and_train(ctx, spec, rank, host, failed, held, gpus,
-                                     (train_files, val_files) if failed is None else ([], []))
+                                     (train_files, val_files) if failed is None else ([], []), meeting)
         except BaseException:
             drop_spare()  # none is left after a failed task
             raise
         finally:
             if held is not None:
                 end_child(held.proc)  # a no-op once it has run
+            if meeting is not None:
+                meeting.close()
         if spares and held is not None:  # not after a failure: the exception has left already
             leave_spare(held.env, spec.child_module)
     yield dataclasses.replace(result, python=sys.executable).to_line()
@@ -364,10 +373,10 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
 
 def _meet_and_train(ctx, spec: TaskSpec, rank: int, host: str, failed: SparkImagenetError | None,
                     held: Preloaded | None, gpus: list[str] | None,
-                    staged: tuple[Sequence[str], Sequence[str]]) -> TaskResult:
-    """The rendezvous (``multiworker``), then the go of ``held`` (started with ``gpus``, the task's GPU
-    addresses) on the ``staged`` train and val files; return the task's result (``peer_failed`` when a peer
-    failed before the rendezvous).
+                    staged: tuple[Sequence[str], Sequence[str]], meeting: DriverMeeting | None = None) -> TaskResult:
+    """The rendezvous (``multiworker``; on the driver through ``meeting``, else ``allGather``), then the go of
+    ``held`` (started with ``gpus``, the task's GPU addresses) on the ``staged`` train and val files; return the
+    task's result (``peer_failed`` when a peer failed before the rendezvous).
 
     Raises:
         ``failed`` (this task's own preparation error), after the rendezvous; see :func:`run_task`.
@@ -380,7 +389,7 @@ def _meet_and_train(ctx, spec: TaskSpec, rank: int, host: str, failed: SparkImag
         reason = None if failed is None else " ".join((failure.summary() if failure else str(failed)).split())
         with failing_as(STAGE_RENDEZVOUS, rank, host):
             try:  # a failed task still comes to the rendezvous, so no peer is killed while it waits there
-                rank, addresses, host = rendezvous(ctx, reason)
+                rank, addresses, host = rendezvous(ctx, reason, meeting)
             except PeerFailed as e:
                 if failed is not None:
                     raise failed from None  # the stage fails with this task's own error

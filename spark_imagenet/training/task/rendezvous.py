@@ -28,10 +28,15 @@ every task has gathered, and the child starts right after.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from typing import Any, Sequence
 
 from spark_imagenet.errors import ConfigError, PeerFailed, TrainingError
+from spark_imagenet.training.job.logchannel import ChannelSpec, one_line
+from spark_imagenet.training.job.meeting import CONNECT_TIMEOUT_S, MAX_LINE_BYTES, MODES, decode, encode
+
+logger = logging.getLogger(__name__)
 
 
 def split_host_port(address: str) -> tuple[str, int | None]:
@@ -151,7 +156,103 @@ def _probe_port(host: str) -> socket.socket:
     raise TrainingError(f"cannot bind any TCP port on this executor ({'; '.join(errors)})")
 
 
-def rendezvous(ctx, failure: str | None = None) -> tuple[int, list[str], str]:
+class DriverMeeting:
+    """This task's connection to the rendezvous on the driver (protocol: :mod:`spark_imagenet.training.job.meeting`).
+
+    Open it with :meth:`open` when the task starts (its hello); :func:`rendezvous` then gathers through it
+    when the driver says ``tcp``, else through ``allGather``. Close it when the task ends.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._reader = sock.makefile("rb")
+        self._mode: str | None = None
+
+    @classmethod
+    def open(cls, spec: ChannelSpec | None, ctx) -> "DriverMeeting | None":
+        """Connect to the driver's rendezvous at ``spec`` and say hello for ``ctx``'s task.
+
+        Returns:
+            DriverMeeting, or None without a ``spec`` or when the driver cannot be reached within
+            :data:`~spark_imagenet.training.job.meeting.CONNECT_TIMEOUT_S` (one log line says so; the task then
+            meets through ``allGather``, and so does every task of its stage).
+        """
+        if spec is None:
+            return None
+        hello = {"stage": ctx.stageId(), "tasks": len(ctx.getTaskInfos()), "rank": ctx.partitionId()}
+        try:
+            sock = socket.create_connection((spec.host, spec.port), timeout=CONNECT_TIMEOUT_S)
+        except OSError as e:
+            logger.info(f"rendezvous: the driver at {join_host_port(spec.host, spec.port)} cannot be reached "
+                        f"({one_line(e)}): meeting through Spark's allGather")
+            return None
+        try:
+            sock.sendall(spec.secret.encode("utf-8") + b"\n" + encode(hello))
+            sock.settimeout(None)  # the answers come when the peers do, as allGather's
+        except OSError as e:
+            sock.close()
+            logger.info(f"rendezvous: the driver's rendezvous went away ({one_line(e)}): meeting through allGather")
+            return None
+        return cls(sock)
+
+    def _read(self, what: str) -> dict[str, Any]:
+        try:
+            line, reason = self._reader.readline(MAX_LINE_BYTES), "the driver is gone, or the job was cancelled"
+        except OSError as e:  # a reset: the driver closed before reading all this task sent
+            line, reason = b"", one_line(e)
+        if not line:
+            raise TrainingError(f"the driver's rendezvous closed the connection while this task waited for {what} "
+                                f"({reason})")
+        message = decode(line, f"the driver's answer ({what})")
+        if "error" in message:
+            raise TrainingError(f"the driver's rendezvous refused this task: {message['error']}")
+        return message
+
+    def mode(self) -> str:
+        """How this stage meets, as the driver decided: ``"tcp"`` or ``"allgather"`` (waits for it).
+
+        Raises:
+            TrainingError: the driver refused the hello, went away, or answered something else.
+        """
+        if self._mode is None:
+            mode = self._read("the way to meet").get("mode")
+            if mode not in MODES:
+                raise TrainingError(f"the driver's rendezvous answered an unknown mode {mode!r}")
+            self._mode = mode
+        return self._mode
+
+    def gather(self, message: str) -> list[str]:
+        """Send this task's ``message`` and return every task's, in rank order (``tcp`` mode).
+
+        Raises:
+            TrainingError: as :meth:`mode`.
+        """
+        try:
+            self._sock.sendall(encode({"entry": message}))
+        except OSError as e:
+            raise TrainingError(f"the driver's rendezvous failed: {one_line(e)}") from None
+        entries = self._read("its peers").get("entries")
+        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+            raise TrainingError("the driver's rendezvous answered no list of entries")
+        return entries
+
+    def close(self) -> None:
+        """Close the connection."""
+        for closing in (self._reader, self._sock):
+            try:
+                closing.close()
+            except OSError:
+                pass
+
+
+def _gather(ctx, meeting: DriverMeeting | None, message: str) -> list[str]:
+    """Every task's ``message`` in rank order: through the driver when it said ``tcp``, else ``allGather``."""
+    if meeting is not None and meeting.mode() == "tcp":
+        return meeting.gather(message)
+    return ctx.allGather(message)
+
+
+def rendezvous(ctx, failure: str | None = None, meeting: DriverMeeting | None = None) -> tuple[int, list[str], str]:
     """Agree on rank and worker addresses inside a barrier task, or on the failure of one.
 
     Must be called exactly once by every task of the barrier stage (it calls
@@ -165,6 +266,7 @@ def rendezvous(ctx, failure: str | None = None) -> tuple[int, list[str], str]:
         ctx: the task's ``pyspark.BarrierTaskContext``.
         failure: None, or this task's one-line reason for not training (its
             shards could not be staged, its GPUs are missing).
+        meeting: this task's :class:`DriverMeeting`, or None (``allGather``).
 
     Returns:
         ``(rank, addresses, host)``: this task's rank (its partition id),
@@ -181,12 +283,12 @@ def rendezvous(ctx, failure: str | None = None) -> tuple[int, list[str], str]:
         raise TrainingError(f"barrier task partition {rank} is outside the {len(infos)} task infos")
     host, _ = split_host_port(infos[rank].address)
     if failure is not None:
-        entries = [json.loads(e) for e in ctx.allGather(json.dumps({"failed": failure}))]
+        entries = [json.loads(e) for e in _gather(ctx, meeting, json.dumps({"failed": failure}))]
         raise _failures(entries)
     sock = _probe_port(host)
     try:
         mine = join_host_port(host, sock.getsockname()[1])
-        entries = [json.loads(e) for e in ctx.allGather(json.dumps({"address": mine}))]
+        entries = [json.loads(e) for e in _gather(ctx, meeting, json.dumps({"address": mine}))]
     finally:
         sock.close()
     if any("failed" in e for e in entries):
@@ -195,7 +297,7 @@ def rendezvous(ctx, failure: str | None = None) -> tuple[int, list[str], str]:
     if len(addresses) != len(infos) or addresses[rank] != mine:
         raise TrainingError(
             f"rendezvous of rank {rank} got an inconsistent address list {addresses} (own address {mine}): "
-            "allGather did not return one entry per task in partition order"
+            "the rendezvous did not return one entry per task in partition order"
         )
     return rank, addresses, host
 
