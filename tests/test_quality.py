@@ -373,3 +373,53 @@ def test_a_real_jpeg_with_trailing_bytes_is_stored_as_read(tmp_path):
             assert rec["image/encoded"] == path.read_bytes()
             assert tf.io.decode_jpeg(rec["image/encoded"], channels=3).shape[:2] == (rec["image/height"],
                                                                                     rec["image/width"])
+
+
+def _full_decode_refuses(data: bytes) -> bool:
+    """The reference: Pillow decodes the file at full size in its own colour mode (what the converter does)."""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+        return False
+    except Exception:
+        return True
+
+
+def _damaged(raw: bytes, rng) -> dict[str, bytes]:
+    """Cut and damaged variants of a JPEG: cut at the end of every scan's data and inside it, entropy-coded
+    bytes changed, runs of them removed or zeroed."""
+    scans = [i for i in range(len(raw) - 1) if raw[i:i + 2] == b"\xff\xda"]
+    out = {"cut before EOI": raw[:-2]}
+    for k, at in enumerate(scans):
+        out[f"cut in scan {k}"] = raw[:at + 12 + (len(raw) - at) // 3]
+        out[f"cut at scan {k}"] = raw[:at]
+    start = scans[0] + 14
+    for k in range(12):
+        p = rng.randrange(start, len(raw) - 4)
+        flipped = bytearray(raw)
+        flipped[p] ^= rng.randrange(1, 256)
+        out[f"flip {k}"] = bytes(flipped)
+        out[f"hole {k}"] = raw[:p] + raw[p + rng.randrange(1, 200):]
+        out[f"zeros {k}"] = raw[:p] + bytes(64) + raw[p + 64:]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("progressive", [False, True])
+def test_decode_check_refuses_exactly_what_a_full_colour_decode_refuses(mode, progressive):
+    """The decode check (1/8 scale, grayscale output, the whole file in one decoder call) still reads every
+    coefficient of every component in every scan: on cut and damaged baseline and progressive JPEGs, colour and
+    grayscale, it refuses exactly the files that Pillow's full-size decode in the file's own mode refuses, and
+    every file cut short (any scan, or only the end-of-image marker) is refused."""
+    import random
+
+    rng = random.Random(f"{mode}{progressive}")
+    noise = np.random.default_rng(3).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+    im = Image.blend(content(160, 120), Image.fromarray(noise, "RGB"), 0.3).convert(mode)
+    raw = jpeg_bytes(im, progressive=progressive)
+    assert classify(raw, "a").category == ("ok" if mode == "RGB" else "grayscale")
+    for what, data in _damaged(raw, rng).items():
+        found = classify(data, what)
+        assert (found.category == "corrupt") == _full_decode_refuses(data), (what, found)
+        if what.startswith("cut"):
+            assert found.category == "corrupt" and "does not decode" in found.reason, (what, found)
