@@ -36,8 +36,8 @@ Measured, each repetition in one run, the order reversed every other repetition 
   for its problem files): read the file, decode it at full size with Pillow, ``convert("RGB")``, encode as
   JPEG quality 95, then the same TFRecord framing as ours, into one output file.
 * **ours per image, in memory**: the per-image step every build path shares
-  (:func:`spark_imagenet.dataset.sharding.check_image`: classify with Pillow, decode at 1/8 DCT scale,
-  repair only the files that need it; then the record), with ``verify=decode`` (the default) and
+  (:func:`spark_imagenet.dataset.sharding.check_image`: classify with Pillow, decode at 1/8 DCT scale to
+  grayscale, repair only the files that need it; then the record), with ``verify=decode`` (the default) and
   ``verify=header`` (header and end-of-image marker only), on bytes already in memory: the CPU the
   per-image work costs, without listing, processes, files or CRC32C.
 * **nested tar.gz stream, one pass**: reading every member of the tar.gz in one process as ``shard`` does

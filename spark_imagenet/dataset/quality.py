@@ -17,7 +17,12 @@ that applies, and :attr:`Finding.reason` names every problem found:
     zero bytes. Unusable.
 ``corrupt``
     Pillow does not recognise the bytes as an image, or the image does not
-    decode completely (a truncated JPEG, damaged entropy-coded data). Unusable.
+    decode completely (a truncated JPEG, a scan cut short, an error libjpeg
+    cannot recover from). Unusable. Damage inside the entropy-coded data that
+    libjpeg only warns about (a bad Huffman code, a scan's data ending early,
+    extraneous bytes before a marker) is not found: Pillow ignores libjpeg's
+    warnings, as TensorFlow's ``decode_jpeg`` does (docs/design.md, 'Image
+    quality while sharding').
 ``not_jpeg``
     another format named like a JPEG (PNG, GIF, WebP, BMP, ...; the real
     format is in :attr:`Finding.format`). Repaired: decoded (first frame of
@@ -196,10 +201,12 @@ def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
     Args:
         data: the file's bytes.
         name: its name (only for :attr:`Finding.name` and messages).
-        verify: ``"decode"`` decodes a JPEG completely at 1/8 scale (JPEG DCT
-            scaling: every entropy-coded byte is still read, so a truncated
-            or damaged file fails; about 1,100 images/s per core on ImageNet
-            sizes); ``"header"`` parses only the header and checks that the
+        verify: ``"decode"`` decodes a JPEG completely at 1/8 scale, to
+            grayscale where it can (JPEG DCT scaling: every coefficient of
+            every scan is still entropy-decoded, so a file cut short or one
+            libjpeg cannot decode fails; about 1,000 images/s per core on
+            ImageNet sizes; see :func:`_draft_check`); ``"header"`` parses
+            only the header and checks that the
             image ends with an end-of-image marker, which may be followed by
             other bytes (misses damage inside the file). Files of other
             formats are always decoded completely.
