@@ -30,6 +30,8 @@ CASES = [
     {"image/encoded": b"\xff\xd8" + bytes(range(256)) * 3, "image/class/label": 999, "image/filename": "n0_1.JPEG"},
     {"big": 2**40, "neg": -5, "zero": 0, "many": [1, 300, 70000]},
     {"empty": b"", "unicode": "café"},
+    # varints of one and two bytes at every level, and an image-sized value (lengths of three bytes)
+    {"one": 127, "two": 128, "s127": b"x" * 127, "s128": "y" * 128, "image/encoded": os.urandom(200_000)},
 ]
 
 
@@ -65,3 +67,9 @@ def test_reader_detects_corruption():
         list(read_records(io.BytesIO(bytes(data))))
     with pytest.raises(ValueError, match="truncated"):
         list(read_records(io.BytesIO(buf.getvalue()[:-3])))
+
+
+@pytest.mark.parametrize("bad", [{"flag": True}, {"mixed": [1, b"x"]}, {"float": 1.5}])
+def test_values_of_other_kinds_are_refused(bad):
+    with pytest.raises(TypeError):
+        encode_example(bad)

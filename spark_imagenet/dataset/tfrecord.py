@@ -19,6 +19,7 @@ format. This module writes the same bytes TensorFlow's ``TFRecordWriter`` and
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import BinaryIO, Mapping, Sequence, Union
 
@@ -35,7 +36,16 @@ def masked_crc32c(data: bytes) -> int:
     return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+#: The one-byte varints 0 to 127 (most tags, lengths and the image sizes' bytes).
+_SMALL = tuple(bytes((i,)) for i in range(128))
+#: The tag of a length-delimited field 1 (Example.features, Features.feature, the map entry's key,
+#: Feature.bytes_list, BytesList.value) and of field 2 (the map entry's value).
+_TAG1, _TAG2 = b"\x0a", b"\x12"
+
+
 def _varint(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _SMALL[n]
     if n < 0:
         n &= (1 << 64) - 1  # int64 two's complement, 10 bytes on the wire
     out = bytearray()
@@ -54,10 +64,16 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint((number << 3) | 2) + _varint(len(payload)) + payload
 
 
+@functools.lru_cache(maxsize=1024)
+def _key(key: str) -> bytes:
+    """The key field of a feature's map entry."""
+    return _field(1, key.encode("utf-8"))
+
+
 def _feature(value: FeatureValue) -> bytes:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _field(3, _field(1, _varint(value)))  # int64_list, one packed value
     if isinstance(value, (bytes, str)):
-        value = [value]
-    elif isinstance(value, int):
         value = [value]
     values = list(value)
     if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
@@ -79,16 +95,25 @@ def encode_example(features: Mapping[str, FeatureValue]) -> bytes:
 
     Returns:
         bytes: what ``tf.train.Example(...).SerializeToString()`` returns for
-        the same features (keys in the given order).
+        the same features (keys in the given order). A single ``bytes`` value
+        (an image) is copied once, into the result.
 
     Raises:
         TypeError: a value mixes kinds or is neither int nor bytes/str.
     """
-    body = b"".join(
-        _field(1, _field(1, key.encode("utf-8")) + _field(2, _feature(value)))
-        for key, value in features.items()
-    )
-    return _field(1, body)
+    pieces: list[bytes] = []
+    for key, value in features.items():
+        if isinstance(value, bytes):  # Feature{bytes_list: BytesList{value: [value]}} as a header and the value
+            item = _varint(len(value))
+            head = _TAG1 + _varint(1 + len(item) + len(value)) + _TAG1 + item
+            size = len(head) + len(value)
+        else:
+            head = _feature(value)
+            value, size = b"", len(head)
+        name = _key(key)
+        inner = _TAG2 + _varint(size)
+        pieces += (_TAG1 + _varint(len(name) + len(inner) + size), name, inner, head, value)
+    return b"".join((_TAG1, _varint(sum(map(len, pieces))), *pieces))
 
 
 def write_record(f: BinaryIO, data: bytes) -> int:
