@@ -404,20 +404,21 @@ def _damaged(raw: bytes, rng) -> dict[str, bytes]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("mode", ["YCbCr", "RGB", "L"])
 @pytest.mark.parametrize("progressive", [False, True])
 def test_decode_check_refuses_exactly_what_a_full_colour_decode_refuses(mode, progressive):
     """The decode check (1/8 scale, grayscale output, the whole file in one decoder call) still reads every
-    coefficient of every component in every scan: on cut and damaged baseline and progressive JPEGs, colour and
-    grayscale, it refuses exactly the files that Pillow's full-size decode in the file's own mode refuses, and
-    every file cut short (any scan, or only the end-of-image marker) is refused."""
+    coefficient of every component in every scan: on cut and damaged baseline and progressive JPEGs (YCbCr,
+    Adobe RGB, grayscale), it refuses exactly the files that Pillow's full-size decode in the file's own mode
+    refuses, and every file cut short (any scan, or only the end-of-image marker) is refused."""
     import random
 
     rng = random.Random(f"{mode}{progressive}")
     noise = np.random.default_rng(3).integers(0, 256, (120, 160, 3), dtype=np.uint8)
-    im = Image.blend(content(160, 120), Image.fromarray(noise, "RGB"), 0.3).convert(mode)
-    raw = jpeg_bytes(im, progressive=progressive)
-    assert classify(raw, "a").category == ("ok" if mode == "RGB" else "grayscale")
+    im = Image.blend(content(160, 120), Image.fromarray(noise, "RGB"), 0.3).convert("L" if mode == "L" else "RGB")
+    raw = jpeg_bytes(im, progressive=progressive, keep_rgb=mode == "RGB")
+    found = classify(raw, "a")
+    assert (found.category, found.colorspace) == ("grayscale" if mode == "L" else "ok", mode)
     for what, data in _damaged(raw, rng).items():
         found = classify(data, what)
         assert (found.category == "corrupt") == _full_decode_refuses(data), (what, found)
