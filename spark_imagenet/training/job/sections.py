@@ -81,10 +81,12 @@ class ScalingConfig:
             as a mapping or pairs); used like ``master``.
         allow_unencrypted: train although Spark's network encryption or SSL
             is on (TensorFlow's gRPC between workers is plaintext).
-        spare_worker: each task, once its TensorFlow process has ended, starts
-            a spare one (TensorFlow imported, waiting) that the next task in the
-            same reused PySpark Python worker takes (docs/design.md, 'Starting
-            TensorFlow early, and a spare for the next job'); False: none.
+        spare_worker: each task starts a spare TensorFlow process (TensorFlow
+            imported, waiting) that the next task in the same reused PySpark
+            Python worker takes: at the task's start under ``SCHED_IDLE`` where
+            the executor may wake it again, else when the task ends
+            (docs/design.md, 'Starting TensorFlow early, and a spare for the
+            next job'); False: none.
         min_workers: the fewest workers a relaunch after a lost worker may go on with when ``workers`` barrier
             slots are not free within ``regain_timeout`` (the global batch kept); None: always ``workers``.
 
@@ -115,8 +117,8 @@ class ScalingConfig:
                                       help="train although Spark's network encryption or SSL is on: TensorFlow's "
                                            "gRPC between the workers (gradients, weights) is not encrypted")
     spare_worker: bool = setting(True, kind="bool", option="--no-spare-worker",
-                                 help="leave no spare TensorFlow process (TensorFlow imported, 0.5 to 0.7 GB of "
-                                      "memory) in each reused Spark Python worker for the next job")
+                                 help="start no spare TensorFlow process (TensorFlow imported: 0.63 GB resident, "
+                                      "0.24 GB of it its own) in each reused Spark Python worker for the next job")
 
     def __post_init__(self) -> None:
         validate_fields(self)
