@@ -12,7 +12,8 @@ mixed-precision policy ``--precision``, compiled with the project's ``compile_mo
 * **synthetic**: one batch of random float32 images and int32 labels created on the device, fed to the
   training step again and again: no input pipeline, no host-to-device copy. This is the model's ceiling.
 * **real**: batches from :func:`spark_imagenet.training.worker.pipeline.train_dataset` (random crop, decode, flip,
-  resize, normalize on the host's CPU cores, ``--parallel`` decode calls) over the TFRecord shards of
+  resize on the host's CPU cores, ``--parallel`` decode calls; uint8 batches, normalized by the training step on
+  the GPU) over the TFRecord shards of
   ``--data``, or, without ``--data``, over ``--jpegs`` synthetic JPEGs (``spark_imagenet.demo.synthetic``,
   500x375 px by default, about ImageNet's mean size) written as shards into a temporary folder first (a
   GPU machine may have no dataset and no network).
@@ -32,8 +33,8 @@ to ``--out``, default ``$OUT/gpu.jsonl`` when ``$OUT`` is set), with the keys of
   waiting for the pipeline while the device sat idle (0 for synthetic).
 * ``input_bound_share``: ``1 - real images/s / synthetic images/s`` of the same model (null on synthetic
   lines, or when synthetic was not run): everything the real input costs, the wait above plus the
-  host-to-device copy of the float32 batch (``B*S*S*3*4`` bytes, 154 MB at B=256, S=224) that the
-  synthetic mode does not do.
+  host-to-device copy of the uint8 batch (``B*S*S*3`` bytes, 39 MB at B=256, S=224) and its normalization
+  in the step, which the synthetic mode does not do.
 * ``first_step_s``: the first (warm-up) step's wall time: tracing, XLA compilation, pipeline start.
 * ``batch``, ``image_size``, ``width``, ``num_classes``, ``params``, ``precision``, ``xla``, ``device``
   (the GPU's name, else the CPU's), ``tf_version``, ``steps``, ``warmup``, ``parallel`` (decode calls;
@@ -243,9 +244,10 @@ def shard_files(folder: Path) -> list[str]:
 
 
 def make_step(model, xla: bool):
-    """One training step ``(images float32 [B,S,S,3], labels int32 [B]) -> logs`` (dict of scalar tensors,
-    ``"loss"`` among them): the model's own ``train_step`` in one ``tf.function``, XLA-compiled when
-    ``xla`` (what Keras' ``fit`` runs per step with ``jit_compile=True``)."""
+    """One training step ``(images [B,S,S,3], labels int32 [B]) -> logs`` (dict of scalar tensors, ``"loss"``
+    among them; images uint8 pixels, normalized in the step, or float32 already normalized): the model's own
+    ``train_step`` in one ``tf.function``, XLA-compiled when ``xla`` (what Keras' ``fit`` runs per step with
+    ``jit_compile=True``)."""
     import tensorflow as tf
 
     def step(images, labels):
@@ -326,7 +328,8 @@ def synthetic_batches(tf, batch: int, image_size: int, num_classes: int):
 
 def pipeline_batches(files: list[str], batch: int, image_size: int, parallel: int | None):
     """``() -> (images, labels)``: the next batch of :func:`spark_imagenet.training.worker.pipeline.train_dataset`
-    over ``files`` (one endless epoch, seed 0; float32 ``[B,S,S,3]`` and int32 ``[B]`` on the host)."""
+    over ``files`` (one endless epoch, seed 0; uint8 ``[B,S,S,3]`` and int32 ``[B]`` on the host; the model's
+    ``train_step`` normalizes the images)."""
     from spark_imagenet.training.worker.pipeline import train_dataset
 
     iterator = iter(train_dataset(files, batch, image_size, parallel, seed=0))

@@ -237,6 +237,38 @@ def test_mixed_float16_wraps_the_optimizer_in_loss_scaling():
     assert float(keras.backend.get_value(model.optimizer.learning_rate)) == pytest.approx(0.0005, rel=1e-5)
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_uint8_batches_train_and_evaluate_as_the_host_normalized_ones(jit):
+    """The pipeline hands on uint8 pixels (and the lighting shifts beside them); the compiled model's train and
+    test steps normalize them first: the same weights and scores as float32 batches normalized on the host."""
+    from spark_imagenet.training.worker import preprocessing
+
+    rng = np.random.default_rng(5)
+    pixels = rng.integers(0, 256, (8, 6, 6, 3), dtype=np.uint8)
+    shifts = rng.normal(0, 4, (8, 3)).astype(np.float32)
+    labels, weights = np.arange(8) % 3, np.array([1, 1, 1, 1, 1, 0, 0, 0], np.float32)
+    host = preprocessing.normalizer(6)(tf.constant(pixels)).numpy()
+    host_lit = preprocessing.lighting_normalizer(6)(tf.constant(pixels), tf.constant(shifts)).numpy()
+
+    def trained(x, x_eval):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6, 6, 3))
+        model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Flatten()(inputs)))
+        compile_model(model, 0.05, weight_decay=1e-3, jit_compile=jit)
+        model.fit(tf.data.Dataset.from_tensor_slices((x, labels)).batch(4), epochs=2, verbose=0)
+        scores = model.evaluate(tf.data.Dataset.from_tensor_slices((x_eval, labels, weights)).batch(4),
+                                return_dict=True, verbose=0)
+        return [w.numpy() for w in model.weights], scores
+
+    for uint8_input, float_input in [((pixels, pixels), (host, host)),
+                                     (((pixels, shifts), pixels), (host_lit, host))]:
+        got, got_scores = trained(*uint8_input)
+        want, want_scores = trained(*float_input)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+        assert got_scores == pytest.approx(want_scores, abs=1e-5)
+
+
 @pytest.mark.slow
 def test_jit_compile_trains_on_cpu():
     model = _tiny_alexnet()
@@ -299,7 +331,7 @@ def weights_after_steps(strategy, optimizer, jit):
         model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
         compile_model(model, 0.1, optimizer=optimizer, momentum=0.9, weight_decay=0.05, label_smoothing=0.1,
                       jit_compile=jit)
-    assert ("train_step" in model.__dict__) == (jit and strategy.num_replicas_in_sync > 1)  # the XLA gradients step
+    assert model.__dict__["_spark_imagenet_split_xla"] == (jit and strategy.num_replicas_in_sync > 1)  # XLA gradients
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(16, 6)).astype(np.float32), np.arange(16) % 3
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)  # the global batch, split over the replicas

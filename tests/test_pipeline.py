@@ -71,8 +71,10 @@ def make_shards(tmp_path, shards: int, per_shard: int, seed: int = 0, split: str
 
 
 def unnormalize(images) -> np.ndarray:
-    """Pipeline output back to 0..255 pixel values (float)."""
-    return np.asarray(images) * STD + MEAN
+    """Pipeline output (uint8 pixels) or the model's input (float32, normalized by the step) as 0..255 pixel
+    values (float)."""
+    images = np.asarray(images)
+    return images.astype(np.float32) if images.dtype == np.uint8 else images * STD + MEAN
 
 
 def test_train_batches_shapes_dtypes_labels(tmp_path):
@@ -82,7 +84,7 @@ def test_train_batches_shapes_dtypes_labels(tmp_path):
     assert ds.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
     seen = []
     for images, labels in ds.take(12):  # 15 records: more than three epochs, so it repeats
-        assert images.shape == (4, 32, 32, 3) and images.dtype == tf.float32
+        assert images.shape == (4, 32, 32, 3) and images.dtype == tf.uint8  # the step normalizes
         assert labels.shape == (4,) and labels.dtype == tf.int32
         pixels = unnormalize(images)
         assert pixels.min() > -0.5 and pixels.max() < 255.5
@@ -96,6 +98,8 @@ def test_train_normalization_of_a_solid_colour(tmp_path):
     data = jpeg_bytes(np.tile(colour, (40, 60, 1)))
     files = [write_shard(tmp_path / "train-00000-of-00001.tfrecord", [(data, 3, "solid.JPEG")] * 4)]
     images, labels = next(iter(pipeline.train_dataset(files, 8, 16, 2, seed=0)))
+    images = preprocessing.normalize_batch(images)  # what the model's train step does first
+    assert images.dtype == tf.float32
     expected = (colour.astype(np.float32) - MEAN) / STD
     assert np.abs(images.numpy() - expected).max() <= 2.0 / STD.min()  # JPEG rounding: a level or two
     assert labels.numpy().tolist() == [3] * 8
@@ -106,6 +110,23 @@ def test_normalizer_matches_the_formula():
     got = preprocessing.normalizer(8)(tf.constant(x)).numpy()
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, (x.astype(np.float32) - MEAN) / STD, rtol=0, atol=1e-5)
+
+
+def test_batches_are_uint8_and_normalize_batch_matches_the_normalizers(tmp_path):
+    files = make_shards(tmp_path, shards=1, per_shard=4)
+    lit = pipeline.train_dataset(files, 2, 16, 1, seed=0, lighting=0.1)
+    (images, shifts), labels = lit.element_spec
+    assert (images.dtype, images.shape.as_list(), shifts.dtype, shifts.shape.as_list()) == (
+        tf.uint8, [2, 16, 16, 3], tf.float32, [2, 3])
+    assert pipeline.eval_dataset(files, 2, 16, 1, None, examples=4, steps=2).element_spec[0].dtype == tf.uint8
+    x = np.random.default_rng(3).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    shift = np.random.default_rng(4).normal(0, 5, (2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(preprocessing.normalize_batch(tf.constant(x)).numpy(),
+                                  preprocessing.normalizer(8)(tf.constant(x)).numpy())
+    got = preprocessing.normalize_batch((tf.constant(x), tf.constant(shift))).numpy()
+    np.testing.assert_allclose(got, (x + shift[:, None, None, :] - MEAN) / STD, rtol=0, atol=1e-5)
+    normalized = tf.constant(got)
+    assert preprocessing.normalize_batch(normalized) is normalized  # float32 input: already normalized
 
 
 def test_train_crops_and_flips_vary(tmp_path):
@@ -252,10 +273,11 @@ def test_argument_errors(tmp_path):
 
 
 def epoch_batches(files, seed=3, **kwargs) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Every batch of a finite train_dataset stream, as (images, labels) NumPy arrays."""
+    """Every batch of a finite train_dataset stream, as (images, labels) NumPy arrays: the images as the model
+    sees them (float32, after the step's normalization, lighting shifts added)."""
     args = dict(batch_size=4, image_size=16, parallel=2, seed=seed, shuffle_buffer=6, deterministic=True)
     args.update(kwargs)
-    return [(im.numpy(), lab.numpy()) for im, lab in pipeline.train_dataset(files, **args)]
+    return [(preprocessing.normalize_batch(x).numpy(), lab.numpy()) for x, lab in pipeline.train_dataset(files, **args)]
 
 
 def same_batches(a, b) -> bool:
@@ -275,7 +297,8 @@ def test_resumed_stream_repeats_the_epochs_of_an_uninterrupted_one(tmp_path):
     assert same_batches(full[2:4], middle)
     endless = pipeline.train_dataset(files, 4, 16, 2, seed=3, shuffle_buffer=6, records_per_epoch=8,
                                      initial_epoch=1, deterministic=True)
-    assert same_batches(full[2:6], [(im.numpy(), lab.numpy()) for im, lab in endless.take(4)])
+    assert same_batches(full[2:6], [(preprocessing.normalize_batch(x).numpy(), lab.numpy())
+                                    for x, lab in endless.take(4)])
 
 
 def test_the_global_seed_plays_no_part(tmp_path):

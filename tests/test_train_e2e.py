@@ -226,11 +226,11 @@ def _probabilities(model_path: Path, image: Path):
     import tensorflow as tf
     import tf_keras as keras
 
-    from spark_imagenet.training.worker import pipeline
+    from spark_imagenet.training.worker import preprocessing
 
     model = keras.models.load_model(model_path, compile=False)
     size = int(model.input_shape[1])
-    x = pipeline.normalizer(size)(pipeline.eval_image(tf.constant(image.read_bytes()), size)[tf.newaxis])
+    x = preprocessing.normalizer(size)(preprocessing.eval_image(tf.constant(image.read_bytes()), size)[tf.newaxis])
     return tf.nn.softmax(model(x, training=False), axis=-1).numpy()[0]
 
 

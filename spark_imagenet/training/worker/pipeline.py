@@ -1,4 +1,4 @@
-"""The tf.data input pipeline: TFRecord shards -> normalized image batches.
+"""The tf.data input pipeline: TFRecord shards -> uint8 image batches (normalized in the model's step).
 
 Runs in the TensorFlow worker process (it imports TensorFlow at module level). Records are the
 ``tf.train.Example`` s written by :mod:`spark_imagenet.dataset.sharding` (image/encoded: JPEG bytes,
@@ -13,7 +13,8 @@ Training (:func:`train_dataset`), one stream of epochs e = initial_epoch, initia
       -> enumerate (position e * records_per_epoch + index in epoch e)
       -> map(parse + stateless random crop box + decode_and_crop_jpeg + resize
          + stateless flip, seeded by (seed, position) -> uint8 [S,S,3])  (``parallel`` calls)
-      -> batch(B, drop_remainder) -> map(normalize, float32) -> prefetch
+      -> batch(B, drop_remainder) -> prefetch   (uint8 [B,S,S,3]; the model's train step normalizes it:
+         preprocessing.normalize_batch, on the step's device)
 
 Epoch e's records and their augmentation depend only on (files, seed, records_per_epoch, e), so a
 run resumed at an epoch boundary (``initial_epoch``) sees the same data as an
@@ -24,7 +25,7 @@ Evaluation (:func:`eval_dataset`): the files in order, every n-th record when
 the records of the files are split among workers, central crop, then zero-weight
 padding up to exactly ``steps`` batches.
 
-Per-image work (parsing, crops, colour noise, normalization) is in
+Per-image work (parsing, crops, colour noise) and the normalization the steps apply are in
 :mod:`spark_imagenet.training.worker.preprocessing`; naming the record behind a
 data error (:func:`naming_bad_records`, also importable from here) in
 :mod:`spark_imagenet.training.worker.bad_records`. tf.data's autotuner is off
@@ -35,7 +36,7 @@ Example::
 
     ds = train_dataset(files, batch_size=64, image_size=224, parallel=None, seed=7,
                        records_per_epoch=6400, epochs=90)
-    for images, labels in ds.take(1):   # float32 [64, 224, 224, 3], int32 [64]
+    for images, labels in ds.take(1):   # uint8 [64, 224, 224, 3] pixels 0..255, int32 [64]
         ...
 """
 
@@ -52,15 +53,15 @@ import tensorflow as tf
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.training.worker.bad_records import naming_bad_records  # noqa: F401  (used with the datasets)
 from spark_imagenet.training.worker.preprocessing import (
-    CROP_AREA_RANGE, RNG_ALG, check_augmentation, default_parallel, eval_image, lighting_normalizer, lighting_shift,
-    normalizer, parse_example, train_image)
+    CROP_AREA_RANGE, RNG_ALG, check_augmentation, default_parallel, eval_image, lighting_shift, parse_example,
+    train_image)
 
 #: Records held by the training shuffle buffer (about 110 KB each on
 #: ImageNet, so ~110 MB of memory). Files are also read in shuffled order and
 #: interleaved, so the buffer only has to mix records of a few files.
 DEFAULT_SHUFFLE_BUFFER = 1024
 
-#: Batches prefetched after normalization.
+#: Batches prefetched.
 PREFETCH_BATCHES = 2
 
 #: Tags folded into the epoch key (seed, e) to derive its two independent streams.
@@ -316,27 +317,24 @@ def _decode_for_training(records: tf.data.Dataset, args: _TrainArgs) -> tf.data.
                        num_parallel_calls=args.parallel, deterministic=args.deterministic)
 
 
-def _normalized_batches(images: tf.data.Dataset, batch_size: int, image_size: int, lighting: float
-                        ) -> tf.data.Dataset:
-    """Batch the decoded training images (full batches only) and normalize each
-    batch (:func:`normalizer`, or :func:`lighting_normalizer` adding the
-    per-image shifts when ``lighting > 0``).
+def _batches(images: tf.data.Dataset, batch_size: int, lighting: float) -> tf.data.Dataset:
+    """Batch the decoded training images (full batches only), as uint8: the model's steps normalize them
+    (:func:`~spark_imagenet.training.worker.preprocessing.normalize_batch`; why: docs/design.md, 'uint8 batches,
+    normalized in the step').
 
     Args:
         images: elements as returned by :func:`_decode_for_training`.
         batch_size: B, images per batch.
-        image_size: S, the images' side in pixels.
         lighting: the colour-noise standard deviation (> 0: the elements carry shifts).
 
     Returns:
-        tf.data.Dataset: elements ``(images float32 [B,S,S,3], labels int32 [B])``.
+        tf.data.Dataset: elements ``(images uint8 [B,S,S,3], labels int32 [B])``, or with ``lighting > 0``
+        ``((images uint8 [B,S,S,3], shifts float32 [B,3]), labels int32 [B])``.
     """
     ds = images.batch(batch_size, drop_remainder=True)
     if lighting > 0:
-        normalize_lit = lighting_normalizer(image_size)
-        return ds.map(_as_written(lambda images, shifts, labels: (normalize_lit(images, shifts), labels)))
-    normalize = normalizer(image_size)
-    return ds.map(_as_written(lambda images, labels: (normalize(images), labels)))
+        return ds.map(_as_written(lambda images, shifts, labels: ((images, shifts), labels)))
+    return ds
 
 
 def train_dataset(
@@ -387,8 +385,8 @@ def train_dataset(
     ``deterministic`` hold with any of them): the random crop (area in
     ``crop_area``, aspect ratio in :data:`CROP_ASPECT_RANGE`), the random
     horizontal flip (``flip``) and, with ``lighting > 0``, AlexNet's PCA
-    colour noise (:func:`lighting_shift`, one RGB offset per image, added to
-    the uint8 pixels inside the batch normalization). ``lighting=0`` adds no
+    colour noise (:func:`lighting_shift`, one RGB offset per image, handed
+    on beside the uint8 batch and added to the pixels by the step's normalization). ``lighting=0`` adds no
     op to the pipeline. (Each epoch's first batch waits for its shuffle buffer to fill.)
 
     Args:
@@ -418,8 +416,12 @@ def train_dataset(
             inside it); the others keep their positions. Below ``records_per_epoch``.
 
     Returns:
-        tf.data.Dataset: elements ``(images float32 [B,S,S,3] normalized with
-        MEAN_RGB/STD_RGB, labels int32 [B])``; only full batches, each epoch
+        tf.data.Dataset: elements ``(images uint8 [B,S,S,3] RGB 0..255, labels
+        int32 [B])``, or with ``lighting > 0`` ``((images, shifts float32 [B,3]
+        in 0..255 units), labels)``: what ``fit`` of a model compiled by
+        :func:`~spark_imagenet.training.worker.models.compile.compile_model`
+        takes (its train step normalizes: :func:`~spark_imagenet.training.worker.preprocessing.normalize_batch`;
+        any other consumer applies that function first); only full batches, each epoch
         ``records_per_epoch / B`` of them; ``(epochs - initial_epoch) *
         records_per_epoch / B`` batches in all when ``epochs`` is given, else
         endless (cardinality unknown either way). Auto-sharding is off.
@@ -437,7 +439,7 @@ def train_dataset(
         raise ConfigError(f"skip_records={skip_records}: must be below records_per_epoch={records_per_epoch}")
     _reuse_freed_memory()
     ds = _decode_for_training(_train_record_stream(args).skip(int(skip_records)), args)
-    ds = _normalized_batches(ds, args.batch_size, args.image_size, args.lighting)
+    ds = _batches(ds, args.batch_size, args.lighting)
     return ds.prefetch(PREFETCH_BATCHES).with_options(_options(deterministic=args.deterministic))
 
 
@@ -465,11 +467,12 @@ def eval_dataset(
         steps: number of batches to yield (the same on every worker).
 
     Returns:
-        tf.data.Dataset: exactly ``steps`` elements ``(images float32
-        [B,S,S,3] normalized, labels int32 [B], weights float32 [B])``: the
+        tf.data.Dataset: exactly ``steps`` elements ``(images uint8
+        [B,S,S,3] RGB 0..255, labels int32 [B], weights float32 [B])`` (the
+        model's test step normalizes them, as :func:`train_dataset`'s): the
         ``examples`` real images (central crop of side
         ``CENTER_CROP_FRACTION * min(h, w)``, resized to S) with weight 1.0,
-        then zero images (all-zero pixels before normalization, label 0) with
+        then zero images (all-zero pixels, label 0) with
         weight 0.0, so weighted metrics count each real example exactly once.
         Iterating raises ``tf.errors.FailedPreconditionError`` when the
         files hold fewer than ``examples`` records for this worker, or more
@@ -515,7 +518,5 @@ def eval_dataset(
     ds = ds.concatenate(padding).take(steps * batch_size)
     ds = ds.batch(batch_size, drop_remainder=True)
     _reuse_freed_memory()
-    normalize = normalizer(image_size)
-    ds = ds.map(_as_written(lambda images, labels, weights: (normalize(images), labels, weights)))
     ds = ds.prefetch(PREFETCH_BATCHES)
     return ds.with_options(_options(deterministic=True))

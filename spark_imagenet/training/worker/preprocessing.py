@@ -14,7 +14,8 @@ evaluation view to single files):
   shorter side);
 * AlexNet's PCA colour noise (:func:`lighting_shift`);
 * the batch normalizers (:func:`normalizer`, :func:`lighting_normalizer`):
-  uint8 ``[B, S, S, 3]`` -> float32, ``(x - MEAN_RGB) / STD_RGB``.
+  uint8 ``[B, S, S, 3]`` -> float32, ``(x - MEAN_RGB) / STD_RGB``; :func:`normalize_batch`,
+  the one the training and evaluation steps apply to the pipeline's uint8 batches (on the step's device).
 
 Why the crop is decoded from the JPEG directly and images stay uint8 until
 batched: docs/design.md, 'Input pipeline speed'.
@@ -27,9 +28,10 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 
@@ -331,6 +333,41 @@ def lighting_normalizer(image_size: int):
     return normalize
 
 
+def normalize_batch(x: Any) -> Any:
+    """The training and evaluation step's input normalization: a batch of the pipeline, as the model takes it.
+
+    The datasets of :mod:`~spark_imagenet.training.worker.pipeline` hand on uint8 pixels; the model's train and
+    test steps (:func:`~spark_imagenet.training.worker.models.compile.compile_model`) call this first, on the
+    step's device (docs/design.md, 'uint8 batches, normalized in the step'). Call it outside any XLA
+    compilation or inside one; it does not change what the model itself takes (float32, normalized).
+
+    Args:
+        x: a batch ``x`` of ``fit``/``evaluate``: uint8 ``[B, S, S, 3]`` RGB pixels 0..255 (S static); or
+            ``(images, shifts)``, images as above and float32 ``[B, 3]`` per-image RGB offsets in 0..255 units
+            (:func:`lighting_shift`, ``lighting > 0``); or anything else (float32 images already normalized,
+            as before the pipeline handed on uint8), returned as it is.
+
+    Returns:
+        float32 ``[B, S, S, 3]``, ``(x - MEAN_RGB) / STD_RGB`` (:func:`normalizer`) or ``(x + shift[b] -
+        MEAN_RGB) / STD_RGB`` (:func:`lighting_normalizer`); or ``x`` itself.
+    """
+    if isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, tf.Tensor) for t in x) \
+            and x[0].dtype == tf.uint8:
+        images, shifts = x
+        return _step_normalizers(int(images.shape[1]))[1](images, shifts)
+    if isinstance(x, tf.Tensor) and x.dtype == tf.uint8:
+        return _step_normalizers(int(x.shape[1]))[0](x)
+    return x
+
+
+@functools.lru_cache(maxsize=None)
+def _step_normalizers(image_size: int) -> tuple[Any, Any]:
+    """:func:`normalizer` and :func:`lighting_normalizer` of one image size, made once per process (their
+    constants eager, under ``tf.init_scope``: usable from every step function that traces them)."""
+    with tf.init_scope():
+        return normalizer(image_size), lighting_normalizer(image_size)
+
+
 _XLA_AVAILABLE: bool | None = None
 
 
@@ -346,8 +383,8 @@ def xla_available() -> bool:
     """
     global _XLA_AVAILABLE
     if _XLA_AVAILABLE is None:
-        try:
-            with tf.device("/CPU:0"):
+        try:  # init_scope: run eagerly even when first asked while a step is traced (normalize_batch)
+            with tf.init_scope(), tf.device("/CPU:0"):
                 probe = tf.function(lambda x: tf.cast(x, tf.float32) * 2.0 + 1.0, jit_compile=True)
                 value = probe(tf.constant([3], tf.uint8))
             _XLA_AVAILABLE = bool(abs(float(value[0]) - 7.0) < 1e-6)

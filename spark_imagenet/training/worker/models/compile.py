@@ -163,17 +163,38 @@ def _xla_gradients_train_step(self: keras.Model, data: Any) -> dict[str, Any]:
     return self.compute_metrics(x, y, y_pred, sample_weight)
 
 
-def _set_train_step(model: keras.Model, jit_compile: bool) -> bool:
-    """Install :func:`_xla_gradients_train_step` on ``model`` when XLA is asked for and the strategy has several
-    replicas (else remove it); return whether ``model.compile`` should compile the whole step with XLA."""
-    model.__dict__.pop("train_step", None)
-    model.__dict__.pop("_spark_imagenet_xla_gradients", None)
-    if not jit_compile:
-        return False
-    if model.distribute_strategy.num_replicas_in_sync == 1:
-        return True
-    object.__setattr__(model, "train_step", types.MethodType(_xla_gradients_train_step, model))  # untracked
-    return False
+def _normalizing(step: Any) -> Any:
+    """``step`` (a train or test step taking ``(self, data)``) with its ``x`` through
+    :func:`~spark_imagenet.training.worker.preprocessing.normalize_batch` first: the pipeline's uint8 batches are
+    normalized inside the step, on its device; float32 batches pass as they are."""
+    from spark_imagenet.training.worker.preprocessing import normalize_batch
+
+    def normalizing_step(self: keras.Model, data: Any) -> dict[str, Any]:
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        return step(self, keras.utils.pack_x_y_sample_weight(normalize_batch(x), y, sample_weight))
+
+    return normalizing_step
+
+
+def _set_steps(model: keras.Model, jit_compile: bool) -> bool:
+    """Install the model's train and test steps; return whether ``model.compile`` should compile the whole step
+    with XLA.
+
+    Both normalize uint8 input first (:func:`_normalizing`). The train step is
+    :func:`_xla_gradients_train_step` when XLA is asked for and the strategy has several replicas, else tf-keras'
+    own. The steps are set on the instance, untracked (the model's layers, checkpoints and saved file do not
+    change)."""
+    for name in ("train_step", "test_step", "_spark_imagenet_xla_gradients", "_spark_imagenet_split_xla"):
+        model.__dict__.pop(name, None)
+    from spark_imagenet.training.worker.preprocessing import xla_available
+
+    xla_available()  # decided once, eagerly, before a step is traced
+    split = bool(jit_compile) and model.distribute_strategy.num_replicas_in_sync > 1
+    train = _xla_gradients_train_step if split else type(model).train_step
+    object.__setattr__(model, "train_step", types.MethodType(_normalizing(train), model))  # untracked
+    object.__setattr__(model, "test_step", types.MethodType(_normalizing(type(model).test_step), model))
+    object.__setattr__(model, "_spark_imagenet_split_xla", split)
+    return bool(jit_compile) and not split
 
 
 def describe_compiled(model: keras.Model) -> str:
@@ -188,7 +209,7 @@ def describe_compiled(model: keras.Model) -> str:
     name = f"{type(inner).__name__} in LossScaleOptimizer" if inner is not None else type(opt).__name__
     layers = [layer for layer in tf_internals.flatten_layers(model, include_self=False) if layer.weights]
     compute = layers[0].compute_dtype if layers else model.compute_dtype
-    xla = ("forward and gradients (all-reduce outside)" if "train_step" in model.__dict__
+    xla = ("forward and gradients (all-reduce outside)" if model.__dict__.get("_spark_imagenet_split_xla")
            else "the whole step" if model.jit_compile else "off")
     return f"{name}, compute {compute}, XLA: {xla}"
 
@@ -275,7 +296,7 @@ def compile_model(model: keras.Model, learning_rate: float | keras.optimizers.sc
                          decayed=decayed_kernels(model))
     loss = (SmoothedSparseCrossentropy(float(label_smoothing)) if label_smoothing > 0
             else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    whole_step = _set_train_step(model, bool(jit_compile))
+    whole_step = _set_steps(model, bool(jit_compile))
     model.compile(
         optimizer=_loss_scaled(model, opt),
         loss=loss,
