@@ -27,7 +27,10 @@ What it does:
    median images/s over the run is the ceiling (chosen once per run: taking
    the better window of each round would pick the noise's maximum).
 3. **Pipeline**: :func:`spark_imagenet.training.worker.pipeline.train_dataset` on the shards
-   (batch B, float32 normalized output), images/s after a warm-up.
+   (batch B), images/s after a warm-up: its uint8 ``[B,S,S,3]`` batches as training consumes them (the
+   normalization to float32 is in the model's train step, on the step's device since issue 23; before, the
+   pipeline normalized each batch on the host, +4.4 to 4.7% of the ceiling's CPU; the step's side of it:
+   ``benchmarks/step.py``).
 
 Ceiling and pipeline windows alternate for ``--reps`` rounds (default 8; each
 round is one repetition) on persistent iterators: the machine may be shared, so
@@ -43,8 +46,7 @@ Records (``--json``; see benchmarks/common.py): ``ceiling images/s``,
 (images per CPU-second of this process, which load from others moves less),
 and the per-round ratios ``pipeline / ceiling (images/s)`` and ``pipeline /
 ceiling (images/CPU-s)`` (goal: at least 0.95; below 1 by what the pipeline's
-own stages, file reading, parsing, shuffling and the float32 normalization,
-cost on top of the decode). ``params.ceiling_by_calls`` holds both
+own stages, file reading, parsing and shuffling, cost on top of the decode). ``params.ceiling_by_calls`` holds both
 formulations' series, ``params.ceiling_calls`` the one chosen.
 
 ``--cpus`` pins the process to those CPUs before TensorFlow starts (parallel
@@ -331,7 +333,7 @@ def measure(args, parallel: int, images: list[tuple[str, bytes]], files: list[st
     ceilings = [(calls, Meter(f"ceiling ({calls} calls)", ceiling_dataset(jpeg_bytes, args.image_size, calls, batch),
                               batch, (CEILING_PREFETCH + 1) * batch + calls)) for calls in (parallel, parallel + 1)]
     ds = pipeline.train_dataset(files, batch, args.image_size, parallel, seed=0)
-    train = Meter("pipeline", ds, batch, (pipeline.PREFETCH_BATCHES + 2) * batch + parallel)  # + the one normalized
+    train = Meter("pipeline", ds, batch, (pipeline.PREFETCH_BATCHES + 2) * batch + parallel)  # + the one batching
     meters = [m for _, m in ceilings] + [train]
     # One untimed pass fills every shuffle buffer and traces every function.
     for m in meters:
@@ -408,7 +410,9 @@ def run_benchmark(args) -> int:
               "shards": args.shards, "image_size": args.image_size, "batch_size": args.batch_size,
               "parallel": parallel, "cpus": cpus, "seconds": args.seconds, "warmup": args.warmup,
               "alternative": "ceiling: the per-image work alone on in-memory JPEGs (better of parallel and "
-                             "parallel + 1 calls per round)"}
+                             "parallel + 1 calls per round)",
+              "pipeline_output": "uint8 [B,S,S,3] batches, as training consumes them (normalized in the model's "
+                                 "train step)"}
     report.say(f"settings: {len(images)} JPEGs from {source} (mean {params['mean_kpixels']:.0f} K pixels, "
                f"{params['mean_kb']:.0f} KB, prepared in {prepared_s:.1f} s), {args.shards} shards, "
                f"image {args.image_size}, batch {args.batch_size}, parallel {parallel}, {cpus} CPUs "

@@ -6,8 +6,11 @@ Usage (from the repository root)::
         [--steps N] [--batch-224 8] [--batch-test 8] [--ablate]
 
 What is measured, in one process, with no Spark and no input pipeline: every variant trains on one in-memory
-batch of random float32 images and int32 labels repeated (``tf.data.Dataset.from_tensors(batch).repeat()``),
-so only the training step differs (the pipeline has its own benchmark, ``pipeline.py``).
+batch of random images and int32 labels repeated (``tf.data.Dataset.from_tensors(batch).repeat()``), so only
+the training step differs (the pipeline has its own benchmark, ``pipeline.py``). Ours' batch is uint8 pixels,
+as the input pipeline hands them on since issue 23: ours' train step normalizes them (cast, scale, offset:
+``preprocessing.normalize_batch``), work the pipeline did on the host before, so ``ours / bare`` includes it;
+bare's batch is float32 (random normal, as normalized images), with no normalization anywhere.
 
 * **ours**: the worker's own code (``spark_imagenet.training.worker.main``): ``_configure`` (seed, the
   ``tf.random.Generator`` dropout), ``_build_strategy`` (``MultiWorkerMirroredStrategy`` with one worker, what a
@@ -36,7 +39,9 @@ start of each ``fit`` call and a step preempted by another process weigh nothing
 
 ``--ablate`` adds "bare + X" variants, each adding one thing of ours to bare, to find where a difference comes
 from ("bare + decoupled weight decay" is not ours: tf_keras' ``SGD(weight_decay=...)``, for comparison; "bare + L2
-loss term" is how our weight decay was applied before it moved into the optimizer's step, ``DecayedSGD``).
+loss term" is how our weight decay was applied before it moved into the optimizer's step, ``DecayedSGD``;
+"bare + normalization" trains on uint8 pixels normalized in its train step, as ours: that variant over bare is
+what the step pays for the normalization the input pipeline no longer does).
 
 Sizes: ``224`` is AlexNet as in the paper (224 px, width 1.0, 1000 classes) at a small batch (CPU);
 ``test`` is the size tests train (the smallest input AlexNet takes, ``specs.MIN_IMAGE_SIZE`` = 67 px, width
@@ -82,7 +87,7 @@ LEARNING_RATE = 0.01
 BARE_SETTINGS = {"lr_schedule": "constant", "warmup_epochs": 0.0, "weight_decay": 0.0}
 #: --ablate: bare plus one thing of ours each.
 ABLATIONS = ("strategy", "metrics", "weight decay", "schedule", "callbacks", "generator dropout",
-             "decoupled weight decay", "L2 loss term")
+             "decoupled weight decay", "L2 loss term", "normalization")
 #: The recipe's weight decay (AlexNet: Krizhevsky et al. 2012).
 WEIGHT_DECAY = 5e-4
 
@@ -166,13 +171,16 @@ def step_clock():
     return StepClock()
 
 
-def one_batch(size: dict):
-    """The in-memory batch: random normal float32 images ``[B, S, S, 3]``, int32 labels ``[B]``."""
+def one_batch(size: dict, pixels: bool = False):
+    """The in-memory batch: random normal float32 images ``[B, S, S, 3]`` (``pixels``: uniform uint8 pixels
+    0..255, what the input pipeline hands on), int32 labels ``[B]``."""
     import tensorflow as tf
 
     g = tf.random.Generator.from_seed(1)
     s, b = size["image_size"], size["batch_size"]
     images = g.normal([b, s, s, 3], dtype=tf.float32)
+    if pixels:
+        images = tf.cast(g.uniform([b, s, s, 3], 0, 256, dtype=tf.int32), tf.uint8)
     labels = g.uniform([b], 0, size["num_classes"], dtype=tf.int32)
     return images, labels
 
@@ -253,6 +261,11 @@ class Bare:
             self.model.compile(optimizer=optimizer,
                                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                                weighted_metrics=self._metrics())
+            if extra == "normalization":  # ours: the batch of uint8 pixels normalized in the train step
+                from spark_imagenet.training.worker.models.compile import normalize_in_steps
+
+                normalize_in_steps(self.model)
+                batch = one_batch(size, pixels=True)
         data = tf.data.Dataset.from_tensors(batch).repeat()
         self.data = (strategy.distribute_datasets_from_function(lambda ctx: data) if extra == "strategy" else data)
         self.callbacks = self._callbacks()
@@ -294,9 +307,9 @@ class Bare:
 
 def build_variants(strategy, size: dict, ablate: list[str]) -> dict:
     """Every variant of one size, by name, warmed up (one untimed fit call each)."""
-    batch = one_batch(size)
-    variants = {"ours": Ours(strategy, size, batch),
-                "ours (bare settings)": Ours(strategy, size, batch, **BARE_SETTINGS),
+    batch, pixels = one_batch(size), one_batch(size, pixels=True)
+    variants = {"ours": Ours(strategy, size, pixels),
+                "ours (bare settings)": Ours(strategy, size, pixels, **BARE_SETTINGS),
                 "bare": Bare(strategy, size, batch)}
     for extra in ablate:
         variants[f"bare + {extra}"] = Bare(strategy, size, batch, extra)
@@ -322,7 +335,8 @@ def measure_size(report: Report, strategy, name: str, args: argparse.Namespace, 
             cpu[key].append(used)
     params = {"size": name, **size, "model": "alexnet", "reps_interleaved": list(variants),
               "alternative": "bare tf_keras fit: SGD(momentum 0.9) + SparseCategoricalCrossentropy, "
-                             "no strategy, no metrics, no callbacks"}
+                             "no strategy, no metrics, no callbacks",
+              "input": "ours: uint8 pixels, normalized in its train step; bare: float32, no normalization"}
     for key, values in seconds.items():
         report.add(f"{name}: {key}: ms per step", "ms", [v * 1000 for v in values], **params)
         report.add(f"{name}: {key}: images/s", "images/s", [size["batch_size"] / v for v in values], **params)

@@ -28,6 +28,7 @@ def test_quick_json_records_each_measurement_of_the_rounds():
         assert record["reps"] == 2  # --quick: 2 rounds
         assert record["params"]["batch_size"] == 32 and record["params"]["image_size"] == 224
         assert len(record["params"]["others_cores"]) == 2
+        assert record["params"]["pipeline_output"].startswith("uint8 [B,S,S,3] batches, as training consumes")
     assert {by_name[n]["kind"] for n in ROUNDS if "/ ceiling" in n} == {"ratio"}
     ratio = by_name["pipeline / ceiling (images/s)"]["values"]
     pipeline, ceiling = by_name["pipeline images/s"]["values"], by_name["ceiling images/s"]["values"]

@@ -22,6 +22,7 @@ def test_quick_run_records_each_variant_and_the_ratios_against_bare():
     ratio = by_name["test: ours / bare: time per step"]
     assert ratio["kind"] == "ratio" and ratio["unit"] == "x" and ratio["params"]["limit"] == 1.0
     assert ratio["params"]["image_size"] == 67 and ratio["params"]["width"] == 0.25
+    assert ratio["params"]["input"].startswith("ours: uint8 pixels, normalized in its train step")
     assert all(r["benchmark"] == "step" and r["params"]["size"] == "test" for r in records)
 
 

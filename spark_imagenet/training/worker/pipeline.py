@@ -319,8 +319,8 @@ def _decode_for_training(records: tf.data.Dataset, args: _TrainArgs) -> tf.data.
 
 def _batches(images: tf.data.Dataset, batch_size: int, lighting: float) -> tf.data.Dataset:
     """Batch the decoded training images (full batches only), as uint8: the model's steps normalize them
-    (:func:`~spark_imagenet.training.worker.preprocessing.normalize_batch`; why: docs/design.md, 'uint8 batches,
-    normalized in the step').
+    (:func:`~spark_imagenet.training.worker.preprocessing.normalize_batch`; why: docs/design.md,
+    'Input pipeline speed').
 
     Args:
         images: elements as returned by :func:`_decode_for_training`.
@@ -385,8 +385,7 @@ def train_dataset(
     ``deterministic`` hold with any of them): the random crop (area in
     ``crop_area``, aspect ratio in :data:`CROP_ASPECT_RANGE`), the random
     horizontal flip (``flip``) and, with ``lighting > 0``, AlexNet's PCA
-    colour noise (:func:`lighting_shift`, one RGB offset per image, handed
-    on beside the uint8 batch and added to the pixels by the step's normalization). ``lighting=0`` adds no
+    colour noise (:func:`lighting_shift`, one RGB offset per image, beside the batch). ``lighting=0`` adds no
     op to the pipeline. (Each epoch's first batch waits for its shuffle buffer to fill.)
 
     Args:
@@ -416,12 +415,9 @@ def train_dataset(
             inside it); the others keep their positions. Below ``records_per_epoch``.
 
     Returns:
-        tf.data.Dataset: elements ``(images uint8 [B,S,S,3] RGB 0..255, labels
-        int32 [B])``, or with ``lighting > 0`` ``((images, shifts float32 [B,3]
-        in 0..255 units), labels)``: what ``fit`` of a model compiled by
-        :func:`~spark_imagenet.training.worker.models.compile.compile_model`
-        takes (its train step normalizes: :func:`~spark_imagenet.training.worker.preprocessing.normalize_batch`;
-        any other consumer applies that function first); only full batches, each epoch
+        tf.data.Dataset: elements ``(images uint8 [B,S,S,3] RGB 0..255, labels int32 [B])``, with
+        ``lighting > 0`` ``((images, shifts float32 [B,3]), labels)``, which the train step of ``compile_model``
+        normalizes (:func:`~spark_imagenet.training.worker.preprocessing.normalize_batch`); only full batches, each epoch
         ``records_per_epoch / B`` of them; ``(epochs - initial_epoch) *
         records_per_epoch / B`` batches in all when ``epochs`` is given, else
         endless (cardinality unknown either way). Auto-sharding is off.

@@ -338,7 +338,7 @@ def normalize_batch(x: Any) -> Any:
 
     The datasets of :mod:`~spark_imagenet.training.worker.pipeline` hand on uint8 pixels; the model's train and
     test steps (:func:`~spark_imagenet.training.worker.models.compile.compile_model`) call this first, on the
-    step's device (docs/design.md, 'uint8 batches, normalized in the step'). Call it outside any XLA
+    step's device (docs/design.md, 'Input pipeline speed'). Call it outside any XLA
     compilation or inside one; it does not change what the model itself takes (float32, normalized).
 
     Args:

@@ -186,15 +186,28 @@ def _set_steps(model: keras.Model, jit_compile: bool) -> bool:
     change)."""
     for name in ("train_step", "test_step", "_spark_imagenet_xla_gradients", "_spark_imagenet_split_xla"):
         model.__dict__.pop(name, None)
+    split = bool(jit_compile) and model.distribute_strategy.num_replicas_in_sync > 1
+    normalize_in_steps(model, _xla_gradients_train_step if split else None)
+    object.__setattr__(model, "_spark_imagenet_split_xla", split)
+    return bool(jit_compile) and not split
+
+
+def normalize_in_steps(model: keras.Model, train_step: Any = None) -> None:
+    """Make ``model``'s train and test steps normalize uint8 input first (``fit``/``evaluate`` then take the
+    input pipeline's batches: uint8 ``[B, S, S, 3]`` pixels, or ``(pixels, shifts float32 [B, 3])``; float32
+    batches pass unchanged). :func:`compile_model` does it (a later ``model.compile`` keeps the steps).
+
+    Args:
+        model: a model taking float32 normalized images (it is not changed: only its steps, set on the instance,
+            untracked, so its layers, checkpoints and saved file stay as they are).
+        train_step: the train step to wrap, a function of ``(model, data)``; None: the model class' own.
+    """
     from spark_imagenet.training.worker.preprocessing import xla_available
 
     xla_available()  # decided once, eagerly, before a step is traced
-    split = bool(jit_compile) and model.distribute_strategy.num_replicas_in_sync > 1
-    train = _xla_gradients_train_step if split else type(model).train_step
-    object.__setattr__(model, "train_step", types.MethodType(_normalizing(train), model))  # untracked
+    train = train_step if train_step is not None else type(model).train_step
+    object.__setattr__(model, "train_step", types.MethodType(_normalizing(train), model))
     object.__setattr__(model, "test_step", types.MethodType(_normalizing(type(model).test_step), model))
-    object.__setattr__(model, "_spark_imagenet_split_xla", split)
-    return bool(jit_compile) and not split
 
 
 def describe_compiled(model: keras.Model) -> str:
@@ -311,4 +324,4 @@ def compile_model(model: keras.Model, learning_rate: float | keras.optimizers.sc
 
 
 __all__ = ["KERNEL_ATTRIBUTES", "MOMENTUM", "OPTIMIZERS", "PRECISIONS", "SmoothedSparseCrossentropy",
-           "compile_model", "decayed_kernels", "describe_compiled", "float32_logits", "set_precision"]
+           "compile_model", "decayed_kernels", "describe_compiled", "float32_logits", "normalize_in_steps", "set_precision"]
