@@ -53,8 +53,9 @@ Departures from the paper, all deliberate:
 * ``width`` scales every conv and hidden dense layer (not the class count);
   tests use 0.25, which makes a model that trains quickly on a CPU.
 
-The model takes float32 images ``[B, S, S, 3]`` already normalised by the input
-pipeline (ImageNet mean/std, see :mod:`spark_imagenet.training.worker.pipeline`) and returns
+The model takes float32 images ``[B, S, S, 3]`` already normalised (ImageNet mean/std: the train and test
+steps normalise the input pipeline's uint8 batches, see
+:func:`spark_imagenet.training.worker.preprocessing.normalize_batch`) and returns
 float32 logits ``[B, num_classes]`` (no softmax; the loss uses
 ``from_logits=True``, see :func:`spark_imagenet.training.worker.models.compile.compile_model`).
 Under a mixed-precision policy the logits come in its compute dtype:

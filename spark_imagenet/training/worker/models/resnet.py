@@ -42,7 +42,7 @@ def build_resnet50(num_classes: int, image_size: int, width: float = 1.0) -> "ke
 
     Returns:
         A ``tf_keras.Model`` named ``"resnet50"`` mapping float32 ``[B, image_size, image_size, 3]`` images,
-        normalised by the input pipeline (ImageNet mean/std), to float32 logits ``[B, num_classes]`` (no
+        normalised (ImageNet mean/std; the train and test steps normalise the pipeline's uint8 batches), to float32 logits ``[B, num_classes]`` (no
         softmax). Create it inside ``strategy.scope()`` when training under a distribution strategy.
 
     Raises:
