@@ -360,12 +360,18 @@ def normalize_batch(x: Any) -> Any:
     return x
 
 
-@functools.lru_cache(maxsize=None)
 def _step_normalizers(image_size: int) -> tuple[Any, Any]:
-    """:func:`normalizer` and :func:`lighting_normalizer` of one image size, made once per process (their
-    constants eager, under ``tf.init_scope``: usable from every step function that traces them)."""
-    with tf.init_scope():
+    """:func:`normalizer` and :func:`lighting_normalizer` of one image size: made anew while a step is traced
+    (their constants then belong to that graph, placed on the replica's device), else made once per process
+    (eager callers: no retracing)."""
+    if tf.inside_function():
         return normalizer(image_size), lighting_normalizer(image_size)
+    return _eager_normalizers(image_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _eager_normalizers(image_size: int) -> tuple[Any, Any]:
+    return normalizer(image_size), lighting_normalizer(image_size)
 
 
 _XLA_AVAILABLE: bool | None = None
