@@ -92,7 +92,8 @@ def shards(tmp_path_factory) -> dict:
 JOB_KEYS = ("workers", "model", "epochs", "batch_size", "image_size", "width", "learning_rate", "seed", "parallel")
 #: Job keys a test may set (TrainConfig's defaults otherwise).
 OPTIONAL_JOB_KEYS = ("strategy", "cross_device_ops", "gpus_per_worker", "optimizer", "precision", "jit_compile",
-                     "weight_decay", "label_smoothing", "lr_schedule", "warmup_epochs", "output", "startup_timeout")
+                     "weight_decay", "label_smoothing", "lr_schedule", "warmup_epochs", "output", "startup_timeout",
+                     "lighting")
 
 
 def base_config(shards: dict, **overrides) -> dict:
@@ -394,6 +395,20 @@ def test_each_strategy_trains_one_worker_on_cpu(shards, tmp_path, strategy, ops,
     assert result["steps"] == 8 and result["val"]["images"] == 18
     assert f"strategy: {strategy} ({kind}), 1 worker(s), 1 replica(s) in sync on " in stdout
     assert f"all-reduce {all_reduce}" in stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("jit", [False, True])
+def test_lighting_shifts_travel_beside_the_uint8_batches_into_the_step(shards, tmp_path, jit):
+    """--lighting: the dataset's x is (uint8 images, float32 shifts), through MultiWorkerMirroredStrategy's
+    distributed dataset into the train step, which normalizes it (with XLA: inside the compiled step)."""
+    cfg = base_config(shards, epochs=1, lighting=0.1, jit_compile=jit)
+    proc, result_path = start_worker(tmp_path, cfg, f"lighting-{jit}")
+    [(rc, _stdout, stderr)] = finish([proc])
+    assert rc == 0, stderr
+    result = json.loads(result_path.read_text())
+    assert result["steps"] == 8 and result["val"]["images"] == 18
+    assert all(math.isfinite(v) for v in result["history"]["xent"])
 
 
 @pytest.mark.slow
