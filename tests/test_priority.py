@@ -34,6 +34,15 @@ def _policies(pid: int) -> set[int]:
     return {os.sched_getscheduler(t) for p in pids for t in priority._threads(p)}
 
 
+def _autogroup_nice(pid: int) -> int | None:
+    """The nice value of ``pid``'s session autogroup; None without autogroups."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError):
+        return None
+
+
 def _wait(condition, timeout: float = 60) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -53,8 +62,10 @@ def test_an_idle_child_and_its_threads_are_woken_by_its_task(tmp_path):
         assert _wait(lambda: len(_policies(proc.pid)) and priority._threads(proc.pid)
                      and any(len(priority._threads(c)) >= 2 for c, p in priority._parents().items() if p == proc.pid))
         assert _policies(proc.pid) == {os.SCHED_IDLE}  # the supervisor, the child, the child's thread
+        assert _autogroup_nice(proc.pid) in (None, 19)  # its own session's autogroup, lowest weight
         assert priority.wake_tree(proc.pid) >= 3
         assert _policies(proc.pid) == {os.SCHED_OTHER}
+        assert _autogroup_nice(proc.pid) in (None, 0)
         assert priority.wake_tree(proc.pid) == 0
         code, tail = finish_child(proc, "", out=io.StringIO(), folder=ChildFolder("unused", lambda f: None,
                                                                                  lambda f: None))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 #: Whether the platform has the policies at all (Linux).
 SUPPORTED = sys.platform.startswith("linux") and hasattr(os, "SCHED_IDLE") and hasattr(os, "sched_setscheduler")
@@ -25,14 +26,47 @@ SUPPORTED = sys.platform.startswith("linux") and hasattr(os, "SCHED_IDLE") and h
 _REVERSIBLE: list[bool] = []
 
 
+#: The autogroup nice value of an idle spare's session (the lowest weight: 15 against nice 0's 1024).
+IDLE_AUTOGROUP_NICE = 19
+#: Tries, 0.1 s apart, of a write to ``/proc/PID/autogroup`` (the kernel allows one per 0.1 s without
+#: CAP_SYS_ADMIN and answers EAGAIN in between).
+_AUTOGROUP_TRIES = 20
+
+
+def set_autogroup_nice(pid: int, nice: int) -> bool:
+    """Set the nice value of the autogroup of ``pid``'s session (Linux ``CONFIG_SCHED_AUTOGROUP``).
+
+    With autogroups on (``/proc/sys/kernel/sched_autogroup_enabled``), the scheduler shares the CPU between
+    sessions first and between threads inside a session second, so a spare in a session of its own
+    (its supervisor calls ``setsid``) would get half the CPU whatever its threads' policy: its session's
+    autogroup must be at nice 19 too. Any user may set a value from 0 to 19 (only below 0 needs privilege).
+
+    Returns:
+        bool: whether it was set (False: no autogroups, or the system refused).
+    """
+    path = f"/proc/{pid or 'self'}/autogroup"
+    for _ in range(_AUTOGROUP_TRIES):
+        try:
+            with open(path, "w") as f:
+                f.write(str(nice))
+            return True
+        except BlockingIOError:  # EAGAIN: another write within the last 0.1 s
+            time.sleep(0.1)
+        except OSError:
+            return False
+    return False
+
+
 def set_idle(pid: int = 0) -> None:
-    """Put thread ``pid`` (0: the calling thread) under ``SCHED_IDLE``; threads it starts inherit it.
+    """Put thread ``pid`` (0: the calling thread) under ``SCHED_IDLE``, and its session's autogroup at nice
+    :data:`IDLE_AUTOGROUP_NICE` (:func:`set_autogroup_nice`); threads it starts inherit the policy.
 
     Raises:
         OSError: refused by the system (not on a platform without the policy: a no-op there).
     """
     if SUPPORTED:
         os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        set_autogroup_nice(pid, IDLE_AUTOGROUP_NICE)
 
 
 def idle_reversible() -> bool:
@@ -42,8 +76,8 @@ def idle_reversible() -> bool:
         answer = [False]
 
         def probe() -> None:
-            try:
-                set_idle()
+            try:  # the policy only: the autogroup is this process's whole session's
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
                 os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
                 answer[0] = True
             except OSError:
@@ -124,4 +158,5 @@ def wake_tree(pid: int) -> int:
         seen.add(current)
         changed += wake_threads(current)
         todo += [child for child, parent in parents.items() if parent == current]
+    set_autogroup_nice(pid, 0)  # its session's autogroup (the supervisor leads the session)
     return changed
