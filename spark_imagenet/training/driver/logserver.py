@@ -27,6 +27,34 @@ from spark_imagenet.training.job.logchannel import (
 _TICK_S = 0.1
 
 
+def listen_on(bind_host: str, server: str) -> socket.socket:
+    """A TCP socket listening on ``bind_host``, on a port the system chooses (the driver's servers: the log
+    channel's and the rendezvous').
+
+    Args:
+        bind_host: the address to listen on (the driver's, ``spark.driver.host``).
+        server: what listens, for the messages (``"log server"``).
+
+    Raises:
+        ConfigError: ``bind_host`` cannot be resolved, or is not an address of this machine.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            bind_host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ConfigError(f"{server} cannot resolve bind_host {bind_host!r} ({one_line(e)}); "
+                          "give the driver's address (spark.driver.host)") from None
+    try:
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"{server} cannot listen on {bind_host!r} ({one_line(e)}); "
+                          "give an address of this machine (spark.driver.host)") from None
+    return sock
+
+
 class _Conn:
     """The server's state of one connection."""
 
@@ -131,7 +159,7 @@ class LogServer:
             raise TrainingError("the log server is closed; start a new one")
         if self._thread is not None:
             return self
-        self._listener = self._bind()
+        self._listener = listen_on(self._bind_host, "log server")
         self._wake_r, self._wake_w = socket.socketpair()
         for s in (self._listener, self._wake_r):
             s.setblocking(False)
@@ -143,24 +171,6 @@ class LogServer:
         self._thread = threading.Thread(target=self._serve, name="spark-imagenet-log-server", daemon=True)
         self._thread.start()
         return self
-
-    def _bind(self) -> socket.socket:
-        """A TCP socket listening on ``bind_host``, port 0 (raises ConfigError)."""
-        try:
-            family, kind, proto, _, address = socket.getaddrinfo(
-                self._bind_host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-            sock = socket.socket(family, kind, proto)
-        except OSError as e:
-            raise ConfigError(f"log server cannot resolve bind_host {self._bind_host!r} ({one_line(e)}); "
-                              "give the driver's address (spark.driver.host)") from None
-        try:
-            sock.bind(address)
-            sock.listen(128)
-        except OSError as e:
-            sock.close()
-            raise ConfigError(f"log server cannot listen on {self._bind_host!r} ({one_line(e)}); "
-                              "give an address of this machine (spark.driver.host)") from None
-        return sock
 
     @property
     def spec(self) -> ChannelSpec:

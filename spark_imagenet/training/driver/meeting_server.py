@@ -12,7 +12,8 @@ import threading
 import time
 from typing import Any, Iterator
 
-from spark_imagenet.errors import TrainingError
+from spark_imagenet.errors import ConfigError, TrainingError
+from spark_imagenet.training.driver.logserver import listen_on
 from spark_imagenet.training.job.logchannel import AUTH_TIMEOUT_S, MAX_AUTH_BYTES, ChannelSpec
 from spark_imagenet.training.job.meeting import HELLO_WINDOW_S, MAX_LINE_BYTES, decode, encode
 
@@ -65,17 +66,9 @@ class MeetingServer:
             MeetingServer: ``self``.
 
         Raises:
-            TrainingError: the address cannot be bound (the message names it).
+            ConfigError: the address cannot be resolved or bound (the message names it).
         """
-        try:
-            infos = socket.getaddrinfo(self._host, 0, type=socket.SOCK_STREAM)
-            family, _, _, _, sockaddr = infos[0]
-            listener = socket.socket(family, socket.SOCK_STREAM)
-            listener.bind(sockaddr)
-            listener.listen(128)
-        except OSError as e:
-            raise TrainingError(f"cannot listen for the rendezvous on {self._host}: {e}") from None
-        self._listener = listener
+        listener = self._listener = listen_on(self._host, "the rendezvous server")
         self._spec = ChannelSpec(listener.getsockname()[0], listener.getsockname()[1], self._secret)
         threading.Thread(target=self._accept, name="spark-imagenet-meeting", daemon=True).start()
         return self
@@ -224,7 +217,7 @@ def driver_meeting(sc) -> Iterator[ChannelSpec | None]:
     host = sc.getConf().get("spark.driver.host", None) or socket.gethostname()
     try:
         server = MeetingServer(host).start()
-    except TrainingError as e:
+    except ConfigError as e:
         logger.warning(f"warning: {e}; the barrier tasks meet through Spark's allGather (about 1 s more per job)")
         yield None
         return

@@ -310,8 +310,7 @@ def start_spare_early(env: Mapping[str, str], child_module: str) -> bool:
     """
     if not priority.idle_reversible():
         return False
-    while _SPARE:
-        end_child(_SPARE.pop().proc)
+    drop_spare()
     _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True, idle=True))
     return True
 
@@ -323,8 +322,7 @@ def leave_spare(env: Mapping[str, str], child_module: str) -> None:
     key = preload_key(env, child_module)
     if len(_SPARE) == 1 and _SPARE[0].key == key and _SPARE[0].proc.poll() is None:
         return
-    while _SPARE:
-        end_child(_SPARE.pop().proc)
+    drop_spare()
     idle = priority.idle_reversible()
     _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True, idle=idle))
 
