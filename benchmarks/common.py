@@ -19,8 +19,9 @@ per line (to stdout, or to the file given) with exactly the keys of :data:`RECOR
 * ``others_cpu`` (dict or None): the CPU that processes other than this run's own process tree used during the
   run (:func:`others_cpu`): ``cpu_seconds``, ``wall_seconds``, ``core_share`` (others' CPU-seconds per wall
   second: the share of one core), ``limit`` (:data:`OTHERS_LIMIT`), ``quiet`` (``core_share <= limit``),
-  ``own_cpu_seconds`` and ``top`` (the 3 other processes that used most); None where ``/proc`` cannot be read
-  (Linux only). Records committed before this rule lack the key (see BENCHMARKS.md, "Quiet machine rule").
+  ``own_cpu_seconds``, ``own_from`` (``"cgroup"`` or ``"process tree"``: how the run's own CPU was counted,
+  see :func:`others_cpu`) and ``top`` (the 3 other processes that used most); None where ``/proc`` cannot be
+  read (Linux only). Records committed before this rule lack the key (see BENCHMARKS.md, "Quiet machine rule").
 
 The quiet machine rule: a full run (not ``--quick``) whose others used more than :data:`OTHERS_LIMIT` of a core
 writes no record: :meth:`Report.close` prints one message on stderr (how much, and the top 3 other processes)
@@ -267,6 +268,7 @@ class Snapshot:
     wall: float
     busy: int
     procs: Mapping[int, ProcStat]
+    group_cpu: float | None = None  #: CPU-seconds of the run's own cgroup (:class:`CpuGroup`), None without one
 
 
 def own_cpu(snapshot: Snapshot, root: int) -> int:
@@ -295,14 +297,23 @@ def top_others(start: Snapshot, end: Snapshot, root: int, count: int = 3) -> lis
 
 def others_cpu(start: Snapshot, end: Snapshot, root: int, ticks_per_second: float,
                limit: float = OTHERS_LIMIT) -> dict[str, Any]:
-    """The record's ``others_cpu``: the CPU used between two readings by processes outside ``root``'s tree,
-    i.e. the machine's busy time less the tree's own, in CPU-seconds and as a share of one core."""
-    own = own_cpu(end, root) - own_cpu(start, root)
-    others = max(0, end.busy - start.busy - own) / ticks_per_second
+    """The record's ``others_cpu``: the CPU used between two readings by processes other than the run's own,
+    i.e. the machine's busy time less the run's own, in CPU-seconds and as a share of one core.
+
+    The run's own CPU is its cgroup's (``own_from`` ``"cgroup"``) where both readings have one: exact, and it
+    keeps the CPU of every process that ran in it, also of those reaped without a wait (a parent that ignores
+    ``SIGCHLD``, as PySpark's daemon does for the Python workers it forks, adds nothing to its ``cutime``).
+    Otherwise it is ``root``'s process tree (``own_from`` ``"process tree"``), which misses such processes."""
+    if start.group_cpu is not None and end.group_cpu is not None:
+        own, own_from = (end.group_cpu - start.group_cpu) * ticks_per_second, "cgroup"
+    else:
+        own, own_from = own_cpu(end, root) - own_cpu(start, root), "process tree"
+    others = max(0.0, end.busy - start.busy - own) / ticks_per_second
     wall = max(end.wall - start.wall, 1e-9)
     share = others / wall
     return {"cpu_seconds": round(others, 2), "wall_seconds": round(wall, 2), "core_share": round(share, 4),
             "limit": limit, "quiet": share <= limit, "own_cpu_seconds": round(own / ticks_per_second, 2),
+            "own_from": own_from,
             "top": [{"pid": pid, "command": comm, "cpu_seconds": round(t / ticks_per_second, 2)}
                     for pid, comm, t in top_others(start, end, root)]}
 
@@ -316,8 +327,10 @@ def noisy_message(result: Mapping[str, Any]) -> str:
             "--noisy-ok to write the records marked \"quiet\": false)")
 
 
-def read_snapshot(proc: Path = Path("/proc")) -> Snapshot | None:
-    """Read ``/proc/stat`` and every ``/proc/PID/stat`` now; None where ``/proc/stat`` cannot be read."""
+def read_snapshot(proc: Path = Path("/proc"), group: CpuGroup | None = None) -> Snapshot | None:
+    """Read ``/proc/stat``, every ``/proc/PID/stat`` and ``group``'s CPU now; None where ``/proc/stat``
+    cannot be read."""
+    group_cpu = group.cpu_seconds() if group is not None else None
     wall = time.monotonic()
     try:
         busy = parse_proc_stat((proc / "stat").read_text())
@@ -334,7 +347,102 @@ def read_snapshot(proc: Path = Path("/proc")) -> Snapshot | None:
         except (OSError, ValueError):  # ended meanwhile, or unreadable
             continue
         procs[stat.pid] = stat
-    return Snapshot(wall, busy, procs)
+    return Snapshot(wall, busy, procs, group_cpu)
+
+
+#: The name of the cgroup a run creates for itself (its pid appended), beside the cgroup it started in.
+GROUP_PREFIX = "spark-imagenet-bench-"
+
+
+def _mount_points(mountinfo: str) -> dict[str, str]:
+    """``{"cgroup2": PATH, "cpuacct": PATH}`` from the text of ``/proc/self/mountinfo`` (where mounted)."""
+    found: dict[str, str] = {}
+    for line in mountinfo.splitlines():
+        before, _, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        if tail[0] == "cgroup2":
+            found.setdefault("cgroup2", fields[4])
+        elif tail[0] == "cgroup" and "cpuacct" in tail[2].split(","):
+            found.setdefault("cpuacct", fields[4])
+    return found
+
+
+def _own_paths(cgroup_text: str) -> dict[str, str]:
+    """This process's cgroup per hierarchy, ``{"cgroup2": "/a/b", "cpuacct": "/"}``, from ``/proc/self/cgroup``."""
+    paths: dict[str, str] = {}
+    for line in cgroup_text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            paths["cgroup2"] = path
+        elif "cpuacct" in controllers.split(","):
+            paths["cpuacct"] = path
+    return paths
+
+
+@dataclass(frozen=True)
+class CpuGroup:
+    """A cgroup this run created and moved itself into: every process it starts from then on is in it, and
+    the group's CPU time counts each of them, alive or ended however (see :func:`others_cpu`).
+
+    ``kind`` is ``"cgroup2"`` (``cpu.stat``'s ``usage_usec``) or ``"cpuacct"`` (cgroup v1, ``cpuacct.usage``
+    in nanoseconds); ``home`` is the cgroup the process was in before."""
+
+    kind: str
+    path: Path
+    home: Path
+
+    def cpu_seconds(self) -> float | None:
+        """The group's CPU-seconds so far; None where it cannot be read."""
+        try:
+            if self.kind == "cgroup2":
+                stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines())
+                return int(stat["usage_usec"]) / 1e6
+            return int((self.path / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def leave(self) -> None:
+        """Move this process back home and remove the group once nothing runs in it (best effort: a process
+        still running or unreaped there keeps it; the next run removes it)."""
+        with contextlib.suppress(OSError):
+            (self.home / "cgroup.procs").write_text(str(os.getpid()))
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def join_cpu_group(proc: Path = Path("/proc")) -> CpuGroup | None:
+    """Create a cgroup beside this process's own (cgroup v2, else v1's cpuacct) and move this process into
+    it; first removes the empty groups that earlier runs left. None where neither can be made or joined
+    (not Linux, no permission to create or to move: usually not root): the rule then counts the process tree.
+    """
+    try:
+        mounts = _mount_points((proc / "self" / "mountinfo").read_text())
+        paths = _own_paths((proc / "self" / "cgroup").read_text())
+    except (OSError, ValueError):
+        return None
+    for kind, usage in (("cgroup2", "cpu.stat"), ("cpuacct", "cpuacct.usage")):
+        if kind not in mounts or kind not in paths:
+            continue
+        home = Path(mounts[kind]) / paths[kind].lstrip("/")
+        for stale in home.glob(GROUP_PREFIX + "*"):
+            with contextlib.suppress(OSError):
+                stale.rmdir()
+        group = CpuGroup(kind, home / f"{GROUP_PREFIX}{os.getpid()}", home)
+        try:
+            group.path.mkdir()
+        except OSError:
+            continue
+        try:
+            (group.path / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            group.leave()
+            continue
+        if (group.path / usage).is_file() and group.cpu_seconds() is not None:
+            return group
+        group.leave()
+    return None
 
 
 #: Linux prctl(2) option: orphans of this process's descendants are re-parented to it rather than to init.
@@ -388,7 +496,8 @@ class Report:
                          "commit": commit(), "machine": machine(), "versions": versions(extra_versions)}
         self.human = sys.stderr if self.target == "-" else sys.stdout
         keep_orphans()
-        self._start = read_snapshot()
+        self._group = join_cpu_group()
+        self._start = read_snapshot(group=self._group)
 
     def say(self, text: str) -> None:
         """Print a human-readable line (to stderr when the JSON goes to stdout)."""
@@ -419,7 +528,10 @@ class Report:
 
     def measure_others(self) -> dict[str, Any] | None:
         """Read /proc again and put the CPU that others used since the constructor into every record."""
-        end = read_snapshot() if self._start is not None else None
+        end = read_snapshot(group=self._group) if self._start is not None else None
+        if self._group is not None:
+            self._group.leave()
+            self._group = None
         if end is None:
             self.say(f"{self.benchmark}: the CPU of other processes is not measured: /proc/stat cannot be read "
                      "(Linux only); the records' others_cpu is null")
