@@ -237,7 +237,7 @@ def test_mixed_float16_wraps_the_optimizer_in_loss_scaling():
     assert float(keras.backend.get_value(model.optimizer.learning_rate)) == pytest.approx(0.0005, rel=1e-5)
 
 
-@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("jit", [False, pytest.param(True, marks=pytest.mark.slow)])  # XLA compiles: slow tier
 def test_uint8_batches_train_and_evaluate_as_the_host_normalized_ones(jit):
     """The pipeline hands on uint8 pixels (and the lighting shifts beside them); the compiled model's train and
     test steps normalize them first: the same weights and scores as float32 batches normalized on the host."""

@@ -238,6 +238,7 @@ def test_the_saved_model_answers_as_predict_does_and_takes_png_gif_bmp(tmp_path,
         images=jpeg[tf.newaxis])["class_ids"].shape == (1, 3)  # K = min(5, classes)
 
 
+@pytest.mark.slow  # a whole job or process (the fast tier stays under 5 minutes)
 def test_a_clean_python_loads_the_model_and_the_saved_model(tmp_path, older_run, images):
     """write_outputs (the chief's part) on an older model.keras with its optimizer: model.keras without it,
     preprocessing.json and serving/; a Python without spark_imagenet loads both and classifies."""
@@ -258,6 +259,7 @@ def test_a_clean_python_loads_the_model_and_the_saved_model(tmp_path, older_run,
     np.testing.assert_allclose(got["keras"], got["every"], atol=2e-3)
 
 
+@pytest.mark.slow  # a whole job or process (the fast tier stays under 5 minutes)
 def test_export_command_on_an_older_run(tmp_path, older_run, images):
     out = tmp_path / "exported"
     done = subprocess.run([sys.executable, "-m", "spark_imagenet", "export", str(older_run / "model.keras"),

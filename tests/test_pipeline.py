@@ -527,6 +527,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 6)
 """
 
 
+@pytest.mark.slow  # a whole job or process (the fast tier stays under 5 minutes)
 def test_batches_reuse_freed_memory(tmp_path):
     # A float32 batch of 64 x 224 px is 38.5 MB (9,409 pages): without the malloc settings every batch
     # is a fresh mmap whose pages all fault in on first write (measured: 10,300-11,400 faults per batch).

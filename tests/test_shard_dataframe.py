@@ -455,6 +455,7 @@ def test_a_split_the_hash_left_empty_names_the_fraction_not_the_shard_count(tmp_
         _check_results(build, {"train": list(results[:2]), "val": [results[2]]})
 
 
+@pytest.mark.slow  # a whole job or process (the fast tier stays under 5 minutes)
 def test_each_shard_is_one_partition_of_the_job(spark):
     """The job's repartition puts shard s, and only it, in partition s (so no task writes two shards while
     another idles), and sorts each partition by (shard, order, name, label)."""
@@ -472,6 +473,7 @@ def test_each_shard_is_one_partition_of_the_job(spark):
     assert all(orders == sorted(orders) for orders in per_partition.values())
 
 
+@pytest.mark.slow  # a whole job or process (the fast tier stays under 5 minutes)
 def test_a_split_column_that_puts_one_image_in_both_splits_is_reported(spark, tmp_path, log_lines):
     """Copies that a split column sends to train and to val land in shards no task sees together: the extra
     pass finds them, the report lists them first as train+val, and the log warns. Copies of such a group within
