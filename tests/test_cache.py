@@ -241,3 +241,21 @@ def test_fetch_rank_takes_the_storage_handle_of_a_plan(tmp_path):
     assert [Path(p).name for p in val] == ["val-00001-of-00002.tfrecord"]
     with pytest.raises(ConfigError, match=r"fetch_rank takes the dataset's Storage \(open_storage\(url\)\), got"):
         fetch_rank(str(root), 0, 2, tmp_path / "cache")
+
+
+def test_temp_files_are_found_per_shard_with_one_listing_per_folder(tmp_path):
+    from spark_imagenet.dataset.cache import _temp_files
+
+    a, b = tmp_path / "train-0", tmp_path / "train-0.tmp-x"  # one name runs on past the other's prefix
+    sub = tmp_path / "val"
+    sub.mkdir()
+    c = sub / "val-0"
+    names = [".train-0.tmp-1-aaaaaaaa", ".train-0.tmp-2-bbbbbbbb", ".train-0.tmp-x.tmp-3-cccccccc",
+             "train-0", ".train-00.tmp-4-dddddddd", ".other.tmp-5-eeeeeeee"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    (sub / ".val-0.tmp-6-ffffffff").write_bytes(b"")
+    found = _temp_files([a, b, c])
+    assert sorted(p.name for p in found[a]) == [".train-0.tmp-1-aaaaaaaa", ".train-0.tmp-2-bbbbbbbb"]
+    assert [p.name for p in found[b]] == [".train-0.tmp-x.tmp-3-cccccccc"]
+    assert found[c] == [sub / ".val-0.tmp-6-ffffffff"]

@@ -161,14 +161,24 @@ def _cached_ok(path: Path, shard: ShardInfo) -> bool:
     return True
 
 
-def _remove_stale(path: Path) -> None:
-    """Delete the shard's marker, leftover temp files and the shard itself."""
-    prefix = f".{path.name}.tmp-"
-    for p in path.parent.iterdir():
-        if p.name.startswith(prefix):
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-    for p in (_marker_path(path), path):
+def _temp_files(paths: Sequence[Path]) -> dict[Path, list[Path]]:
+    """The leftover temp files (``.<name>.tmp-*``) of each shard in ``paths``, found by listing each of
+    their folders once (not once per shard: a folder of N shards would cost N listings of N names)."""
+    wanted = {(path.parent, f".{path.name}.tmp-"): path for path in paths}
+    found: dict[Path, list[Path]] = {path: [] for path in paths}
+    for folder in {path.parent for path in paths}:
+        for entry in os.scandir(folder):
+            head, sep, _ = entry.name.rpartition(".tmp-")  # the suffix -<pid>-<hex> holds no ".tmp-"
+            shard = wanted.get((folder, head + sep)) if sep else None
+            if shard is not None:
+                found[shard].append(folder / entry.name)
+    return found
+
+
+def _remove_stale(path: Path, temp_files: Sequence[Path]) -> None:
+    """Delete the shard's marker, its leftover temp files (``temp_files``, from :func:`_temp_files`) and
+    the shard itself."""
+    for p in (*temp_files, _marker_path(path), path):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
 
@@ -272,13 +282,11 @@ def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.Pat
             with contextlib.ExitStack() as locks:
                 for _shard, path in group:
                     locks.enter_context(_locked(path))
-                todo = []
-                for shard, path in group:
-                    if _cached_ok(path, shard):
-                        result.reused += 1
-                    else:
-                        _remove_stale(path)
-                        todo.append((shard, path))
+                todo = [(shard, path) for shard, path in group if not _cached_ok(path, shard)]
+                result.reused += len(group) - len(todo)
+                temp_files = _temp_files([path for _shard, path in todo]) if todo else {}
+                for _shard, path in todo:
+                    _remove_stale(path, temp_files[path])
                 _download_group(storage, todo, transfers, result)
         except OSError as e:  # lock files, markers, stale copies: the cache folder itself
             raise StorageError(
