@@ -294,6 +294,9 @@ def test_get_file_overwrites_the_local_copy(tmp_path):
     with pytest.raises(StorageError, match="does not exist"):
         storage.get_file("missing", tmp_path / "other")
     assert not (tmp_path / "other").exists()
+    # an object that exists, to a folder that does not: the message names the folder, not the object
+    with pytest.raises(StorageError, match=rf"the folder {tmp_path / 'no' / 'such'} does not exist; create it"):
+        storage.get_file("obj", tmp_path / "no" / "such" / "copy")
 
 
 @pytest.mark.parametrize("transfers", [1, 4])

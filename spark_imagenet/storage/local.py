@@ -144,7 +144,10 @@ class LocalStorage(Storage):
         src = self._path(name)
         try:
             shutil.copyfile(src, local_path)
-        except FileNotFoundError:
+        except FileNotFoundError as e:  # the object, or the folder of the copy (copyfile names neither apart)
+            if src.is_file():
+                raise StorageError(f"cannot copy {src} to {local_path}: the folder "
+                                   f"{Path(local_path).parent} does not exist; create it first") from e
             raise StorageError(f"{src} does not exist") from None
         except OSError as e:
             raise StorageError(f"cannot copy {src} to {local_path}: {e}") from e
