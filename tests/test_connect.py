@@ -145,6 +145,8 @@ def test_train_through_connect(log_lines, remote, connect_url, dataset, tmp_path
     assert out["restarts"] == 0 and out.checkpoint is None and out.output is None
     assert sum(line.startswith(WARNING) for line in lines) == 1
     assert any(line.startswith("val: 12 images") for line in lines)
+    # the tasks run under the loopback server's local[2]: their lines reach this console through the channel
+    assert any(line.startswith("[rank 0 on ") for line in lines) and any(line.startswith("[rank 1 on ") for line in lines)
 
 
 @pytest.mark.slow

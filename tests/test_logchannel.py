@@ -306,7 +306,7 @@ def test_the_driver_warns_once_when_no_task_reaches_its_log_channel(monkeypatch,
     from spark_imagenet.training.driver import launch
 
     monkeypatch.setattr(launch, "CHANNEL_WARN_S", 0.3)
-    with launch._log_server(_Cluster()) as spec:
+    with launch._log_server(None, _Cluster(), None) as spec:
         assert spec is not None
         time.sleep(job_seconds)
     warned = [line for line in log_lines if "no task reached the driver's log channel" in line]
@@ -318,9 +318,26 @@ def test_the_driver_is_quiet_when_a_task_reached_its_log_channel(monkeypatch, lo
     from spark_imagenet.training.driver import launch
 
     monkeypatch.setattr(launch, "CHANNEL_WARN_S", 0.3)
-    with launch._log_server(_Cluster()) as spec:
+    with launch._log_server(None, _Cluster(), None) as spec:
         with LogSender(spec, 0, "h") as sender:
             sender.send("hello")
         time.sleep(0.6)
     assert any(line == "[rank 0 on h] hello" for line in log_lines)
     assert not [line for line in log_lines if "no task reached" in line]
+
+
+def test_the_channel_listens_where_the_tasks_stderr_is_not_this_console(monkeypatch):
+    """Classic: every master but local[N], on spark.driver.host. Connect: only a loopback server running
+    local[N] (its tasks' stderr is the server's console), on 127.0.0.1; any other server: none."""
+    from spark_imagenet.training.driver import launch
+
+    assert launch._channel_host(None, _Cluster(), None) == HOST
+    local = type("Local", (), {"master": "local[2]"})()
+    assert launch._channel_host(None, local, None) is None
+    for url, server_master, expected in [("sc://127.0.0.1:15002", "local[2]", "127.0.0.1"),
+                                         ("sc://localhost:15002", "local[*]", "127.0.0.1"),
+                                         ("sc://127.0.0.1:15002", "spark://m:7077", None),
+                                         ("sc://127.0.0.1:15002", None, None),  # the server does not say
+                                         ("sc://workspace.example.com:443", "local[2]", None)]:
+        monkeypatch.setattr(launch, "conf_getter", lambda spark, m=server_master: lambda key, default=None: m)
+        assert launch._channel_host(object(), None, url) == expected, (url, server_master)

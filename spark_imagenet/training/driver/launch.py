@@ -258,20 +258,43 @@ def _relaunch_job(sc, job: JobPlan, wanted: JobPlan) -> JobPlan:
     return dataclasses.replace(smaller, run_id=wanted.run_id)
 
 
+#: The names of this machine's loopback address in an ``sc://`` URL.
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _channel_host(spark, sc, master: str | None) -> str | None:
+    """Where the driver's log channel listens, or None for no channel.
+
+    A classic session's executors whose stderr is not this console (every master but ``local[N]``) reach it
+    on ``spark.driver.host`` (else this host's name). Under Spark Connect, only a server on this machine's
+    loopback address running ``local[N]`` is known to run the tasks here, with their stderr on the server's
+    console, not this one: the channel then listens on 127.0.0.1. Any other Connect server's executors may
+    not reach this client at all (a laptop behind NAT, Databricks), so their lines stay in their logs.
+    """
+    if sc is not None:
+        if runs_in_driver_jvm(sc.master):
+            return None
+        return sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+    url = connect_url(spark, master)
+    host = urlsplit(url).hostname if url.startswith("sc://") else None
+    server_master = conf_getter(spark)("spark.master", None) if host in _LOOPBACK else None
+    return "127.0.0.1" if server_master is not None and runs_in_driver_jvm(server_master) else None
+
+
 @contextlib.contextmanager
-def _log_server(sc) -> Iterator[ChannelSpec | None]:
-    """A :class:`~spark_imagenet.training.job.logchannel.LogServer` on the driver's address for the tasks' output,
-    for a classic session whose executors' stderr is not this console (every master but ``local[N]``); its lines
-    are logged as ``[rank R on HOST] ...``. Yields its spec, or None (``local[N]``, Spark Connect, or no
-    address to bind: the tasks' lines then stay in the executors' logs only, and a warning says so)."""
-    if sc is None or runs_in_driver_jvm(sc.master):
+def _log_server(spark, sc, master: str | None) -> Iterator[ChannelSpec | None]:
+    """A :class:`~spark_imagenet.training.job.logchannel.LogServer` for the tasks' output where their stderr is
+    not this console (:func:`_channel_host`); its lines are logged as ``[rank R on HOST] ...``. Yields its
+    spec, or None (no channel, or no address to bind: the tasks' lines then stay in the executors' logs
+    only, and a warning says so)."""
+    host = _channel_host(spark, sc, master)
+    if host is None:
         yield None
         return
 
     def on_line(rank: int, host: str, text: str) -> None:
         logger.info(f"[rank {rank} on {host}] {text}")
 
-    host = sc.getConf().get("spark.driver.host", None) or socket.gethostname()
     try:
         server = LogServer(host, on_line).start()
     except SparkImagenetError as e:
@@ -323,7 +346,7 @@ def _launch(spark, sc, job: JobPlan, resume: ResumePoint | None = None) -> list[
     """
     launch: BarrierLaunch = (ConnectLaunch(spark) if sc is None else
                              ClassicLaunch(sc, f"spark-imagenet train {job.config.model} x{job.config.workers}"))
-    with _log_server(sc) as channel, driver_meeting(sc) as meeting:
+    with _log_server(spark, sc, job.config.master) as channel, driver_meeting(sc) as meeting:
         try:
             lines = run_stage(launch, TaskSpec(job, resume, channel, meeting=meeting))
         except Exception as e:  # noqa: BLE001 - Spark's (Py4J's, gRPC's) error of the failed stage
