@@ -210,6 +210,16 @@ def parse_proc_stat(text: str) -> int:
     raise ValueError("no aggregate 'cpu' line in /proc/stat")
 
 
+
+def machine_busy_seconds(proc: Path = Path("/proc")) -> float | None:
+    """CPU-seconds all processes of the machine have spent so far (the busy jiffies of
+    :func:`parse_proc_stat` over :func:`clock_ticks`), or None where ``/proc/stat`` cannot be read: what a
+    script's per-window "cores other processes used" reads."""
+    try:
+        return parse_proc_stat((proc / "stat").read_text()) / clock_ticks()
+    except (OSError, ValueError):
+        return None
+
 @dataclass(frozen=True)
 class ProcStat:
     """What the quiet machine rule reads from one ``/proc/PID/stat`` (times in clock ticks)."""

@@ -95,7 +95,7 @@ import time
 import uuid
 from pathlib import Path
 
-from common import REPO, Report, add_options, repetitions
+from common import REPO, Report, add_options, machine_busy_seconds, repetitions
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
@@ -183,17 +183,6 @@ def process_cpu_seconds(pid: int | None) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU seconds all processes of the machine have spent so far (``/proc/stat``: every state but idle and
-    iowait), or None elsewhere."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return (sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)) / os.sysconf("SC_CLK_TCK")
 
 
 def count_events(log: Path | None) -> dict | None:

@@ -82,7 +82,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common import Report, add_options, repetitions, shared_data  # noqa: E402
+from common import Report, add_options, machine_busy_seconds, repetitions, shared_data  # noqa: E402
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -283,18 +283,6 @@ def refill_seconds(meters: list[Meter], current: Meter) -> float:
     """The seconds the meters other than ``current`` need to fill their buffers again, sharing the CPUs
     with ``current``'s warm-up: twice their buffered images over their last rate (0 when unknown)."""
     return max([2.0 * m.buffered_images / m.last_rate for m in meters if m is not current and m.last_rate] or [0.0])
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU seconds all processes of the machine have spent so far (Linux
-    ``/proc/stat``: every state but idle and iowait), or None elsewhere."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def others_text(others: float | None) -> str:

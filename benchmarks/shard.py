@@ -79,7 +79,7 @@ import zipfile
 from pathlib import Path
 from statistics import median
 
-from common import REPO, Report, add_options, repetitions, shared_data
+from common import REPO, Report, add_options, machine_busy_seconds, repetitions, shared_data
 
 sys.path.insert(0, str(REPO))
 
@@ -137,17 +137,6 @@ def cpu_seconds() -> float:
     """User + system CPU seconds of this process and of its finished (reaped) children so far."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def machine_busy_seconds() -> float | None:
-    """CPU seconds all processes of the machine have spent so far (``/proc/stat``: every state but idle and
-    iowait), or None elsewhere."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return (sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)) / os.sysconf("SC_CLK_TCK")
 
 
 def clocked(fn) -> tuple[float, float, object, float | None]:

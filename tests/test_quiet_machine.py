@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from common import (NOISY_EXIT, OTHERS_LIMIT, RECORD_KEYS, CpuGroup, ProcStat, Snapshot,  # noqa: E402
-                    _mount_points, _own_paths, clock_ticks, join_cpu_group, noisy_message, others_cpu,
+                    _mount_points, _own_paths, clock_ticks, join_cpu_group, machine_busy_seconds, noisy_message,
+                    others_cpu,
                     parse_pid_stat, parse_proc_stat, process_tree, read_snapshot)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="the quiet machine rule reads Linux /proc")
@@ -216,3 +217,9 @@ def test_cgroup_mounts_and_own_paths_are_read_per_hierarchy():
 def test_a_missing_cgroup_reads_as_none(tmp_path):
     assert join_cpu_group(tmp_path) is None  # no /proc/self/mountinfo there
     assert CpuGroup("cgroup2", tmp_path / "gone", tmp_path).cpu_seconds() is None
+
+
+def test_the_machines_busy_seconds_are_the_busy_jiffies_over_the_clock_ticks(tmp_path):
+    (tmp_path / "stat").write_text(PROC_STAT)
+    assert machine_busy_seconds(tmp_path) == pytest.approx(parse_proc_stat(PROC_STAT) / clock_ticks())
+    assert machine_busy_seconds(tmp_path / "absent") is None
