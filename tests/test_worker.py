@@ -454,6 +454,11 @@ def test_mirrored_nccl_without_gpus_is_a_clear_error(shards, tmp_path):
 UNHEALTHY = ("{{function_node __wrapped__CollectiveReduceV2}} Collective ops is aborted by: Error reported from "
              "/job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats):\n"
              "/job:worker/replica:0/task:1\nThe tasks have crashed. Check the task logs for an earlier error.")
+RESET = ("{{function_node __wrapped__CollectiveReduceV2_Nordering_token_1_device_/job:worker/replica:0/task:0/"
+         "device:CPU:0}} Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error "
+         "information from remote target /job:worker/replica:0/task:1 while calling "
+         "/tensorflow.WorkerService/RecvBuf:\n:UNKNOWN:Error received from peer  {grpc_message:\"recvmsg:Connection "
+         "reset by peer\", grpc_status:14}")
 LEADER_GONE = ("Collective ops is aborted by: Deadline Exceeded\n\nRPC: /tensorflow.CoordinationService/Heartbeat\n"
                "The error could be from a previous operation. Restart your program to reset.")
 
@@ -470,6 +475,10 @@ def test_the_failure_names_the_worker_that_stopped_sending_heartbeats():
     [chief] = lost_peers(LEADER_GONE, peers)
     assert chief.rank == 0 and chief.address == "10.0.0.1:4000" and "coordination service" in chief.why
     assert lost_peers("Socket closed", peers) == ()
+    # a peer killed mid-collective: gRPC names it as the remote target of the reset connection
+    assert lost_peers(RESET, peers) == (
+        LostPeer(1, "10.0.0.2:4001", "closed its connection (killed, or its process ended)"),)
+    assert lost_peers(RESET.replace("Connection reset by peer", "Deadline Exceeded"), peers) == ()
     failure = failure_of(tf.errors.UnavailableError(None, None, UNHEALTHY), "training (fit)", 0, peers)
     assert failure.lost and failure.rank == 0 and failure.lost_peers == lost_peers(UNHEALTHY, peers)
     assert failure.message.startswith("UnavailableError: ")

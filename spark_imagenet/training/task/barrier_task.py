@@ -61,6 +61,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from spark_imagenet.training.job.config import EXIT_STEP_TIMEOUT, TrainConfig
@@ -98,6 +99,10 @@ logger = logging.getLogger(__name__)
 
 #: The module run in the child process: the TensorFlow worker (reads a :class:`WorkerSpec`).
 WORKER_MODULE = "spark_imagenet.training.worker.main"
+#: Seconds a task whose TensorFlow process failed because a peer went away waits before it fails the stage:
+#: the peer's own task (its process killed by a signal, its own error) then fails first, and Spark reports
+#: the cause, not this consequence (the first failed task of a barrier stage is the one the driver sees).
+PEER_CAUSE_GRACE_S = 3.0
 #: The stages of a task, named in its failure (the TensorFlow worker names its own).
 STAGE_GPUS = "checking its GPUs"
 STAGE_STAGING = "staging its shards"
@@ -299,7 +304,12 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, extra_env: Mapping[str, str
         code, tail = finish_child(held.proc, f"[rank {rank}] ", folder=folder, shown=shown)
     outcome = got.get("outcome")
     if code != 0 or not isinstance(outcome, WorkerResult):
-        raise process_failure(outcome, code, tail, rank, host, spec.child_module).to_error()
+        failure = process_failure(outcome, code, tail, rank, host, spec.child_module)
+        if isinstance(outcome, Failure) and failure.lost:
+            # This worker failed because a peer went away: give that peer's own task (its process killed, its
+            # error) a head start, so that the stage fails with the cause rather than this consequence.
+            time.sleep(PEER_CAUSE_GRACE_S)
+        raise failure.to_error()
     return outcome, TfProcess(spare=held.spare, supervisor_pid=held.proc.pid, task_pid=os.getpid())
 
 

@@ -137,7 +137,9 @@ def lost_peers(message: str, peers: Sequence[str] = ()) -> tuple[LostPeer, ...]:
     The service (on the chief) fails every worker's collectives about 10 s after a worker stops sending
     heartbeats (killed, SIGSTOPped, its machine gone) with "The following tasks are unhealthy (stopped
     sending heartbeats): /job:worker/replica:0/task:R ..."; when the chief itself stops, the others' heartbeat
-    RPC times out ("Deadline Exceeded ... CoordinationService/Heartbeat"). docs/design.md, 'No hangs'.
+    RPC times out ("Deadline Exceeded ... CoordinationService/Heartbeat"). A peer whose process was killed
+    mid-collective is named sooner by gRPC: "Connection reset by peer ... from remote target
+    /job:worker/replica:0/task:R". docs/design.md, 'No hangs'.
 
     Args:
         message: the error's text (TensorFlow's).
@@ -157,7 +159,14 @@ def lost_peers(message: str, peers: Sequence[str] = ()) -> tuple[LostPeer, ...]:
     if "CoordinationService/Heartbeat" in message:
         return (peer(0, "does not answer heartbeats: it is the chief, which runs TensorFlow's coordination "
                         "service (stopped, killed or unreachable)"),)
+    if any(reset in message for reset in _CONNECTION_ENDED):
+        ranks = sorted({int(r) for r in re.findall(r"from remote target /job:worker/replica:\d+/task:(\d+)", message)})
+        return tuple(peer(r, "closed its connection (killed, or its process ended)") for r in ranks)
     return ()
+
+
+#: gRPC's words for a peer's connection that ended under a collective (its process killed or gone).
+_CONNECTION_ENDED = ("Connection reset by peer", "Socket closed", "Broken pipe")
 
 
 #: The modules the training imports lazily, imported by :func:`preload` before the go.
