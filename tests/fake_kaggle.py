@@ -161,8 +161,10 @@ class FakeKaggle:
         self._released.set()
 
     def file_requests(self) -> list[Seen]:
-        """The ``GET /storage/...`` requests seen so far."""
-        return [s for s in self.seen if s.path.startswith("/storage/")]
+        """The ``GET /storage/<file>`` requests seen so far. A GCS JSON API request (``/storage/v1/...``) is
+        not one: a storage client of an earlier test still retrying against an emulator whose port this
+        server now holds was once counted here."""
+        return [s for s in self.seen if s.path.startswith("/storage/") and not s.path.startswith("/storage/v1/")]
 
     def api_calls(self, name: str) -> list[Seen]:
         """The calls of one API method (e.g. ``"ListDataFiles"``) seen so far."""

@@ -119,6 +119,7 @@ def test_the_executor_side_scores_a_batch_and_names_each_bad_image(run_folder, i
     check_rows(rows, images, run_folder, 3)
 
 
+@pytest.mark.slow  # a server or a Spark job (the fast tier stays under 5 minutes)
 def test_predict_dataframe_refuses_before_the_job(spark, tmp_path, run_folder):
     """The mistakes predict_dataframe finds on the driver, before any task: the model's folder, the column."""
     df = spark.createDataFrame([("a", b"x", 1)], "path string, content binary, n int")

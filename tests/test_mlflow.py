@@ -26,6 +26,7 @@ def _record(uri: str, experiment: str, **fields) -> RunRecord:
                      params={"workers": "2", "epochs": "3"}, **fields)
 
 
+@pytest.mark.slow  # a server or a Spark job (the fast tier stays under 5 minutes)
 def test_a_record_is_sent_once_and_a_second_send_repeats_nothing(mlflow_server):
     rows = [["xent", 2.0, 1, 1000], ["xent", 1.5, 2, 2000], ["top1", 0.25, 1, 1000]]
     record = _record(mlflow_server.uri, "fast-record", metrics=rows, results={"val": {"top1": 0.5}},
@@ -47,6 +48,7 @@ def test_a_record_is_sent_once_and_a_second_send_repeats_nothing(mlflow_server):
     assert json.loads(Path(local).read_text()) == {"val": {"top1": 0.5}}
 
 
+@pytest.mark.slow  # a server or a Spark job (the fast tier stays under 5 minutes)
 def test_a_down_server_keeps_the_record_and_mlflow_log_sends_it_later(mlflow_server, tmp_path, monkeypatch):
     from gcs_emulator import free_port
 

@@ -495,6 +495,7 @@ def test_a_split_column_that_puts_one_image_in_both_splits_is_reported(spark, tm
     assert any("3 copies: cat/train_copy.jpg, cat/cat_0.jpg (different classes!)" in line for line in log_lines)
 
 
+@pytest.mark.slow  # a server or a Spark job (the fast tier stays under 5 minutes)
 def test_shards_left_empty_by_the_hash_are_refused_and_nothing_is_left(spark, tmp_path):
     """More shards than the rows fill (rows go to shards by a hash): refused, naming the empty shards; the job's
     objects are gone and the destination folder it created too."""
@@ -506,6 +507,7 @@ def test_shards_left_empty_by_the_hash_are_refused_and_nothing_is_left(spark, tm
     assert not out.exists()
 
 
+@pytest.mark.slow  # a server or a Spark job (the fast tier stays under 5 minutes)
 def test_the_command_line_reads_a_tables_split_column_without_being_told(spark, tmp_path, capsys, monkeypatch):
     """--table with a string column named split: it gives the rows' splits, as --labels reads one, and says so."""
     from spark_imagenet.cli import main
