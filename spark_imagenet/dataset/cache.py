@@ -284,7 +284,7 @@ def fetch(storage: Storage, shards: Sequence[ShardInfo], cache_dir: str | os.Pat
                     locks.enter_context(_locked(path))
                 todo = [(shard, path) for shard, path in group if not _cached_ok(path, shard)]
                 result.reused += len(group) - len(todo)
-                temp_files = _temp_files([path for _shard, path in todo]) if todo else {}
+                temp_files = _temp_files([path for _shard, path in todo])
                 for _shard, path in todo:
                     _remove_stale(path, temp_files[path])
                 _download_group(storage, todo, transfers, result)

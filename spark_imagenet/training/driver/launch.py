@@ -22,7 +22,6 @@ import dataclasses
 import logging
 import os
 import re
-import socket
 import threading
 import time
 import uuid
@@ -44,7 +43,7 @@ from spark_imagenet.training.driver.connect import ConnectLaunch, check_connect,
 from spark_imagenet.training.driver.stage import BarrierLaunch, ClassicLaunch, run_stage
 from spark_imagenet.training.job.gpus import check_gpu_conf
 from spark_imagenet.training.job.logchannel import ChannelSpec
-from spark_imagenet.training.driver.logserver import LogServer
+from spark_imagenet.training.driver.logserver import LogServer, driver_host
 from spark_imagenet.training.driver.meeting_server import driver_meeting
 from spark_imagenet.training.job.outcome import Failure, ResumePoint, TaskResult
 from spark_imagenet.training.job.outputs import MODEL_FILE, TENSORBOARD_DIR, open_output, write_driver_outputs
@@ -274,7 +273,7 @@ def _channel_host(spark, sc, master: str | None) -> str | None:
     if sc is not None:
         if runs_in_driver_jvm(sc.master):
             return None
-        return sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+        return driver_host(sc)
     url = connect_url(spark, master)
     host = urlsplit(url).hostname if url.startswith("sc://") else None
     server_master = conf_getter(spark)("spark.master", None) if host in _LOOPBACK else None

@@ -27,6 +27,12 @@ from spark_imagenet.training.job.logchannel import (
 _TICK_S = 0.1
 
 
+def driver_host(sc) -> str:
+    """The address executors reach this driver at: ``spark.driver.host``, else this host's name (where the
+    driver's servers, the log channel's and the rendezvous', listen)."""
+    return sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+
+
 def listen_on(bind_host: str, server: str) -> socket.socket:
     """A TCP socket listening on ``bind_host``, on a port the system chooses (the driver's servers: the log
     channel's and the rendezvous').

@@ -13,7 +13,7 @@ import time
 from typing import Any, Iterator
 
 from spark_imagenet.errors import ConfigError, TrainingError
-from spark_imagenet.training.driver.logserver import listen_on
+from spark_imagenet.training.driver.logserver import driver_host, listen_on
 from spark_imagenet.training.job.logchannel import AUTH_TIMEOUT_S, MAX_AUTH_BYTES, ChannelSpec
 from spark_imagenet.training.job.meeting import HELLO_WINDOW_S, MAX_LINE_BYTES, decode, encode
 
@@ -214,7 +214,7 @@ def driver_meeting(sc) -> Iterator[ChannelSpec | None]:
     if sc is None:
         yield None
         return
-    host = sc.getConf().get("spark.driver.host", None) or socket.gethostname()
+    host = driver_host(sc)
     try:
         server = MeetingServer(host).start()
     except ConfigError as e:
