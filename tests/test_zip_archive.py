@@ -96,8 +96,17 @@ def test_corrupt_member_is_reported_not_stored(kaggle, tmp_path):
     data = bytearray(z.read_bytes())
     data[info.header_offset + 30 + len(info.filename) + 500] ^= 0xFF
     z.write_bytes(bytes(data))
-    with pytest.raises(ImageError, match=r"corrupt.zip member .*n90000002_3.JPEG: cannot read \(CRC-32"):
+    with pytest.raises(ImageError, match=r"corrupt.zip member .*n90000002_3.JPEG: cannot read \(CRC-32") as e:
         build(z, tmp_path / "out")
+    assert str(e.value).startswith("1 file(s) could not be read; nothing was written")
+    assert "A file that cannot be read is never left out" in str(e.value)
+    # --on-corrupt skip leaves out images that do not decode, not a damaged member: it fails the same way, and
+    # does not tell the user to pass the option they passed
+    with pytest.raises(ImageError, match=r"n90000002_3.JPEG: cannot read \(CRC-32") as e:
+        build(z, tmp_path / "out", on_corrupt="skip")
+    assert "--on-corrupt skip leaves out images that do not decode, never a file that cannot be read" in str(e.value)
+    assert "or pass --on-corrupt skip" not in str(e.value)
+    assert not (tmp_path / "out" / "manifest.json").exists()
 
 
 def test_layout_errors_name_the_zip_and_the_member(tmp_path):

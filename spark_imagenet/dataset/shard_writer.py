@@ -110,6 +110,11 @@ def example(img: ImageFile, data: bytes, height: int, width: int) -> bytes:
     )
 
 
+#: What a problem says after its file's place when the file could not be read: not an unusable image, so never
+#: left out, whatever ``on_corrupt``.
+READ_FAILED = ": cannot read ("
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardOutcome:
     """What a worker reports about one shard.
@@ -142,7 +147,7 @@ def write_shard(job: ShardJob) -> ShardOutcome:
             try:
                 data = job.reader.read(img)
             except (OSError, SparkImagenetError) as e:
-                problems.append(f"{job.reader.where(img)}: cannot read ({getattr(e, 'strerror', None) or e})")
+                problems.append(f"{job.reader.where(img)}{READ_FAILED}{getattr(e, 'strerror', None) or e})")
                 continue
             stored, height, width, finding = check_image(data, img.filename, job.verify)
             note(quality, k, finding, stored)

@@ -58,7 +58,7 @@ from spark_imagenet.dataset.manifest import FORMAT_VERSION, Manifest, ShardInfo,
 from spark_imagenet.dataset.naming import PARTIAL_RE, partial_name, shard_name
 from spark_imagenet.dataset.report import Quality, format_quality, quality_report, quality_totals, write_quality_report
 from spark_imagenet.dataset.shard_writer import (
-    ShardJob, assemble_shard, check_image, init_worker, spill_path, stream_images, write_shard)  # noqa: F401  (check_image: also this module's)
+    READ_FAILED, ShardJob, assemble_shard, check_image, init_worker, spill_path, stream_images, write_shard)  # noqa: F401  (check_image: also this module's)
 from spark_imagenet.dataset.transfer import Destination, check_destination, commit_manifest, publish, remove_replaced
 from spark_imagenet.errors import ConfigError, ImageError, StorageError
 from spark_imagenet.source import open_source
@@ -309,7 +309,7 @@ def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, 
         if uploader is not None:
             uploader.finish(problems)
         if problems:
-            raise _image_error(problems, storage.url)
+            raise _image_error(problems, storage.url, options.on_corrupt)
         if uploader is None:  # staged beside the objects: publish by renaming
             for j in jobs:
                 storage.put_file(j.tmp_path, j.name, move=True)
@@ -506,12 +506,24 @@ def _collect(pending: list, job_of: dict, results: dict[str, ShardInfo], problem
     return still
 
 
-def _image_error(problems: list[str], url: str) -> ImageError:
-    """The error of a build with unusable images (``on_corrupt="error"``), listing them."""
+def _image_error(problems: list[str], url: str, on_corrupt: str) -> ImageError:
+    """The error of a build with unusable images (``on_corrupt="error"``) or files that could not be read (either
+    mode: a damaged zip member or a read error is never left out, since it says nothing about the image), listing
+    them."""
+    unread = sum(1 for p in problems if READ_FAILED in p)
+    unusable = len(problems) - unread
+    what = [f"{unusable} image file(s) are empty, truncated or do not decode"] if unusable else []
+    what += [f"{unread} file(s) could not be read"] if unread else []
+    advice = []
+    if unusable:
+        advice.append("Fix or remove the images (or leave their classes out), or pass --on-corrupt skip "
+                      "(on_corrupt=\"skip\") to leave them out")
+    if unread:
+        advice.append(("--on-corrupt skip leaves out images that do not decode, never a file that cannot be read: "
+                       if on_corrupt == "skip" else "A file that cannot be read is never left out: ")
+                      + "do what its line says (a damaged zip: download it again)")
     return ImageError(
-        f"{len(problems)} image file(s) are empty, truncated or do not decode; nothing was written "
-        f"to {url}. Fix or remove them (or leave their classes out), or pass --on-corrupt skip "
-        "(on_corrupt=\"skip\") to leave them out, and run again:"
+        f"{' and '.join(what)}; nothing was written to {url}. {'. '.join(advice)}; then run again:"
         + "".join(f"\n  {p}" for p in sorted(problems)[:MAX_LISTED])
         + (f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else "")
     )
