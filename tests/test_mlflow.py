@@ -87,6 +87,31 @@ def test_register_model_without_output_is_refused_before_spark(tmp_path):
     assert not TrainConfig(workers=2).tracking.enabled
 
 
+def test_a_databricks_workspace_needs_an_experiment_path_before_spark(tmp_path, monkeypatch):
+    from bucket_util import make_bucket
+    from spark_imagenet.training.driver.launch import plan_job
+
+    bucket = str(make_bucket(tmp_path / "bucket"))
+    for name in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match=r"Databricks workspace \(databricks\).*no experiment was named: pass "
+                       r"--mlflow-experiment /Users/<you>/spark-imagenet"):
+        plan_job(bucket, TrainConfig(workers=2, mlflow_tracking_uri="databricks"))
+    with pytest.raises(ConfigError, match=r"\(databricks://prod\).*the experiment 'alexnet'"):
+        plan_job(bucket, TrainConfig(workers=2, mlflow_tracking_uri="databricks://prod", mlflow_experiment="alexnet"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "databricks")  # MLflow's own default, as on a Databricks cluster
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "runs")
+    with pytest.raises(ConfigError, match="the experiment 'runs'"):
+        plan_job(bucket, TrainConfig(workers=2, mlflow=True))
+    # a workspace path, or an experiment named by id, passes this check
+    plan_job(bucket, TrainConfig(workers=2, mlflow_tracking_uri="databricks", mlflow_experiment="/Users/a@b.c/x"))
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "123")
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME")
+    plan_job(bucket, TrainConfig(workers=2, mlflow=True))
+    # elsewhere a plain name is fine
+    plan_job(bucket, TrainConfig(workers=2, mlflow_tracking_uri=str(tmp_path / "runs"), mlflow_experiment="alexnet"))
+
+
 # ------------------------------------------------------------------ training jobs (slow)
 SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01, "epochs": 3, "parallel": 1}
 

@@ -145,11 +145,8 @@ def new_record(job: JobPlan) -> RunRecord:
     """The record of ``job`` before it runs: where it is tracked, its settings, tags and dataset."""
     from spark_imagenet import __version__
 
-    mlflow = mlflow_module()
     tracking = job.config.tracking
-    uri = tracking.mlflow_tracking_uri or mlflow.get_tracking_uri()
-    experiment = tracking.mlflow_experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or (
-        f"id:{os.environ['MLFLOW_EXPERIMENT_ID']}" if os.environ.get("MLFLOW_EXPERIMENT_ID") else DEFAULT_EXPERIMENT)
+    uri, experiment = _where(job)
     tags = {"spark_imagenet.version": __version__, "spark_imagenet.run_id": job.run_id or "",
             "spark_imagenet.model": job.config.model, **dict(tracking.mlflow_tags)}
     dataset = {"name": f"{job.url.rstrip('/').rsplit('/', 1)[-1] or 'dataset'}", "digest": job.dataset_id[:36],
@@ -160,9 +157,37 @@ def new_record(job: JobPlan) -> RunRecord:
                      register_model=tracking.register_model)
 
 
+def _where(job: JobPlan) -> tuple[str, str]:
+    """``(tracking URI, experiment)`` of ``job``: its settings, else MLflow's environment, else MLflow's default
+    URI and :data:`DEFAULT_EXPERIMENT` (``id:ID`` for an experiment named by ``MLFLOW_EXPERIMENT_ID``)."""
+    tracking = job.config.tracking
+    uri = str(tracking.mlflow_tracking_uri or mlflow_module().get_tracking_uri())
+    experiment = tracking.mlflow_experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or (
+        f"id:{os.environ['MLFLOW_EXPERIMENT_ID']}" if os.environ.get("MLFLOW_EXPERIMENT_ID") else DEFAULT_EXPERIMENT)
+    return uri, experiment
+
+
+def _check_databricks_experiment(uri: str, experiment: str) -> None:
+    """Refuse an experiment that a Databricks workspace cannot hold: it names experiments by workspace path.
+
+    Raises:
+        ConfigError: ``uri`` is a Databricks workspace (``databricks`` or ``databricks://PROFILE``) and
+            ``experiment`` is neither an absolute path nor ``id:ID``.
+    """
+    if not (uri == "databricks" or uri.startswith("databricks://")):
+        return
+    if experiment.startswith(("/", "id:")):
+        return
+    given = "no experiment was named" if experiment == DEFAULT_EXPERIMENT else f"the experiment {experiment!r}"
+    raise ConfigError(f"MLflow tracks to the Databricks workspace ({uri}), which names experiments by workspace path, "
+                      f"and {given}: pass --mlflow-experiment /Users/<you>/{experiment} (mlflow_experiment in the "
+                      "job file, or MLFLOW_EXPERIMENT_NAME), or MLFLOW_EXPERIMENT_ID of an existing experiment")
+
+
 def check_tracking(job: JobPlan) -> None:
-    """Refuse, before Spark starts, tracking that cannot work: mlflow not installed, or ``register_model``
-    without ``--output`` (the model reaches MLflow through it). Warn when the run will hold no model.
+    """Refuse, before Spark starts, tracking that cannot work: mlflow not installed, ``register_model``
+    without ``--output`` (the model reaches MLflow through it), or on Databricks an experiment that is not a
+    workspace path. Warn when the run will hold no model.
 
     Raises:
         ConfigError: as said, naming the setting.
@@ -170,7 +195,7 @@ def check_tracking(job: JobPlan) -> None:
     tracking = job.config.tracking
     if not tracking.enabled:
         return
-    mlflow_module()
+    _check_databricks_experiment(*_where(job))
     if tracking.register_model and job.output is None:
         raise ConfigError("--register-model needs --output: the chief writes the model there and the driver logs "
                           "it to MLflow from it")
