@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -93,6 +94,23 @@ def remove_hosts(tag: str, count: int) -> None:
     subprocess.run(["ip", "link", "delete", f"sib{tag}"], capture_output=True, timeout=60)
 
 
+def remove_stale_hosts() -> list[str]:
+    """Remove the hosts of runs that were killed before their clean-up (a bridge of theirs would still hold
+    :data:`DRIVER_ADDRESS`): every ``sib<TAG>`` bridge whose process (pid ``TAG`` modulo 10,000) is gone.
+
+    Returns:
+        The tags removed.
+    """
+    links = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True,
+                           timeout=60).stdout
+    tags = [m.group(1) for m in re.finditer(r"^\d+: sib(\d+)[:@]", links, re.M)]
+    alive = {str(int(p) % 10000) for p in os.listdir("/proc") if p.isdigit()}
+    stale = [t for t in tags if t not in alive]
+    for tag in stale:
+        remove_hosts(tag, 2)
+    return stale
+
+
 def can_make_namespaces() -> str | None:
     """Why network namespaces cannot be made here, or None."""
     if os.geteuid() != 0:
@@ -137,6 +155,7 @@ def two_host_cluster(folder: Path, worker_cpus: Sequence[set[int]] | None = None
         raise ClusterError(why)
     folder = Path(folder)
     tag = str(os.getpid() % 10000)
+    remove_stale_hosts()
     log = open(folder / "cluster.log", "w")
     procs: list[subprocess.Popen] = []
     try:
