@@ -229,6 +229,27 @@ def test_a_local_output_for_a_cluster_master_is_refused_unless_every_host_mounts
     check_output_reachable(None, "yarn", False)
 
 
+def test_the_dataset_folder_as_output_or_checkpoint_dir_is_refused_before_spark(tmp_path):
+    bucket = make_bucket(tmp_path / "bucket")
+    for option, settings in (("--output", {"output": f"{bucket}/"}), ("--checkpoint-dir", {"checkpoint_dir": str(bucket)})):
+        with pytest.raises(ConfigError, match=rf"{option} {bucket} is the dataset's own folder: give a folder of "
+                           rf"its own for the run's files, e.g. {bucket}-runs/1"):
+            plan_job(str(bucket), TrainConfig(workers=2, **settings))
+    assert not (bucket / "results.json").exists() and not (bucket / "checkpoints").exists()
+    plan_job(str(bucket), TrainConfig(workers=2, output=str(bucket / "runs" / "1")))  # a folder inside it is its own
+
+
+def test_min_workers_that_no_relaunch_can_use_is_said_before_spark(tmp_path, caplog):
+    bucket = make_bucket(tmp_path / "bucket")
+    caplog.set_level("WARNING")
+    plan_job(str(bucket), TrainConfig(workers=4, min_workers=3, batch_size=16))
+    assert ("--min-workers 3 has no effect: no worker count from 3 to 3 divides the global batch 64, so a relaunch "
+            "after a lost worker waits for 4") in caplog.text
+    caplog.clear()
+    plan_job(str(bucket), TrainConfig(workers=4, min_workers=2, batch_size=16))
+    assert "--min-workers" not in caplog.text
+
+
 @pytest.mark.parametrize("master, workers, slots", [
     ("local[2]", 4, 2), ("local[2,3]", 4, 2), ("local[2, 3]", 3, 2), ("local", 2, 1),
     ("local[*]", (os.cpu_count() or 1) + 1, os.cpu_count() or 1), ("local[*,2]", (os.cpu_count() or 1) + 1,

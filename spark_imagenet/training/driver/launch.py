@@ -36,7 +36,7 @@ from spark_imagenet.errors import SparkImagenetError, TrainingError, WorkerLost
 from spark_imagenet.logs import ensure_console
 from spark_imagenet.storage import open_storage
 from spark_imagenet.training.job import checkpoints
-from spark_imagenet.training.job.assignment import assign
+from spark_imagenet.training.job.assignment import assign, elastic_counts
 from spark_imagenet.training.task.barrier_task import TaskSpec
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.training.driver.connect import ConnectLaunch, check_connect, conf_getter, connect_url
@@ -48,6 +48,7 @@ from spark_imagenet.training.driver.meeting_server import driver_meeting
 from spark_imagenet.training.job.outcome import Failure, ResumePoint, TaskResult
 from spark_imagenet.training.job.outputs import MODEL_FILE, TENSORBOARD_DIR, open_output, write_driver_outputs
 from spark_imagenet.training.driver.preflight import (
+    check_apart_from_dataset,
     check_cluster_conf,
     check_dataset_reachable,
     check_output_reachable,
@@ -97,8 +98,8 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
         JobPlan: with ``config.cache`` and a local ``config.output`` made absolute.
 
     Raises:
-        ConfigError: an unwritable ``results`` path, ``output`` or ``checkpoint_dir``, an ``output`` holding an
-            earlier run's outputs without ``overwrite``, too few train shards
+        ConfigError: an unwritable ``results`` path, ``output`` or ``checkpoint_dir``, either of them the
+            dataset's own folder, an ``output`` holding an earlier run's outputs without ``overwrite``, too few train shards
             for the workers, GPUs asked of a ``local[N]`` master (which never gives tasks GPUs), a checkpoint
             in ``checkpoint_dir`` this job cannot resume from (:func:`resume_point`).
         ManifestError: no or invalid manifest at ``url``, or a shard it names is missing or differs in the
@@ -121,6 +122,8 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
         if "://" not in config.checkpoint_dir:
             config = config.replace(checkpoint_dir=str(Path(config.checkpoint_dir).expanduser().absolute()))
     storage = open_storage(url)
+    check_apart_from_dataset(storage, output, "--output")
+    check_apart_from_dataset(storage, checkpoints_at, "--checkpoint-dir")
     manifest = Manifest.load(storage)
     check_listed(storage, manifest)  # a shard deleted or replaced since: caught here, not hidden by a host's cache
     plan = assign(manifest, config.workers, config.batch_size)
@@ -129,6 +132,11 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
                   schedule=schedule, output=output, checkpoints=checkpoints_at, run_id=uuid.uuid4().hex)
     resume_point(job)  # a checkpoint this job cannot resume from is refused before Spark starts
     check_tracking(job)
+    if (config.min_workers is not None and config.min_workers < config.workers
+            and not elastic_counts(config.workers, config.min_workers, config.global_batch_size)):
+        logger.warning(f"warning: --min-workers {config.min_workers} has no effect: no worker count from "
+                       f"{config.min_workers} to {config.workers - 1} divides the global batch "
+                       f"{config.global_batch_size}, so a relaunch after a lost worker waits for {config.workers}")
     if config.checkpoint_every and config.checkpoint_dir is None:
         logger.warning("warning: --checkpoint-every has no effect without --checkpoint-dir: no checkpoint is kept")
     return job
@@ -242,7 +250,7 @@ def _relaunch_job(sc, job: JobPlan, wanted: JobPlan) -> JobPlan:
             logger.info(f"elastic: {config.workers} barrier slots are free again: back to {config.workers} workers")
         return wanted
     batch = config.global_batch_size
-    fits = [m for m in range(min(free, config.workers), config.min_workers - 1, -1) if batch % m == 0]
+    fits = [m for m in elastic_counts(config.workers, config.min_workers, batch) if m <= free]
     if not fits:
         logger.warning(f"warning: elastic: {free} of {config.workers} barrier slots free after "
                        f"{config.regain_timeout:g} s, and no worker count from --min-workers {config.min_workers} to "

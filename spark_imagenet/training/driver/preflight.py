@@ -326,6 +326,24 @@ def check_output_reachable(output: str | None, master: str, shared_filesystem: b
     )
 
 
+def check_apart_from_dataset(dataset: Storage, written: Storage | None, option: str) -> None:
+    """Refuse an ``--output`` (or ``--checkpoint-dir``) that is the dataset's own folder: the run's files would
+    sit among the shards and the manifest, which ``shard --overwrite`` of that folder then treats as
+    another's.
+
+    Args:
+        dataset: the opened dataset folder.
+        written: the opened folder the job writes, or None.
+        option: the option that named it, for the message.
+
+    Raises:
+        ConfigError: both are the same folder (the same URL, or the same local path).
+    """
+    if written is not None and written.url.rstrip("/") == dataset.url.rstrip("/"):
+        raise ConfigError(f"{option} {written.url} is the dataset's own folder: give a folder of its own for the "
+                          f"run's files, e.g. {written.url.rstrip('/')}-runs/1")
+
+
 def check_output_unused(storage: Storage, output: str, overwrite: bool) -> None:
     """Refuse an ``--output`` folder that holds the outputs of an earlier run, unless ``overwrite``.
 
