@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from spark_imagenet.training.job.assignment import assign, record_shard_count
+from spark_imagenet.training.job.assignment import assign, elastic_counts, record_shard_count
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo
 from spark_imagenet.source.synset import SynsetClass
@@ -128,3 +128,10 @@ def test_plan_json_is_serialisable():
     data = json.loads(json.dumps([w.to_json() for w in plan]))
     assert data[1]["val_record_shard"] == [2, 1]
     assert data[0]["train_shards"] == ["train-00000-of-00004.tfrecord", "train-00002-of-00004.tfrecord"]
+
+
+def test_a_relaunch_goes_on_only_with_worker_counts_that_divide_the_global_batch():
+    assert elastic_counts(8, 4, 64) == [4]  # 7, 6 and 5 do not divide 64
+    assert elastic_counts(6, 2, 96) == [4, 3, 2]
+    assert elastic_counts(4, 3, 64) == []
+    assert elastic_counts(4, 4, 64) == [] and elastic_counts(4, None, 64) == []

@@ -171,3 +171,21 @@ def assign(manifest: Manifest, workers: int, batch_size: int) -> Assignment:
     steps_per_epoch = max(1, train_total // (batch_size * n))
     val_steps = max(1, math.ceil(max(p.val_examples for p in plans) / batch_size))
     return Assignment(tuple(plans), batch_size, steps_per_epoch, val_steps, train_total, val_total)
+
+
+def elastic_counts(workers: int, min_workers: int | None, global_batch: int) -> list[int]:
+    """The worker counts a relaunch may go on with after a lost worker: from ``workers - 1`` down to
+    ``min_workers``, those that divide ``global_batch`` (so each worker's batch is whole and the checkpoint
+    resumes with the same global batch).
+
+    Args:
+        workers: the planned worker count.
+        min_workers: the fewest allowed (``--min-workers``), or None (no fewer than ``workers``).
+        global_batch: images per step over all workers.
+
+    Returns:
+        list[int]: largest first; empty when none.
+    """
+    if min_workers is None:
+        return []
+    return [m for m in range(workers - 1, min_workers - 1, -1) if global_batch % m == 0]
