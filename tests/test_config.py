@@ -196,6 +196,21 @@ def test_job_file_paths_are_relative_to_the_file(tmp_path):
     assert load_job_file(path)["url"] == "gs://b/p"
 
 
+@pytest.mark.parametrize("key, value, meant", [("url", "gs:/b/p", "gs://b/p"), ("output", "s3:bucket/run", "s3://bucket/run"),
+                                               ("checkpoint_dir", "hdfs:/nn/ckpt", "hdfs://nn/ckpt")])
+def test_a_store_url_without_its_two_slashes_is_refused_not_taken_for_a_local_path(tmp_path, key, value, meant):
+    from spark_imagenet.training.job.jobfile import absolute_paths
+
+    with pytest.raises(ConfigError, match=rf"{key} '{value}' is not a URL: a .*:// URL has two slashes after .*; "
+                                          rf"write {meant}$"):
+        absolute_paths({key: value}, tmp_path)
+    path = tmp_path / "job.toml"
+    path.write_text(f'{key} = "{value}"\nworkers = 2\n')
+    with pytest.raises(ConfigError, match=f"write {meant}"):
+        load_job_file(path)
+    assert absolute_paths({"url": "data:set"}, tmp_path)["url"] == str(tmp_path / "data:set")  # not a store
+
+
 def test_strategy_and_all_reduce_choices_are_checked_with_the_option_named():
     assert TrainConfig(workers=1, strategy="mirrored", cross_device_ops="reduction-to-one").strategy == "mirrored"
     with pytest.raises(ConfigError, match=r"strategy \(--strategy\) must be one of multiworker, mirrored, default"):

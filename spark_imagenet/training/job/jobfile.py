@@ -56,8 +56,24 @@ def absolute_paths(values: Mapping[str, Any], base: str | os.PathLike) -> dict[s
         if isinstance(value, os.PathLike):
             value = os.fspath(value)
         if isinstance(value, str) and value and "://" not in value:
+            _check_not_a_broken_url(key, value)
             out[key] = str(Path(base, Path(value).expanduser()).absolute())
     return out
+
+
+def _check_not_a_broken_url(key: str, value: str) -> None:
+    """Refuse a store URL written without its ``//`` (``gs:/bucket/x``, ``s3:bucket``), which would otherwise be
+    taken as a relative local path and reported missing in the working directory.
+
+    Raises:
+        ConfigError: ``value`` begins with a store's scheme and a colon (names ``key`` and the URL it means).
+    """
+    from spark_imagenet.storage import is_remote_url
+
+    if is_remote_url(value):
+        scheme, rest = value.split(":", 1)
+        raise ConfigError(f"{key} {value!r} is not a URL: a {scheme}:// URL has two slashes after '{scheme}:'; "
+                          f"write {scheme}://{rest.lstrip('/')}")
 
 
 def load_job_file(path: str | os.PathLike) -> dict[str, Any]:
