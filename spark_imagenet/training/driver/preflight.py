@@ -328,8 +328,7 @@ def check_output_reachable(output: str | None, master: str, shared_filesystem: b
 
 def check_apart_from_dataset(dataset: Storage, written: Storage | None, option: str) -> None:
     """Refuse an ``--output`` (or ``--checkpoint-dir``) that is the dataset's own folder: the run's files would
-    sit among the shards and the manifest, which ``shard --overwrite`` of that folder then treats as
-    another's.
+    sit among the shards and the manifest.
 
     Args:
         dataset: the opened dataset folder.

@@ -195,6 +195,7 @@ def check_tracking(job: JobPlan) -> None:
     tracking = job.config.tracking
     if not tracking.enabled:
         return
+    mlflow_module()  # installed, whatever the URI
     _check_databricks_experiment(*_where(job))
     if tracking.register_model and job.output is None:
         raise ConfigError("--register-model needs --output: the chief writes the model there and the driver logs "
