@@ -119,3 +119,15 @@ def spark_reason(exc: BaseException) -> str:
     first = reasons[0]
     java = re.match(r"^(?:[a-z_$][\w$]*\.)+([A-Z][\w$]*(?:Exception|Error)): (.*)$", first)
     return f"{java.group(1)}: {java.group(2)}" if java else first
+
+
+def install_hint(extra: str) -> str:
+    """How to install the optional packages of ``extra`` (a ``[project.optional-dependencies]`` name of
+    pyproject.toml), for a clone (the README's install) and for an index.
+
+    Returns:
+        str: e.g. ``"pip install '.[mlflow]' in the project's folder (or 'spark-imagenet[mlflow]' from a package
+        index)"``.
+    """
+    return f"pip install '.[{extra}]' in the project's folder (or 'spark-imagenet[{extra}]' from a package index)"
+

@@ -27,7 +27,7 @@ class MlflowServer:
         try:
             import mlflow  # noqa: F401
         except ImportError as e:
-            raise Unavailable(f"mlflow is not installed ({e}); pip install 'spark-imagenet[mlflow]'") from None
+            raise Unavailable(f"mlflow is not installed ({e}); pip install '.[mlflow]'") from None
         work = Path(work)
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"

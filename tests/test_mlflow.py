@@ -249,3 +249,13 @@ def test_a_tracking_server_that_is_down_neither_fails_nor_stops_training(spark, 
         "xent", "top1", "top5", "learning_rate", "images_per_sec", "val_xent", "val_top1", "val_top5"}
     assert (out / "mlflow-model" / "MLmodel").exists() and record.model_url == f"{out}/mlflow-model"
     assert np.isfinite([r[1] for r in record.metrics]).all()
+
+
+def test_the_reason_of_a_failed_call_is_quoted_whole_or_cut_at_a_word():
+    from spark_imagenet.training.driver.tracking import WHY_CHARS, _why
+
+    assert _why(RuntimeError("the tracking URI can be either 'databricks' or 'databricks://profile'"), 20) == \
+        "RuntimeError: the tracking URI can be either 'databricks' or 'databricks://profile'"
+    long = _why(RuntimeError("profile " * 400), 20)
+    assert long.endswith("profile ...") and len(long) <= WHY_CHARS + 4
+    assert _why(None, 20) == "no answer within 20 s"

@@ -237,6 +237,10 @@ def test_the_dataset_folder_as_output_or_checkpoint_dir_is_refused_before_spark(
             plan_job(str(bucket), TrainConfig(workers=2, **settings))
     assert not (bucket / "results.json").exists() and not (bucket / "checkpoints").exists()
     plan_job(str(bucket), TrainConfig(workers=2, output=str(bucket / "runs" / "1")))  # a folder inside it is its own
+    (tmp_path / "link").symlink_to(bucket)
+    for other in (f"{bucket}/../{bucket.name}", str(tmp_path / "link")):  # the same folder by another path
+        with pytest.raises(ConfigError, match="is the dataset's own folder"):
+            plan_job(str(bucket), TrainConfig(workers=2, output=other))
 
 
 def test_min_workers_that_no_relaunch_can_use_is_said_before_spark(tmp_path, caplog):

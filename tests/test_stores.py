@@ -63,7 +63,8 @@ def test_a_missing_client_library_names_the_extra_and_its_packages(url, module, 
             "s3", "azure", "hdfs")]:
         monkeypatch.delitem(sys.modules, name)
     with pytest.raises(StorageError, match=rf"{re.escape(url)}: this store needs the '{module}' package: "
-                                           rf"pip install 'spark-imagenet\[{extra}\]' \(installs {packages}\)"):
+                                           rf"pip install '\.\[{extra}\]' in the project's folder \(or 'spark-imagenet\[{extra}\]' "
+                                           rf"from a package index\) \(installs {packages}\)"):
         open_storage(url)
 
 

@@ -45,7 +45,7 @@ import os
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from spark_imagenet.errors import StorageError
+from spark_imagenet.errors import StorageError, install_hint
 from spark_imagenet.storage.base import (
     CHUNK_BYTES,
     DEFAULT_TRANSFERS,
@@ -153,7 +153,7 @@ def _store_class(url: str, kind: StoreKind) -> type[Storage]:
     try:
         return getattr(importlib.import_module(kind.module), kind.cls)
     except ImportError as e:
-        install = f"pip install 'spark-imagenet[{kind.extra}]'" if kind.extra else "pip install spark-imagenet"
+        install = install_hint(kind.extra) if kind.extra else "pip install spark-imagenet"
         raise StorageError(f"{url}: this store needs the {e.name!r} package: {install} "
                            f"(installs {', '.join(kind.packages)})") from None
 

@@ -21,6 +21,7 @@ from spark_imagenet.errors import (
     IntegrityError,
     PreconditionFailed,
     StorageError,
+    install_hint,
 )
 from spark_imagenet.storage.base import ObjectInfo, crc32c_bytes, not_found_error
 from spark_imagenet.storage.remote import (
@@ -204,7 +205,7 @@ class AzureStorage(RemoteStorage):
             from azure.identity import DefaultAzureCredential
         except ImportError:
             raise StorageError(f"{self.url}: without {CONNECTION_STRING_ENV}, Azure credentials come from "
-                               "azure-identity: pip install 'spark-imagenet[azure]' (azure-storage-blob, "
+                               f"azure-identity: {install_hint('azure')} (azure-storage-blob, "
                                "azure-identity)") from None
         credential = DefaultAzureCredential()
         try:

@@ -336,9 +336,14 @@ def check_apart_from_dataset(dataset: Storage, written: Storage | None, option: 
         option: the option that named it, for the message.
 
     Raises:
-        ConfigError: both are the same folder (the same URL, or the same local path).
+        ConfigError: both are the same folder (the same URL, or local paths that resolve to the same folder
+            through ``..`` or symbolic links).
     """
-    if written is not None and written.url.rstrip("/") == dataset.url.rstrip("/"):
+    def where(storage: Storage) -> str:
+        url = storage.url.rstrip("/")
+        return url if "://" in url else os.path.realpath(url)
+
+    if written is not None and where(written) == where(dataset):
         raise ConfigError(f"{option} {written.url} is the dataset's own folder: give a folder of its own for the "
                           f"run's files, e.g. {written.url.rstrip('/')}-runs/1")
 

@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from spark_imagenet.errors import ConfigError, EnvironmentSetupError
+from spark_imagenet.errors import ConfigError, EnvironmentSetupError, install_hint
 from spark_imagenet.resources import QUIET_LOG4J2, resource_path
 
 #: Oldest Java major version PySpark 4.x runs on (Spark 4.0 release notes:
@@ -416,7 +416,7 @@ def connect_session(url: str, app_name: str = "spark-imagenet", conf: Mapping[st
     except ImportError as e:
         raise EnvironmentSetupError(
             f"--master {url} needs the Spark Connect client, which is missing: {e}. Install it with "
-            "pip install 'spark-imagenet[connect]' (or 'pyspark[connect]')") from None
+            f"{install_hint('connect')}, or pip install 'pyspark[connect]'") from None
     check_connect_reachable(url)
     from pyspark.sql import SparkSession
 

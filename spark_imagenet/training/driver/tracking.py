@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from spark_imagenet.errors import ConfigError, SparkImagenetError, StorageError
+from spark_imagenet.errors import ConfigError, SparkImagenetError, StorageError, install_hint
 from spark_imagenet.storage import open_storage
 from spark_imagenet.storage.committed import download_folder
 from spark_imagenet.storage.envelope import Envelope
@@ -47,6 +47,8 @@ START_WAIT_S = 20.0
 FINISH_WAIT_S = 120.0
 #: The experiment of a job that names none (and sets no ``MLFLOW_EXPERIMENT_NAME``).
 DEFAULT_EXPERIMENT = "spark-imagenet"
+#: The longest reason of a failed MLflow call a warning quotes, in characters (cut at a word, marked "...").
+WHY_CHARS = 1000
 #: MLflow's limit on a parameter's value, in characters.
 PARAM_CHARS = 6000
 PENDING = Envelope("spark-imagenet-mlflow-run", 1, "spark-imagenet MLflow run record")
@@ -62,7 +64,7 @@ def mlflow_module() -> Any:
         import mlflow
     except ImportError:
         raise ConfigError("--mlflow needs the mlflow package on the driver and the executors: "
-                          "pip install 'spark-imagenet[mlflow]'") from None
+                          f"{install_hint('mlflow')}") from None
     return mlflow
 
 
@@ -387,7 +389,8 @@ def _why(error: Any, seconds: float) -> str:
     """The reason of a failed or late MLflow call, on one line."""
     if error is None:
         return f"no answer within {seconds:g} s"
-    return one_line(error)[:300]
+    text = one_line(error)
+    return text if len(text) <= WHY_CHARS else text[:WHY_CHARS].rsplit(" ", 1)[0] + " ..."
 
 
 class RunTracker:
