@@ -148,26 +148,33 @@ def test_every_script_is_executable_in_the_repository():
 
 # ---------------------------------------------------- a standalone cluster of two "hosts"
 def test_hosts_left_by_a_killed_run_are_removed_before_a_cluster_starts():
-    """A run killed before its clean-up leaves a bridge holding the driver's address; the next cluster's start
-    removes it (and its namespaces), and leaves the hosts of a run still alive."""
+    """A run killed before its clean-up leaves a bridge (holding the driver's address) and namespaces; the next
+    cluster's start removes them, and leaves the hosts of a run still alive. The bridges made here hold no
+    address, so a cluster of this session that is up meanwhile is not disturbed."""
     import cluster_util
 
     why = cluster_util.can_make_namespaces()
     if why:
         pytest.skip(why)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     alive = {int(p) % 10000 for p in os.listdir("/proc") if p.isdigit()}
-    dead = str(next(t for t in range(9999, 0, -1) if t not in alive))
-    mine = str(os.getpid() % 10000)
+    dead = str(next(t for t in range(9999, 0, -1) if t not in alive and f"sib{t}:" not in links))
+    runner = subprocess.Popen(["sleep", "60"])  # a run still alive, with a tag no cluster of ours uses
+    live = str(runner.pid % 10000)
     try:
-        cluster_util.make_hosts(dead, 2)
-        subprocess.run(["ip", "link", "add", f"sib{mine}", "type", "bridge"], check=True)
+        assert f"sib{live}:" not in links and live != str(os.getpid() % 10000)
+        for tag in (dead, live):
+            subprocess.run(["ip", "link", "add", f"sib{tag}", "type", "bridge"], check=True)
+        subprocess.run(["ip", "netns", "add", f"si{dead}w1"], check=True)
         assert cluster_util.remove_stale_hosts() == [dead]
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        assert f"sib{dead}" not in links and f"si{dead}v1" not in links and f"sib{mine}" in links
+        assert f"sib{dead}:" not in links and f"sib{live}:" in links
         assert f"si{dead}w1" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     finally:
+        runner.kill()
+        runner.wait()
         cluster_util.remove_hosts(dead, 2)
-        subprocess.run(["ip", "link", "delete", f"sib{mine}"], capture_output=True)
+        subprocess.run(["ip", "link", "delete", f"sib{live}"], capture_output=True)
 
 
 @pytest.mark.slow
