@@ -107,3 +107,17 @@ def test_predict_refuses_top_0(run_folder, image, capsys):
     with pytest.raises(SystemExit) as e:
         predict.main([str(run_folder), str(image), "--top", "0"])
     assert e.value.code == 2 and "--top: 0 must be at least 1" in capsys.readouterr().err
+
+
+def test_evaluate_with_the_dataset_first_says_the_order(run_folder, tmp_path, tmpdir_for_copies, capsys):
+    dataset = tmp_path / "shards"
+    dataset.mkdir()
+    (dataset / "manifest.json").write_text("{}")
+    assert evaluate.main([str(dataset), str(run_folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"model {dataset}: cannot read model.keras" in err
+    assert f"{dataset} is a dataset" in err and f"evaluate {run_folder} {dataset}" in err
+    # a missing model that is not a dataset gets no such hint
+    assert evaluate.main([str(tmp_path / "nothing"), str(dataset)]) == 2
+    assert "hint" not in capsys.readouterr().err
+    assert copies(tmpdir_for_copies) == []

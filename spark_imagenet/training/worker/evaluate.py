@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 
 from spark_imagenet.dataset.cache import fetch  # noqa: E402
-from spark_imagenet.dataset.manifest import Manifest  # noqa: E402
+from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest  # noqa: E402
 from spark_imagenet.arguments import ArgumentParser  # noqa: E402
 from spark_imagenet.errors import ConfigError, SparkImagenetError  # noqa: E402
 from spark_imagenet.storage import open_storage, store_schemes  # noqa: E402
@@ -139,6 +139,23 @@ def evaluate(model: keras.Model, data_url: str, *, cache: str | None = None,
             "loss": float(scores["xent"]), "model_classes": classes, "image_size": size}
 
 
+@contextlib.contextmanager
+def _swapped_hint(model_url: str, data_url: str) -> Iterator[None]:
+    """Context manager: a :class:`ConfigError` about either URL gets a hint when ``model_url`` holds a
+    dataset's ``manifest.json`` (the two arguments given the other way round)."""
+    try:
+        yield
+    except ConfigError as e:
+        try:
+            swapped = not model_url.endswith(".keras") and open_storage(model_url).exists(MANIFEST_NAME)
+        except SparkImagenetError:
+            swapped = False
+        if not swapped:
+            raise
+        raise ConfigError(f"{e} (hint: {model_url} is a dataset, it holds {MANIFEST_NAME}: the model comes "
+                          f"first, evaluate MODEL_URL DATA_URL, e.g. evaluate {data_url} {model_url})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``evaluate`` command (see the module docstring); returns the exit status."""
     parser = ArgumentParser(prog="spark-imagenet evaluate",
@@ -153,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.batch_size < 1:
             raise ConfigError(f"--batch-size {args.batch_size} must be at least 1")
-        with fetched_model(args.model) as local:  # both URLs are checked before TensorFlow starts
-            Manifest.load(open_storage(args.data))
+        with _swapped_hint(args.model, args.data), fetched_model(args.model) as local:
+            Manifest.load(open_storage(args.data))  # both URLs are checked before TensorFlow starts
             model = load_model(args.model, local)
         scores = evaluate(model, args.data, cache=args.cache, batch_size=args.batch_size)
     except SparkImagenetError as e:
