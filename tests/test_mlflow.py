@@ -87,13 +87,42 @@ def test_register_model_without_output_is_refused_before_spark(tmp_path):
     assert not TrainConfig(workers=2).tracking.enabled
 
 
+def test_a_databricks_workspace_host_comes_from_the_runtime_the_environment_or_the_profile(tmp_path):
+    from spark_imagenet.training.driver.databricks_tracking import check_workspace_known
+
+    cfg = tmp_path / "databrickscfg"
+    none = {"DATABRICKS_CONFIG_FILE": str(cfg)}
+    check_workspace_known(str(tmp_path / "runs"), none)  # not Databricks: nothing to check
+    with pytest.raises(ConfigError, match=rf"\(databricks\).*profile DEFAULT in {cfg} nor in DATABRICKS_HOST: add a "
+                       r"\[DEFAULT\] profile .* or set DATABRICKS_HOST and DATABRICKS_TOKEN"):
+        check_workspace_known("databricks", none)
+    check_workspace_known("databricks", {**none, "DATABRICKS_RUNTIME_VERSION": "16.4"})  # on a Databricks cluster
+    check_workspace_known("databricks", {**none, "DATABRICKS_HOST": "https://x.cloud.databricks.com"})
+    cfg.write_text("[DEFAULT]\nhost = https://x.cloud.databricks.com\ntoken = t\n\n[prod]\ntoken = t\n"
+                   "\n[dev]\nhost = https://dev.cloud.databricks.com\n")
+    check_workspace_known("databricks", none)
+    check_workspace_known("databricks://dev", none)
+    check_workspace_known("databricks", {**none, "DATABRICKS_CONFIG_PROFILE": "dev"})
+    # a named profile is read from the file only (the environment's host is not that profile's)
+    with pytest.raises(ConfigError, match=r"\(databricks://qa\).*profile qa in .*databrickscfg: add a \[qa\] profile"):
+        check_workspace_known("databricks://qa", {**none, "DATABRICKS_HOST": "https://x.cloud.databricks.com"})
+    cfg.write_text("[dev]\nhost = https://dev.cloud.databricks.com\n")
+    with pytest.raises(ConfigError, match="no workspace host was found for the profile DEFAULT"):
+        check_workspace_known("databricks", none)
+    cfg.write_text("host = no section\n")
+    with pytest.raises(ConfigError, match=rf"the Databricks configuration file {cfg} cannot be read"):
+        check_workspace_known("databricks://dev", none)
+
+
 def test_a_databricks_workspace_needs_an_experiment_path_before_spark(tmp_path, monkeypatch):
     from bucket_util import make_bucket
     from spark_imagenet.training.driver.launch import plan_job
 
     bucket = str(make_bucket(tmp_path / "bucket"))
-    for name in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_TRACKING_URI"):
+    for name in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_TRACKING_URI", "DATABRICKS_CONFIG_PROFILE",
+                 "DATABRICKS_RUNTIME_VERSION"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DATABRICKS_HOST", "https://adb-1.2.azuredatabricks.net")
     with pytest.raises(ConfigError, match=r"Databricks workspace \(databricks\).*no experiment was named: pass "
                        r"--mlflow-experiment /Users/<you>/spark-imagenet"):
         plan_job(bucket, TrainConfig(workers=2, mlflow_tracking_uri="databricks"))
@@ -108,6 +137,11 @@ def test_a_databricks_workspace_needs_an_experiment_path_before_spark(tmp_path, 
     monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "123")
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME")
     plan_job(bucket, TrainConfig(workers=2, mlflow=True))
+    # no workspace host anywhere: refused before Spark too
+    monkeypatch.delenv("DATABRICKS_HOST")
+    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(tmp_path / "no.databrickscfg"))
+    with pytest.raises(ConfigError, match="no workspace host was found for the profile DEFAULT"):
+        plan_job(bucket, TrainConfig(workers=2, mlflow=True))
     # elsewhere a plain name is fine
     plan_job(bucket, TrainConfig(workers=2, mlflow_tracking_uri=str(tmp_path / "runs"), mlflow_experiment="alexnet"))
 

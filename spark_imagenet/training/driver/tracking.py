@@ -28,6 +28,7 @@ from spark_imagenet.storage import open_storage
 from spark_imagenet.storage.committed import download_folder
 from spark_imagenet.storage.envelope import Envelope
 from spark_imagenet.training.job.logchannel import one_line
+from spark_imagenet.training.driver import databricks_tracking
 from spark_imagenet.training.job.plan import JobPlan
 from spark_imagenet.training.job.tracking import (
     EPOCH_METRICS,
@@ -169,27 +170,11 @@ def _where(job: JobPlan) -> tuple[str, str]:
     return uri, experiment
 
 
-def _check_databricks_experiment(uri: str, experiment: str) -> None:
-    """Refuse an experiment that a Databricks workspace cannot hold: it names experiments by workspace path.
-
-    Raises:
-        ConfigError: ``uri`` is a Databricks workspace (``databricks`` or ``databricks://PROFILE``) and
-            ``experiment`` is neither an absolute path nor ``id:ID``.
-    """
-    if not (uri == "databricks" or uri.startswith("databricks://")):
-        return
-    if experiment.startswith(("/", "id:")):
-        return
-    given = "no experiment was named" if experiment == DEFAULT_EXPERIMENT else f"the experiment {experiment!r}"
-    raise ConfigError(f"MLflow tracks to the Databricks workspace ({uri}), which names experiments by workspace path, "
-                      f"and {given}: pass --mlflow-experiment /Users/<you>/{experiment} (mlflow_experiment in the "
-                      "job file, or MLFLOW_EXPERIMENT_NAME), or MLFLOW_EXPERIMENT_ID of an existing experiment")
-
-
 def check_tracking(job: JobPlan) -> None:
     """Refuse, before Spark starts, tracking that cannot work: mlflow not installed, ``register_model``
     without ``--output`` (the model reaches MLflow through it), or on Databricks an experiment that is not a
-    workspace path. Warn when the run will hold no model.
+    workspace path or a workspace known from nowhere (:mod:`~spark_imagenet.training.driver.databricks_tracking`).
+    Warn when the run will hold no model.
 
     Raises:
         ConfigError: as said, naming the setting.
@@ -198,7 +183,9 @@ def check_tracking(job: JobPlan) -> None:
     if not tracking.enabled:
         return
     mlflow_module()  # installed, whatever the URI
-    _check_databricks_experiment(*_where(job))
+    uri, experiment = _where(job)
+    databricks_tracking.check_experiment(uri, experiment, DEFAULT_EXPERIMENT)
+    databricks_tracking.check_workspace_known(uri)
     if tracking.register_model and job.output is None:
         raise ConfigError("--register-model needs --output: the chief writes the model there and the driver logs "
                           "it to MLflow from it")
