@@ -46,7 +46,14 @@ from spark_imagenet.training.job.logchannel import ChannelSpec
 from spark_imagenet.training.driver.logserver import LogServer, driver_host
 from spark_imagenet.training.driver.meeting_server import driver_meeting
 from spark_imagenet.training.job.outcome import Failure, ResumePoint, TaskResult
-from spark_imagenet.training.job.outputs import MODEL_FILE, TENSORBOARD_DIR, open_output, write_driver_outputs
+from spark_imagenet.training.job.outputs import (
+    MODEL_FILE,
+    PREPROCESSING_FILE,
+    SERVING_DIR,
+    TENSORBOARD_DIR,
+    open_output,
+    write_driver_outputs,
+)
 from spark_imagenet.training.driver.preflight import (
     check_apart_from_dataset,
     check_cluster_conf,
@@ -501,8 +508,7 @@ def _report(job: JobPlan, out: Result) -> None:
         written = write_driver_outputs(job.output, job.manifest.classes,
                                        out.to_json())
         logger.info(f"output: {', '.join(written)} written to {job.config.output} (beside the chief's "
-                    f"{MODEL_FILE} and "
-                    f"{TENSORBOARD_DIR}/)")
+                    f"{MODEL_FILE}, {PREPROCESSING_FILE}, {SERVING_DIR}/ and {TENSORBOARD_DIR}/)")
 
 
 def train(spark, url: str | os.PathLike, config: TrainConfig | int | None = None,

@@ -113,7 +113,10 @@ def predict(model, files: Sequence[Path], labels: Sequence[dict[str, Any]], top:
 def main(argv: list[str] | None = None) -> int:
     """The ``predict`` command (see the module docstring); returns the exit status."""
     parser = ArgumentParser(prog="spark-imagenet predict",
-                                     description="the top classes of each image, with names and probabilities")
+                            description="the top classes of each image, with names and probabilities",
+                            epilog="As a Spark job over a folder, a labels file or a table, into Parquet: predict "
+                                   "MODEL_URL --source URL|--table NAME --out URL [--master M] (its options: predict "
+                                   "MODEL_URL --source X --out Y --help).")
     parser.add_argument("model", help="a model.keras file or the --output folder of a run (a local path or a "
                         f"bucket URL: {store_schemes()})")
     parser.add_argument("images", nargs="+", help="JPEG (or PNG) files, or folders of them")
