@@ -130,4 +130,3 @@ def install_hint(extra: str) -> str:
         index)"``.
     """
     return f"pip install '.[{extra}]' in the project's folder (or 'spark-imagenet[{extra}]' from a package index)"
-

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from spark_imagenet.errors import ConfigError
-from spark_imagenet.storage import Storage
+from spark_imagenet.storage import Storage, is_remote_url
 from spark_imagenet.training.job.outputs import earlier_outputs
 
 #: Seconds to wait for executors to register on a cluster master before the
@@ -289,7 +289,7 @@ def check_dataset_reachable(url: str, master: str, shared_filesystem: bool) -> N
     Raises:
         ConfigError: a local path with a cluster master, and ``shared_filesystem`` false.
     """
-    from spark_imagenet.storage import is_remote_url, url_forms
+    from spark_imagenet.storage import url_forms
     from spark_imagenet.training.driver.spark_session import runs_on_this_host
 
     if shared_filesystem or runs_on_this_host(master) or is_remote_url(url):
@@ -313,7 +313,7 @@ def check_output_reachable(output: str | None, master: str, shared_filesystem: b
     Raises:
         ConfigError: a local path with a cluster master, and ``shared_filesystem`` false.
     """
-    from spark_imagenet.storage import is_remote_url, url_forms
+    from spark_imagenet.storage import url_forms
     from spark_imagenet.training.driver.spark_session import runs_on_this_host
 
     if output is None or shared_filesystem or runs_on_this_host(master) or is_remote_url(output):
@@ -341,7 +341,7 @@ def check_apart_from_dataset(dataset: Storage, written: Storage | None, option: 
     """
     def where(storage: Storage) -> str:
         url = storage.url.rstrip("/")
-        return url if "://" in url else os.path.realpath(url)
+        return url if is_remote_url(url) else os.path.realpath(url)
 
     if written is not None and where(written) == where(dataset):
         raise ConfigError(f"{option} {written.url} is the dataset's own folder: give a folder of its own for the "
