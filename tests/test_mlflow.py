@@ -112,6 +112,11 @@ def test_a_databricks_workspace_host_comes_from_the_runtime_the_environment_or_t
     cfg.write_text("host = no section\n")
     with pytest.raises(ConfigError, match=rf"the Databricks configuration file {cfg} cannot be read"):
         check_workspace_known("databricks://dev", none)
+    cfg.write_bytes(b"[DEFAULT]\nhost = \xff\xfe\n")  # not UTF-8
+    with pytest.raises(ConfigError, match=rf"{cfg} cannot be read \(UnicodeDecodeError: "):
+        check_workspace_known("databricks", none)
+    with pytest.raises(ConfigError, match=rf"{tmp_path} cannot be read \(IsADirectoryError: "):
+        check_workspace_known("databricks", {"DATABRICKS_CONFIG_FILE": str(tmp_path)})
 
 
 def test_a_databricks_workspace_needs_an_experiment_path_before_spark(tmp_path, monkeypatch):

@@ -117,6 +117,10 @@ def test_evaluate_with_the_dataset_first_says_the_order(run_folder, tmp_path, tm
     err = capsys.readouterr().err
     assert f"model {dataset}: cannot read model.keras" in err
     assert f"{dataset} is a dataset" in err and f"evaluate {run_folder} {dataset}" in err
+    # a dataset given twice: no example that repeats the mistake
+    assert evaluate.main([str(dataset), str(dataset)]) == 2
+    err = capsys.readouterr().err
+    assert "give the model as the first argument" in err and f"evaluate {dataset} {dataset}" not in err
     # a missing model that is not a dataset gets no such hint
     assert evaluate.main([str(tmp_path / "nothing"), str(dataset)]) == 2
     assert "hint" not in capsys.readouterr().err

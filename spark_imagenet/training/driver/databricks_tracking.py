@@ -48,16 +48,19 @@ def _profile_host(path: str, profile: str) -> bool:
     """Whether the Databricks configuration file at ``path`` gives ``profile`` a host (False: no such file).
 
     Raises:
-        ConfigError: the file exists but cannot be read or parsed (names it).
+        ConfigError: the file exists but cannot be read or parsed: a folder, not UTF-8, not INI (names it).
     """
     if not os.path.exists(path):
         return False
     parser = configparser.ConfigParser(interpolation=None)
     try:
-        parser.read(path, encoding="utf-8")
-    except (OSError, configparser.Error) as e:
-        raise ConfigError(f"the Databricks configuration file {path} cannot be read ({e}): fix it, or set "
-                          "DATABRICKS_HOST and DATABRICKS_TOKEN instead") from None
+        with open(path, encoding="utf-8") as f:  # read_file, unlike read, does not skip what it cannot open
+            parser.read_file(f)
+    except (OSError, ValueError, configparser.Error) as e:  # ValueError: UnicodeDecodeError
+        why = " ".join(str(e).split())
+        raise ConfigError(f"the Databricks configuration file {path} cannot be read ({type(e).__name__}: {why}): "
+                          "fix it (or, for the tracking URI databricks, set DATABRICKS_HOST and DATABRICKS_TOKEN "
+                          "instead)") from None
     if profile == DEFAULT_PROFILE:
         return bool(parser.defaults().get("host"))
     return parser.has_section(profile) and bool(parser.get(profile, "host", fallback=""))

@@ -142,18 +142,24 @@ def evaluate(model: keras.Model, data_url: str, *, cache: str | None = None,
 @contextlib.contextmanager
 def _swapped_hint(model_url: str, data_url: str) -> Iterator[None]:
     """Context manager: a :class:`ConfigError` about either URL gets a hint when ``model_url`` holds a
-    dataset's ``manifest.json`` (the two arguments given the other way round)."""
+    dataset's ``manifest.json`` (the two arguments given the other way round, or a dataset given twice)."""
     try:
         yield
     except ConfigError as e:
-        try:
-            swapped = not model_url.endswith(".keras") and open_storage(model_url).exists(MANIFEST_NAME)
-        except SparkImagenetError:
-            swapped = False
-        if not swapped:
+        if not _is_dataset(model_url):
             raise
+        order = ("give the model as the first argument" if _is_dataset(data_url) else
+                 f"e.g. evaluate {data_url} {model_url}")
         raise ConfigError(f"{e} (hint: {model_url} is a dataset, it holds {MANIFEST_NAME}: the model comes "
-                          f"first, evaluate MODEL_URL DATA_URL, e.g. evaluate {data_url} {model_url})") from None
+                          f"first, evaluate MODEL_URL DATA_URL: {order})") from None
+
+
+def _is_dataset(url: str) -> bool:
+    """Whether ``url`` is a folder holding a dataset's ``manifest.json`` (False where that cannot be read)."""
+    try:
+        return not url.endswith(".keras") and open_storage(url).exists(MANIFEST_NAME)
+    except SparkImagenetError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
