@@ -36,7 +36,7 @@ from spark_imagenet.errors import SparkImagenetError, TrainingError, WorkerLost
 from spark_imagenet.logs import ensure_console
 from spark_imagenet.storage import open_storage
 from spark_imagenet.training.job import checkpoints
-from spark_imagenet.training.job.assignment import assign, elastic_counts
+from spark_imagenet.training.job.assignment import assign
 from spark_imagenet.training.task.barrier_task import TaskSpec
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.training.driver.connect import ConnectLaunch, check_connect, conf_getter, connect_url
@@ -66,6 +66,7 @@ from spark_imagenet.training.driver.preflight import (
     spark_context,
 )
 from spark_imagenet.training.job.plan import JobPlan
+from spark_imagenet.training.job.restarts import FailurePolicy
 from spark_imagenet.training.job.schedules import extension_note, schedule_for
 from spark_imagenet.training.driver.results import Result, build_results, format_table, write_results
 from spark_imagenet.training.driver.tracking import RunTracker, check_tracking
@@ -139,11 +140,9 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
                   schedule=schedule, output=output, checkpoints=checkpoints_at, run_id=uuid.uuid4().hex)
     resume_point(job)  # a checkpoint this job cannot resume from is refused before Spark starts
     check_tracking(job)
-    if (config.min_workers is not None and config.min_workers < config.workers
-            and not elastic_counts(config.workers, config.min_workers, config.global_batch_size)):
-        logger.warning(f"warning: --min-workers {config.min_workers} has no effect: no worker count from "
-                       f"{config.min_workers} to {config.workers - 1} divides the global batch "
-                       f"{config.global_batch_size}, so a relaunch after a lost worker waits for {config.workers}")
+    useless = FailurePolicy.of(config).useless_min_workers()
+    if useless:
+        logger.warning(useless)
     if config.checkpoint_every and config.checkpoint_dir is None:
         logger.warning("warning: --checkpoint-every has no effect without --checkpoint-dir: no checkpoint is kept")
     return job
@@ -194,82 +193,70 @@ def resume_point(job: JobPlan, *, announce: bool = False) -> ResumePoint | None:
 
 
 def _launch_with_restarts(spark, sc, job: JobPlan) -> tuple[list[TaskResult], int, JobPlan]:
-    """Run the barrier stage; after a :class:`WorkerLost` failure launch it again, at most
-    ``config.max_restarts`` times, each time from the latest complete checkpoint (from epoch 1 without
-    ``checkpoint_dir``), on fewer workers when ``min_workers`` allows and the slots are not free
-    (:func:`_relaunch_job`). Returns every rank's record, the number of restarts and the job the last launch
-    ran.
+    """Run the barrier stage; after a :class:`WorkerLost` failure launch it again as the job's
+    :class:`~spark_imagenet.training.job.restarts.FailurePolicy` decides (at most ``config.max_restarts``
+    times, each time from the latest complete checkpoint, from epoch 1 without ``checkpoint_dir``; on fewer
+    workers when ``min_workers`` allows and the slots are not free within ``regain_timeout``). Returns every
+    rank's record, the number of restarts and the job the last launch ran.
 
     Raises:
         WorkerLost: the last allowed launch lost a worker too (the message counts the launches).
         SparkImagenetError: any other failure, at once (bad data or settings fail again the same way).
     """
-    wanted = job
+    wanted, policy = job, FailurePolicy.of(job.config)
     restarts = 0
     while True:
-        config = job.config
         resume = resume_point(job, announce=True)
-        epochs_done = resume.epoch if resume else 0
-        if resume is not None and epochs_done >= config.epochs:
-            logger.info(f"checkpoint: {checkpoints.describe(resume.meta)} in {config.checkpoint_dir} is the last of "
-                        f"{config.epochs} epoch(s): nothing left to train, only the evaluation runs (give a larger "
-                        "--epochs to train on)")
-        elif resume is not None:
-            logger.info(f"checkpoint: resuming at epoch {epochs_done + 1} of {config.epochs} from "
-                        f"{checkpoints.describe(resume.meta)} in {config.checkpoint_dir}")
-            stretched = extension_note(job.schedule, resume.meta.epochs, epochs_done)
-            if stretched:
-                logger.info(stretched)
-        elif restarts:
-            logger.info("checkpoint: none to resume from; training starts again at epoch 1"
-                        + ("" if config.checkpoint_dir else " (no --checkpoint-dir)"))
+        _announce_resume(job, resume, restarts)
         try:
             return _launch(spark, sc, job, resume), restarts, job
         except WorkerLost as e:
-            if restarts >= config.max_restarts:
-                if restarts:
-                    raise WorkerLost(f"{e}\n(the barrier stage was launched {restarts + 1} times, the last "
-                                     f"allowed by --max-restarts {config.max_restarts})") from None
+            give_up = policy.exhausted(restarts)
+            if give_up is not None:
+                if give_up.note:
+                    raise WorkerLost(f"{e}\n{give_up.note}") from None
                 raise
             restarts += 1
             failure = getattr(e, "failure", None)
             logger.warning(f"warning: a worker was lost: "
                            f"{failure.summary() if failure else str(e).splitlines()[0]}")
-            logger.info(f"launching the barrier stage again (restart {restarts} of {config.max_restarts})")
-            job = _relaunch_job(sc, job, wanted)
+            logger.info(f"launching the barrier stage again (restart {restarts} of {policy.max_restarts})")
+            decision = policy.relaunch(job.config.workers, _free_slots_after_wait(sc, policy))
+            if decision.note:
+                (logger.warning if decision.warn else logger.info)(decision.note)
+            job = wanted.resized(decision.workers)
 
 
-def _relaunch_job(sc, job: JobPlan, wanted: JobPlan) -> JobPlan:
-    """The job of a relaunch: ``wanted`` (the planned worker count) when its barrier slots are free within
-    ``regain_timeout``, or without ``min_workers`` (or under Spark Connect, whose free slots cannot be asked);
-    else the same job on as many workers as are free, at least ``min_workers``, that divide the global batch
-    (batch per worker = global batch / workers, so the checkpoint resumes: docs/guide/failures.md)."""
-    config = wanted.config
-    if config.min_workers is None or config.min_workers >= config.workers or sc is None:
-        return wanted
-    deadline = time.monotonic() + config.regain_timeout
+def _announce_resume(job: JobPlan, resume: ResumePoint | None, restarts: int) -> None:
+    """Log where a launch starts: the checkpoint it resumes (and how the schedule stretches), or epoch 1."""
+    config = job.config
+    epochs_done = resume.epoch if resume else 0
+    if resume is not None and epochs_done >= config.epochs:
+        logger.info(f"checkpoint: {checkpoints.describe(resume.meta)} in {config.checkpoint_dir} is the last of "
+                    f"{config.epochs} epoch(s): nothing left to train, only the evaluation runs (give a larger "
+                    "--epochs to train on)")
+    elif resume is not None:
+        logger.info(f"checkpoint: resuming at epoch {epochs_done + 1} of {config.epochs} from "
+                    f"{checkpoints.describe(resume.meta)} in {config.checkpoint_dir}")
+        stretched = extension_note(job.schedule, resume.meta.epochs, epochs_done)
+        if stretched:
+            logger.info(stretched)
+    elif restarts:
+        logger.info("checkpoint: none to resume from; training starts again at epoch 1"
+                    + ("" if config.checkpoint_dir else " (no --checkpoint-dir)"))
+
+
+def _free_slots_after_wait(sc, policy: FailurePolicy) -> int | None:
+    """The barrier slots free once ``policy.workers`` of them are, or ``policy.regain_timeout`` seconds have
+    passed; None when the policy is not elastic or the session cannot say (Spark Connect: ``sc`` None)."""
+    if not policy.elastic or sc is None:
+        return None
+    deadline = time.monotonic() + policy.regain_timeout
     free = free_slots(sc)
-    while free < config.workers and time.monotonic() < deadline:
+    while free < policy.workers and time.monotonic() < deadline:
         time.sleep(1.0)
         free = free_slots(sc)
-    if free >= config.workers:
-        if job.config.workers != config.workers:
-            logger.info(f"elastic: {config.workers} barrier slots are free again: back to {config.workers} workers")
-        return wanted
-    batch = config.global_batch_size
-    fits = [m for m in elastic_counts(config.workers, config.min_workers, batch) if m <= free]
-    if not fits:
-        logger.warning(f"warning: elastic: {free} of {config.workers} barrier slots free after "
-                       f"{config.regain_timeout:g} s, and no worker count from --min-workers {config.min_workers} to "
-                       f"{free} divides the global batch {batch}: relaunching on {config.workers} (it waits for "
-                       "the slots)")
-        return wanted
-    m = fits[0]
-    logger.warning(f"warning: elastic: {free} of {config.workers} barrier slots free after {config.regain_timeout:g} s: "
-                   f"going on with {m} worker(s), batch {batch // m} each (the global batch {batch} kept), from the "
-                   f"latest checkpoint; a later relaunch goes back to {config.workers} when the slots are free")
-    smaller = plan_job(wanted.url, config.replace(workers=m, batch_size=batch // m))
-    return dataclasses.replace(smaller, run_id=wanted.run_id)
+    return free
 
 
 #: The names of this machine's loopback address in an ``sc://`` URL.

@@ -27,12 +27,12 @@ from typing import Any, Sequence
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.storage import Storage, open_storage
-from spark_imagenet.training.job.assignment import Assignment
+from spark_imagenet.training.job.assignment import Assignment, assign
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.storage.envelope import Envelope
 from spark_imagenet.training.job.outcome import SAME_VERSION
 from spark_imagenet.training.job.outputs import labels as output_labels
-from spark_imagenet.training.job.schedules import Schedule
+from spark_imagenet.training.job.schedules import Schedule, schedule_for
 from spark_imagenet.training.job.tracking import TrackingSpec
 
 #: The worker spec's JSON form (``worker.json``).
@@ -80,6 +80,29 @@ class JobPlan:
     def num_classes(self) -> int:
         """int: the model's output width."""
         return self.manifest.num_classes
+
+    def resized(self, workers: int) -> JobPlan:
+        """This job on ``workers`` workers with the same global batch (``batch_size = global batch / workers``):
+        the shards re-assigned from the manifest it holds and the schedule rebuilt; the storage handles, the run
+        id and the tracking kept. What a relaunch after a lost worker runs
+        (:class:`~spark_imagenet.training.job.restarts.Relaunch`).
+
+        Args:
+            workers: the new worker count; divides the global batch.
+
+        Raises:
+            ConfigError: ``workers`` does not divide the global batch, or the dataset cannot be split over it
+                (:func:`~spark_imagenet.training.job.assignment.assign`).
+        """
+        if workers == self.config.workers:
+            return self
+        batch = self.config.global_batch_size
+        if batch % workers:
+            raise ConfigError(f"{workers} worker(s) cannot share the global batch {batch} evenly")
+        config = self.config.replace(workers=workers, batch_size=batch // workers)
+        assignment = assign(self.manifest, workers, config.batch_size)
+        return dataclasses.replace(self, config=config, assignment=assignment,
+                                   schedule=schedule_for(config, assignment.steps_per_epoch))
 
 
 def _check_int(where: str, name: str, value: Any, minimum: int) -> None:
