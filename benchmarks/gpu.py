@@ -93,6 +93,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from common import Report, add_options, repetitions  # noqa: E402  (benchmarks/common.py, beside this script)
 from spark_imagenet.errors import ConfigError  # noqa: E402  (TensorFlow-free)
+from spark_imagenet.training.job import model_specs  # noqa: E402  (TensorFlow-free)
 
 #: The keys of every JSON line, in order.
 KEYS = (
@@ -100,12 +101,12 @@ KEYS = (
     "first_step_s", "batch", "image_size", "width", "num_classes", "params", "precision", "xla", "device",
     "tf_version", "steps", "warmup", "parallel", "cpu_count", "data", "dry_run",
 )
-MODELS = ("alexnet", "resnet50")
+MODELS = tuple(model_specs.MODELS)
 MODES = ("synthetic", "real")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-#: --dry-run sizes: each model at (about) its smallest input side (AlexNet's layer arithmetic needs 67 px,
+#: --dry-run sizes: each model at its smallest input side (AlexNet's layer arithmetic needs 67 px,
 #: ``tf_keras.applications.ResNet50`` accepts 32).
-DRY_RUN_IMAGE_SIZE = {"alexnet": 67, "resnet50": 32}
+DRY_RUN_IMAGE_SIZE = {name: spec.min_image_size for name, spec in model_specs.MODELS.items()}
 DRY_RUN = {"batch_size": 4, "steps": 3, "warmup": 1, "jpegs": 32, "jpeg_size": (96, 72), "width": 0.25,
            "budget_s": 60.0}
 #: Learning rate of the benchmark's SGD steps (any small value; the numbers do not depend on it).
@@ -166,7 +167,8 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ConfigError(f"--warmup must be at least 1 (the first step compiles), got {args.warmup}")
     if args.image_size is not None and args.image_size < max(DRY_RUN_IMAGE_SIZE[m] for m in args.models):
         raise ConfigError(f"--image-size {args.image_size} is below what {', '.join(args.models)} accept "
-                          f"(AlexNet >= {DRY_RUN_IMAGE_SIZE['alexnet']}, ResNet-50 >= 32)")
+                          f"(AlexNet >= {DRY_RUN_IMAGE_SIZE['alexnet']}, "
+                          f"ResNet-50 >= {DRY_RUN_IMAGE_SIZE['resnet50']})")
     if args.data is not None and not args.data.is_dir():
         raise ConfigError(f"--data {args.data}: no such folder (give a folder of TFRecord shards)")
     if args.out is None and os.environ.get("OUT"):
@@ -355,16 +357,16 @@ def bench_model(args: argparse.Namespace, name: str, files: list[str] | None,
 
     from spark_imagenet.training.worker.models.compile import compile_model, float32_logits, set_precision
     from spark_imagenet.training.worker.models.registry import build_model
-    from spark_imagenet.training.job.model_specs import RECIPES
     from spark_imagenet.training.worker.pipeline import default_parallel
 
     keras.backend.clear_session()
     image_size = image_size_of(args, name)
-    width = args.width if name == "alexnet" else 1.0
+    spec = model_specs.MODELS.get(name)
+    width = 1.0 if spec is None or spec.fixed_width else args.width
     set_precision(args.precision)
     model = float32_logits(build_model(name, args.num_classes, image_size, width))
     # SGD with momentum 0.9 and the recipe's weight decay (one term per kernel in the step), XLA when asked
-    model = compile_model(model, LEARNING_RATE, weight_decay=RECIPES[name].weight_decay if name in RECIPES else 0.0,
+    model = compile_model(model, LEARNING_RATE, weight_decay=spec.recipe.weight_decay if spec else 0.0,
                           jit_compile=args.xla)
     step = make_step(model, args.xla)
     rows, synthetic_rate = [], None

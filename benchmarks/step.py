@@ -44,8 +44,9 @@ loss term" is how our weight decay was applied before it moved into the optimize
 what the step pays for the normalization the input pipeline no longer does).
 
 Sizes: ``224`` is AlexNet as in the paper (224 px, width 1.0, 1000 classes) at a small batch (CPU);
-``test`` is the size tests train (the smallest input AlexNet takes, ``specs.MIN_IMAGE_SIZE`` = 67 px, width
-0.25, 100 classes). ``--quick``: only ``test``, few steps.
+``test`` is the size tests train (the smallest input AlexNet takes,
+``model_specs.MODELS["alexnet"].min_image_size`` = 67 px, width 0.25, 100 classes). ``--quick``: only ``test``,
+few steps.
 
 How to read it: ``ours / bare`` is the ratio of the times per step (1.0 = our path adds nothing, the limit;
 1.05 = 5 % slower); ``ours (bare settings) / bare`` separates the cost of the recipe (weight decay, schedule)
@@ -71,11 +72,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.pop("TF_CONFIG", None)  # one worker, no cluster
 
 from common import Report, add_options, repetitions  # noqa: E402
-from spark_imagenet.training.job.model_specs import MIN_IMAGE_SIZE  # noqa: E402  (TensorFlow-free)
+from spark_imagenet.training.job.model_specs import MODELS  # noqa: E402  (TensorFlow-free)
 
 #: The sizes: image side, width multiplier, classes (test: as tests/test_worker.py, at AlexNet's smallest input).
 SIZES = {"224": {"image_size": 224, "width": 1.0, "num_classes": 1000},
-         "test": {"image_size": MIN_IMAGE_SIZE["alexnet"], "width": 0.25, "num_classes": 100}}
+         "test": {"image_size": MODELS["alexnet"].min_image_size, "width": 0.25, "num_classes": 100}}
 #: Timed steps per fit call (full run, --quick).
 STEPS = {"224": 8, "test": 40}
 QUICK_STEPS = 10

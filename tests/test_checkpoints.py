@@ -28,8 +28,11 @@ from spark_imagenet.training.job.checkpoints import (
 )
 from spark_imagenet.training.job.config import TrainConfig
 
+#: A job's recipe and augmentation, resolved (a checkpoint of format_version 2 records every one).
+RECIPE = {"lr_schedule": "cosine", "lr_boundaries": (), "warmup_epochs": 0.5, "lr_scaling": "none", "momentum": 0.9,
+          "weight_decay": 0.0005, "label_smoothing": 0.0, "flip": True, "crop_area": (0.08, 1.0), "lighting": 0.0}
 SETTINGS = RunSettings(dataset_id="d" * 16, model="alexnet", width=0.25, image_size=96, num_classes=10, workers=2,
-                       batch_size=8, seed=3, learning_rate=0.01, epochs=5)
+                       batch_size=8, seed=3, learning_rate=0.01, epochs=5, **RECIPE)
 DATA = "ckpt.data-00000-of-00001"
 
 
@@ -187,7 +190,7 @@ def test_a_commit_removes_files_the_new_checkpoint_does_not_have(tmp_path):
     assert len(latest(store)[1].files) == 3
 
 
-@pytest.mark.parametrize("change", [{"format_version": 2}, {"format": "something-else"}])
+@pytest.mark.parametrize("change", [{"format_version": 3}, {"format": "something-else"}])
 def test_a_checkpoint_json_of_another_format_is_an_error_naming_the_file(store, tmp_path, change):
     commit_epoch(store, tmp_path, 1)
     data = json.loads(store.read_bytes(f"epoch-000001/{META_NAME}"))
@@ -196,7 +199,9 @@ def test_a_checkpoint_json_of_another_format_is_an_error_naming_the_file(store, 
         latest(store)
     message = str(e.value)
     assert store.where(f"epoch-000001/{META_NAME}") in message and "--checkpoint-dir" in message
-    assert ("format_version 2 is not supported" if "format_version" in change else "not a spark-imagenet") in message
+    assert ("format_version 3 is not supported" if "format_version" in change else "not a spark-imagenet") in message
+    if "format_version" in change:
+        assert "a newer spark-imagenet wrote this checkpoint; upgrade spark-imagenet" in message
 
 
 def test_a_meta_in_the_folder_of_another_epoch_is_an_error(tmp_path):
@@ -268,7 +273,7 @@ def test_another_worker_count_resumes_when_the_global_batch_stays():
 
 
 def test_a_checkpoint_json_from_before_optimizer_and_precision_reads_as_sgd_float32():
-    data = meta(2).to_json()
+    data = {**meta(2).to_json(), "format_version": 1}
     assert (data["optimizer"], data["precision"]) == ("sgd", "float32")
     del data["optimizer"], data["precision"]
     old = CheckpointMeta.from_json(data, "old/checkpoint.json")
@@ -334,6 +339,45 @@ def test_meta_json_round_trip_and_validation():
         CheckpointMeta.from_json(data, "f")
 
 
+def test_the_meta_is_written_in_version_2_which_records_every_field():
+    data = meta(2).to_json()
+    assert data["format_version"] == ck.FORMAT_VERSION == 2
+    assert set(ck.RECIPE_FIELDS) | set(ck.DEFAULTS) <= set(data)
+    for name in ("lr_schedule", "optimizer"):
+        with pytest.raises(ConfigError, match=rf"dir/checkpoint.json: missing field\(s\) {name}; .*--checkpoint-dir"):
+            CheckpointMeta.from_json({k: v for k, v in data.items() if k != name}, "dir/checkpoint.json")
+    with pytest.raises(ConfigError, match=r"lr_schedule is required.*crop_area is required"):
+        CheckpointMeta.create(RunSettings(**{**dataclasses.asdict(SETTINGS), **dict.fromkeys(RECIPE)}),
+                              epoch=1, step=12)
+
+
+def test_a_version_1_meta_may_lack_the_recipe_and_is_written_back_as_version_1():
+    data = {k: v for k, v in meta(2).to_json().items() if k not in ck.RECIPE_FIELDS and k not in ck.DEFAULTS}
+    old = CheckpointMeta.from_json({**data, "format_version": 1}, "old/checkpoint.json")
+    assert old.format_version == 1 and old.lr_schedule is None and old.optimizer == "sgd"
+    assert old.to_json()["format_version"] == 1
+    assert CheckpointMeta.loads(old.dumps()) == old
+    with pytest.raises(ConfigError, match=r"format_version 0 is not supported"):
+        CheckpointMeta.from_json({**data, "format_version": 0}, "old/checkpoint.json")
+
+
+def test_the_meta_values_are_checked_by_the_settings_rules():
+    """The same rule as the job's setting: choices, bounds, kinds; every bad field named."""
+    data = meta(2).to_json()
+    for change, pattern in [({"lr_schedule": "linear"}, "lr_schedule must be one of constant, step, cosine"),
+                            ({"precision": "float16"}, "precision must be one of"),
+                            ({"momentum": -0.1}, "momentum must be a number >= 0, got -0.1"),
+                            ({"crop_area": [0.5, 2]}, "crop_area must be two fractions"),
+                            ({"lr_boundaries": [3, 2]}, "lr_boundaries must be increasing"),
+                            ({"flip": 1}, "flip must be true or false"),
+                            ({"num_classes": 0, "seed": -1}, "num_classes must be an integer >= 1, got 0; seed "
+                                                             "must be an integer >= 0, got -1")]:
+        with pytest.raises(ConfigError, match=pattern):
+            CheckpointMeta.from_json({**data, **change}, "f")
+    again = CheckpointMeta.from_json({**data, "momentum": 1, "width": 1}, "f")
+    assert (again.momentum, again.width) == (1.0, 1.0) and isinstance(again.momentum, float)
+
+
 def test_commit_refuses_a_local_dir_holding_checkpoint_json_and_bad_arguments(tmp_path):
     store = open_storage(tmp_path / "c")
     local = tf_files(tmp_path / "tf", 1)
@@ -378,7 +422,8 @@ def test_every_setting_that_changes_the_math_is_compared(field, value, option):
     assert f"{option} {getattr(recorded, field)!r} in the checkpoint, {value!r} in this job" in str(e.value)
     if field in ("warmup_epochs", "lr_boundaries"):  # their defaults follow --epochs: an extension is allowed
         check_compatible(m, dataclasses.replace(job, epochs=10), "here")
-    older = CheckpointMeta.from_json({k: v for k, v in m.to_json().items() if k not in ck.RECIPE_FIELDS}, "old")
+    older = CheckpointMeta.from_json({**{k: v for k, v in m.to_json().items() if k not in ck.RECIPE_FIELDS},
+                                      "format_version": 1}, "old")
     assert getattr(older, field) is None
     check_compatible(older, job, "old")  # not recorded: not compared
 

@@ -261,7 +261,9 @@ def test_the_manifest_checkpoint_and_quality_report_share_the_envelope():
 
 # ------------------------------------------------------------------ request counts against the emulator
 SETTINGS = RunSettings(dataset_id="d" * 16, model="alexnet", width=0.25, image_size=96, num_classes=10, workers=2,
-                       batch_size=8, seed=3, learning_rate=0.01, epochs=5)
+                       batch_size=8, seed=3, learning_rate=0.01, epochs=5, lr_schedule="cosine", lr_boundaries=(),
+                       warmup_epochs=0.5, lr_scaling="none", momentum=0.9, weight_decay=0.0005, label_smoothing=0.0,
+                       flip=True, crop_area=(0.08, 1.0), lighting=0.0)
 
 
 def object_requests(proxy: FaultProxy) -> collections.Counter:

@@ -16,7 +16,8 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import ConfigError  # noqa: E402
-from spark_imagenet.training.worker.models.registry import MODELS, build_model, compile_model  # noqa: E402
+from spark_imagenet.training.job.model_specs import MODELS  # noqa: E402
+from spark_imagenet.training.worker.models.registry import build_model, compile_model  # noqa: E402
 from spark_imagenet.training.job.alexnet_layers import feature_map_size, min_image_size  # noqa: E402
 
 
@@ -159,14 +160,15 @@ def test_width_quarter_96px_learns_from_scratch_with_sgd_momentum():
 
 
 def test_driver_side_table_matches_the_models():
-    from spark_imagenet.training.job.model_specs import FIXED_WIDTH, MIN_IMAGE_SIZE, RECIPES, check_model_settings
+    from spark_imagenet.training.job.model_specs import check_model_settings
     from spark_imagenet.training.job.alexnet_layers import min_image_size
     from spark_imagenet.training.worker.models.resnet import MIN_IMAGE_SIZE as RESNET_MIN
 
-    assert set(MIN_IMAGE_SIZE) == set(MODELS) == set(RECIPES) == {"alexnet", "resnet50"}
-    assert FIXED_WIDTH <= set(MODELS)
-    assert MIN_IMAGE_SIZE["alexnet"] == min_image_size()
-    assert MIN_IMAGE_SIZE["resnet50"] == RESNET_MIN == 32
+    assert set(MODELS) == {"alexnet", "resnet50"}
+    assert all(name == spec.name for name, spec in MODELS.items())
+    assert {name for name, spec in MODELS.items() if spec.fixed_width} == {"resnet50"}
+    assert MODELS["alexnet"].min_image_size == min_image_size()
+    assert MODELS["resnet50"].min_image_size == RESNET_MIN == 32
     check_model_settings("alexnet", min_image_size())
     check_model_settings("resnet50", 32)
     with pytest.raises(ConfigError, match=r"\(--image-size\) 66 is too small for alexnet: .* at least 67 px"):
@@ -178,6 +180,27 @@ def test_driver_side_table_matches_the_models():
     with pytest.raises(ConfigError, match=r"\(--model\) 'resnet' is not a known model \(did you mean 'resnet50'\?\); "
                                           r"choose one of: alexnet, resnet50, or give your own builder"):
         check_model_settings("resnet", 224)
+
+
+def test_every_registered_builder_imports_to_a_callable():
+    """Each row's ``builder`` string imports (the worker's one import, also a user's builder's) to the function
+    that builds the model of that name."""
+    from spark_imagenet.training.worker.models.alexnet import build_alexnet
+    from spark_imagenet.training.worker.models.registry import get_builder, import_builder
+    from spark_imagenet.training.worker.models.resnet import build_resnet50
+
+    for name, spec in MODELS.items():
+        builder = import_builder(spec.builder, model=name)
+        assert callable(builder), name
+        assert get_builder(name) is builder
+    assert get_builder("alexnet") is build_alexnet and get_builder("resnet50") is build_resnet50
+
+
+def test_a_row_names_its_builder_as_module_and_function():
+    from spark_imagenet.training.job.model_specs import ModelSpec
+
+    with pytest.raises(ValueError, match=r"model 'x': builder 'build_x' is not package.module:function"):
+        ModelSpec(name="x", min_image_size=1, fixed_width=False, recipe=MODELS["alexnet"].recipe, builder="build_x")
 
 
 # ---------------------------------------------------------------- ResNet-50

@@ -2,12 +2,12 @@
 
 No TensorFlow and no storage access here: :mod:`spark_imagenet.training.job.checkpoints` moves the files.
 
-``checkpoint.json`` (format ``spark-imagenet-checkpoint``, ``format_version`` 1, through
+``checkpoint.json`` (format ``spark-imagenet-checkpoint``, ``format_version`` 2, through
 :class:`~spark_imagenet.storage.envelope.Envelope`)::
 
     {
       "format": "spark-imagenet-checkpoint",
-      "format_version": 1,
+      "format_version": 2,
       "epoch": 3, "epochs": 90, "step": 3753,
       "dataset_id": "<the manifest's dataset_id>", "model": "alexnet", "width": 1.0,
       "image_size": 224, "num_classes": 1000, "workers": 8, "batch_size": 128, "seed": 0,
@@ -19,26 +19,36 @@ No TensorFlow and no storage access here: :mod:`spark_imagenet.training.job.chec
       "history": {"loss": [6.1, 5.2, 4.8], "val_top1": [0.02, 0.05, 0.09]},
       "created": "2026-12-01T18:00:00Z"
     }
+
+Version 2 records every field. Version 1, which this module still reads, may lack ``optimizer`` and
+``precision`` (:data:`DEFAULTS`) and the recipe and augmentation (:data:`RECIPE_FIELDS`, read as None: not
+recorded). A version newer than :data:`FORMAT_VERSION` is refused: upgrade spark-imagenet to read it.
+
+Every value is checked by a rule (:class:`~spark_imagenet.training.job.settings.Rule`): a job setting's by the
+setting's own rule (:class:`~spark_imagenet.training.job.config.TrainConfig`), the others by :data:`_OWN_RULES`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import math
+import functools
 from typing import Any, Sequence
 
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.storage.committed import Entry
-from spark_imagenet.storage.envelope import Envelope
+from spark_imagenet.storage.envelope import FORMAT_KEY, VERSION_KEY, Envelope
+from spark_imagenet.training.job.settings import Rule, check_value
 
 META_NAME = "checkpoint.json"
 FORMAT = "spark-imagenet-checkpoint"
-FORMAT_VERSION = 1
+#: The version this module writes; it reads every version from 1 to this one.
+FORMAT_VERSION = 2
 #: What to do about a checkpoint this job cannot resume from.
 REMEDY = "use another --checkpoint-dir, or remove the old checkpoints (its epoch-* folders) to start afresh"
 #: ``checkpoint.json``'s versioned-JSON form.
-ENVELOPE = Envelope(FORMAT, FORMAT_VERSION, "spark-imagenet checkpoint", error=ConfigError, remedy=REMEDY)
+ENVELOPE = Envelope(FORMAT, FORMAT_VERSION, "spark-imagenet checkpoint", error=ConfigError, remedy=REMEDY,
+                    reads=tuple(range(1, FORMAT_VERSION + 1)))
 
 #: that sets each in that job, for messages. ``epochs`` is not here: see :func:`check_compatible`.
 OPTIONS = {
@@ -62,10 +72,10 @@ OPTIONS = {
     "crop_area": "--crop-area",
     "lighting": "--lighting",
 }
-#: Fields a ``checkpoint.json`` written before they existed lacks, and the value such a run had.
+#: Fields a ``checkpoint.json`` of ``format_version`` 1 may lack, and the value such a run had.
 DEFAULTS = {"optimizer": "sgd", "precision": "float32"}
-#: The recipe and augmentation settings (recorded since 2026-12-03): a ``checkpoint.json`` without them
-#: reads them as None (not recorded, so not compared). Every one changes the math of the steps to come.
+#: The recipe and augmentation settings: a ``checkpoint.json`` of ``format_version`` 1 may lack them, read as None
+#: (not recorded, so not compared); version 2 records every one. Every one changes the math of the steps to come.
 RECIPE_FIELDS = ("lr_schedule", "lr_boundaries", "warmup_epochs", "lr_scaling", "momentum", "weight_decay",
                  "label_smoothing", "flip", "crop_area", "lighting")
 #: Settings whose default scales with ``--epochs``: compared only when ``--epochs`` is the checkpoint's (a run
@@ -82,11 +92,9 @@ _WHY = {"optimizer": "the optimizer's saved state differs (SGD and LARS keep dif
         "precision": "mixed_float16 adds a loss-scale optimizer, whose state the checkpoint does or does not hold",
         "lr_schedule": "the saved optimizer holds the schedule, and the learning rate of every step to come "
                        "depends on it"}
-#: Integer fields and their minimum.
-_INTS = {"epoch": 0, "epochs": 1, "step": 0, "image_size": 1, "num_classes": 1, "workers": 1, "batch_size": 1,
-         "seed": 0}
-_FLOATS = ("width", "learning_rate")
-_STRINGS = ("dataset_id", "model", "created", "optimizer", "precision")
+#: The rules of the fields that are not a job setting (the others are checked by the setting's own rule).
+_OWN_RULES = {"dataset_id": Rule("str"), "num_classes": Rule("int", minimum=1), "epoch": Rule("int", minimum=0),
+              "step": Rule("int", minimum=0), "created": Rule("str")}
 
 
 def utc_now() -> str:
@@ -117,9 +125,10 @@ class RunSettings:
         optimizer: ``--optimizer`` (``"sgd"`` or ``"lars"``).
         precision: ``--precision`` (``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``).
         lr_schedule, lr_boundaries, warmup_epochs, lr_scaling, momentum, weight_decay, label_smoothing: the
-            recipe as resolved (a model's defaults filled in); None: not recorded (:data:`RECIPE_FIELDS`).
+            recipe as resolved (a model's defaults filled in); None: not recorded (:data:`RECIPE_FIELDS`, only
+            in a checkpoint of ``format_version`` 1).
         flip, crop_area, lighting: the augmentation (``--no-flip``, ``--crop-area``, ``--lighting``); None:
-            not recorded.
+            not recorded, as the recipe.
     """
 
     dataset_id: str
@@ -230,40 +239,39 @@ def _file_problems(files: Sequence[Any]) -> list[str]:
     return problems
 
 
-def _recipe_problems(meta: RunSettings) -> list[str]:
-    """What is wrong with the recorded :data:`RECIPE_FIELDS` (pure; None is not recorded, so never wrong)."""
-    kinds = {"lr_schedule": str, "lr_scaling": str, "flip": bool, "lr_boundaries": tuple, "crop_area": tuple}
-    problems = []
-    for name in RECIPE_FIELDS:
+@functools.cache
+def _rules() -> dict[str, Rule]:
+    """The rule of every value field of a checkpoint's meta (not ``files``, ``history``): a job setting's own rule
+    (without its option: the message names the ``checkpoint.json`` key), or :data:`_OWN_RULES`."""
+    # imported here: the settings' sections import this module (through checkpoints)
+    from spark_imagenet.training.job.config import TrainConfig
+
+    settings = {f.name: f.metadata["rule"] for _, f in TrainConfig.settings()}
+    names = [f.name for f in dataclasses.fields(RunSettings)] + ["epoch", "step", "created"]
+    return {n: dataclasses.replace(_OWN_RULES.get(n) or settings[n], option=None, optional=False) for n in names}
+
+
+def _checked_values(meta: "CheckpointMeta") -> tuple[dict[str, Any], list[str]]:
+    """Each value field of ``meta`` checked by its rule (:func:`_rules`): the converted values, and one problem
+    per field that fails (pure). A :data:`RECIPE_FIELDS` field may be None in a meta of ``format_version`` 1."""
+    values, problems = {}, []
+    for name, rule in _rules().items():
         value = getattr(meta, name)
-        if value is None:
+        if value is None and name in RECIPE_FIELDS and meta.format_version == 1:
             continue
-        if name in kinds:
-            good = isinstance(value, kinds[name]) and (not isinstance(value, tuple) or all(map(_is_number, value)))
-        else:
-            good = _is_number(value) and math.isfinite(value) and value >= 0
-        if not good:
-            problems.append(f"{name}: {value!r} is not a recorded value of {OPTIONS[name]}")
-    return problems
+        try:
+            values[name] = check_value(name, rule, value)
+        except ConfigError as e:
+            problems.append(str(e))
+    return values, problems
 
 
 def _problems(meta: "CheckpointMeta") -> list[str]:
-    """What is wrong with a meta's values (pure): one line per field."""
+    """What is wrong with a meta's epoch, files and history (pure), one line each; its values are checked by
+    :func:`_checked_values`."""
     problems = []
-    for name, minimum in _INTS.items():
-        value = getattr(meta, name)
-        if not _is_int(value) or value < minimum:
-            problems.append(f"{name} must be an integer >= {minimum}, got {value!r}")
-    for name in _FLOATS:
-        value = getattr(meta, name)
-        if not _is_number(value) or not math.isfinite(value) or value <= 0:
-            problems.append(f"{name} must be a number > 0, got {value!r}")
-    for name in _STRINGS:
-        if not isinstance(getattr(meta, name), str) or not getattr(meta, name):
-            problems.append(f"{name} must be a non-empty string, got {getattr(meta, name)!r}")
-    if not problems and meta.epoch > meta.epochs:
+    if _is_int(meta.epoch) and _is_int(meta.epochs) and meta.epoch > meta.epochs:
         problems.append(f"epoch {meta.epoch} is past the run's epochs {meta.epochs}")
-    problems.extend(_recipe_problems(meta))
     if not isinstance(meta.files, tuple):
         problems.append(f"files must be a tuple, got {type(meta.files).__name__}")
     else:
@@ -277,6 +285,21 @@ def _problems(meta: "CheckpointMeta") -> list[str]:
         elif _is_int(meta.epoch) and len(values) > meta.epoch:
             problems.append(f"history: {key!r} holds {len(values)} values for {meta.epoch} epoch(s)")
     return problems
+
+
+def _refuse_newer(data: Any, where: str) -> None:
+    """Refuse a ``checkpoint.json`` of a ``format_version`` newer than :data:`FORMAT_VERSION`.
+
+    Raises:
+        ConfigError: names ``where`` and both versions, and says to upgrade spark-imagenet.
+    """
+    if not isinstance(data, dict) or data.get(FORMAT_KEY) != FORMAT:
+        return
+    version = data.get(VERSION_KEY)
+    if _is_int(version) and version > FORMAT_VERSION:
+        raise ConfigError(f"{where}: format_version {version} is not supported by this version of spark-imagenet "
+                          f"(which reads 1 to {FORMAT_VERSION}): a newer spark-imagenet wrote this checkpoint; "
+                          f"upgrade spark-imagenet to resume from it, or {REMEDY}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -294,10 +317,12 @@ class CheckpointMeta(RunSettings):
         history: the Keras history of the epochs so far, ``{"loss": [per epoch], ...}`` (at most ``epoch``
             values per key; a metric computed every other epoch has fewer).
         created: ISO-8601 UTC time, ``2026-12-01T18:00:00Z`` (default: now).
+        format_version: the ``checkpoint.json`` version it was read from (default: :data:`FORMAT_VERSION`, what
+            this module writes); it is written back in that version.
 
-    The run's settings are checked too: ``epochs`` >= ``epoch``, ``width`` and ``learning_rate`` > 0, and so
-    on (``optimizer`` reads as ``"sgd"`` and ``precision`` as ``"float32"`` in a ``checkpoint.json`` without
-    them; the :data:`RECIPE_FIELDS` as None).
+    The run's settings are checked by their settings' rules (``epochs`` >= ``epoch`` too): every one is required,
+    but in a meta of ``format_version`` 1 the :data:`RECIPE_FIELDS` may be None (not recorded; such a
+    ``checkpoint.json`` without ``optimizer`` or ``precision`` reads them as ``"sgd"`` and ``"float32"``).
 
     Raises:
         ConfigError: a value of the wrong type or out of range (every one is named).
@@ -308,6 +333,7 @@ class CheckpointMeta(RunSettings):
     files: tuple[CheckpointFile, ...] = ()
     history: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     created: str = dataclasses.field(default_factory=utc_now)
+    format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -318,10 +344,13 @@ class CheckpointMeta(RunSettings):
             object.__setattr__(self, "history", {k: [float(x) if _is_number(x) else x for x in v]
                                                  if isinstance(v, (list, tuple)) else v
                                                  for k, v in self.history.items()})
-        for name in _FLOATS:
-            if _is_int(getattr(self, name)):
-                object.__setattr__(self, name, float(getattr(self, name)))
-        problems = _problems(self)
+        if self.format_version not in ENVELOPE.reads:
+            raise ConfigError(f"invalid checkpoint meta: format_version {self.format_version!r} is not one of "
+                              f"{', '.join(map(str, ENVELOPE.reads))}")
+        values, problems = _checked_values(self)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        problems += _problems(self)
         if problems:
             raise ConfigError("invalid checkpoint meta: " + "; ".join(problems))
 
@@ -351,7 +380,7 @@ class CheckpointMeta(RunSettings):
         return RunSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RunSettings)})
 
     def _body(self) -> dict[str, Any]:
-        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "format_version"}
         body["files"] = [f._asdict() for f in self.files]
         body["history"] = {k: list(v) for k, v in self.history.items()}
         for name in ("lr_boundaries", "crop_area"):
@@ -359,14 +388,17 @@ class CheckpointMeta(RunSettings):
                 body[name] = list(body[name])
         return body
 
-    def to_json(self) -> dict[str, Any]:
-        """The meta as a JSON-serialisable dict (format of the module doc)."""
-        return ENVELOPE.to_json(self._body())
+    def _envelope(self) -> Envelope:
+        """:data:`ENVELOPE` at this meta's ``format_version``."""
+        return dataclasses.replace(ENVELOPE, version=self.format_version)
 
+    def to_json(self) -> dict[str, Any]:
+        """The meta as a JSON-serialisable dict (format of the module doc), in its ``format_version``."""
+        return self._envelope().to_json(self._body())
 
     def dumps(self) -> str:
-        """The meta as indented JSON text."""
-        return ENVELOPE.dumps(self._body())
+        """The meta as indented JSON text, in its ``format_version``."""
+        return self._envelope().dumps(self._body())
 
     @classmethod
     def from_json(cls, data: Any, where: str = META_NAME) -> "CheckpointMeta":
@@ -380,17 +412,22 @@ class CheckpointMeta(RunSettings):
             CheckpointMeta: the meta.
 
         Raises:
-            ConfigError: another format or format version (says what to do), or a missing or invalid field.
+            ConfigError: another format, a format version newer than this module reads (says to upgrade
+                spark-imagenet) or older than 1, or a missing or invalid field (version 1 may lack
+                :data:`DEFAULTS` and :data:`RECIPE_FIELDS`).
         """
-        # a file written before the DEFAULTS fields existed: the values such a run had
-        data = {**DEFAULTS, **dict.fromkeys(RECIPE_FIELDS), **ENVELOPE.from_json(data, where)}
-        names = [f.name for f in dataclasses.fields(cls)]
+        _refuse_newer(data, where)
+        version = ENVELOPE.version_of(data, where)
+        data = ENVELOPE.from_json(data, where)
+        if version == 1:  # may lack these fields: the values such a run had, or None (not recorded)
+            data = {**DEFAULTS, **dict.fromkeys(RECIPE_FIELDS), **data}
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "format_version"]
         missing = [n for n in names if n not in data]
         if missing:
             raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}; {REMEDY}")
         try:
             files = tuple(CheckpointFile(f["name"], f["size"], f["crc32c"]) for f in data["files"])
-            return cls(**{**{n: data[n] for n in names}, "files": files})
+            return cls(**{**{n: data[n] for n in names}, "files": files, "format_version": version})
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{where}: malformed files entry ({type(e).__name__}: {e}); {REMEDY}") from None
         except ConfigError as e:
@@ -426,7 +463,7 @@ def differences(meta: CheckpointMeta, expected: RunSettings) -> list[str]:
     for field, option in OPTIONS.items():
         ours, theirs = getattr(meta, field), getattr(expected, field)
         if field in RECIPE_FIELDS and ours is None:
-            continue  # a checkpoint written before this field was recorded
+            continue  # a checkpoint of format_version 1 that did not record it
         if field in _SCALED_WITH_EPOCHS and meta.epochs != expected.epochs:
             continue  # its default follows --epochs: an extension is described by schedules.extension_note
         if ours != theirs:

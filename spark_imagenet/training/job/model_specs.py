@@ -1,12 +1,14 @@
-"""What the driver knows about each model without importing TensorFlow: sizes and training recipes.
+"""What the driver knows about each model without importing TensorFlow: one row per registered model.
 
-The models themselves (:mod:`spark_imagenet.training.worker.models.registry`) import
-tf_keras and are only imported in the TensorFlow worker process; the driver checks ``--model``,
-``--image-size`` and ``--width`` against this table before it starts any Spark job, so a
-typo fails in a second instead of after every worker has started TensorFlow.
-``tests/test_models.py`` checks the table against the models' own arithmetic.
+Each registered model is declared once, in :data:`MODELS`: its smallest input side, whether its width is fixed,
+its training recipe and where its builder lives (``package.module:function``). The builder itself imports
+tf_keras and is imported only in the TensorFlow worker process
+(:func:`spark_imagenet.training.worker.models.registry.get_builder`); the driver checks ``--model``,
+``--image-size`` and ``--width`` against this table before it starts any Spark job, so a typo fails in a second
+instead of after every worker has started TensorFlow. ``tests/test_models.py`` checks the table against the
+models' own arithmetic and that every builder imports.
 
-``--model`` is a registered name (:data:`MIN_IMAGE_SIZE`) or ``package.module:function``, a user's own builder
+``--model`` is a registered name (a key of :data:`MODELS`) or ``package.module:function``, a user's own builder
 ``function(num_classes: int, image_size: int, width: float) -> tf_keras.Model`` (:func:`is_user_builder`),
 checked here by reading its source (:func:`check_user_builder`) and in the TensorFlow worker by calling it.
 """
@@ -21,13 +23,7 @@ import re
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.training.job import alexnet_layers
 
-#: Model name -> smallest input side in pixels, from each model's layer
-#: arithmetic (AlexNet: 67, see :func:`alexnet_layers.min_image_size`; ResNet-50: 32, the smallest input
-#: ``tf_keras.applications.ResNet50`` accepts, five stride-2 stages).
-MIN_IMAGE_SIZE: dict[str, int] = {"alexnet": alexnet_layers.min_image_size(), "resnet50": 32}
-#: Models whose layer widths are fixed (``--width`` must be 1.0).
-FIXED_WIDTH = frozenset({"resnet50"})
-#: ``package.module:function``: a user's own model builder.
+#: ``package.module:function``: a model builder (a registered model's, or a user's own ``--model``).
 USER_BUILDER = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
@@ -71,21 +67,55 @@ class Recipe:
         return value * epochs / 90 if key == "warmup_epochs" else value
 
 
-#: The registered models' recipes.
-RECIPES: dict[str, Recipe] = {
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A registered model, as the driver knows it (without TensorFlow).
+
+    Attributes:
+        name: the ``--model`` value that selects it, e.g. ``"alexnet"``.
+        min_image_size: smallest ``--image-size`` in pixels its layers take.
+        fixed_width: whether its layer widths are fixed (then ``--width`` must be 1.0).
+        recipe: its default training settings.
+        builder: ``package.module:function`` of its builder
+            ``function(num_classes: int, image_size: int, width: float) -> tf_keras.Model``, imported by the
+            TensorFlow worker only.
+
+    Raises:
+        ValueError: ``builder`` is not of the form ``package.module:function``.
+    """
+
+    name: str
+    min_image_size: int
+    fixed_width: bool
+    recipe: Recipe
+    builder: str
+
+    def __post_init__(self) -> None:
+        if USER_BUILDER.fullmatch(self.builder) is None:
+            raise ValueError(f"model {self.name!r}: builder {self.builder!r} is not package.module:function")
+
+
+#: The registered models, by name.
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    # The smallest input follows from AlexNet's layer arithmetic (67 px, :func:`alexnet_layers.min_image_size`).
     # Krizhevsky et al. 2012, section 5: batch 128, lr 0.01, momentum 0.9, weight decay 0.0005 (the paper divided
     # the rate by 10 three times: --lr-schedule step --warmup-epochs 0). The schedule is the modern one, a cosine
     # after a warm-up of 5 of 90 epochs: on the ILSVRC sample it beat both the constant rate and the step
     # schedule (docs/design.md, 'Training recipes').
-    "alexnet": Recipe(learning_rate=0.01, lr_schedule="cosine", warmup_epochs=5.0, lr_scaling="none",
-                      momentum=0.9, weight_decay=5e-4, label_smoothing=0.0,
-                      source="Krizhevsky et al. 2012"),
-    # Goyal et al. 2017 (ResNet-50 at any global batch): 0.1 per 256 images, 5 warm-up epochs, /10 at 30, 60 and
-    # 80 of 90 epochs, momentum 0.9, weight decay 1e-4.
-    "resnet50": Recipe(learning_rate=0.1, lr_schedule="step", warmup_epochs=5.0, lr_scaling="linear",
-                       momentum=0.9, weight_decay=1e-4, label_smoothing=0.0,
-                       source="Goyal et al. 2017"),
-}
+    ModelSpec(name="alexnet", min_image_size=alexnet_layers.min_image_size(), fixed_width=False,
+              recipe=Recipe(learning_rate=0.01, lr_schedule="cosine", warmup_epochs=5.0, lr_scaling="none",
+                            momentum=0.9, weight_decay=5e-4, label_smoothing=0.0,
+                            source="Krizhevsky et al. 2012"),
+              builder="spark_imagenet.training.worker.models.alexnet:build_alexnet"),
+    # 32 px: the smallest input ``tf_keras.applications.ResNet50`` accepts (five stride-2 stages); its widths are
+    # fixed. Goyal et al. 2017 (ResNet-50 at any global batch): 0.1 per 256 images, 5 warm-up epochs, /10 at 30,
+    # 60 and 80 of 90 epochs, momentum 0.9, weight decay 1e-4.
+    ModelSpec(name="resnet50", min_image_size=32, fixed_width=True,
+              recipe=Recipe(learning_rate=0.1, lr_schedule="step", warmup_epochs=5.0, lr_scaling="linear",
+                            momentum=0.9, weight_decay=1e-4, label_smoothing=0.0,
+                            source="Goyal et al. 2017"),
+              builder="spark_imagenet.training.worker.models.resnet:build_resnet50"),
+)}
 #: The recipe of a user's own builder: plain SGD with momentum, no weight decay added (its layers may carry
 #: their own regularisers).
 USER_RECIPE = Recipe(learning_rate=0.01, lr_schedule="constant", warmup_epochs=0.0, lr_scaling="none",
@@ -98,8 +128,9 @@ def is_user_builder(model: str) -> bool:
 
 
 def recipe_for(model: str) -> Recipe:
-    """The default training settings of ``--model`` (:data:`RECIPES`, or :data:`USER_RECIPE` for a builder)."""
-    return USER_RECIPE if is_user_builder(model) else RECIPES[model]
+    """The default training settings of ``--model`` (its row of :data:`MODELS`, or :data:`USER_RECIPE` for a
+    user's builder)."""
+    return USER_RECIPE if is_user_builder(model) else MODELS[model].recipe
 
 
 def check_model_settings(model: str, image_size: int, width: float = 1.0) -> str | None:
@@ -129,19 +160,20 @@ def check_model_settings(model: str, image_size: int, width: float = 1.0) -> str
     if isinstance(model, str) and ":" in model:
         raise ConfigError(f"model (--model) {model!r} is not of the form package.module:function (dotted Python "
                           "names, e.g. mypackage.models:build); give a registered model "
-                          f"({', '.join(sorted(MIN_IMAGE_SIZE))}) or your own builder in that form")
-    if model not in MIN_IMAGE_SIZE:
+                          f"({', '.join(sorted(MODELS))}) or your own builder in that form")
+    if model not in MODELS:
         import difflib
 
-        close = difflib.get_close_matches(model, list(MIN_IMAGE_SIZE), n=1, cutoff=0.8)
+        close = difflib.get_close_matches(model, list(MODELS), n=1, cutoff=0.8)
         raise ConfigError(f"model (--model) {model!r} is not a known model"
                           + (f" (did you mean {close[0]!r}?)" if close else "")
-                          + f"; choose one of: {', '.join(sorted(MIN_IMAGE_SIZE))}, or give your own builder as "
+                          + f"; choose one of: {', '.join(sorted(MODELS))}, or give your own builder as "
                             "package.module:function")
-    if image_size < MIN_IMAGE_SIZE[model]:
+    spec = MODELS[model]
+    if image_size < spec.min_image_size:
         raise ConfigError(f"image_size (--image-size) {image_size} is too small for {model}: its layers need at "
-                          f"least {MIN_IMAGE_SIZE[model]} px")
-    if model in FIXED_WIDTH and width != 1.0:
+                          f"least {spec.min_image_size} px")
+    if spec.fixed_width and width != 1.0:
         raise ConfigError(f"width (--width) {width:g} does not apply to {model}, whose layer widths are fixed: "
                           "leave --width at 1.0")
     return None

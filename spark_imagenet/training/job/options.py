@@ -60,12 +60,12 @@ def add_train_options(parser: argparse.ArgumentParser, defaults: Mapping[str, An
 
 def _add_option(group: Any, f: dataclasses.Field, default: Any) -> None:
     """The option of setting ``f``, its help ending with ``default`` (or the model's recipe, or required)."""
-    from spark_imagenet.training.job.model_specs import MIN_IMAGE_SIZE
+    from spark_imagenet.training.job.model_specs import MODELS
 
     rule: Rule = f.metadata["rule"]
     text = rule.help
     if f.name == "model":
-        text += ": " + ", ".join(f"{m} (>= {px} px)" for m, px in sorted(MIN_IMAGE_SIZE.items())) \
+        text += ": " + ", ".join(f"{m} (>= {MODELS[m].min_image_size} px)" for m in sorted(MODELS)) \
             + ", or package.module:function, your own builder (num_classes, image_size, width) -> tf_keras.Model"
     if rule.kind == "conf":
         group.add_argument(rule.option, type=conf_pair if f.name == "conf" else tag_pair, action="append", default=None, metavar="KEY=VALUE",
@@ -101,11 +101,11 @@ def _option_type(rule: Rule) -> Callable[[str], Any]:
 
 def _recipe_help(key: str) -> str:
     """" (default: the model's recipe; alexnet ..., resnet50 ...)" for a setting of :data:`RECIPE_KEYS`."""
-    from spark_imagenet.training.job.model_specs import MIN_IMAGE_SIZE, recipe_for
+    from spark_imagenet.training.job.model_specs import MODELS
 
     parts = []
-    for model in sorted(MIN_IMAGE_SIZE):
-        value = getattr(recipe_for(model), key)
+    for model in sorted(MODELS):
+        value = getattr(MODELS[model].recipe, key)
         text = f"{value:g}" if isinstance(value, float) else str(value)
         parts.append(f"{model} {text}")
     scaled = " epochs of 90, scaled to --epochs" if key == "warmup_epochs" else ""

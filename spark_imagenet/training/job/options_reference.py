@@ -21,7 +21,7 @@ from typing import Any
 from spark_imagenet.storage import url_forms
 from spark_imagenet.training.job.config import RECIPE_KEYS, TrainConfig
 from spark_imagenet.training.job.sections import SECTIONS
-from spark_imagenet.training.job.model_specs import MIN_IMAGE_SIZE, recipe_for
+from spark_imagenet.training.job.model_specs import MODELS
 
 #: The text above the table.
 HEADER = """\
@@ -83,8 +83,8 @@ def _default(field: dataclasses.Field, rule: Any) -> str:
     """The default column: the value, the models' recipe values, or what an unset setting means."""
     if field.name in RECIPE_KEYS:
         parts = []
-        for model in sorted(MIN_IMAGE_SIZE):
-            value = getattr(recipe_for(model), field.name)
+        for model in sorted(MODELS):
+            value = getattr(MODELS[model].recipe, field.name)
             parts.append(f"{model} `{_value(value)}`")
         scaled = " epochs of 90, scaled to `epochs`" if field.name == "warmup_epochs" else ""
         return "the model's recipe: " + ", ".join(parts) + scaled
@@ -118,7 +118,8 @@ def rows(section: str) -> list[str]:
         rule = field.metadata["rule"]
         help_text = rule.help
         if field.name == "model":
-            help_text += ": " + ", ".join(f"`{m}` (image size ≥ {px})" for m, px in sorted(MIN_IMAGE_SIZE.items())) \
+            sizes = (f"`{m}` (image size ≥ {MODELS[m].min_image_size})" for m in sorted(MODELS))
+            help_text += ": " + ", ".join(sizes) \
                 + ", or `package.module:function`, your own builder"
         cells = [_option(field, rule), f"`{field.name}`", _kind(rule), _default(field, rule), help_text]
         out.append("| " + " | ".join(_cell(c) for c in cells) + " |")

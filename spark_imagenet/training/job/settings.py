@@ -85,8 +85,22 @@ def _flat_conf(value: Any, label: str, name: str, prefix: str = "") -> list[tupl
     return pairs
 
 
-def _checked(name: str, rule: Rule, value: Any) -> Any:
-    """``value`` converted to the field's type, or a ConfigError naming the field."""
+def check_value(name: str, rule: Rule, value: Any) -> Any:
+    """Check one value by its rule: a setting's (:func:`validate_fields`), or another record's field by the same
+    rule (a checkpoint's ``checkpoint.json``).
+
+    Args:
+        name: the field's name, first word of the message (with the rule's option, if any).
+        rule: how it is checked.
+        value: the value.
+
+    Returns:
+        The value converted to the field's type (an int to a float for ``"float"``, a list to a tuple, ...).
+
+    Raises:
+        ConfigError: the value is of the wrong type or out of bounds; names the field, its option and the value,
+            and keeps ``name`` as ``.key``.
+    """
     label = _label(name, rule)
     if value is None:
         if rule.optional:
@@ -99,7 +113,8 @@ def _checked(name: str, rule: Rule, value: Any) -> Any:
         return int(value)
     if rule.kind == "float":
         if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
-            raise setting_error(name, f"{label} must be a number, got {value!r}")
+            bound = " > 0" if rule.positive else f" >= {rule.minimum:g}" if rule.minimum is not None else ""
+            raise setting_error(name, f"{label} must be a number{bound}, got {value!r}")
         if rule.positive and not value > 0:
             raise setting_error(name, f"{label} must be a positive number, got {value!r}")
         _bound(name, value, rule, label, "a number")
@@ -163,7 +178,7 @@ def validate_fields(obj: Any) -> None:
     for f in dataclasses.fields(obj):
         rule = f.metadata.get("rule")
         if rule is not None:
-            object.__setattr__(obj, f.name, _checked(f.name, rule, getattr(obj, f.name)))
+            object.__setattr__(obj, f.name, check_value(f.name, rule, getattr(obj, f.name)))
 
 
 def check_unknown_keys(given: Mapping[str, Any], known: list[str], where: str) -> None:

@@ -6,10 +6,12 @@ only the TensorFlow worker process and tests import it, never the driver.
 
 Public API:
 
-* :data:`MODELS`: ``{name: builder(num_classes, image_size, width) -> Model}`` (``"alexnet"``, ``"resnet50"``).
 * :func:`build_model`: build a registered model by name, or a user's builder ``package.module:function``
   (whose result is checked).
-* :func:`get_builder`: look a name up, or import a user's builder (raises the same errors as ``build_model``).
+* :func:`get_builder`: a registered model's builder (imported from its row of
+  :data:`spark_imagenet.training.job.model_specs.MODELS`), or a user's builder (raises the same errors as
+  ``build_model``).
+* :func:`import_builder`: import a builder named ``package.module:function``, a registered one or a user's.
 * :func:`compile_model` (from :mod:`spark_imagenet.training.worker.models.compile`): the optimizer, the loss and
   the metrics ``top1`` / ``top5`` (and ``xent``).
 """
@@ -23,23 +25,17 @@ from typing import Callable
 import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import ConfigError  # noqa: E402
-from spark_imagenet.training.worker.models.alexnet import build_alexnet, min_image_size  # noqa: E402
+from spark_imagenet.training.worker.models.alexnet import min_image_size  # noqa: E402  (re-exported)
 from spark_imagenet.training.worker.models.compile import MOMENTUM, compile_model  # noqa: E402  (re-exported)
-from spark_imagenet.training.worker.models.resnet import build_resnet50  # noqa: E402
-from spark_imagenet.training.job.model_specs import is_user_builder  # noqa: E402
-
-#: Registered models: name -> builder(num_classes: int, image_size: int, width: float) -> tf_keras.Model.
-MODELS: dict[str, Callable[[int, int, float], keras.Model]] = {
-    "alexnet": build_alexnet,
-    "resnet50": build_resnet50,
-}
+from spark_imagenet.training.job.model_specs import MODELS, is_user_builder  # noqa: E402
 
 
 def build_model(name: str, num_classes: int, image_size: int, width: float = 1.0) -> keras.Model:
     """Build an uncompiled model: a registered one, or a user's builder.
 
     Args:
-        name: ``--model``: a registered model name (see :data:`MODELS`), e.g. ``"alexnet"``, or
+        name: ``--model``: a registered model name (a key of
+            :data:`spark_imagenet.training.job.model_specs.MODELS`), e.g. ``"alexnet"``, or
             ``package.module:function``, a user's builder called as ``function(num_classes, image_size, width)``.
         num_classes: number of classes (width of the logits layer).
         image_size: input height (= width) in pixels.
@@ -70,11 +66,12 @@ def build_model(name: str, num_classes: int, image_size: int, width: float = 1.0
 
 
 def get_builder(name: str) -> Callable[[int, int, float], keras.Model]:
-    """The builder function registered under ``name``, or a user's builder imported from ``package.module``.
+    """The builder of the model registered under ``name``, or a user's builder imported from ``package.module``.
 
     Args:
-        name: model name, e.g. ``"alexnet"``, or ``package.module:function`` (the module is imported here, in
-            the TensorFlow worker process, from its ``sys.path``: see docs/design.md, 'Your own model').
+        name: model name, e.g. ``"alexnet"`` (its builder is imported from its row's ``builder``), or
+            ``package.module:function`` (the module is imported here, in the TensorFlow worker process, from its
+            ``sys.path``: see docs/design.md, 'Your own model').
 
     Returns:
         ``builder(num_classes, image_size, width) -> tf_keras.Model``.
@@ -85,13 +82,14 @@ def get_builder(name: str) -> Callable[[int, int, float], keras.Model]:
             and the original error's first line).
     """
     if is_user_builder(name):
-        return _import_builder(name)
+        return import_builder(name)
     try:
-        return MODELS[name]
+        spec = MODELS[name]
     except (KeyError, TypeError):
         known = ", ".join(sorted(MODELS))
         raise ConfigError(f"unknown model {name!r} (--model); known models: {known}, or your own builder as "
                           "package.module:function") from None
+    return import_builder(spec.builder, model=name)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -101,12 +99,25 @@ def _first_line(exc: BaseException) -> str:
     return line if len(line) <= 300 else line[:300] + " ..."
 
 
-def _import_builder(name: str) -> Callable[[int, int, float], keras.Model]:
-    """Import ``package.module`` and return its ``function`` (see :func:`get_builder`)."""
+def import_builder(builder: str, model: str | None = None) -> Callable[[int, int, float], keras.Model]:
+    """Import ``package.module`` and return its ``function``: a registered model's builder or a user's.
+
+    Args:
+        builder: ``package.module:function``.
+        model: the ``--model`` value named in the messages (default: ``builder``, a user's builder).
+
+    Returns:
+        ``function``, callable as ``function(num_classes, image_size, width) -> tf_keras.Model``.
+
+    Raises:
+        ConfigError: the module cannot be imported (its own code failing included), has no ``function``, or its
+            ``function`` is not callable; the message names ``--model`` and the original error's first line.
+    """
     import importlib
     import sys
 
-    module_name, function = name.split(":")
+    name = builder if model is None else model
+    module_name, function = builder.split(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - ImportError, or the module's own code failing
@@ -116,16 +127,16 @@ def _import_builder(name: str) -> Callable[[int, int, float], keras.Model]:
             "spark-submit --py-files (or spark.submit.pyFiles), or install it in the executors' environment"
         ) from e
     try:
-        builder = getattr(module, function)
+        found = getattr(module, function)
     except AttributeError as e:
         raise ConfigError(f"model (--model) {name!r}: module {module_name} ({getattr(module, '__file__', None)}) "
                           f"has no attribute {function!r} ({_first_line(e)}); define "
                           f"{function}(num_classes, image_size, width) in it") from None
-    if not callable(builder):
+    if not callable(found):
         raise ConfigError(f"model (--model) {name!r}: {module_name}.{function} is not callable (a value of type "
-                          f"{type(builder).__name__}); define {function}(num_classes, image_size, width) -> "
+                          f"{type(found).__name__}); define {function}(num_classes, image_size, width) -> "
                           "tf_keras.Model")
-    return builder
+    return found
 
 
 def _is_keras3_model(obj: object) -> bool:
@@ -179,4 +190,5 @@ def _shape(model: keras.Model, attr: str) -> tuple | None:
         return None
 
 
-__all__ = ["MODELS", "MOMENTUM", "build_model", "check_built_model", "compile_model", "get_builder", "min_image_size"]
+__all__ = ["MOMENTUM", "build_model", "check_built_model", "compile_model", "get_builder", "import_builder",
+           "min_image_size"]

@@ -10,8 +10,8 @@ With 1000 classes it has 25,636,712 parameters (25,583,592 trainable and 53,120 
 at any image size: the global average pooling makes the count independent of ``image_size``.
 ``tests/test_models.py`` checks the count.
 
-Training recipe (:data:`spark_imagenet.training.job.model_specs.RECIPES`): Goyal et al. 2017. Weight decay is not
-part of the model: :func:`spark_imagenet.training.worker.models.compile.compile_model` adds it for every model, so this
+Training recipe (its row of :data:`spark_imagenet.training.job.model_specs.MODELS`): Goyal et al. 2017. Weight
+decay is not part of the model: :func:`spark_imagenet.training.worker.models.compile.compile_model` adds it for every model, so this
 module adds no kernel regularisers.
 
 The module imports ``tf_keras`` only when :func:`build_resnet50` runs (importing the module itself is free of
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import tf_keras as keras
 
 #: Smallest input side ``tf_keras.applications.ResNet50`` accepts (five stride-2 stages); also
-#: :data:`spark_imagenet.training.job.model_specs.MIN_IMAGE_SIZE` ``["resnet50"]``.
+#: ``min_image_size`` of its row of :data:`spark_imagenet.training.job.model_specs.MODELS`.
 MIN_IMAGE_SIZE = 32
 
 
