@@ -27,7 +27,6 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
-from urllib.parse import urlsplit
 
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.dataset.transfer import check_listed
@@ -39,6 +38,7 @@ from spark_imagenet.training.job import checkpoints
 from spark_imagenet.training.job.assignment import assign, elastic_counts
 from spark_imagenet.training.task.barrier_task import TaskSpec
 from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.training.job.master import Master
 from spark_imagenet.training.driver.connect import ConnectLaunch, check_connect, conf_getter, connect_url
 from spark_imagenet.training.driver.stage import BarrierLaunch, ClassicLaunch, run_stage
 from spark_imagenet.training.job.gpus import check_gpu_conf
@@ -69,7 +69,7 @@ from spark_imagenet.training.job.plan import JobPlan
 from spark_imagenet.training.job.schedules import extension_note, schedule_for
 from spark_imagenet.training.driver.results import Result, build_results, format_table, write_results
 from spark_imagenet.training.driver.tracking import RunTracker, check_tracking
-from spark_imagenet.training.driver.spark_session import runs_in_driver_jvm
+from spark_imagenet.training.driver.spark_session import is_connect_url, runs_in_driver_jvm
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ def _channel_host(spark, sc, master: str | None) -> str | None:
             return None
         return driver_host(sc)
     url = connect_url(spark, master)
-    host = urlsplit(url).hostname if url.startswith("sc://") else None
+    host = Master.parse(url, check=False).host  # url: sc://HOST:PORT, or "connect" when not known
     server_master = conf_getter(spark)("spark.master", None) if host in _LOOPBACK else None
     return "127.0.0.1" if server_master is not None and runs_in_driver_jvm(server_master) else None
 
@@ -384,14 +384,13 @@ def _check_session(spark, sc, job: JobPlan) -> str:
     config = job.config
     if sc is None:
         url = connect_url(spark, config.master)
-        if config.master is not None and not config.master.startswith("sc://"):
+        if config.master is not None and not is_connect_url(config.master):
             logger.warning(f"warning: the job's master {config.master!r} is not used: this Spark Connect session "
                            f"talks to {url}")
         server_master, warnings = check_connect(spark, config.workers, url)
         for line in warnings:
             logger.warning(line)
-        host = urlsplit(url).hostname if url.startswith("sc://") else None
-        on_this_machine = host in ("127.0.0.1", "localhost", "::1") and server_master is not None
+        on_this_machine = Master.parse(url, check=False).host in _LOOPBACK and server_master is not None
         check_dataset_reachable(job.url, server_master if on_this_machine else url, config.shared_filesystem)
         for path, option in ((config.output, "--output"), (config.checkpoint_dir, "--checkpoint-dir")):
             check_output_reachable(path, server_master if on_this_machine else url, config.shared_filesystem, option)
