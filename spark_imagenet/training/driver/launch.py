@@ -33,7 +33,7 @@ from spark_imagenet.dataset.transfer import check_listed
 from spark_imagenet.storage import lease
 from spark_imagenet.errors import SparkImagenetError, TrainingError, WorkerLost
 from spark_imagenet.logs import ensure_console
-from spark_imagenet.storage import open_storage
+from spark_imagenet.storage import is_remote_url, open_storage
 from spark_imagenet.training.job import checkpoints
 from spark_imagenet.training.job.assignment import assign, elastic_counts
 from spark_imagenet.training.task.barrier_task import TaskSpec
@@ -122,12 +122,12 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
     if config.output is not None:  # written by the chief: refused now if it cannot be written
         output = open_output(config.output)
         check_output_unused(output, config.output, config.overwrite)
-        if "://" not in config.output:
-            config = config.replace(output=str(Path(config.output).expanduser().absolute()))
+        if not is_remote_url(config.output):  # a folder here: its absolute path, as the chief must see it
+            config = config.replace(output=output.url)
     if config.checkpoint_dir is not None:  # written by the chief after every epoch: refused now if it cannot be
         checkpoints_at = open_output(config.checkpoint_dir, "--checkpoint-dir")
-        if "://" not in config.checkpoint_dir:
-            config = config.replace(checkpoint_dir=str(Path(config.checkpoint_dir).expanduser().absolute()))
+        if not is_remote_url(config.checkpoint_dir):
+            config = config.replace(checkpoint_dir=checkpoints_at.url)
     storage = open_storage(url)
     check_apart_from_dataset(storage, output, "--output")
     check_apart_from_dataset(storage, checkpoints_at, "--checkpoint-dir")
