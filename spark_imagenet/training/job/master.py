@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from spark_imagenet.errors import ConfigError
 
-#: The kinds of master :meth:`Master.parse` tells apart (see the module's table); ``other`` is a URL of no
+#: The kinds of master :meth:`Master.parse` tells apart (the module's list of forms); ``other`` is a URL of no
 #: form Spark takes, given where unknown forms are let through (``check=False``).
 KINDS = ("unset", "local", "local-cluster", "standalone", "yarn", "k8s", "connect", "other")
 #: The master URLs a user may give, as every message lists them.
@@ -55,6 +55,11 @@ class Master:
         executor_memory_mb: MB of ``local-cluster[E,C,MB]``, MiB per executor; None otherwise.
         addresses: ``(host, port)`` of each standalone master, or of the Spark Connect server (port None
             when the URL gives none); empty for every other kind. IPv6 hosts come without brackets.
+
+    Example::
+
+        master = Master.parse("local-cluster[2,3,1024]")
+        master.kind, master.runs_on_this_host, master.slots(task_cpus=2)   # ("local-cluster", True, 3)
     """
 
     url: str | None
