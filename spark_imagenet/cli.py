@@ -291,7 +291,9 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError("no dataset URL: give it as the first argument of train (or as url in the job file)")
     _check_master_before_spark(config)
     job = plan_job(url, config)  # a dataset or setting mistake is reported before Spark starts
-    if config.master is not None and not config.master.strip().startswith("sc://"):
+    from spark_imagenet.training.driver.spark_session import is_connect_url
+
+    if config.master is not None and not is_connect_url(config.master):
         from spark_imagenet.training.driver.preflight import check_dataset_reachable, check_output_reachable
 
         check_dataset_reachable(job.url, config.master, config.shared_filesystem)  # also before Spark starts

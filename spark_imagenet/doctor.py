@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -301,17 +300,14 @@ def _run_connect_checks(report: Report, spark, master: str | None, workers: int 
                         gpus_per_worker: int) -> int:
     """What ``train`` checks of a Spark Connect session before launch, each reported, and the warning line
     naming what Connect cannot check; returns the slots a local server master gives (else the workers checked)."""
-    from spark_imagenet.training.driver.connect import check_connect, conf_getter, connect_url
-    from spark_imagenet.training.driver.preflight import slots_from_master
+    from spark_imagenet.training.driver.connect import check_connect, conf_getter, connect_url, server_slots
 
     url = connect_url(spark, master)
     get = conf_getter(spark)
     server_master = get("spark.master", None)
     report.ok("spark session", f"Spark Connect server {url}, Spark {spark.version}, the server's master "
               f"{server_master or '(not readable)'}")
-    slots = None
-    if server_master and re.fullmatch(r"local(\[\d+(,\s*\d+)?\])?|local-cluster\[.*\]", server_master.strip()):
-        slots = slots_from_master(server_master, int(get("spark.task.cpus", None) or "1"), 0)
+    slots = server_slots(server_master, int(get("spark.task.cpus", None) or "1"))
     n = workers or max(1, slots or 1)
     try:
         _, warnings = check_connect(spark, n, url)

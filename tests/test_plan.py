@@ -70,6 +70,16 @@ def test_worker_spec_from_json_names_missing_and_unknown_keys_and_other_versions
         WorkerSpec.from_json(data)
 
 
+def test_the_plan_gives_the_chief_a_local_output_as_its_absolute_path(tmp_path, monkeypatch):
+    """A relative path and a file:// URL both reach the chief as the folder's absolute path (storage.is_remote_url
+    tells them from a bucket, which is kept as given)."""
+    bucket = make_bucket(tmp_path / "b", train=4, val=1)
+    monkeypatch.chdir(tmp_path)
+    job = plan_job(str(bucket), TrainConfig(workers=2, batch_size=2, output="out",
+                                            checkpoint_dir=f"file://{tmp_path / 'ckpt'}"))
+    assert job.config.output == str(tmp_path / "out") and job.config.checkpoint_dir == str(tmp_path / "ckpt")
+
+
 def test_the_plan_is_resolved_once_and_each_hop_adds_its_own_part(tmp_path):
     """The driver's plan carries the settings, the dataset, the one schedule and the storage handles; the
     task's spec adds the resume point; the worker's spec adds the rank, files and step counts."""

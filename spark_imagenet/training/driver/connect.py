@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
 import threading
 import uuid
 from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
 from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.job.master import Master
 from spark_imagenet.training.task.barrier_task import TaskSpec, run_task
-from spark_imagenet.training.driver.preflight import slots_from_master
 from spark_imagenet.training.driver.spark_session import is_connect_session  # noqa: F401 - part of this module's API
 
 #: The schema of the batches a task returns: one JSON result line per row.
@@ -56,8 +55,8 @@ def connect_url(spark, master: str | None = None) -> str:
     Returns:
         str: ``sc://HOST:PORT``, or ``"connect"`` when the session does not say.
     """
-    if master and master.startswith("sc://"):
-        parts = urlsplit(master.split(";", 1)[0])
+    if Master.parse(master, check=False).kind == "connect":
+        parts = urlsplit(master.strip().split(";", 1)[0])
         return f"sc://{parts.netloc}"
     builder = getattr(getattr(spark, "client", None), "_builder", None)  # pyspark's ChannelBuilder
     endpoint = getattr(builder, "endpoint", None)
@@ -151,13 +150,24 @@ def conf_getter(spark) -> Callable[[str, str | None], str | None]:
     return get
 
 
+def server_slots(master: str | None, task_cpus: int) -> int | None:
+    """The barrier task slots a Spark Connect server's ``spark.master`` gives, when its URL alone tells:
+    ``local[N]`` and ``local-cluster[E,C,MB]`` (:meth:`~spark_imagenet.training.job.master.Master.slots`).
+
+    Returns:
+        int | None: the slots; None for a cluster's master, one not readable, and ``local[*]``, whose cores
+        are those of the server's machine, which a client cannot count.
+    """
+    return Master.parse(master, check=False).slots(task_cpus)
+
+
 def check_connect(spark, workers: int, url: str) -> tuple[str | None, list[str]]:
     """Check a Connect session before launching; say which checks could not be made.
 
     Made through ``spark.conf.get``: ``spark.dynamicAllocation.enabled`` (barrier
     stages refuse it), and, when the server's ``spark.master`` is
     ``local[N]``/``local-cluster[...]``, the slots that master gives
-    (``cores // spark.task.cpus``). The scheduler's own slot count needs the
+    (:func:`server_slots`). The scheduler's own slot count needs the
     JVM's SparkContext and is never checked: that and any setting the server
     does not show are named in the warning line.
 
@@ -189,8 +199,8 @@ def check_connect(spark, workers: int, url: str) -> tuple[str | None, list[str]]
     master = _conf(spark, "spark.master", unreadable)
     task_cpus = int(_conf(spark, "spark.task.cpus", unreadable) or "1")
     not_checked = [_SLOTS_NOT_CHECKED]
-    if master is not None and re.fullmatch(r"local(\[\d+(,\s*\d+)?\])?|local-cluster\[.*\]", master.strip()):
-        slots = slots_from_master(master, task_cpus, 0)
+    slots = server_slots(master, task_cpus)
+    if slots is not None:
         if slots < workers:
             raise ConfigError(
                 f"--workers {workers} needs {workers} barrier task slots, but the Spark Connect server {url} runs "
@@ -198,7 +208,7 @@ def check_connect(spark, workers: int, url: str) -> tuple[str | None, list[str]]
                 f"or start the server with more cores (--master local[{workers}] or a cluster).")
         not_checked[0] += f"; estimated instead from spark.master {master} and spark.task.cpus={task_cpus}: {slots}"
     else:
-        not_checked[0] += (f"; the cluster behind it (spark.master {master or 'not readable'}) must give {workers} "
+        not_checked[0] += (f"; the master behind it (spark.master {master or 'not readable'}) must give {workers} "
                            "free task slots at once, else the stage fails with 'requires N slots, only M available'")
     warning = ("warning: Spark Connect session: not checked before launch: "
                + "; ".join(not_checked + unreadable))

@@ -27,18 +27,18 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
-from urllib.parse import urlsplit
 
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.dataset.transfer import check_listed
 from spark_imagenet.storage import lease
 from spark_imagenet.errors import SparkImagenetError, TrainingError, WorkerLost
 from spark_imagenet.logs import ensure_console
-from spark_imagenet.storage import open_storage
+from spark_imagenet.storage import is_remote_url, open_storage
 from spark_imagenet.training.job import checkpoints
 from spark_imagenet.training.job.assignment import assign
 from spark_imagenet.training.task.barrier_task import TaskSpec
 from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.training.job.master import Master
 from spark_imagenet.training.driver.connect import ConnectLaunch, check_connect, conf_getter, connect_url
 from spark_imagenet.training.driver.stage import BarrierLaunch, ClassicLaunch, run_stage
 from spark_imagenet.training.job.gpus import check_gpu_conf
@@ -70,7 +70,7 @@ from spark_imagenet.training.job.restarts import FailurePolicy
 from spark_imagenet.training.job.schedules import extension_note, schedule_for
 from spark_imagenet.training.driver.results import Result, build_results, format_table, write_results
 from spark_imagenet.training.driver.tracking import RunTracker, check_tracking
-from spark_imagenet.training.driver.spark_session import runs_in_driver_jvm
+from spark_imagenet.training.driver.spark_session import is_connect_url, runs_in_driver_jvm
 
 logger = logging.getLogger(__name__)
 
@@ -123,12 +123,12 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
     if config.output is not None:  # written by the chief: refused now if it cannot be written
         output = open_output(config.output)
         check_output_unused(output, config.output, config.overwrite)
-        if "://" not in config.output:
-            config = config.replace(output=str(Path(config.output).expanduser().absolute()))
+        if not is_remote_url(config.output):  # a folder here: its absolute path, as the chief must see it
+            config = config.replace(output=output.url)
     if config.checkpoint_dir is not None:  # written by the chief after every epoch: refused now if it cannot be
         checkpoints_at = open_output(config.checkpoint_dir, "--checkpoint-dir")
-        if "://" not in config.checkpoint_dir:
-            config = config.replace(checkpoint_dir=str(Path(config.checkpoint_dir).expanduser().absolute()))
+        if not is_remote_url(config.checkpoint_dir):
+            config = config.replace(checkpoint_dir=checkpoints_at.url)
     storage = open_storage(url)
     check_apart_from_dataset(storage, output, "--output")
     check_apart_from_dataset(storage, checkpoints_at, "--checkpoint-dir")
@@ -277,7 +277,7 @@ def _channel_host(spark, sc, master: str | None) -> str | None:
             return None
         return driver_host(sc)
     url = connect_url(spark, master)
-    host = urlsplit(url).hostname if url.startswith("sc://") else None
+    host = Master.parse(url, check=False).host  # url: sc://HOST:PORT, or "connect" when not known
     server_master = conf_getter(spark)("spark.master", None) if host in _LOOPBACK else None
     return "127.0.0.1" if server_master is not None and runs_in_driver_jvm(server_master) else None
 
@@ -371,14 +371,13 @@ def _check_session(spark, sc, job: JobPlan) -> str:
     config = job.config
     if sc is None:
         url = connect_url(spark, config.master)
-        if config.master is not None and not config.master.startswith("sc://"):
+        if config.master is not None and not is_connect_url(config.master):
             logger.warning(f"warning: the job's master {config.master!r} is not used: this Spark Connect session "
                            f"talks to {url}")
         server_master, warnings = check_connect(spark, config.workers, url)
         for line in warnings:
             logger.warning(line)
-        host = urlsplit(url).hostname if url.startswith("sc://") else None
-        on_this_machine = host in ("127.0.0.1", "localhost", "::1") and server_master is not None
+        on_this_machine = Master.parse(url, check=False).host in _LOOPBACK and server_master is not None
         check_dataset_reachable(job.url, server_master if on_this_machine else url, config.shared_filesystem)
         for path, option in ((config.output, "--output"), (config.checkpoint_dir, "--checkpoint-dir")):
             check_output_reachable(path, server_master if on_this_machine else url, config.shared_filesystem, option)

@@ -17,13 +17,13 @@ numbers and the setting to change, instead of a late failure or a hang:
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 from typing import Callable, Mapping
 
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.storage import Storage, is_remote_url
+from spark_imagenet.training.job.master import Master
 from spark_imagenet.training.job.outputs import earlier_outputs
 
 #: Seconds to wait for executors to register on a cluster master before the
@@ -80,11 +80,11 @@ def spark_context(spark):
 
 
 def slots_from_master(master: str, task_cpus: int, default_parallelism: int) -> int:
-    """Barrier task slots estimated from the master URL alone.
+    """Barrier task slots estimated from the master URL alone, the driver running on this machine.
 
     Args:
-        master: ``local``, ``local[N]``, ``local[*]``, ``local[N,F]``,
-            ``local-cluster[E,C,M]`` or a cluster URL.
+        master: ``local``, ``local[N]``, ``local[*]`` (this machine's cores), ``local[N,F]``,
+            ``local-cluster[E,C,M]`` or a cluster URL (:class:`~spark_imagenet.training.job.master.Master`).
         task_cpus: ``spark.task.cpus``.
         default_parallelism: ``sc.defaultParallelism`` (for cluster URLs: the
             registered executors' total cores, unless
@@ -93,17 +93,8 @@ def slots_from_master(master: str, task_cpus: int, default_parallelism: int) -> 
     Returns:
         int: cores // task_cpus.
     """
-    m = master.strip()
-    cores: int
-    if m == "local":
-        cores = 1
-    elif mm := re.fullmatch(r"local\[(\*|\d+)(?:\s*,\s*\d+)?\]", m):
-        cores = (os.cpu_count() or 1) if mm.group(1) == "*" else int(mm.group(1))
-    elif mm := re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", m):
-        cores = int(mm.group(1)) * int(mm.group(2))
-    else:
-        cores = default_parallelism
-    return cores // max(1, task_cpus)
+    slots = Master.parse(master, check=False).slots(task_cpus, cpu_count=os.cpu_count() or 1)
+    return default_parallelism // max(1, task_cpus) if slots is None else slots
 
 
 def available_slots(sc) -> tuple[int, str]:
@@ -207,12 +198,10 @@ def check_spark(sc, workers: int, wait_seconds: float | None = None) -> int:
             f"{workers} task slots, e.g. spark.executor.instances x spark.executor.cores)."
         )
     slots, how = available_slots(sc)
-    from spark_imagenet.training.driver.spark_session import runs_in_driver_jvm
-
     master = sc.master.strip()
     # local[N] runs its tasks in the driver's JVM: its slots are there at once. local-cluster[...] starts
     # executor JVMs that register a few seconds after the context, like a cluster's.
-    local = runs_in_driver_jvm(master)
+    local = Master.parse(master, check=False).runs_in_driver_jvm
     if wait_seconds is None:
         wait_seconds = 0.0 if local else executor_wait_seconds(conf)
     deadline = time.monotonic() + wait_seconds
@@ -242,14 +231,13 @@ def check_slots_of_master_url(master: str | None, workers: int, conf: Mapping[st
         ConfigError: fewer slots than workers (as :func:`check_spark` says it), or a
             ``spark.task.cpus`` that is not a positive integer.
     """
-    from spark_imagenet.training.driver.spark_session import runs_on_this_host
-
-    if master is None or not runs_on_this_host(master):
+    parsed = Master.parse(master)
+    if not parsed.runs_on_this_host:
         return
     text = str(conf.get("spark.task.cpus", "1")).strip()
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"--conf spark.task.cpus={text}: must be a positive integer (CPUs per task)")
-    slots = slots_from_master(master, int(text), workers)
+    slots = parsed.slots(int(text), cpu_count=os.cpu_count() or 1)
     if slots < workers:
         raise _too_few_slots(workers, slots, f"{slots} available", master.strip(),
                              f"from the master URL and spark.task.cpus={text}")
@@ -265,11 +253,10 @@ def _too_few_slots(workers: int, slots: int, available: str, master: str, how: s
 
 def _more_slots(master: str, workers: int) -> str:
     """How to get ``workers`` slots on this kind of master (for the message of :func:`check_spark`)."""
-    from spark_imagenet.training.driver.spark_session import runs_in_driver_jvm
-
-    if runs_in_driver_jvm(master):
+    kind = Master.parse(master, check=False).kind
+    if kind == "local":
         return f"--master local[{workers}]"
-    if master.startswith("local-cluster"):
+    if kind == "local-cluster":
         return (f"--master 'local-cluster[{workers},1,2048]' (executors x cores each), and with GPU task resources "
                 "enough GPUs per executor (spark.executor.resource.gpu.amount / spark.task.resource.gpu.amount "
                 "tasks each)")
@@ -290,9 +277,9 @@ def check_dataset_reachable(url: str, master: str, shared_filesystem: bool) -> N
         ConfigError: a local path with a cluster master, and ``shared_filesystem`` false.
     """
     from spark_imagenet.storage import url_forms
-    from spark_imagenet.training.driver.spark_session import runs_on_this_host
 
-    if shared_filesystem or runs_on_this_host(master) or is_remote_url(url):
+    here = Master.parse(master, check=False).runs_on_this_host
+    if shared_filesystem or here or is_remote_url(url):
         return
     raise ConfigError(
         f"the dataset {url} is a path on the driver's disk, but master {master} runs the barrier tasks on "
@@ -314,9 +301,9 @@ def check_output_reachable(output: str | None, master: str, shared_filesystem: b
         ConfigError: a local path with a cluster master, and ``shared_filesystem`` false.
     """
     from spark_imagenet.storage import url_forms
-    from spark_imagenet.training.driver.spark_session import runs_on_this_host
 
-    if output is None or shared_filesystem or runs_on_this_host(master) or is_remote_url(output):
+    here = Master.parse(master, check=False).runs_on_this_host
+    if output is None or shared_filesystem or here or is_remote_url(output):
         return
     what = "the checkpoints" if option == "--checkpoint-dir" else "the model and TensorBoard logs"
     raise ConfigError(

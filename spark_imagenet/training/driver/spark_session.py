@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from spark_imagenet.errors import ConfigError, EnvironmentSetupError, install_hint
 from spark_imagenet.resources import QUIET_LOG4J2, resource_path
+from spark_imagenet.training.job.master import Master
 
 #: Oldest Java major version PySpark 4.x runs on (Spark 4.0 release notes:
 #: "Java 17 and 21"; Java 8 and 11 support was removed).
@@ -144,20 +145,20 @@ def runs_on_this_host(master: str) -> bool:
     Returns:
         bool: True for ``local`` and ``local[...]`` (:func:`runs_in_driver_jvm`) and for
         ``local-cluster[...]``, whose executors are JVMs of their own on this machine; False for
-        a cluster's master, whose executors may be on other hosts.
+        a cluster's master, whose executors may be on other hosts
+        (:attr:`~spark_imagenet.training.job.master.Master.runs_on_this_host`).
     """
-    m = master.strip()
-    return runs_in_driver_jvm(m) or m.startswith("local-cluster[")
+    return Master.parse(master, check=False).runs_on_this_host
 
 
 def runs_in_driver_jvm(master: str) -> bool:
     """Whether a Spark master URL runs its tasks inside the driver's JVM: ``local`` or ``local[...]``.
 
     Such a master has no executors to wait for, its tasks' stderr is the driver's console, and it gives
-    tasks no GPU resources; ``local-cluster[...]`` does not count (its executors are JVMs of their own).
+    tasks no GPU resources; ``local-cluster[...]`` does not count (its executors are JVMs of their own):
+    :attr:`~spark_imagenet.training.job.master.Master.runs_in_driver_jvm`.
     """
-    m = master.strip()
-    return m == "local" or m.startswith("local[")
+    return Master.parse(master, check=False).runs_in_driver_jvm
 
 
 def check_yarn_conf(master: str | None, environ: Mapping[str, str] | None = None) -> None:
@@ -175,7 +176,7 @@ def check_yarn_conf(master: str | None, environ: Mapping[str, str] | None = None
     Raises:
         ConfigError: ``yarn`` with neither variable set, or with no ``yarn-site.xml`` in the folder it names.
     """
-    if master is None or master.strip() != "yarn":
+    if Master.parse(master, check=False).kind != "yarn":
         return
     env = os.environ if environ is None else environ
     folder = env.get("HADOOP_CONF_DIR") or env.get("YARN_CONF_DIR")
@@ -458,17 +459,11 @@ def check_connect_reachable(url: str, timeout_s: float = CONNECT_REACH_TIMEOUT_S
         timeout_s: how long to wait for the connection.
 
     Raises:
-        ConfigError: the URL has no host, or nothing accepts connections there.
+        ConfigError: the URL has no host or a port that is not a number
+            (:meth:`~spark_imagenet.training.job.master.Master.parse`), or nothing accepts connections there.
     """
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url.strip())
-    try:
-        host, port = parts.hostname, parts.port or CONNECT_DEFAULT_PORT
-    except ValueError as e:  # a port that is not a number
-        raise ConfigError(f"--master {url}: not a Spark Connect URL sc://HOST:PORT ({e})") from None
-    if not host:
-        raise ConfigError(f"--master {url}: not a Spark Connect URL sc://HOST:PORT (no host)")
+    host, port = Master.parse(url).addresses[0]
+    port = port or CONNECT_DEFAULT_PORT
     why = tcp_unreachable(host, port, timeout_s)
     if why is not None:
         raise ConfigError(
@@ -502,19 +497,15 @@ def check_standalone_reachable(master: str, timeout_s: float = MASTER_REACH_TIME
     availability) one that answers is enough.
 
     Raises:
-        ConfigError: no listed master accepts a connection (each named, with the reason).
+        ConfigError: an address without HOST:PORT (:meth:`~spark_imagenet.training.job.master.Master.parse`), or
+            no listed master accepts a connection (each named, with the reason).
     """
-    from spark_imagenet.training.task.rendezvous import split_host_port
-
     failures = []
-    for address in master.strip()[len("spark://"):].split(","):
-        host, port = split_host_port(address.strip())
-        if not host:
-            raise ConfigError(f"--master {master}: not a standalone master URL spark://HOST:PORT (no host)")
-        why = tcp_unreachable(host, port or 7077, timeout_s)
+    for host, port in Master.parse(master).addresses:
+        why = tcp_unreachable(host, port, timeout_s)
         if why is None:
             return
-        failures.append(f"{host}:{port or 7077}: {why}")
+        failures.append(f"{host}:{port}: {why}")
     raise ConfigError(f"cannot reach the Spark standalone master {master} ({'; '.join(failures)}). Start the "
                       "master (sbin/start-master.sh) or check the host and port of --master (its web UI, port "
                       "8080 by default, shows the spark:// URL to use)")
@@ -526,8 +517,8 @@ def is_connect_session(spark) -> bool:
 
 
 def is_connect_url(master: str | None) -> bool:
-    """Whether a ``master`` is a Spark Connect URL (``sc://HOST:PORT``)."""
-    return master is not None and master.strip().startswith("sc://")
+    """Whether a ``master`` is a Spark Connect URL (``sc://HOST:PORT``; its details unchecked)."""
+    return Master.parse(master, check=False).kind == "connect"
 
 
 def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None = None,
@@ -580,7 +571,7 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     if not under_submit:
         check_yarn_conf(master)
         check_java()
-        if master is not None and master.strip().startswith("spark://"):
+        if Master.parse(master, check=False).kind == "standalone":
             check_standalone_reachable(master)
         conf.update(quiet_logging_conf(conf))
     return _classic_session(master, app_name, conf, start_jvm=not under_submit)

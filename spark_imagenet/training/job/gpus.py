@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import shutil
 from typing import Callable
 
 from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.job.master import Master
 
 TASK_AMOUNT = "spark.task.resource.gpu.amount"
 EXECUTOR_AMOUNT = "spark.executor.resource.gpu.amount"
@@ -45,41 +45,23 @@ def _amount(get: Callable[[str], str | None], key: str) -> float | None:
         raise ConfigError(f"{key}={raw!r} is not a number") from None
 
 
-def _master_kind(master: str | None) -> str:
-    """``"local"``, ``"local-cluster"``, ``"standalone"`` or ``"other"`` (YARN, Kubernetes, unknown)."""
-    m = (master or "").strip()
-    if m.startswith("local-cluster"):
-        return "local-cluster"
-    if m == "local" or m.startswith("local["):
-        return "local"
-    if m.startswith("spark://"):
-        return "standalone"
-    return "other"
-
-
 def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def _local_cluster_executors(master: str | None) -> int | None:
-    """E of ``local-cluster[E,C,M]`` (its executors), else None."""
-    m = re.fullmatch(r"\s*local-cluster\[\s*(\d+)\s*,\s*\d+\s*,\s*\d+\s*\]\s*", master or "")
-    return int(m.group(1)) if m else None
-
-
-def _missing_settings(get: Callable[[str], str | None], k: int, kind: str, workers: int = 1,
-                      master: str | None = None) -> list[str]:
+def _missing_settings(get: Callable[[str], str | None], k: int, master: Master, workers: int = 1) -> list[str]:
     """One line per setting that must be added or raised for ``k`` GPUs per task on this kind of master.
 
     On ``local-cluster[E,C,M]`` the amounts are exact: each executor (and its worker) needs
     ``k * ceil(workers / E)`` GPUs, since Spark runs only ``executor amount // k`` tasks on an executor.
     """
+    kind = master.kind
     missing = []
     task = _amount(get, TASK_AMOUNT)
     if task is None or task < k:
         now = "unset" if task is None else f"is {_fmt(task)}"
         missing.append(f"{TASK_AMOUNT}={k} (now {now}): the GPUs Spark gives each task (= each worker)")
-    executors = _local_cluster_executors(master) if kind == "local-cluster" else None
+    executors = master.executors
     need = k * -(-workers // executors) if executors else k
     executor = _amount(get, EXECUTOR_AMOUNT)
     if executor is None or executor < need:
@@ -136,7 +118,8 @@ def check_gpu_conf(get: Callable[[str], str | None], gpus_per_worker: int, worke
             script ``conf/gpu-discovery.sh``), K > 0 on ``local[N]``, or a
             GPU amount that is not a number.
     """
-    kind = _master_kind(master)
+    parsed = Master.parse(master, check=False)
+    kind = parsed.kind
     if gpus_per_worker <= 0:
         task = _amount(get, TASK_AMOUNT)
         if task:
@@ -147,7 +130,7 @@ def check_gpu_conf(get: Callable[[str], str | None], gpus_per_worker: int, worke
     k = gpus_per_worker
     if kind == "local":
         raise ConfigError(_local_mode_refusal(k, workers, master, server))
-    missing = _missing_settings(get, k, kind, workers, master)
+    missing = _missing_settings(get, k, parsed, workers)
     if not missing:
         return None
     where = ""

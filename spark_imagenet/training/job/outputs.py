@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from spark_imagenet.errors import ConfigError, StorageError
-from spark_imagenet.storage import Storage, open_storage, url_forms
+from spark_imagenet.storage import Storage, is_remote_url, open_storage, url_forms
 from spark_imagenet.storage.committed import upload_folder
 from spark_imagenet.training.job.tracking import MODEL_DIR as MLFLOW_MODEL_DIR, PENDING_FILE
 
@@ -73,7 +73,7 @@ def open_output(output: str, option: str = "--output") -> Storage:
 
 def _refuse_a_file(output: str, option: str) -> None:
     """Refuse a local ``output`` that is a file, or lies inside one, naming the file (not our write test's)."""
-    if "://" in output and not output.startswith("file://"):
+    if is_remote_url(output):
         return
     path = Path(output[len("file://"):] if output.startswith("file://") else output).expanduser().absolute()
     existing = next((p for p in (path, *path.parents) if p.exists()), None)

@@ -21,11 +21,11 @@ section checks its own settings when built; the checks across sections are
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.storage import store_schemes
 from spark_imagenet.training.job.checkpoints import DEFAULT_KEEP
+from spark_imagenet.training.job.master import Master
 from spark_imagenet.training.job.schedules import KINDS as LR_KINDS, SCALINGS as LR_SCALINGS
 from spark_imagenet.training.job.settings import setting, setting_error, validate_fields
 
@@ -54,10 +54,6 @@ _CROSS_DEVICE_HINT = {
     "mirrored": "MirroredStrategy takes auto, nccl or reduction-to-one",
     "default": "one device has no all-reduce: leave it at auto",
 }
-#: The master URLs Spark accepts (SparkContext's master parsing: ``local``, ``local[N]``, ``local[*]``,
-#: ``local[N,F]``, ``local[*,F]``, ``local-cluster[E,C,MB]``, ...), and Spark Connect's sc://.
-_MASTER_URL = re.compile(r"local(\[(\d+|\*)(\s*,\s*\d+)?\])?|local-cluster\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]"
-                         r"|spark://\S+|yarn|k8s://\S+|sc://\S+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +137,10 @@ class ScalingConfig:
             raise setting_error("cross_device_ops", f"cross_device_ops (--cross-device-ops) {self.cross_device_ops} "
                                                     f"does not apply to --strategy {self.strategy}; "
                                                     + _CROSS_DEVICE_HINT[self.strategy])
-        if self.master is not None and not _MASTER_URL.fullmatch(self.master.strip()):
-            raise setting_error("master", f"master (--master) {self.master!r} is not a Spark master URL: use "
-                                          "local, local[N], local[*], local[N,F] (F: task failures allowed), "
-                                          "local-cluster[E,C,MB], spark://HOST:PORT, yarn, "
-                                          "k8s://https://HOST:PORT, or sc://HOST:PORT for a Spark Connect server")
+        try:
+            Master.parse(self.master)
+        except ConfigError as e:
+            raise setting_error("master", str(e)) from None
 
     @property
     def spark_conf(self) -> dict[str, str]:
