@@ -339,13 +339,15 @@ def test_a_local_table_path_or_column_that_is_not_there_is_refused_before_spark(
 def test_shards_of_a_dataframe_train(spark, tmp_path):
     """The shards of a DataFrame train: two barrier workers, one epoch, every val image counted once."""
     from spark_imagenet.training.driver.launch import train
+    from spark_imagenet.training.job.config import TrainConfig
 
     df = spark.createDataFrame(rows(12), "content binary, label string, name string")
     out = tmp_path / "shards"
     manifest = shard_dataframe(df, str(out), name_col="name", train_shards=2, val_shards=1, val_fraction=0.25,
                                progress=False)
-    result = train(spark, str(out), 2, epochs=1, cache=tmp_path / "cache", batch_size=4, image_size=72, width=0.25,
-                   learning_rate=0.01, lr_schedule="constant", warmup_epochs=0.0)
+    result = train(spark, str(out), TrainConfig(workers=2, epochs=1, cache=tmp_path / "cache", batch_size=4,
+                                                image_size=72, width=0.25, learning_rate=0.01, lr_schedule="constant",
+                                                warmup_epochs=0.0))
     assert result["val"]["images"] == manifest.splits["val"].examples
     assert result["workers"] == 2 and result["train"]["loss"] > 0
 
