@@ -154,6 +154,17 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
             for a split, or a shard that got no rows.
         ImageError: unusable images with ``on_corrupt="error"`` (every one listed; nothing is committed).
         StorageError: ``out`` cannot be written, or a shard could not be uploaded intact.
+
+    Example:
+
+    ```python
+    from pyspark.sql import functions as F
+    from spark_imagenet import shard_dataframe
+
+    df = spark.read.format("binaryFile").load("/data/photos/*/*.jpg")       # one folder per class
+    df = df.withColumn("label", F.element_at(F.split("path", "/"), -2))   # the folder's name
+    manifest = shard_dataframe(df, "gs://my-bucket/photo-shards", val_fraction=0.1)
+    ```
     """
     _check_options(val_fraction, verify, on_corrupt, train_shards, val_shards)
     columns = check_columns(df, image_col, label_col, split_col, name_col)

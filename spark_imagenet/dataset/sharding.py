@@ -231,6 +231,15 @@ def shard(
         ImageError: some images are unusable (``on_corrupt="error"``); lists every one.
         StorageError: ``out`` cannot be written, or an upload fails
             verification twice.
+
+    Example:
+
+    ```python
+    from spark_imagenet import shard
+
+    manifest = shard("imagenet-object-localization-challenge.zip", "gs://my-bucket/imagenet", train_shards=1024)
+    print(manifest.num_classes, manifest.splits["train"].examples)
+    ```
     """
     if verify not in VERIFY_MODES:
         raise ConfigError(f"--verify {verify!r}: choose one of {', '.join(VERIFY_MODES)}")
