@@ -64,8 +64,9 @@ OPTIONS = {
 }
 #: Fields a ``checkpoint.json`` written before they existed lacks, and the value such a run had.
 DEFAULTS = {"optimizer": "sgd", "precision": "float32"}
-#: The recipe and augmentation settings (recorded since 2026-12-03): a ``checkpoint.json`` without them
-#: reads them as None (not recorded, so not compared). Every one changes the math of the steps to come.
+#: The recipe and augmentation settings (docs/design.md, 'Checkpoints and restarts'): a ``checkpoint.json``
+#: without them reads them as None (not recorded, so not compared). Every one changes the math of the steps to
+#: come.
 RECIPE_FIELDS = ("lr_schedule", "lr_boundaries", "warmup_epochs", "lr_scaling", "momentum", "weight_decay",
                  "label_smoothing", "flip", "crop_area", "lighting")
 #: Settings whose default scales with ``--epochs``: compared only when ``--epochs`` is the checkpoint's (a run
