@@ -501,9 +501,9 @@ def _in_tensorflow_child(module: str, arguments: list[str]) -> int:
 
     from spark_imagenet.training.task.barrier_task import CpuStartupFilter
     from spark_imagenet.training.job.gpus import host_has_gpus
+    from spark_imagenet.training.job.tf_process import tensorflow_environment
 
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1"}
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env = tensorflow_environment(os.environ)
     command = [sys.executable, "-m", module, *arguments]
     try:
         if host_has_gpus():

@@ -119,7 +119,9 @@ def tensorflow_probe() -> dict:
         dict: ``tensorflow``, ``tf_keras`` (versions) and ``gpus`` (device
         names), or ``tensorflow_error`` / ``tf_keras_error`` / ``error`` texts.
     """
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    from spark_imagenet.training.job.tf_process import tensorflow_environment
+
+    env = tensorflow_environment(os.environ, log_level="3")
     try:
         p = subprocess.run([sys.executable, "-c", _TF_PROBE], capture_output=True, text=True, env=env,
                            timeout=TENSORFLOW_PROBE_TIMEOUT_S)

@@ -262,13 +262,15 @@ def train_from_the_store(spark, storage_url: str, tree: Path, tmp_path: Path, cr
     fetch their shards verified, the chief commits a checkpoint and the model there. ``dataset``: the URL of
     ``tree`` sharded already (None: sharded here into the store)."""
     from spark_imagenet.training.driver.launch import train
+    from spark_imagenet.training.job.config import TrainConfig
 
     url = dataset or f"{storage_url}/train-ds"
     if dataset is None:
         shard(tree, url, train_shards=2, val_shards=1, processes=1, progress=False)
     with executor_env(spark, credentials):
-        result = train(spark, url, 2, epochs=1, cache=tmp_path / "cache", checkpoint_dir=f"{storage_url}/ckpt",
-                       output=f"{storage_url}/run", **SMALL_TRAINING)
+        result = train(spark, url, TrainConfig(workers=2, epochs=1, cache=tmp_path / "cache",
+                                               checkpoint_dir=f"{storage_url}/ckpt", output=f"{storage_url}/run",
+                                               **SMALL_TRAINING))
     assert result["val"]["images"] == 12 and [w["rank"] for w in result["per_worker"]] == [0, 1]
     assert len(list((tmp_path / "cache").rglob("*.tfrecord"))) == 3
     names = {o.name for o in open_storage(storage_url).list()}

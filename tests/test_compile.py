@@ -369,14 +369,17 @@ def test_bf16_xla_lars_label_smoothing_train_end_to_end(log_lines, spark, tmp_pa
     from data_util import small_layout
     from spark_imagenet.dataset.sharding import shard
     from spark_imagenet.training.driver.launch import train
+    from spark_imagenet.training.job.config import TrainConfig
 
     tree = small_layout(tmp_path / "kaggle")  # 4 classes x 6 train, 3 val each
     shard(tree, tmp_path / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
     lines = log_lines
     lines.clear()  # the lines from here on
-    out = train(spark, str(tmp_path / "bucket"), 2, epochs=1, batch_size=4, image_size=67, width=0.25,
-                learning_rate=1.0, optimizer="lars", precision="mixed_bfloat16", jit_compile=True,
-                label_smoothing=0.1, cache=tmp_path / "cache", output=str(tmp_path / "out"))
+    out = train(spark, str(tmp_path / "bucket"), TrainConfig(workers=2, epochs=1, batch_size=4, image_size=67,
+                                                             width=0.25, learning_rate=1.0, optimizer="lars",
+                                                             precision="mixed_bfloat16", jit_compile=True,
+                                                             label_smoothing=0.1, cache=tmp_path / "cache",
+                                                             output=str(tmp_path / "out")))
     assert "recipe: optimizer lars, momentum 0.9, weight decay 0.0005, label smoothing 0.1, precision " \
            "mixed_bfloat16, XLA on" in lines
     # what each worker compiled: LARS, bfloat16 layers, XLA for the forward pass and gradients

@@ -12,7 +12,7 @@ import pytest
 from bucket_util import make_bucket
 from spark_imagenet.errors import ConfigError, ManifestError, SparkImagenetError, StorageError, TrainingError
 from spark_imagenet.training.job.config import TrainConfig
-from spark_imagenet.training.driver.launch import as_config, plan_job, task_error, train
+from spark_imagenet.training.driver.launch import plan_job, task_error, train
 from spark_imagenet.training.job.outcome import FAILURE_MARKER, Failure, LostPeer
 
 
@@ -82,13 +82,12 @@ def test_every_error_class_survives_the_trip_from_a_task(spark, name):
     assert str(err) == f"rank 0 on h: the {name} message" and err.failure == failure
 
 
-def test_config_object_and_keyword_forms_agree():
-    c = TrainConfig(workers=2, epochs=3)
-    assert as_config(c, {}) is c
-    assert as_config(2, {"epochs": 3}) == c == as_config(None, {"workers": 2, "epochs": 3})
-    assert as_config(c, {"epochs": 5}).epochs == 5
-    with pytest.raises(ConfigError, match="did you mean 'epochs'"):
-        as_config(2, {"epoch": 3})
+def test_train_takes_a_config_and_says_how_to_make_one():
+    with pytest.raises(ConfigError, match=r"train\(\) takes the job's settings as a TrainConfig, got int 2: "
+                                          r"train\(spark, url, TrainConfig\(workers=2, \.\.\.\)\)"):
+        train(None, "unused", 2)
+    with pytest.raises(ConfigError, match=r"got dict .*TrainConfig\(workers=N, \.\.\.\)"):
+        train(None, "unused", {"workers": 2})
 
 
 def test_plan_job_refuses_gpus_of_a_local_master_before_spark(tmp_path):
@@ -113,22 +112,23 @@ def test_bad_settings_name_the_option(spark, tmp_path, kwargs, option):
     args = {"workers": 2, **kwargs}
     workers = args.pop("workers")
     with pytest.raises(ConfigError, match=option):
-        train(spark, str(tmp_path / "nowhere"), workers, **args)
+        train(spark, str(tmp_path / "nowhere"), TrainConfig(workers=workers, **args))
 
 
 def test_missing_manifest_and_bad_results_path(spark, tmp_path):
     with pytest.raises(ManifestError, match="does not exist"):
-        train(spark, str(tmp_path / "empty"), 2)
+        train(spark, str(tmp_path / "empty"), TrainConfig(workers=2))
     with pytest.raises(ConfigError, match="--results"):
-        train(spark, str(make_bucket(tmp_path / "b")), 2, results=tmp_path / "no" / "such" / "r.json")
+        train(spark, str(make_bucket(tmp_path / "b")), TrainConfig(workers=2,
+                                                                   results=tmp_path / "no" / "such" / "r.json"))
     with pytest.raises(ConfigError, match="--train-shards >= 2"):
-        train(spark, str(make_bucket(tmp_path / "one", train=1)), 2)
+        train(spark, str(make_bucket(tmp_path / "one", train=1)), TrainConfig(workers=2))
 
 
 def test_gpus_the_session_cannot_give_are_refused_before_launch(spark, tmp_path):
     # local[2] has no GPU resources: refused by the driver's checks, not by a task or a stuck stage
     with pytest.raises(ConfigError, match="spark.task.resource.gpu.amount|local"):
-        train(spark, str(make_bucket(tmp_path / "b")), 1, gpus_per_worker=1)
+        train(spark, str(make_bucket(tmp_path / "b")), TrainConfig(workers=1, gpus_per_worker=1))
 
 
 @pytest.mark.slow
@@ -137,7 +137,7 @@ def test_task_failure_reaches_the_driver_as_a_clear_error(spark, tmp_path):
     # rank 0 is waiting in the rendezvous and gets killed; the driver re-raises the task's error.
     bucket = make_bucket(tmp_path / "b", train=2, corrupt="train-00001-of-00002.tfrecord")
     with pytest.raises(StorageError) as e:
-        train(spark, str(bucket), 2, cache=tmp_path / "cache", batch_size=2)
+        train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", batch_size=2))
     msg = str(e.value)
     assert msg.startswith("rank 1 on ")
     assert "train-00001-of-00002.tfrecord" in msg and "crc32c" in msg

@@ -11,6 +11,7 @@ from data_util import small_layout
 from session_util import module_spark
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.training.driver.launch import train
+from spark_imagenet.training.job.config import TrainConfig
 from test_train_e2e import _scalars
 
 pytestmark = pytest.mark.slow
@@ -42,8 +43,8 @@ def test_a_two_worker_checkpoint_resumes_on_three_then_on_one(spark, bucket, tmp
     results = []
     for workers, batch, epochs in runs:
         log_lines.clear()
-        out = train(spark, data, workers, batch_size=batch, cache=cache, checkpoint_dir=ckpt,
-                    output=str(tmp_path / f"out-{workers}"), **{**RECIPE, "epochs": epochs})
+        out = train(spark, data, TrainConfig(workers=workers, batch_size=batch, cache=cache, checkpoint_dir=ckpt,
+                                             output=str(tmp_path / f"out-{workers}"), **{**RECIPE, "epochs": epochs}))
         results.append(out)
         assert out["workers"] == workers and len(out["per_worker"]) == workers
         assert out["config"]["steps_per_epoch"] == 4 and len(out["history"]["xent"]) == epochs

@@ -12,6 +12,7 @@ import pytest
 from data_util import IMAGENET_SAMPLE, small_layout
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.training.driver.launch import train
+from spark_imagenet.training.job.config import TrainConfig
 from test_export import check_against_predict, clean_python, run_clean
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,8 @@ def run(spark, tmp_path_factory) -> dict:
     tree = small_layout(root / "kaggle")
     shard(tree, root / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
     out = root / "out"
-    result = train(spark, str(root / "bucket"), 2, cache=root / "cache", output=str(out), **SETTINGS)
+    result = train(spark, str(root / "bucket"), TrainConfig(workers=2, cache=root / "cache", output=str(out),
+                                                            **SETTINGS))
     return {"tree": tree, "out": out, "result": result}
 
 

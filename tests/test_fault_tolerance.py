@@ -22,6 +22,7 @@ from data_util import small_bucket
 from spark_imagenet.errors import WorkerLost
 from spark_imagenet.logs import collect
 from spark_imagenet.training.driver.launch import train
+from spark_imagenet.training.job.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 
@@ -137,8 +138,7 @@ def none_left(wait_s: float = 60.0) -> bool:
 def uninterrupted(spark, bucket, tmp_path_factory):
     """The uninterrupted run (no checkpoints) the resumed runs are compared with: its results and --output."""
     root = tmp_path_factory.mktemp("plain")
-    result = train(spark, str(bucket), 2, cache=root / "cache", output=str(root / "out"),
-                   **SMALL)
+    result = train(spark, str(bucket), TrainConfig(workers=2, cache=root / "cache", output=str(root / "out"), **SMALL))
     return result, root / "out"
 
 
@@ -148,8 +148,9 @@ def _killed_in_epoch_2(spark, bucket, tmp_path, checkpoint_dir: str, first_done)
     killer.start()
     try:
         with collect() as lines:
-            out = train(spark, str(bucket), 2, cache=tmp_path / "cache", output=str(tmp_path / "resumed"),
-                        checkpoint_dir=checkpoint_dir, **SMALL)
+            out = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache",
+                                                        output=str(tmp_path / "resumed"),
+                                                        checkpoint_dir=checkpoint_dir, **SMALL))
     finally:
         killer.stop.set()
     assert killer.victims, "\n".join(lines)
@@ -199,18 +200,18 @@ def test_a_checkpoint_of_another_shape_is_refused_and_a_longer_run_extends_it(sp
     """A checkpoint written by a job of another image size is refused before any task starts; a job of more
     --epochs resumes from it, saying its cosine schedule is stretched, and keeps --keep-checkpoints of them."""
     ckpt = tmp_path / "ckpt"
-    train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
-          **{**SMALL, "epochs": 1})
+    train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
+                                          **{**SMALL, "epochs": 1}))
     from spark_imagenet.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
-        train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
-              **{**SMALL, "image_size": 80})
+        train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
+                                              **{**SMALL, "image_size": 80}))
     assert "--image-size" in str(e.value) and "72" in str(e.value) and "80" in str(e.value)
     # a longer run extends it: the driver says the cosine schedule is stretched; only --keep-checkpoints 1 stays
     with collect() as lines:
-        out = train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
-                    **{**SMALL, "epochs": 2, "keep_checkpoints": 1})
+        out = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
+                                                    **{**SMALL, "epochs": 2, "keep_checkpoints": 1}))
     text = "\n".join(lines)
     assert "resuming at epoch 2 of 2 from the checkpoint of epoch 1 " in text, text
     assert "lr: --epochs 2 instead of the checkpoint's 1 stretches the cosine schedule to 2 epochs" in text, text
@@ -224,7 +225,7 @@ def test_a_worker_lost_at_start_up_fails_the_job_naming_its_rank(spark, bucket, 
     killer.start()
     try:
         with pytest.raises(WorkerLost) as e:
-            train(spark, str(bucket), 2, cache=tmp_path / "cache", max_restarts=0, **SMALL)
+            train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", max_restarts=0, **SMALL))
     finally:
         killer.stop.set()
     assert killer.victims
@@ -241,8 +242,8 @@ def test_a_stopped_worker_ends_the_job_within_the_step_timeout_naming_it(spark, 
     stopper.start()
     try:
         with pytest.raises(WorkerLost) as e:
-            train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt), max_restarts=0,
-                  step_timeout=20, **SMALL)
+            train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
+                                                  max_restarts=0, step_timeout=20, **SMALL))
     finally:
         stopper.stop.set()
         for pid in stopper.victims:  # a stopped process is still killable; the job must have done it already
@@ -271,8 +272,9 @@ def test_a_worker_killed_inside_an_epoch_resumes_at_the_step_of_the_last_checkpo
     killer.start()
     try:
         with collect() as lines:
-            out = train(spark, str(bucket), 2, cache=tmp_path / "cache", output=str(tmp_path / "resumed"),
-                        checkpoint_dir=str(ckpt), checkpoint_every=4, **SMALL)
+            out = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache",
+                                                        output=str(tmp_path / "resumed"), checkpoint_dir=str(ckpt),
+                                                        checkpoint_every=4, **SMALL))
     finally:
         killer.stop.set()
     text = "\n".join(lines)
@@ -317,8 +319,8 @@ def test_min_workers_goes_on_with_fewer_when_a_slot_stays_taken(spark, bucket, t
     killer.start()
     try:
         with collect() as lines:
-            out = train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt), min_workers=1,
-                        regain_timeout=5.0, **SMALL)
+            out = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
+                                                        min_workers=1, regain_timeout=5.0, **SMALL))
     finally:
         killer.stop.set()
         sc.cancelJobGroup("slot-hog")
@@ -341,10 +343,12 @@ def test_a_checkpoint_folder_with_room_for_two_checkpoints_finishes_the_run(spar
     from spark_imagenet.training.job.checkpoints import latest
 
     probe = tmp_path / "probe"  # one epoch's checkpoint, to size the disk
-    train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(probe), **{**SMALL, "epochs": 1})
+    train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", checkpoint_dir=str(probe),
+                                          **{**SMALL, "epochs": 1}))
     size = sum(p.stat().st_size for p in probe.rglob("*") if p.is_file())
     with small_tmpfs(tmp_path / "disk", int(size * 2.5)) as disk, collect() as lines:
-        out = train(spark, str(bucket), 2, cache=tmp_path / "cache", checkpoint_dir=str(disk / "ck"), **SMALL)
+        out = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache",
+                                                    checkpoint_dir=str(disk / "ck"), **SMALL))
         assert len(out["history"]["xent"]) == 3 and out["restarts"] == 0
         assert sorted(p.name for p in (disk / "ck").iterdir()) == ["epoch-000002", "epoch-000003"]
         assert latest(open_storage(disk / "ck"))[1].epoch == 3

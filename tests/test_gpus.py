@@ -222,11 +222,13 @@ def bucket(tmp_path_factory):
 ])
 def test_one_worker_strategies_train_on_cpu(log_lines, spark, bucket, strategy, cross_device_ops, all_reduce):
     from spark_imagenet.training.driver.launch import train
+    from spark_imagenet.training.job.config import TrainConfig
 
     lines = log_lines
     lines.clear()  # the lines from here on
-    out = train(spark, str(bucket / "bucket"), 1, strategy=strategy, cross_device_ops=cross_device_ops,
-                cache=bucket / "cache", **SMALL)
+    out = train(spark, str(bucket / "bucket"), TrainConfig(workers=1, strategy=strategy,
+                                                           cross_device_ops=cross_device_ops, cache=bucket / "cache",
+                                                           **SMALL))
     assert out["workers"] == 1 and len(out["per_worker"]) == 1
     assert out["val"]["images"] == 12 and 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1
     w = out["per_worker"][0]
@@ -238,8 +240,9 @@ def test_one_worker_strategies_train_on_cpu(log_lines, spark, bucket, strategy, 
 @pytest.mark.slow
 def test_multiworker_ring_all_reduce_trains_two_workers(spark, bucket):
     from spark_imagenet.training.driver.launch import train
+    from spark_imagenet.training.job.config import TrainConfig
 
-    out = train(spark, str(bucket / "bucket"), 2, strategy="multiworker", cross_device_ops="ring",
-                cache=bucket / "cache", **SMALL)
+    out = train(spark, str(bucket / "bucket"), TrainConfig(workers=2, strategy="multiworker", cross_device_ops="ring",
+                                                           cache=bucket / "cache", **SMALL))
     assert [w["rank"] for w in out["per_worker"]] == [0, 1]
     assert out["val"]["images"] == 12

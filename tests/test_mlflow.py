@@ -181,9 +181,10 @@ def test_a_tracked_job_is_one_run_with_every_epoch_the_validation_and_a_register
     from spark_imagenet.training.driver.launch import train
 
     out = tmp_path / "out"
-    result = train(spark, str(bucket), 2, cache=tmp_path / "cache", output=str(out), **SMALL,
-                   mlflow_tracking_uri=mlflow_server.uri, mlflow_experiment="e2e", mlflow_run_name="tiny",
-                   mlflow_tags={"team": "vision"}, register_model="tiny-alexnet")
+    result = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", output=str(out), **SMALL,
+                                                   mlflow_tracking_uri=mlflow_server.uri, mlflow_experiment="e2e",
+                                                   mlflow_run_name="tiny", mlflow_tags={"team": "vision"},
+                                                   register_model="tiny-alexnet"))
     client = mlflow_server.client()
     (run,) = _runs(client, "e2e")
     rid = run.info.run_id
@@ -246,7 +247,7 @@ def test_a_killed_worker_and_a_resumed_job_stay_in_the_same_run(spark, bucket, t
                     mlflow_experiment="resume", **SMALL)
     try:
         with collect() as lines:
-            first = train(spark, str(bucket), 2, **settings)
+            first = train(spark, str(bucket), TrainConfig(workers=2, **settings))
     finally:
         killer.stop.set()
     assert killer.victims and first["restarts"] == 1, "\n".join(lines)
@@ -255,7 +256,7 @@ def test_a_killed_worker_and_a_resumed_job_stay_in_the_same_run(spark, bucket, t
     (run,) = _runs(client, "resume")
     assert run.info.status == "FINISHED"
     assert sorted({m.step for m in client.get_metric_history(run.info.run_id, "xent")}) == [1, 2, 3]
-    second = train(spark, str(bucket), 2, **{**settings, "epochs": 4})
+    second = train(spark, str(bucket), TrainConfig(workers=2, **{**settings, "epochs": 4}))
     assert len(second["history"]["xent"]) == 4
     (again,) = _runs(client, "resume")  # still one run
     assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
@@ -276,8 +277,9 @@ def test_a_tracking_server_that_is_down_neither_fails_nor_stops_training(spark, 
     monkeypatch.setattr(driver_tracking, "FINISH_WAIT_S", 5.0)
     out = tmp_path / "out"
     with collect() as lines:
-        result = train(spark, str(bucket), 2, cache=tmp_path / "cache", output=str(out),
-                       mlflow_tracking_uri=f"http://127.0.0.1:{free_port()}", **{**SMALL, "epochs": 1})
+        result = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", output=str(out),
+                                                       mlflow_tracking_uri=f"http://127.0.0.1:{free_port()}",
+                                                       **{**SMALL, "epochs": 1}))
     text = "\n".join(lines)
     assert result["val"]["top1"] is not None
     warnings = [line for line in lines if line.startswith("warning: mlflow")]

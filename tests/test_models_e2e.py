@@ -11,6 +11,7 @@ import pytest
 from data_util import small_layout
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.training.driver.launch import train
+from spark_imagenet.training.job.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +41,8 @@ def test_resnet50_trains_one_epoch(log_lines, spark, bucket, tmp_path):
     lines = log_lines
     lines.clear()  # the lines from here on
     # ResNet-50's recipe warms up for 5 epochs, longer than this one-epoch run: no warm-up here
-    out = train(spark, str(bucket), 2, model="resnet50", lr_schedule="cosine", warmup_epochs=0,
-                cache=tmp_path / "cache", **SMALL)
+    out = train(spark, str(bucket), TrainConfig(workers=2, model="resnet50", lr_schedule="cosine", warmup_epochs=0,
+                                                cache=tmp_path / "cache", **SMALL))
     _check_one_epoch(out, "resnet50")
     assert out["config"]["width"] == 1.0 and out["config"]["lr_scaling"] == "linear"  # the model's recipe
 
@@ -52,7 +53,7 @@ def test_user_builder_trains_one_epoch(log_lines, spark, bucket, tmp_path):
     spark.sparkContext.addPyFile(str(TESTS / "user_model.py"))
     lines = log_lines
     lines.clear()  # the lines from here on
-    out = train(spark, str(bucket), 2, model="user_model:build", width=0.5, learning_rate=0.05,
-                cache=tmp_path / "cache", **SMALL)
+    out = train(spark, str(bucket), TrainConfig(workers=2, model="user_model:build", width=0.5, learning_rate=0.05,
+                                                cache=tmp_path / "cache", **SMALL))
     _check_one_epoch(out, "user_model:build")
     assert out["config"]["width"] == 0.5

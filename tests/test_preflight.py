@@ -42,7 +42,7 @@ def test_dynamic_allocation_is_refused_before_launch(tmp_path):
         assert sc.getConf().get("spark.dynamicAllocation.enabled") == "true", "got a session started elsewhere"
         jobs = len(sc.statusTracker().getJobIdsForGroup())
         with pytest.raises(ConfigError) as e:
-            train(session, str(make_bucket(tmp_path / "b")), 2, cache=tmp_path / "cache")
+            train(session, str(make_bucket(tmp_path / "b")), TrainConfig(workers=2, cache=tmp_path / "cache"))
         assert "spark.dynamicAllocation.enabled" in str(e.value) and "SPARK-24942" in str(e.value)
         assert "false" in str(e.value)
         assert len(sc.statusTracker().getJobIdsForGroup()) == jobs  # nothing launched
@@ -139,7 +139,7 @@ def test_more_workers_than_slots_is_refused_before_launch(spark, tmp_path):
     sc = spark.sparkContext
     jobs = len(sc.statusTracker().getJobIdsForGroup())
     with pytest.raises(ConfigError) as e:
-        train(spark, str(make_bucket(tmp_path / "b")), 3, cache=tmp_path / "cache")
+        train(spark, str(make_bucket(tmp_path / "b")), TrainConfig(workers=3, cache=tmp_path / "cache"))
     assert "--workers 3 needs 3 barrier task slots, only 2 available" in str(e.value)
     assert len(sc.statusTracker().getJobIdsForGroup()) == jobs
     assert not (tmp_path / "cache").exists()

@@ -106,3 +106,25 @@ def test_write_results_writes_the_versioned_document_atomically(tmp_path):
     (tmp_path / "a-file").write_text("")
     with pytest.raises(ConfigError, match="cannot write --results"):
         write_results(tmp_path / "a-file" / "r.json", result)
+
+
+def test_from_path_reads_back_what_train_returned(tmp_path):
+    from spark_imagenet.storage import open_storage
+    from spark_imagenet.training.job.outputs import write_driver_outputs
+
+    result = _result(tmp_path / "job", checkpoint_dir=str(tmp_path / "ckpt"), crop_area=(0.5, 1.0),
+                     lr_schedule="step", lr_boundaries=(1.0,), epochs=2)
+    write_driver_outputs(open_storage(str(tmp_path / "out")), [], result)
+    again = Result.from_path(tmp_path / "out")
+    assert again == result and again.per_worker[1].tf_process == result.per_worker[1].tf_process
+    assert again.config["crop_area"] == [0.5, 1.0] and again.history == {"loss": (2.0, 1.5)}
+    assert Result.from_path(f"file://{tmp_path / 'out'}") == result
+
+
+def test_from_path_says_a_folder_without_results_is_no_finished_run(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"empty holds no results\.json: it is not the --output of a finished"):
+        Result.from_path(tmp_path / "empty")
+    (tmp_path / "empty" / "results.json").write_text('{"format": "spark-imagenet-manifest"}')
+    with pytest.raises(ConfigError, match=r"empty/results\.json: not a spark-imagenet training results"):
+        Result.from_path(str(tmp_path / "empty"))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import random
@@ -62,6 +63,14 @@ def records(out: Path, manifest: Manifest) -> dict[str, list[dict]]:
 
 def objects(out: Path) -> set[str]:
     return {p.name for p in out.iterdir()}
+
+
+def after_upload(monkeypatch, hook) -> None:
+    """Make every shard task of the job call ``hook(object name)`` in each attempt right after its upload."""
+    from spark_imagenet.dataset import dataframe
+    from spark_imagenet.dataset.dataframe_task import ShardTask
+
+    monkeypatch.setattr(dataframe, "ShardTask", functools.partial(ShardTask, after_upload=hook))
 
 
 @pytest.mark.slow
@@ -131,7 +140,7 @@ def test_a_binary_file_read_of_class_folders_via_the_command_line(spark, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_task_that_fails_once_leaves_exactly_one_shard(spark, tmp_path, log_lines):
+def test_a_task_that_fails_once_leaves_exactly_one_shard(spark, tmp_path, log_lines, monkeypatch):
     df = spark.createDataFrame(rows(8), "content binary, label string, name string")
 
     def fail_first_attempt(name: str) -> None:
@@ -141,8 +150,8 @@ def test_a_task_that_fails_once_leaves_exactly_one_shard(spark, tmp_path, log_li
             raise RuntimeError("failing on purpose after the upload")
 
     out = tmp_path / "shards"
-    manifest = shard_dataframe(df, str(out), name_col="name", train_shards=2, val_shards=1, val_fraction=0.25,
-                               _after_upload=fail_first_attempt)
+    after_upload(monkeypatch, fail_first_attempt)
+    manifest = shard_dataframe(df, str(out), name_col="name", train_shards=2, val_shards=1, val_fraction=0.25)
     names = {s.name for split in manifest.splits.values() for s in split.shards}
     assert objects(out) == {MANIFEST_NAME, QUALITY_REPORT_NAME} | names  # the first attempt's object is gone
     assert sum(len(r) for r in records(out, manifest).values()) == 24
@@ -339,13 +348,15 @@ def test_a_local_table_path_or_column_that_is_not_there_is_refused_before_spark(
 def test_shards_of_a_dataframe_train(spark, tmp_path):
     """The shards of a DataFrame train: two barrier workers, one epoch, every val image counted once."""
     from spark_imagenet.training.driver.launch import train
+    from spark_imagenet.training.job.config import TrainConfig
 
     df = spark.createDataFrame(rows(12), "content binary, label string, name string")
     out = tmp_path / "shards"
     manifest = shard_dataframe(df, str(out), name_col="name", train_shards=2, val_shards=1, val_fraction=0.25,
                                progress=False)
-    result = train(spark, str(out), 2, epochs=1, cache=tmp_path / "cache", batch_size=4, image_size=72, width=0.25,
-                   learning_rate=0.01, lr_schedule="constant", warmup_epochs=0.0)
+    result = train(spark, str(out), TrainConfig(workers=2, epochs=1, cache=tmp_path / "cache", batch_size=4,
+                                                image_size=72, width=0.25, learning_rate=0.01, lr_schedule="constant",
+                                                warmup_epochs=0.0))
     assert result["val"]["images"] == manifest.splits["val"].examples
     assert result["workers"] == 2 and result["train"]["loss"] > 0
 
@@ -413,7 +424,7 @@ def test_on_a_standalone_cluster_of_two_hosts(two_hosts, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_task_that_keeps_failing_is_one_clear_error_and_leaves_nothing(spark, tmp_path):
+def test_a_task_that_keeps_failing_is_one_clear_error_and_leaves_nothing(spark, tmp_path, monkeypatch):
     """After Spark's last try the job's error is the task's own (its class and message, no Py4J trace), and no
     object of the run is left."""
     from spark_imagenet.errors import StorageError
@@ -427,9 +438,10 @@ def test_a_task_that_keeps_failing_is_one_clear_error_and_leaves_nothing(spark, 
             raise StorageError(f"the store refused {name} (on purpose)")
 
     out = tmp_path / "shards"
+    after_upload(monkeypatch, refuse)
     with pytest.raises(StorageError) as caught:
         shard_dataframe(df, str(out), name_col="name", train_shards=1, val_shards=1, val_fraction=0.3,
-                        progress=False, _after_upload=refuse)
+                        progress=False)
     assert str(caught.value).startswith("the store refused val-00000-of-00001-") and "Py4J" not in str(caught.value)
     assert not out.exists() or not list(out.iterdir())
 

@@ -14,6 +14,7 @@ from data_util import small_layout
 from spark_imagenet.errors import SparkImagenetError
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.training.driver.launch import train
+from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.training.driver.results import Result
 from spark_imagenet.training.job.outcome import FAILURE_MARKER
 
@@ -42,7 +43,7 @@ def test_train_twice_in_one_session(log_lines, spark, bucket):
     lines = log_lines
     lines.clear()  # the lines from here on
 
-    first = train(spark, url, 2, epochs=1, cache=cache, results=bucket / "r1.json", **SMALL)
+    first = train(spark, url, TrainConfig(workers=2, epochs=1, cache=cache, results=bucket / "r1.json", **SMALL))
     assert first["workers"] == 2
     assert [w["rank"] for w in first["per_worker"]] == [0, 1]
     steps_per_epoch = 24 // (SMALL["batch_size"] * 2)
@@ -64,7 +65,7 @@ def test_train_twice_in_one_session(log_lines, spark, bucket):
     assert len(cached) == 3  # 2 train shards + the shared val shard, each once on this host
 
     # a second MWMS job in the same session: fresh child processes, shards reused from the cache
-    second = train(spark, url, 2, epochs=2, cache=cache, **SMALL)
+    second = train(spark, url, TrainConfig(workers=2, epochs=2, cache=cache, **SMALL))
     assert [w["steps"] for w in second["per_worker"]] == [2 * steps_per_epoch] * 2
     assert second["val"]["images"] == 12
     assert len(second["history"]["loss"]) == 2
@@ -81,12 +82,12 @@ def test_train_from_gs_bucket_on_the_emulator(log_lines, spark, bucket, gcs_buck
     cache = tmp_path / "cache"
     lines = log_lines
     lines.clear()  # the lines from here on
-    out = train(spark, url, 2, epochs=1, cache=cache, transfers=2, **SMALL)
+    out = train(spark, url, TrainConfig(workers=2, epochs=1, cache=cache, transfers=2, **SMALL))
     assert out["config"]["url"] == url
     assert out["val"]["images"] == 12 and [w["rank"] for w in out["per_worker"]] == [0, 1]
     cached = _cache_state(cache)
     assert len(cached) == 3
-    again = train(spark, url, 2, epochs=1, cache=cache, **SMALL)
+    again = train(spark, url, TrainConfig(workers=2, epochs=1, cache=cache, **SMALL))
     assert again["val"]["images"] == 12
     assert _cache_state(cache) == cached  # nothing downloaded or rewritten
 
@@ -131,7 +132,7 @@ def test_worker_failure_is_reported_with_its_output(spark, bucket):
     broken = bucket / "broken"
     image = _break_one_jpeg(bucket / "bucket", broken)
     with pytest.raises(SparkImagenetError) as e:
-        train(spark, str(broken), 2, epochs=1, cache=bucket / "cache", **SMALL)
+        train(spark, str(broken), TrainConfig(workers=2, epochs=1, cache=bucket / "cache", **SMALL))
     msg = str(e.value)
     assert msg.startswith("rank 0 ") and "exited with code 1" in msg, msg
     assert re.search(r"train-00000-of-00002-[0-9a-f]{8}\.tfrecord, record 0", msg) and image in msg, msg
@@ -179,8 +180,8 @@ def _check_output(out: Path, result: dict, epochs: int) -> None:
 
 def test_output_holds_the_model_labels_results_and_tensorboard_logs(log_lines, spark, bucket, tmp_path):
     out, lines = tmp_path / "run", log_lines
-    result = train(spark, str(bucket / "bucket"), 2, epochs=2, cache=bucket / "cache", output=str(out),
-                   **SMALL)
+    result = train(spark, str(bucket / "bucket"), TrainConfig(workers=2, epochs=2, cache=bucket / "cache",
+                                                              output=str(out), **SMALL))
     _check_output(out, result, epochs=2)
     assert any(line.startswith(f"output: labels.json, results.json written to {out}") for line in lines)
     # `spark-imagenet evaluate` scores the saved model at the run's own validation numbers
@@ -254,7 +255,8 @@ def test_output_to_a_bucket_on_the_gcs_emulator(spark, bucket, gcs_bucket, tmp_p
     from spark_imagenet.storage import open_storage
 
     url = f"gs://{gcs_bucket}/runs/one"
-    result = train(spark, str(bucket / "bucket"), 2, epochs=1, cache=bucket / "cache", output=url, **SMALL)
+    result = train(spark, str(bucket / "bucket"), TrainConfig(workers=2, epochs=1, cache=bucket / "cache", output=url,
+                                                              **SMALL))
     storage, local = open_storage(url), tmp_path / "copy"
     names = sorted(o.name for o in storage.list())
     assert {"model.keras", "labels.json", "results.json"} <= set(names)
@@ -285,8 +287,8 @@ def test_a_warm_up_and_cosine_schedule_drives_the_optimizer_step_by_step(log_lin
     lines = log_lines
     lines.clear()  # the lines from here on
     settings = {**SMALL, "epochs": 3, "lr_schedule": "cosine", "warmup_epochs": 1.0, "lr_scaling": "linear"}
-    result = train(spark, str(bucket / "bucket"), 2, cache=bucket / "cache", output=str(tmp_path / "out"),
-                   **settings)
+    result = train(spark, str(bucket / "bucket"), TrainConfig(workers=2, cache=bucket / "cache",
+                                                              output=str(tmp_path / "out"), **settings))
     steps = result["config"]["steps_per_epoch"]
     schedule = schedule_for(TrainConfig(workers=2, **settings), steps)
     assert schedule.describe() in lines  # the resolved peak, printed before training

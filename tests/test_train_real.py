@@ -16,6 +16,7 @@ from spark_imagenet.dataset.naming import shard_name
 from spark_imagenet.storage import LocalStorage, crc32c_file
 from spark_imagenet.dataset.tfrecord import read_records, write_record
 from spark_imagenet.training.driver.launch import train
+from spark_imagenet.training.job.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 
@@ -60,9 +61,9 @@ def test_workers_with_disjoint_classes_train_one_global_model(spark, tmp_path):
 
     # lr 0.01 diverged in about half the runs (top-1 0.25-0.5, loss NaN at 25 epochs); lr 0.005 for 20 epochs
     # reached top-1 1.00 in 4 of 4 runs (measured).
-    result = train(spark, str(bucket), 2, epochs=20, batch_size=8, image_size=72, width=0.25,
-                   learning_rate=0.005, lr_schedule="constant", warmup_epochs=0.0,  # as measured
-                   cache=tmp_path / "cache")
+    result = train(spark, str(bucket), TrainConfig(workers=2, epochs=20, batch_size=8, image_size=72, width=0.25,
+                                                   learning_rate=0.005, lr_schedule="constant",
+                                                   warmup_epochs=0.0, cache=tmp_path / "cache"))  # as measured
 
     # Rank r trained only on its own classes...
     seen = collections.defaultdict(set)
@@ -94,8 +95,8 @@ def test_ilsvrc_mini_four_workers_well_above_chance(tmp_path, request):
     bucket = tmp_path / "mini"
     m = shard(ILSVRC_MINI, bucket, train_shards=8, val_shards=2, progress=False)
     assert m.num_classes == 100 and m.splits["train"].examples == 1200
-    result = train(spark4, str(bucket), 4, epochs=20, batch_size=16, image_size=96, width=0.25,
-                   learning_rate=0.02, cache=tmp_path / "cache")
+    result = train(spark4, str(bucket), TrainConfig(workers=4, epochs=20, batch_size=16, image_size=96, width=0.25,
+                                                    learning_rate=0.02, cache=tmp_path / "cache"))
     assert [w["rank"] for w in result["per_worker"]] == [0, 1, 2, 3]
     assert result["val"]["images"] == 300
     # chance is 0.01 for 100 classes

@@ -38,7 +38,7 @@ import logging
 import math
 import threading
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from spark_imagenet.dataset.dataframe_commit import Build, commit_build, delete_run
 from spark_imagenet.dataset.dataframe_task import RESULT_SCHEMA, ShardResult, ShardTask
@@ -117,8 +117,7 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
                     split_col: str | None = None, *, name_col: str | None = None,
                     val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0, train_shards: int | None = None,
                     val_shards: int | None = None, verify: str = "decode", on_corrupt: str = "error",
-                    overwrite: bool = False, progress: bool = True,
-                    _after_upload: Callable[[str], None] | None = None) -> Manifest:
+                    overwrite: bool = False, progress: bool = True) -> Manifest:
     """Build TFRecord shards and ``manifest.json`` from a Spark DataFrame, as a Spark job (see the module doc).
 
     Args:
@@ -144,7 +143,6 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
             in ``quality-report.json``).
         overwrite: replace a different dataset already at ``out``.
         progress: log a progress line every 10 s while the job runs.
-        _after_upload: tests only: called in each task attempt with its object's name after the upload.
 
     Returns:
         Manifest: the committed manifest (the one already at ``out`` when it holds this same dataset).
@@ -156,6 +154,17 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
             for a split, or a shard that got no rows.
         ImageError: unusable images with ``on_corrupt="error"`` (every one listed; nothing is committed).
         StorageError: ``out`` cannot be written, or a shard could not be uploaded intact.
+
+    Example:
+
+    ```python
+    from pyspark.sql import functions as F
+    from spark_imagenet import shard_dataframe
+
+    df = spark.read.format("binaryFile").load("/data/photos/*/*.jpg")       # one folder per class
+    df = df.withColumn("label", F.element_at(F.split("path", "/"), -2))   # the folder's name
+    manifest = shard_dataframe(df, "gs://my-bucket/photo-shards", val_fraction=0.1)
+    ```
     """
     _check_options(val_fraction, verify, on_corrupt, train_shards, val_shards)
     columns = check_columns(df, image_col, label_col, split_col, name_col)
@@ -164,7 +173,7 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
     counts = shard_counts(found, val_fraction, train_shards, val_shards)
     source = {"kind": "dataframe", "columns": dataclasses.asdict(columns), "seed": seed, "val_fraction": val_fraction}
     job = JobSettings(seed, val_fraction, verify, on_corrupt, overwrite, progress)
-    return build_shards(df, columns, found, counts, out, job, source, _after_upload)
+    return build_shards(df, columns, found, counts, out, job, source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +189,7 @@ class JobSettings:
 
 
 def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], out: str, job: JobSettings,
-                 source: dict[str, Any], after_upload: Callable[[str], None] | None = None) -> Manifest:
+                 source: dict[str, Any]) -> Manifest:
     """Run the job over rows already checked and surveyed, then commit (steps 2 to 4 of the module doc).
 
     Args:
@@ -191,7 +200,6 @@ def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, in
         out: the destination URL.
         job: the job's settings.
         source: the manifest's ``source`` record.
-        after_upload: tests only (see :func:`shard_dataframe`).
 
     Returns:
         Manifest: the committed manifest.
@@ -204,7 +212,7 @@ def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, in
     created_root = not storage.root_exists()
     run = uuid.uuid4().hex[:8]
     try:
-        results, across = _run_job(df, columns, found, counts, storage, run, job, after_upload)
+        results, across = _run_job(df, columns, found, counts, storage, run, job)
     except BaseException:
         delete_run(storage, run)
         if created_root:
@@ -463,7 +471,7 @@ def is_connect(df: Any) -> bool:
 
 
 def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], storage: Any, run: str,
-             job: JobSettings, after_upload: Any = None) -> tuple[list[ShardResult], tuple[Duplicate, ...]]:
+             job: JobSettings) -> tuple[list[ShardResult], tuple[Duplicate, ...]]:
     """Run one task per shard and collect what each reports (see the module doc), and with a split column the
     groups of copies it put in both splits (:mod:`spark_imagenet.dataset.split_copies`).
 
@@ -474,7 +482,7 @@ def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], 
     spark = df.sparkSession
     accumulators = None if is_connect(df) else tuple(spark.sparkContext.accumulator(0) for _ in range(4))
     task = ShardTask(storage, run, counts[0], counts[1], found.classes, columns.integer_labels, job.verify,
-                     job.on_corrupt, accumulators, bool(columns.split), after_upload)
+                     job.on_corrupt, accumulators, bool(columns.split))
     logger.info(f"sharding {sum(found.rows.values())} rows of {len(found.classes)} classes into {counts[0]} train + "
                 f"{counts[1]} val shards as a Spark job ({total} tasks) to {storage.url}")
     if accumulators is None and job.progress:

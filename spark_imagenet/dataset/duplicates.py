@@ -50,9 +50,8 @@ _RANK = {"train+val": 0, "train": 1, "val": 2}
 
 def digest(data: bytes) -> bytes:
     """The :data:`DIGEST_SIZE`-byte digest of an image's raw bytes, as read (before any repair): XXH3-128, a
-    non-cryptographic hash (copies made on purpose to collide would be reported as identical, never removed)
-    that costs 0.013 ms for a 110 KB JPEG, under 1% of the image's check; BLAKE2b-128 cost 0.17 ms (10%) and
-    SHA-256 0.08 ms (5%, with the CPU's SHA instructions) (docs/design.md, 'Duplicate images')."""
+    non-cryptographic hash (copies made on purpose to collide would be reported as identical, never removed);
+    why this hash: docs/design.md, 'Duplicate images'."""
     return xxhash.xxh3_128_digest(data)
 
 
@@ -152,9 +151,9 @@ class Duplicates:
 
 
 class DigestTable:
-    """The digests of every image of a local build, in one buffer: :data:`DIGEST_SIZE` (16) bytes per image,
-    so the driver holds 21 MB for ImageNet's 1.33 M images, plus 41 bytes per image (55 MB, measured) while
-    :meth:`find` sorts them; nothing else per image is kept.
+    """The digests of every image of a local build, in one buffer: :data:`DIGEST_SIZE` (16) bytes per image
+    (21 MB for ImageNet's 1.33 M images), plus the sort's index while :meth:`find` sorts them; nothing else per
+    image is kept (docs/design.md, 'Duplicate images').
 
     Args:
         sizes: per shard name, its number of images (the shards' order is the positions :meth:`find` reports).

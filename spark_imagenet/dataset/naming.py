@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 
-#: Object names of shards: ``<split>-<index>-of-<count>[-<dataset id[:8]>].tfrecord`` (names without the id
-#: part come from builds before the id was added), and ``<split>-<index>-of-<count>-<run>-a<attempt>.tfrecord``
-#: from a Spark job (:func:`attempt_shard_name`).
+#: Object names of shards: ``<split>-<index>-of-<count>[-<dataset id[:8]>].tfrecord`` (the id part is optional:
+#: names without it are read too), and ``<split>-<index>-of-<count>-<run>-a<attempt>.tfrecord`` from a Spark job
+#: (:func:`attempt_shard_name`).
 SHARD_NAME_RE = re.compile(r"^(train|val)-\d{5}-of-\d{5}(-[0-9a-f]{8})?(-a\d+)?\.tfrecord$")
 #: Temporary names of shards being written in a local ``--out`` folder (:func:`partial_name`).
 PARTIAL_RE = re.compile(r"^\.(train|val)-\d{5}-of-\d{5}(-[0-9a-f]{8})?\.tfrecord\.partial-")

@@ -184,9 +184,7 @@ def _draft_check(im: Image.Image, size: int) -> None:
     entropy-decodes every coefficient of every component in every scan (it
     must, to find where the next block starts, and it reads on to the
     end-of-image marker), so a file cut short or damaged fails exactly as in a
-    full-size colour decode: the verdicts were the same on 8,400 cut and
-    damaged variants of real baseline and progressive ILSVRC JPEGs
-    (docs/design.md, 'Image quality while sharding'). The whole file is handed
+    full-size colour decode (docs/design.md, 'Image quality while sharding'). The whole file is handed
     to the decoder in one call (``decodermaxblock``) instead of 64 KiB blocks,
     which saves a suspension and a copy of the rest per block. CMYK and YCCK
     JPEGs are decoded in their own mode (libjpeg has no gray output for them).
@@ -204,8 +202,7 @@ def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
         verify: ``"decode"`` decodes a JPEG completely at 1/8 scale, to
             grayscale where it can (JPEG DCT scaling: every coefficient of
             every scan is still entropy-decoded, so a file cut short or one
-            libjpeg cannot decode fails; about 1,000 images/s per core on
-            ImageNet sizes; see :func:`_draft_check`); ``"header"`` parses
+            libjpeg cannot decode fails; see :func:`_draft_check`); ``"header"`` parses
             only the header and checks that the
             image ends with an end-of-image marker, which may be followed by
             other bytes (misses damage inside the file). Files of other

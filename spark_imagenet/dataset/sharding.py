@@ -181,38 +181,30 @@ def shard(
     """Build TFRecord shards and ``manifest.json`` from ImageNet in the Kaggle layout, or one's own images.
 
     Args:
-        source: the unpacked Kaggle ``imagenet-object-localization-challenge``
-            folder (see :mod:`spark_imagenet.source.layout`), or the downloaded zip
-            in either of its forms, read without unpacking (see
-            :mod:`spark_imagenet.source.zip_archive`; the older form with a nested
-            tar.gz is read as a stream, twice: :mod:`spark_imagenet.source.tar_stream`),
-            or a class-folder tree (:mod:`spark_imagenet.source.class_folders`);
-            or an opened source, e.g. a labels file
-            (:func:`spark_imagenet.source.open_labels`).
-            The manifest records its resolved absolute path.
-        out: bucket URL for the shards: a local path, ``file://`` URL or
-            ``gs://bucket/prefix`` (shards are then staged in a temporary
-            folder and uploaded, see :mod:`spark_imagenet.dataset.transfer`).
-        train_shards: number of train shards (``None``: about 128 MiB each,
-            at least 16). Training needs at least as many as workers.
+        source: the unpacked Kaggle ``imagenet-object-localization-challenge`` folder (see
+            :mod:`spark_imagenet.source.layout`), or the downloaded zip in either of its forms, read without
+            unpacking (see :mod:`spark_imagenet.source.zip_archive`; the older form with a nested tar.gz is read
+            as a stream, twice: :mod:`spark_imagenet.source.tar_stream`), or a class-folder tree
+            (:mod:`spark_imagenet.source.class_folders`); or an opened source, e.g. a labels file
+            (:func:`spark_imagenet.source.open_labels`). The manifest records its resolved absolute path.
+        out: bucket URL for the shards: a local path, ``file://`` URL or ``gs://bucket/prefix`` (shards are then
+            staged in a temporary folder and uploaded, see :mod:`spark_imagenet.dataset.transfer`).
+        train_shards: number of train shards (``None``: about 128 MiB each, at least 16). Training needs at
+            least as many as workers.
         val_shards: number of val shards (``None``: automatic, at least 4).
         classes: keep the first K classes (``--classes``).
         class_list: file of wnids to keep (``--class-list``).
         per_class: at most M train images per class (``--per-class``).
         seed: seed of the per-class sample, of the train shuffle and of the
             ``val_fraction`` split.
-        val_fraction: the share of each class drawn for validation from a
-            class-folder tree without ``val/`` (``None``: 0.1); refused for
-            the Kaggle layout. For an opened ``source``, give it to its opener.
+        val_fraction: the share of each class drawn for validation from a class-folder tree without ``val/``
+            (``None``: 0.1); refused for the Kaggle layout. For an opened ``source``, give it to its opener.
         processes: worker processes (``None``: all cores).
-        verify: ``"decode"`` (default) or ``"header"``, see
-            :func:`spark_imagenet.dataset.quality.classify`.
-        on_corrupt: what to do with unusable (empty, truncated, undecodable)
-            files: ``"error"`` (default) fails the build listing every one;
-            ``"skip"`` leaves them out and records each in
-            ``quality-report.json``. Repairable files (CMYK, YCCK, other
-            formats, EXIF orientation) are repaired either way, see
-            :mod:`spark_imagenet.dataset.quality`.
+        verify: ``"decode"`` (default) or ``"header"``, see :func:`spark_imagenet.dataset.quality.classify`.
+        on_corrupt: what to do with unusable (empty, truncated, undecodable) files: ``"error"`` (default)
+            fails the build listing every one; ``"skip"`` leaves them out and records each in
+            ``quality-report.json``. Repairable files (CMYK, YCCK, other formats, EXIF orientation) are repaired
+            either way, see :mod:`spark_imagenet.dataset.quality`.
         overwrite: replace a different dataset already at ``out``.
         transfers: parallel uploads to a remote ``out`` (``--transfers``).
         progress: show a tqdm progress bar on stderr (images/s).
@@ -231,6 +223,15 @@ def shard(
         ImageError: some images are unusable (``on_corrupt="error"``); lists every one.
         StorageError: ``out`` cannot be written, or an upload fails
             verification twice.
+
+    Example:
+
+    ```python
+    from spark_imagenet import shard
+
+    manifest = shard("imagenet-object-localization-challenge.zip", "gs://my-bucket/imagenet", train_shards=1024)
+    print(manifest.num_classes, manifest.splits["train"].examples)
+    ```
     """
     if verify not in VERIFY_MODES:
         raise ConfigError(f"--verify {verify!r}: choose one of {', '.join(VERIFY_MODES)}")

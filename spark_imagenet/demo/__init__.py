@@ -16,9 +16,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_imagenet.logs import ensure_console
+
+if TYPE_CHECKING:  # imported when run_demo runs
+    from spark_imagenet.training.driver.results import Result
+    from spark_imagenet.training.job.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ DEMO_TRAIN_DEFAULTS: dict[str, Any] = {
 DEMO_DATA = {"train_per_class": 48, "val_per_class": 12, "test_images": 4, "size": (128, 96)}
 
 
-def demo_config(config=None, **settings: Any):
+def demo_config(config: TrainConfig | None = None, **settings: Any) -> TrainConfig:
     """The demo's :class:`~spark_imagenet.training.job.config.TrainConfig`.
 
     Args:
@@ -51,11 +55,13 @@ def demo_config(config=None, **settings: Any):
         ConfigError: an unknown setting or an invalid value.
     """
     from spark_imagenet.training.job.config import TrainConfig
-    from spark_imagenet.training.driver.launch import as_config
 
     if config is None:
         return TrainConfig.from_mapping({**DEMO_TRAIN_DEFAULTS, **settings}, "run_demo()")
-    return as_config(config, settings)
+    if not settings:
+        return config
+    return TrainConfig.from_mapping({**{key: getattr(config, key) for key in TrainConfig.keys()}, **settings},
+                                    "run_demo()")
 
 
 def _generate(source: Path, num_classes: int) -> None:
@@ -70,8 +76,8 @@ def _generate(source: Path, num_classes: int) -> None:
     generate_kaggle_layout(source, num_classes=num_classes, seed=0, **DEMO_DATA)
 
 
-def run_demo(spark, config=None, *, workdir: str | os.PathLike | None = None, num_classes: int = 10,
-             **settings: Any) -> dict:
+def run_demo(spark, config: TrainConfig | None = None, *, workdir: str | os.PathLike | None = None,
+             num_classes: int = 10, **settings: Any) -> Result:
     """Generate, shard and train: the whole job on a synthetic dataset.
 
     Args:
@@ -87,7 +93,8 @@ def run_demo(spark, config=None, *, workdir: str | os.PathLike | None = None, nu
             ``workers=2``, ``results="r.json"``).
 
     Returns:
-        dict: the results of :func:`spark_imagenet.training.driver.launch.train`.
+        Result: what :func:`spark_imagenet.training.driver.launch.train` returned
+        (:class:`~spark_imagenet.training.driver.results.Result`).
 
     Raises:
         SparkImagenetError: as :func:`~spark_imagenet.dataset.sharding.shard`

@@ -29,7 +29,7 @@ def open_source(path: str | os.PathLike, *, val_fraction: float | None = None) -
 
     The Kaggle kinds come first: a zip, or a folder holding any piece of the Kaggle layout
     (``LOC_synset_mapping.txt``, ``LOC_val_solution.csv``, ``ILSVRC/``), is read as the Kaggle
-    download, exactly as before the other kinds existed. Any other folder that has a class folder
+    download. Any other folder that has a class folder
     holding images is a class-folder tree.
 
     Args:

@@ -41,7 +41,7 @@ from spark_imagenet.source.zip_archive import (
 
 logger = logging.getLogger(__name__)
 
-#: Read size of the tar stream (64 KiB was the fastest of 10 KiB, 64 KiB and 1 MiB).
+#: Read size of the tar stream, in bytes (why 64 KiB: docs/design.md, 'The Kaggle archive').
 STREAM_BUFSIZE = 64 * 1024
 
 

@@ -1,11 +1,11 @@
 """A zip's central directory read as a stream of entries, in bounded memory.
 
-:class:`zipfile.ZipFile` parses the whole central directory into one :class:`zipfile.ZipInfo` per member
-when it opens a zip: about 600 bytes per member, so roughly 0.8 GB for the 1.33 M members of the Kaggle
-ImageNet zip and 8 GB for ImageNet-21k's 14 M. When a zip is sharded as a Spark job, neither the driver
-nor an executor may hold that. This module reads the directory (APPNOTE 4.3.12 to 4.3.16, with the
-Zip64 forms of 4.3.14, 4.3.15 and 4.5.3) in blocks and yields one small :class:`DirEntry` at a time,
-from any entry boundary to another, so a Spark task can list its own slice of the directory.
+:class:`zipfile.ZipFile` parses the whole central directory into one :class:`zipfile.ZipInfo` per member when it
+opens a zip, memory that grows with the members (docs/design.md, 'Sharding a DataFrame as a Spark job'). When a
+zip is sharded as a Spark job, neither the driver nor an executor may hold that. This module reads the directory
+(APPNOTE 4.3.12 to 4.3.16, with the Zip64 forms of 4.3.14, 4.3.15 and 4.5.3) in blocks and yields one small
+:class:`DirEntry` at a time, from any entry boundary to another, so a Spark task can list its own slice of the
+directory.
 
 What it does not read: encrypted directories, multi-disk archives. :func:`find_directory` says so as a
 ``ValueError``; the caller turns that into a message a user can act on (``zip_archive.open_zip`` does,

@@ -1,14 +1,13 @@
 """The Kaggle zip planned for a Spark job, in memory that does not grow with its images.
 
-:meth:`ZipSource.list_images <spark_imagenet.source.zip_archive.ZipSource.list_images>` holds every
-member (1.5 GB for ImageNet-1k's 1.33 M). For ``shard ZIP --master M`` the driver instead reads the
-central directory as a stream (:mod:`spark_imagenet.source.zip_directory`) twice: once to find the zip's
-form (:func:`~spark_imagenet.source.zip_archive.inspect_names`), once to count each class folder's images,
-check the layout exactly as the local path does (the same messages) and cut the directory into slices of
-:data:`ENTRIES_PER_SLICE` entries. What it keeps grows with the classes, the validation set (its CSV is
-read whole anyway) and the slices, plus 8 bytes per member to find names given twice. Each Spark task then
-lists its own slice again (:func:`chosen_in_slice`) and reads the chosen members at the locations the
-directory gives.
+:meth:`ZipSource.list_images <spark_imagenet.source.zip_archive.ZipSource.list_images>` holds every member
+(docs/design.md, 'Sharding a DataFrame as a Spark job'). For ``shard ZIP --master M`` the driver instead reads
+the central directory as a stream (:mod:`spark_imagenet.source.zip_directory`) twice: once to find the zip's
+form (:func:`~spark_imagenet.source.zip_archive.inspect_names`), once to count each class folder's images, check
+the layout exactly as the local path does (the same messages) and cut the directory into slices of
+:data:`ENTRIES_PER_SLICE` entries. What it keeps grows with the classes, the validation set (its CSV is read
+whole anyway) and the slices, plus 8 bytes per member to find names given twice. Each Spark task then lists its
+own slice again (:func:`chosen_in_slice`) and reads the chosen members at the locations the directory gives.
 
 The images chosen are the local path's (same classes, class ids and validation rows); ``--per-class``
 needs every member of a class at once and is not planned here (the caller lists the zip as without

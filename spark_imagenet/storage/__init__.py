@@ -182,6 +182,16 @@ def open_storage(url: str | os.PathLike, **options: Any) -> Storage:
             URL names a host, or a bucket URL names no bucket or holds
             ``?`` or ``#``, or the client library of its scheme is not
             installed (names the extra to install).
+
+    Example:
+
+    ```python
+    from spark_imagenet import open_storage
+
+    storage = open_storage("gs://my-bucket/imagenet")
+    manifest = storage.read_bytes("manifest.json")
+    names = [info.name for info in storage.list()]
+    ```
     """
     text = os.fspath(url)
     if not text:

@@ -31,9 +31,9 @@ def tune_download_reads() -> bool:
     The library streams a download's body into the file, and through its CRC32C, in pieces of a size
     it fixes in a module constant (``google.cloud.storage._media.requests._request_helpers.
     _SINGLE_GET_CHUNK_SIZE``, 8192, no parameter of any public call sets it). Each piece costs several
-    Python calls (requests, urllib3, http.client), a ``recv`` and a file ``write``: 8 KiB pieces made the
-    client's CPU, not the network, the limit of parallel downloads (measured: about 2.5 times the CPU per
-    byte of 1 MiB pieces). Only the read size changes (what is read, checked and written is the same); it
+    Python calls (requests, urllib3, http.client), a ``recv`` and a file ``write``: 8 KiB pieces make the
+    client's CPU, not the network, the limit of parallel downloads (docs/design.md, 'Storage, checksums and
+    the GCS emulator'). Only the read size changes (what is read, checked and written is the same); it
     applies to the whole process, to every download of that library, and costs at most this many bytes
     of buffer per download in progress. A value other than the library's own default (set by someone
     else, or changed by a later release) is left as it is.

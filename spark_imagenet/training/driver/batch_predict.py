@@ -122,6 +122,16 @@ def predict_dataframe(df: Any, model_url: str, image_col: str = "content", top_k
     Raises:
         ConfigError: ``top_k`` or ``batch_size`` below 1, ``image_col`` missing or not binary, ``output_col``
             already a column, or the model not there (:func:`check_model`).
+
+    Example:
+
+    ```python
+    from spark_imagenet import predict_dataframe
+
+    df = spark.read.format("binaryFile").load("/data/photos/*.jpg")
+    scored = predict_dataframe(df, "gs://my-bucket/runs/alexnet-90", top_k=3)
+    scored.select("path", "prediction.wnids", "prediction.probabilities", "prediction.error").show()
+    ```
     """
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import functions as F

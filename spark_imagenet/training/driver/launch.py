@@ -26,12 +26,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Iterator
 
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.dataset.transfer import check_listed
 from spark_imagenet.storage import lease
-from spark_imagenet.errors import SparkImagenetError, TrainingError, WorkerLost
+from spark_imagenet.errors import ConfigError, SparkImagenetError, TrainingError, WorkerLost
 from spark_imagenet.logs import ensure_console
 from spark_imagenet.storage import is_remote_url, open_storage
 from spark_imagenet.training.job import checkpoints
@@ -73,30 +73,6 @@ from spark_imagenet.training.driver.tracking import RunTracker, check_tracking
 from spark_imagenet.training.driver.spark_session import is_connect_url, runs_in_driver_jvm
 
 logger = logging.getLogger(__name__)
-
-
-def as_config(config: TrainConfig | int | None, settings: Mapping[str, Any]) -> TrainConfig:
-    """The :class:`TrainConfig` of :func:`train`'s arguments.
-
-    Args:
-        config: a TrainConfig, or the worker count (the keyword form
-            ``train(spark, url, 8, epochs=90)``), or None (``workers=`` given
-            in ``settings``).
-        settings: keyword settings; with a TrainConfig they override its fields.
-
-    Raises:
-        ConfigError: an unknown setting name (with the closest one), or an invalid value.
-    """
-    if isinstance(config, TrainConfig):
-        return TrainConfig.from_mapping({**config_fields(config), **settings}, "train()") if settings else config
-    if config is not None:
-        settings = {"workers": config, **settings}
-    return TrainConfig.from_mapping(settings, "train()")
-
-
-def config_fields(config: TrainConfig) -> dict[str, Any]:
-    """``{field: value}`` of a config (for merging)."""
-    return {key: getattr(config, key) for key in TrainConfig.keys()}
 
 
 def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
@@ -497,31 +473,26 @@ def _report(job: JobPlan, out: Result) -> None:
                     f"{MODEL_FILE}, {PREPROCESSING_FILE}, {SERVING_DIR}/ and {TENSORBOARD_DIR}/)")
 
 
-def train(spark, url: str | os.PathLike, config: TrainConfig | int | None = None,
-          **settings: Any) -> Result:
+def train(spark, url: str | os.PathLike, config: TrainConfig) -> Result:
     """Train a model on a sharded dataset with N Spark barrier tasks.
 
-    ``train(spark, url, TrainConfig(workers=8, epochs=90))``, or the keyword
-    form ``train(spark, url, 8, epochs=90)`` / ``train(spark, url, workers=8)``.
     Its progress, the tasks' lines and the summary are logged (:mod:`spark_imagenet.logs`); where logging
     is not set up they are printed, as on the command line.
 
     Args:
         spark: a SparkSession, classic or Spark Connect (see :func:`run_job`).
         url: the dataset bucket URL (holding ``manifest.json`` and shards).
-        config: a :class:`~spark_imagenet.training.job.config.TrainConfig`, or
-            the worker count N.
-        **settings: :class:`TrainConfig` fields (``epochs``, ``batch_size``,
-            ...); with a config object they override its fields.
+        config: every setting of the job (:class:`~spark_imagenet.training.job.config.TrainConfig`; change one
+            with ``config.replace(epochs=...)``).
 
     Returns:
         Result: :class:`~spark_imagenet.training.driver.results.Result`: the per-worker records, the
         validation and training metrics, rank 0's history, the settings, the wall time, the restarts, the last
         checkpoint and the output folder; ``result.to_json()`` (also ``result["val"]["top1"]``) is the
-        ``--results`` file's form.
+        ``--results`` file's form, and ``Result.from_path(output)`` reads it back from ``--output``.
 
     Raises:
-        ConfigError: a bad setting, dynamic allocation, too few
+        ConfigError: ``config`` is not a TrainConfig, a bad setting, dynamic allocation, too few
             task slots, too few train shards, an unwritable ``results`` path.
         ManifestError: no or invalid manifest at ``url``, or a shard it names is missing or differs in the
             store (:func:`~spark_imagenet.dataset.transfer.check_listed`).
@@ -530,8 +501,23 @@ def train(spark, url: str | os.PathLike, config: TrainConfig | int | None = None
             status and its last output lines; the error's ``failure`` attribute holds them as a
             :class:`~spark_imagenet.training.job.outcome.Failure`).
         WorkerLost: a worker was lost in the last launch ``max_restarts`` allows.
+
+    Example:
+
+    ```python
+    from pyspark.sql import SparkSession
+    from spark_imagenet import TrainConfig, train
+
+    spark = SparkSession.builder.master("local[2]").getOrCreate()
+    result = train(spark, "gs://my-bucket/imagenet-shards", TrainConfig(workers=2, epochs=1, output="/tmp/run"))
+    print(result.val.top1)
+    ```
     """
-    return run_job(spark, plan_job(url, as_config(config, settings)))
+    if not isinstance(config, TrainConfig):
+        hint = f"TrainConfig(workers={config!r}, ...)" if isinstance(config, int) else "TrainConfig(workers=N, ...)"
+        raise ConfigError(f"train() takes the job's settings as a TrainConfig, got {type(config).__name__} "
+                          f"{config!r}: train(spark, url, {hint}) (from spark_imagenet import TrainConfig)")
+    return run_job(spark, plan_job(url, config))
 
 
 # ------------------------------------------------------------ task failures

@@ -161,7 +161,8 @@ class Result(Mapping[str, Any]):
         train: the job's training metrics of the last epoch.
         images_per_sec: the sum of the workers' images per second.
         history: rank 0's Keras history, every epoch including those restored from a checkpoint.
-        config: the settings that ran, with the dataset's numbers and the master.
+        config: the settings that ran, with the dataset's numbers and the master, as JSON values (a list for a
+            tuple setting such as ``crop_area``).
         wall_seconds: the barrier stage's wall time (every launch: staging, TensorFlow start-up, training,
             evaluation), in seconds.
         restarts: launches after a lost worker.
@@ -192,6 +193,62 @@ class Result(Mapping[str, Any]):
                 "wall_seconds": self.wall_seconds, "restarts": self.restarts,
                 "checkpoint": self.checkpoint, "output": self.output})
 
+    @classmethod
+    def from_json(cls, data: Any, where: str = "results") -> "Result":
+        """The :class:`Result` of its :meth:`to_json` document.
+
+        Args:
+            data: the decoded JSON (``results.json``, ``--results``).
+            where: the file, named in messages.
+
+        Raises:
+            ConfigError: not a results document of a version this package reads, or one missing or holding an
+                unknown key (each named with ``where``).
+        """
+        body = RESULTS.fields_for(cls, data, where)
+        try:
+            return cls(**{**body, "per_worker": tuple(_worker_record(w) for w in body["per_worker"]),
+                          "val": ValMetrics(**body["val"]), "train": TrainMetrics(**body["train"]),
+                          "history": {k: tuple(v) for k, v in body["history"].items()}})
+        except (TypeError, AttributeError, KeyError) as e:
+            raise ConfigError(f"{where}: not a {RESULTS.title} this version of spark-imagenet reads ({e})") from None
+
+    @classmethod
+    def from_path(cls, output_url: str | os.PathLike) -> "Result":
+        """The :class:`Result` of a finished training run, read from ``results.json`` in its ``--output``.
+
+        Args:
+            output_url: the run's ``--output``: a local folder or a bucket URL of any store
+                (:func:`~spark_imagenet.storage.open_storage`).
+
+        Returns:
+            Result: equal to what :func:`~spark_imagenet.training.driver.launch.train` returned.
+
+        Raises:
+            ConfigError: no ``results.json`` there (not the ``--output`` of a finished run), or one this
+                package cannot read; each names the URL.
+            StorageError: the folder or bucket cannot be read.
+
+        Example:
+
+        ```python
+        from spark_imagenet import Result
+
+        result = Result.from_path("gs://my-bucket/runs/alexnet-8")
+        print(result.val.top1, result.workers)
+        ```
+        """
+        from spark_imagenet.storage import open_storage
+        from spark_imagenet.training.job.outputs import RESULTS_FILE
+
+        url = os.fspath(output_url)
+        storage = open_storage(url)
+        where = f"{url.rstrip('/')}/{RESULTS_FILE}"
+        if not storage.exists(RESULTS_FILE):
+            raise ConfigError(f"{url} holds no {RESULTS_FILE}: it is not the --output of a finished training run "
+                              "(train writes results.json there when the job ends); give that folder or bucket")
+        return cls.from_json(RESULTS.decode(storage.read_bytes(RESULTS_FILE), where), where)
+
     def __getitem__(self, key: str) -> Any:
         return self.to_json()[key]
 
@@ -200,6 +257,13 @@ class Result(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.to_json())
+
+
+def _worker_record(data: Mapping[str, Any]) -> WorkerRecord:
+    """A :class:`WorkerRecord` of its :meth:`WorkerRecord.to_json` object."""
+    process = data.get("tf_process")
+    return WorkerRecord(**{**data, "devices": tuple(data["devices"]),
+                           "tf_process": None if process is None else TfProcess(**process)})
 
 
 def build_results(records: Sequence[TaskResult], job, *, master: str, wall_seconds: float,
@@ -230,16 +294,22 @@ def build_results(records: Sequence[TaskResult], job, *, master: str, wall_secon
         train=TrainMetrics(rank0.train_loss, rank0.train_top1),
         images_per_sec=sum(w.images_per_sec or 0.0 for w in per_worker),
         history={k: tuple(v) for k, v in rank0.history.items()},
-        config={
+        config=_json_values({
             "url": job.url, "dataset_id": manifest.dataset_id, "master": master,
             **settings, "cache": config.cache, "num_classes": manifest.num_classes,
             "train_examples": plan.train_examples_total, "val_examples": plan.val_examples_total,
             "steps_per_epoch": plan.steps_per_epoch, "val_steps": plan.val_steps,
             "global_batch_size": config.global_batch_size,
             "assignment": [p.to_json() for p in plan.workers],
-        },
+        }),
         wall_seconds=wall_seconds, restarts=restarts, checkpoint=checkpoint, output=config.output,
     )
+
+
+def _json_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with each tuple a list, as JSON reads it back (so :meth:`Result.from_path` gives an equal one)."""
+    return {k: [list(i) if isinstance(i, tuple) else i for i in v] if isinstance(v, tuple) else v
+            for k, v in values.items()}
 
 
 def _last_checkpoint(job: Any) -> str | None:

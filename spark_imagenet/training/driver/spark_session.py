@@ -32,8 +32,7 @@ from spark_imagenet.errors import ConfigError, EnvironmentSetupError, install_hi
 from spark_imagenet.resources import QUIET_LOG4J2, resource_path
 from spark_imagenet.training.job.master import Master
 
-#: Oldest Java major version PySpark 4.x runs on (Spark 4.0 release notes:
-#: "Java 17 and 21"; Java 8 and 11 support was removed).
+#: Oldest Java major version PySpark 4.x runs on (Spark 4.0 release notes: "Java 17 and 21").
 MIN_JAVA_MAJOR = 17
 
 _INSTALL_HINT = (
@@ -201,8 +200,8 @@ def quiet_logging_conf(conf: Mapping[str, Any] | None = None) -> dict[str, str]:
 
     The setting is ``spark.driver.extraJavaOptions=-Dlog4j2.configurationFile=FILE_URL``
     with the package's ``log4j2-quiet.properties``
-    (:data:`spark_imagenet.resources.QUIET_LOG4J2`): warnings and errors as
-    before, minus Spark's start-up chatter (docs/design.md, 'Preflight and
+    (:data:`spark_imagenet.resources.QUIET_LOG4J2`): warnings and errors
+    are logged, Spark's start-up chatter is not (docs/design.md, 'Preflight and
     doctor'). PySpark passes the builder's settings to the ``spark-submit``
     that starts the JVM, so only a JVM not yet started is affected. Nothing is
     returned (the user's logging wins) when:

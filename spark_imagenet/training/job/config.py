@@ -76,6 +76,17 @@ class TrainConfig:
         ConfigError: an unknown setting name (with the closest one), a section of the wrong type, or
             what a section raises (a value of the wrong type or out of range, an unknown model, ...);
             the message names the key and its command-line option.
+
+    Example:
+
+    ```python
+    from spark_imagenet import RecipeConfig, TrainConfig
+
+    config = TrainConfig(workers=8, recipe=RecipeConfig(model="resnet50", epochs=90),
+                         output="gs://my-bucket/runs/resnet-8")
+    longer = config.replace(epochs=120)
+    print(config.recipe.epochs, longer.epochs, config.global_batch_size)   # 90 120 256
+    ```
     """
 
     scaling: ScalingConfig

@@ -113,8 +113,8 @@ class ScalingConfig:
                                       help="train although Spark's network encryption or SSL is on: TensorFlow's "
                                            "gRPC between the workers (gradients, weights) is not encrypted")
     spare_worker: bool = setting(True, kind="bool", option="--no-spare-worker",
-                                 help="start no spare TensorFlow process (TensorFlow imported: 0.63 GB resident, "
-                                      "0.24 GB of it its own) in each reused Spark Python worker for the next job")
+                                 help="start no spare TensorFlow process (one with TensorFlow imported, holding "
+                                      "its memory) in each reused Spark Python worker for the next job")
 
     def __post_init__(self) -> None:
         validate_fields(self)

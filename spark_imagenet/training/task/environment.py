@@ -13,6 +13,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.job.tf_process import tensorflow_environment
 
 
 def cuda_visible_devices(addresses: Sequence[str], existing: str | None) -> str:
@@ -74,18 +75,17 @@ def preload_env(base: Mapping[str, str], gpu_addresses: Sequence[str] | None,
             the child imports what the task can, e.g. a user's ``--model package.module:function``.
 
     Returns:
-        dict: ``base`` without TF_CONFIG, plus TF_USE_LEGACY_KERAS=1 (docs/design.md, 'Keras 2 (tf-keras) under
-        MultiWorkerMirroredStrategy'), TF_CPP_MIN_LOG_LEVEL=2 unless set, PYTHONUNBUFFERED=1,
+        dict: ``base`` without TF_CONFIG, plus TensorFlow's variables
+        (:func:`~spark_imagenet.training.job.tf_process.tensorflow_environment`: TF_USE_LEGACY_KERAS=1,
+        TF_CPP_MIN_LOG_LEVEL=2 unless set), PYTHONUNBUFFERED=1,
         CUDA_VISIBLE_DEVICES from ``gpu_addresses`` (:func:`cuda_visible_devices`), and this package's folder
         first on PYTHONPATH, so ``python -m`` finds it even when it is not installed.
 
     Raises:
         ConfigError: see :func:`cuda_visible_devices`.
     """
-    env = dict(base)
+    env = tensorflow_environment(base)
     env.pop("TF_CONFIG", None)
-    env["TF_USE_LEGACY_KERAS"] = "1"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONUNBUFFERED"] = "1"
     if gpu_addresses:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices(gpu_addresses, base.get("CUDA_VISIBLE_DEVICES"))

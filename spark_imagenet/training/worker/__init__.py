@@ -16,7 +16,8 @@
 * :mod:`.batch_predict`: the executor side of batch inference (``predict_dataframe``): runs in an executor's
   PySpark Python worker, inside a pandas UDF, the one module here not run in a TensorFlow process of ours.
 
-TensorFlow's set-up is made here, once, before any module of this folder imports it: the Keras 2 API of
+TensorFlow's set-up is made here, once, before any module of this folder imports it, as defaults from
+:func:`spark_imagenet.training.job.tf_process.tensorflow_environment`: the Keras 2 API of
 ``tf_keras`` (``TF_USE_LEGACY_KERAS=1``), which MultiWorkerMirroredStrategy needs (Keras 3 fails under it;
 docs/design.md), and TensorFlow's C++ log level (``TF_CPP_MIN_LOG_LEVEL=2``: no INFO or WARNING lines),
 which :mod:`.native_log` also applies to the lines TensorFlow's libraries print while it is imported.
@@ -24,8 +25,11 @@ which :mod:`.native_log` also applies to the lines TensorFlow's libraries print 
 
 import os
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no INFO lines from TensorFlow's C++ logging
+from spark_imagenet.training.job.tf_process import tensorflow_environment
+
+for _name, _value in tensorflow_environment({}).items():
+    os.environ.setdefault(_name, _value)  # defaults: what the process was started with wins
+del _name, _value
 
 from spark_imagenet.training.worker import native_log  # noqa: E402  (after the environment above)
 

@@ -134,8 +134,8 @@ def failure_of(exc: BaseException, stage: str, rank: int | None, peers: Sequence
 def lost_peers(message: str, peers: Sequence[str] = ()) -> tuple[LostPeer, ...]:
     """Who is missing, from the text of a collective that TensorFlow's coordination service aborted.
 
-    The service (on the chief) fails every worker's collectives about 10 s after a worker stops sending
-    heartbeats (killed, SIGSTOPped, its machine gone) with "The following tasks are unhealthy (stopped
+    The service (on the chief) fails every worker's collectives once a worker stops sending heartbeats
+    (killed, SIGSTOPped, its machine gone) with "The following tasks are unhealthy (stopped
     sending heartbeats): /job:worker/replica:0/task:R ..."; when the chief itself stops, the others' heartbeat
     RPC times out ("Deadline Exceeded ... CoordinationService/Heartbeat"). A peer whose process was killed
     mid-collective is named sooner by gRPC: "Connection reset by peer ... from remote target

@@ -344,8 +344,8 @@ def normalize_batch(x: Any) -> Any:
     Args:
         x: a batch ``x`` of ``fit``/``evaluate``: uint8 ``[B, S, S, 3]`` RGB pixels 0..255 (S static); or
             ``(images, shifts)``, images as above and float32 ``[B, 3]`` per-image RGB offsets in 0..255 units
-            (:func:`lighting_shift`, ``lighting > 0``); or anything else (float32 images already normalized,
-            as before the pipeline handed on uint8), returned as it is.
+            (:func:`lighting_shift`, ``lighting > 0``); or anything else (float32 images already normalized),
+            returned as it is.
 
     Returns:
         float32 ``[B, S, S, 3]``, ``(x - MEAN_RGB) / STD_RGB`` (:func:`normalizer`) or ``(x + shift[b] -
@@ -380,8 +380,8 @@ _XLA_AVAILABLE: bool | None = None
 def xla_available() -> bool:
     """Whether XLA can compile a function for the CPU in this process.
 
-    Checked once (a tiny jit-compiled function run on ``/CPU:0``, about
-    0.1 s) and cached. tf.data runs dataset functions on the CPU, so this is
+    Checked once (a tiny jit-compiled function run on ``/CPU:0``; docs/design.md, 'Input pipeline speed') and
+    cached. tf.data runs dataset functions on the CPU, so this is
     the device that matters even on a GPU machine.
 
     Returns:

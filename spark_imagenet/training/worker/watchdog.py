@@ -15,14 +15,12 @@ releases the GIL while it executes a function, and the peer probe works from
 this thread then (checked with two local workers, one of them SIGSTOPped or
 stuck, in ``tests/test_watchdog.py``).
 
-What TensorFlow 2.21 does by itself (measured, two CPU workers): its
-coordination service (enabled by MultiWorkerMirroredStrategy, which then
-turns its own Python health-check thread off) aborts the collectives about
-10 s after a peer stops sending heartbeats, i.e. a peer SIGSTOPped or
-SIGKILLed; a SIGKILLed peer often fails the step at once (connection reset).
-A peer that is alive but stuck (in its input pipeline, a callback, a
-storage call) keeps sending heartbeats and answering probes: TensorFlow then
-waits for ever, which is the case this watchdog exists for.
+What TensorFlow does by itself (docs/design.md, 'No hangs'): its
+coordination service (enabled by MultiWorkerMirroredStrategy) aborts the
+collectives when a peer stops sending heartbeats (a peer SIGSTOPped or
+SIGKILLed). A peer that is alive but stuck (in its input pipeline, a
+callback, a storage call) keeps sending heartbeats and answering probes:
+TensorFlow then waits for ever, which is the case this watchdog exists for.
 
 Typical use in the worker::
 
