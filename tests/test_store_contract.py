@@ -141,7 +141,7 @@ def test_objects_and_checksums(store):
 
 def test_conditional_writes(store):
     """Create-only succeeds once and is refused the second time; compare-and-swap needs the current
-    generation."""
+    generation, and is refused when the object was deleted since it was read."""
     storage = open_storage(store.url)
     storage.write_bytes("manifest.json", b'{"v": 1}', if_generation_match=0)
     with pytest.raises(PreconditionFailed):
@@ -152,6 +152,11 @@ def test_conditional_writes(store):
     with pytest.raises(PreconditionFailed):  # the generation read before the last write is stale now
         storage.write_bytes("manifest.json", b'{"v": 4}', if_generation_match=seen)
     assert storage.read_bytes("manifest.json") == b'{"v": 3}'
+    current = storage.stat("manifest.json").generation
+    storage.delete("manifest.json")  # another writer deleted it since it was read
+    with pytest.raises(PreconditionFailed):
+        storage.write_bytes("manifest.json", b'{"v": 5}', if_generation_match=current)
+    assert not storage.exists("manifest.json")
 
 
 def check_files_and_pickling(storage: Storage, tmp_path: Path) -> None:
