@@ -200,14 +200,16 @@ class HDFSStorage(RemoteStorage):
                 return Fault(Kind.PRECONDITION)
             if e.exception == "FileNotFoundException":
                 return Fault(Kind.MISSING)
-            if e.exception in ("AccessControlException", "SecurityException", "AuthorizationException") \
-                    or e.status in (401, 403):
-                return Fault(Kind.DENIED, f"{e.exception or e.status}: {e.message[:200]}",
-                             f"The HDFS user {self.user!r} may not {action} there: set HADOOP_USER_NAME (or user=) "
-                             "to a user that may, or change the folder's permissions (hdfs dfs -chmod)")
             if e.exception == "ChecksumException":
                 return Fault(Kind.CORRUPT, f"HDFS found a block whose bytes do not match its checksum "
                                            f"({e.message[:200]})")
+            # WebHDFS answers 403 for most IOExceptions too (safe mode, a standby NameNode): only these, or a bare
+            # 401/403 without an exception (authentication), are a permission refused.
+            if e.exception in ("AccessControlException", "SecurityException", "AuthorizationException") \
+                    or (not e.exception and e.status in (401, 403)):
+                return Fault(Kind.DENIED, f"{e.exception or e.status}: {e.message[:200]}",
+                             f"The HDFS user {self.user!r} may not {action} there: set HADOOP_USER_NAME (or user=) "
+                             "to a user that may, or change the folder's permissions (hdfs dfs -chmod)")
             advice = (f"{self.host} is a standby NameNode: give the active NameNode in the URL"
                       if e.exception == "StandbyException" else "")
             return Fault(Kind.FAILED, f"{e.exception or 'HTTP'} {e.status}: {e.message[:200]}", advice)
