@@ -70,6 +70,54 @@ def s3_url(moto_s3, monkeypatch, request):
     return f"s3://{bucket}/t"
 
 
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    """Azurite's blob service on 127.0.0.1:<free port> for the whole session (tests/azurite.py)."""
+    pytest.importorskip("azure.storage.blob", reason="the azure extra is not installed: pip install '.[test]'")
+    from azurite import Azurite, Unavailable
+    from server_util import serving
+
+    yield from serving(Azurite, Unavailable, tmp_path_factory.mktemp("azurite"))
+
+
+@pytest.fixture
+def az_url(azurite, monkeypatch, request):
+    """``abfs://<new container>@devstoreaccount1.dfs.core.windows.net/t``, with
+    AZURE_STORAGE_CONNECTION_STRING set for this test (and the processes it starts)."""
+    import re
+    import uuid
+
+    from azurite import ACCOUNT
+
+    container = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:6]
+    container = re.sub(r"-+", "-", container)
+    azurite.create_container(container)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    return f"abfs://{container}@{ACCOUNT}.dfs.core.windows.net/t"
+
+
+@pytest.fixture(scope="session")
+def mini_dfs(tmp_path_factory):
+    """A MiniDFSCluster with WebHDFS on, for the whole session (tests/hdfs_cluster.py; its jars from Maven);
+    skipped, saying why, without Java or Maven."""
+    pytest.importorskip("fsspec", reason="the hdfs extra (fsspec) is not installed: pip install '.[test]'")
+    from hdfs_cluster import MiniDFS, Unavailable
+    from server_util import serving
+
+    yield from serving(MiniDFS, Unavailable, tmp_path_factory.mktemp("hdfs"))
+
+
+@pytest.fixture
+def hdfs_url(mini_dfs, monkeypatch):
+    """``hdfs://127.0.0.1:<rpc port>/tests/<new folder>``, with HADOOP_CONF_DIR naming the WebHDFS address for
+    this test (and the processes it starts)."""
+    import uuid
+
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(mini_dfs.conf_dir))
+    monkeypatch.setenv("HADOOP_USER_NAME", "tester")
+    return f"hdfs://127.0.0.1:{mini_dfs.rpc_port}/tests/{uuid.uuid4().hex[:8]}"
+
+
 @pytest.fixture
 def log_lines():
     """The package's log lines (INFO and up) of this test, as a list that fills as they come

@@ -1,7 +1,8 @@
-"""A real local SparkSession per test module."""
+"""A real local SparkSession per test module, and the environment of its executors."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterator
 
 
@@ -14,3 +15,17 @@ def module_spark(master: str, app_name: str) -> Iterator[Any]:
                             conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
+
+
+@contextlib.contextmanager
+def executor_env(spark, env: dict[str, str]) -> Iterator[None]:
+    """Give the executors' Python workers ``env`` for the block (what ``spark.executorEnv.NAME`` does; a local
+    session's workers otherwise keep the environment of the JVM's start, before a test set its variables)."""
+    sc = spark.sparkContext
+    saved = dict(sc.environment)
+    sc.environment.update(env)
+    try:
+        yield
+    finally:
+        sc.environment.clear()
+        sc.environment.update(saved)

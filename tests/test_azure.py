@@ -1,59 +1,18 @@
-"""abfs:// and az:// end to end against Azurite's blob service (tests/azurite.py) with the real
-azure-storage-blob client: the Storage contract, conditional uploads, the committed-object primitive,
-shard -> upload -> fetch, clear errors. Azurite starts once per session; without it the tests skip, saying why."""
+"""What only abfs:// and az:// do, against Azurite's blob service (tests/azurite.py) with the real
+azure-storage-blob client: az:// URLs, the CRC32C kept in the blob's metadata, the credential probe that fails
+fast, clear errors. The contract every store passes (tests/test_store_contract.py) runs on Azure too. Azurite
+starts once per session (tests/conftest.py); without it the tests skip, saying why."""
 
 from __future__ import annotations
 
 import os
-import re
-import uuid
 
 import pytest
 
-import store_contract
-from server_util import serving
 from spark_imagenet.errors import AccessError, StorageError
 from spark_imagenet.storage import open_storage
 
 pytest.importorskip("azure.storage.blob", reason="the azure extra is not installed: pip install '.[test]'")
-from spark_imagenet.storage.azure import AzureStorage  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def azurite(tmp_path_factory):
-    """Azurite's blob service on 127.0.0.1:<free port> for the whole session."""
-    from azurite import Azurite, Unavailable
-
-    yield from serving(Azurite, Unavailable, tmp_path_factory.mktemp("azurite"))
-
-
-@pytest.fixture
-def az_url(azurite, monkeypatch, request):
-    """``abfs://<new container>@devstoreaccount1.dfs.core.windows.net/t``, with
-    AZURE_STORAGE_CONNECTION_STRING set for this test (and the processes it starts)."""
-    from azurite import ACCOUNT
-
-    container = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:6]
-    container = re.sub(r"-+", "-", container)
-    azurite.create_container(container)
-    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
-    return f"abfs://{container}@{ACCOUNT}.dfs.core.windows.net/t"
-
-
-def _rot(azurite, url):
-    storage = open_storage(url)
-    return lambda name: azurite.rot(storage.container, storage._key(name))
-
-
-def test_storage_contract(az_url):
-    storage = open_storage(az_url)
-    assert isinstance(storage, AzureStorage)
-    store_contract.objects_and_checksums(storage)
-    from spark_imagenet.storage import crc32c_bytes
-
-    storage.write_bytes("x", b"payload")  # the CRC32C kept in the metadata, listed without reading
-    assert storage.stat("x").crc32c == crc32c_bytes(b"payload")
-    assert {o.name: o.crc32c for o in storage.list()}["x"] == crc32c_bytes(b"payload")
 
 
 def test_az_url_names_the_same_blobs(az_url):
@@ -64,29 +23,12 @@ def test_az_url_names_the_same_blobs(az_url):
     assert other.read_bytes("same") == b"1" and other.account == storage.account
 
 
-def test_conditional_upload_refuses_a_second_create(az_url):
-    store_contract.conditional_writes(open_storage(az_url))
-
-
-def test_put_files_info_get_files_and_pickle(az_url, tmp_path):
-    store_contract.files_and_pickling(open_storage(az_url), tmp_path)
-
-
-def test_committed_set_rot_caught_and_rerun(az_url, azurite, tmp_path):
-    store_contract.committed_sets(open_storage(az_url), tmp_path, _rot(azurite, az_url))
-
-
-@pytest.mark.slow
-def test_shard_upload_fetch_and_rot(az_url, azurite, tree, local_ds, tmp_path):
-    store_contract.shard_upload_fetch(az_url, tree, local_ds, tmp_path, _rot(azurite, az_url), dict(os.environ))
-
-
 def test_get_file_checks_the_metadata_crc32c(az_url, azurite, tmp_path):
     from spark_imagenet.errors import IntegrityError
 
     storage = open_storage(az_url)
     storage.write_bytes("obj", b"0123456789" * 100)
-    _rot(azurite, az_url)("obj")
+    azurite.rot(storage.container, storage._key("obj"))
     with pytest.raises(IntegrityError, match=r"the downloaded bytes have crc32c .* the blob's metadata says"):
         storage.get_file("obj", tmp_path / "obj")
 
@@ -120,23 +62,6 @@ def test_url_forms(monkeypatch):
     assert open_storage("az://data/x").account == "acct2"
     with pytest.raises(StorageError, match=r"'\?' and '#' are not allowed in a abfs:// URL"):
         open_storage("abfs://data@acct.dfs.core.windows.net/x?sv=1")
-
-
-@pytest.mark.slow
-def test_a_handle_made_on_the_driver_works_on_an_executor(az_url, spark):
-    credentials = {"AZURE_STORAGE_CONNECTION_STRING": os.environ["AZURE_STORAGE_CONNECTION_STRING"]}
-    store_contract.travels_to_an_executor(spark, open_storage(az_url), credentials)
-
-
-@pytest.mark.slow
-def test_two_concurrent_shard_runs_leave_one_dataset(az_url, tree):
-    store_contract.concurrent_shard_runs(az_url, tree)
-
-
-@pytest.mark.slow
-def test_training_reads_and_writes_the_store(az_url, spark, tree, tmp_path):
-    credentials = {"AZURE_STORAGE_CONNECTION_STRING": os.environ["AZURE_STORAGE_CONNECTION_STRING"]}
-    store_contract.train_from_the_store(spark, az_url, tree, tmp_path, credentials)
 
 
 def _no_azure_credentials(monkeypatch, tmp_path):

@@ -1,20 +1,21 @@
-"""hdfs:// and webhdfs:// end to end against Hadoop's MiniDFSCluster with WebHDFS on (tests/hdfs_cluster.py),
-through fsspec's webhdfs client: the Storage contract, create-only renames, the committed-object primitive,
-shard -> upload -> fetch, clear errors. The cluster starts once per session (its jars come from Maven, as for
-the YARN tests); without Java or Maven the tests skip, saying why."""
+"""What only hdfs:// and webhdfs:// do, against Hadoop's MiniDFSCluster with WebHDFS on (tests/hdfs_cluster.py),
+through fsspec's webhdfs client: webhdfs:// URLs and where the HTTP port comes from, temporary files, a block
+rotten on a DataNode's disk, the CRC32C kept in an extended attribute, clear errors, and a dataset sharded by
+Spark from S3 into HDFS then trained from. The contract every store passes (tests/test_store_contract.py) runs
+on HDFS too. The cluster starts once per session (tests/conftest.py; its jars come from Maven, as for the YARN
+tests); without Java or Maven the tests skip, saying why."""
 
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
 
-import store_contract
-from server_util import serving
+from session_util import executor_env
 from spark_imagenet.errors import StorageError
 from spark_imagenet.storage import open_storage
+from test_store_contract import train_from_the_store
 
 pytest.importorskip("fsspec", reason="the hdfs extra (fsspec) is not installed: pip install '.[test]'")
 from spark_imagenet.storage.hdfs import HDFSStorage  # noqa: E402
@@ -23,63 +24,14 @@ from spark_imagenet.storage.hdfs import HDFSStorage  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="session")
-def mini_dfs(tmp_path_factory):
-    """A MiniDFSCluster for the whole session."""
-    from hdfs_cluster import MiniDFS, Unavailable
-
-    yield from serving(MiniDFS, Unavailable, tmp_path_factory.mktemp("hdfs"))
-
-
-@pytest.fixture
-def hdfs_url(mini_dfs, monkeypatch):
-    """``hdfs://127.0.0.1:<rpc port>/<new folder>``, with HADOOP_CONF_DIR naming the WebHDFS address for this
-    test (and the processes it starts)."""
-    monkeypatch.setenv("HADOOP_CONF_DIR", str(mini_dfs.conf_dir))
-    monkeypatch.setenv("HADOOP_USER_NAME", "tester")
-    return f"hdfs://127.0.0.1:{mini_dfs.rpc_port}/tests/{uuid.uuid4().hex[:8]}"
-
-
-def _rot(url):
-    """Replace a file with the same bytes but one flipped (HDFS keeps no file checksum a reader sees)."""
-    storage = open_storage(url)
-
-    def rot(name: str) -> None:
-        data = bytearray(storage.read_bytes(name))
-        data[len(data) // 2] ^= 0xFF
-        storage.write_bytes(name, bytes(data))
-
-    return rot
-
-
-def test_storage_contract(hdfs_url, mini_dfs):
+def test_webhdfs_url_names_the_same_files(hdfs_url, mini_dfs):
+    """hdfs://host:rpc-port finds WebHDFS's port in $HADOOP_CONF_DIR/hdfs-site.xml; webhdfs://host:http-port
+    names it: both reach the same files."""
     storage = open_storage(hdfs_url)
     assert isinstance(storage, HDFSStorage) and storage.http_port == mini_dfs.http_port  # from hdfs-site.xml
-    store_contract.objects_and_checksums(storage)
-
-
-def test_webhdfs_url_names_the_same_files(hdfs_url, mini_dfs):
-    storage = open_storage(hdfs_url)
     storage.write_bytes("same", b"1")
     other = open_storage(f"webhdfs://127.0.0.1:{mini_dfs.http_port}/{storage.prefix}")
     assert other.read_bytes("same") == b"1"
-
-
-def test_create_only_rename_refuses_a_second_create(hdfs_url):
-    store_contract.conditional_writes(open_storage(hdfs_url))
-
-
-def test_put_files_info_get_files_and_pickle(hdfs_url, tmp_path):
-    store_contract.files_and_pickling(open_storage(hdfs_url), tmp_path)
-
-
-def test_committed_set_rot_caught_and_rerun(hdfs_url, tmp_path):
-    store_contract.committed_sets(open_storage(hdfs_url), tmp_path, _rot(hdfs_url))
-
-
-@pytest.mark.slow
-def test_shard_upload_fetch_and_rot(hdfs_url, tree, local_ds, tmp_path):
-    store_contract.shard_upload_fetch(hdfs_url, tree, local_ds, tmp_path, _rot(hdfs_url), dict(os.environ))
 
 
 def test_writes_leave_no_temporary_files_and_folders_tidy(hdfs_url):
@@ -117,16 +69,6 @@ def test_url_forms_and_port_sources(tmp_path, monkeypatch):
         open_storage("webhdfs://nn/a")
     with pytest.raises(StorageError, match=r"no host"):
         open_storage("hdfs:///a")
-
-
-@pytest.mark.slow
-def test_a_handle_made_on_the_driver_works_on_an_executor(hdfs_url, spark):
-    store_contract.travels_to_an_executor(spark, open_storage(hdfs_url), {})
-
-
-@pytest.mark.slow
-def test_two_concurrent_shard_runs_leave_one_dataset(hdfs_url, tree):
-    store_contract.concurrent_shard_runs(hdfs_url, tree)
 
 
 def _block_file(mini_dfs, data: bytes):
@@ -179,13 +121,13 @@ def test_labels_in_s3_sharded_by_spark_into_hdfs_then_training_from_hdfs(hdfs_ur
                        .encode())
     dataset = f"{hdfs_url}/from-s3"
     s3_env = {k: os.environ[k] for k in (*CREDENTIALS, "AWS_ENDPOINT_URL")}
-    with store_contract.executor_env(spark, s3_env):
+    with executor_env(spark, s3_env):
         assert main(["shard", "--labels", f"{s3_url}/labels.csv", "--master", "local[2]", "--out", dataset,
                      "--train-shards", "2", "--val-shards", "1", "--no-progress"]) == 0
     manifest = Manifest.load(open_storage(dataset))
     assert (manifest.splits["train"].examples, manifest.splits["val"].examples) == (32, 12)
     assert manifest.source["path"] == f"{s3_url}/labels.csv" and manifest.source["sharded_by"] == "spark"
-    store_contract.train_from_the_store(spark, hdfs_url, tree, tmp_path, {}, dataset=dataset)
+    train_from_the_store(spark, hdfs_url, tree, tmp_path, {}, dataset=dataset)
 
 
 def test_the_crc32c_is_kept_in_an_extended_attribute(hdfs_url):

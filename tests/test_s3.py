@@ -1,45 +1,21 @@
-"""s3:// end to end against moto's standalone S3 server (tests/s3_server.py) with the real boto3 client: the
-Storage contract, conditional PutObject, the committed-object primitive, shard -> upload -> fetch, clear errors.
-The server starts once per session; it is skipped (with the reason) where moto is not installed."""
+"""What only s3:// does, against moto's standalone S3 server (tests/s3_server.py) with the real boto3 client: the
+CRC32C the server keeps (trusted or not), clear errors, URLs and reopen options. The contract every store
+passes (tests/test_store_contract.py) runs on S3 too. The server starts once per session; it is skipped (with
+the reason) where moto is not installed."""
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
 
 import pytest
 
-import store_contract
 from spark_imagenet.errors import AccessError, StorageError
 from spark_imagenet.storage import open_storage
+from test_store_contract import check_files_and_pickling
 
 boto3 = pytest.importorskip("boto3", reason="the s3 extra (boto3) is not installed: pip install '.[test]'")
 from spark_imagenet.storage.s3 import S3Storage  # noqa: E402
-
-
-def _rot(moto_s3, url):
-    storage = open_storage(url)
-    return lambda name: moto_s3.rot(storage.bucket, storage._key(name))
-
-
-def test_storage_contract(s3_url):
-    storage = open_storage(s3_url)
-    assert isinstance(storage, S3Storage)
-    store_contract.objects_and_checksums(storage)
-    # the server keeps the CRC32C sent with every write: stat reports it without reading the object
-    storage.write_bytes("x", b"payload")
-    from spark_imagenet.storage import crc32c_bytes
-
-    assert storage.stat("x").crc32c == crc32c_bytes(b"payload")
-
-
-def test_conditional_put_refuses_a_second_create(s3_url):
-    store_contract.conditional_writes(open_storage(s3_url))
-
-
-def test_put_files_info_get_files_and_pickle(s3_url, tmp_path):
-    store_contract.files_and_pickling(open_storage(s3_url), tmp_path)
 
 
 def test_server_checksums_off_reads_every_upload_back(s3_url, tmp_path):
@@ -48,25 +24,16 @@ def test_server_checksums_off_reads_every_upload_back(s3_url, tmp_path):
     storage = S3Storage(s3_url, server_checksums=False)
     storage.write_bytes("y", b"abc")
     assert storage.stat("y").crc32c is None
-    store_contract.files_and_pickling(storage, tmp_path)
+    check_files_and_pickling(storage, tmp_path)
     assert open_storage(s3_url, **storage.reopen_options()).server_checksums is False
     assert pickle.loads(pickle.dumps(storage)).server_checksums is False
-
-
-def test_committed_set_rot_caught_and_rerun(s3_url, moto_s3, tmp_path):
-    store_contract.committed_sets(open_storage(s3_url), tmp_path, _rot(moto_s3, s3_url))
-
-
-@pytest.mark.slow
-def test_shard_upload_fetch_and_rot(s3_url, moto_s3, tree, local_ds, tmp_path):
-    store_contract.shard_upload_fetch(s3_url, tree, local_ds, tmp_path, _rot(moto_s3, s3_url), dict(os.environ))
 
 
 def test_get_file_checks_the_servers_crc32c(s3_url, moto_s3, tmp_path):
     """A download whose bytes differ from the CRC32C the server keeps is an IntegrityError naming the object."""
     storage = open_storage(s3_url)
     storage.write_bytes("obj", b"0123456789" * 100)
-    _rot(moto_s3, s3_url)("obj")
+    moto_s3.rot(storage.bucket, storage._key("obj"))
     from spark_imagenet.errors import IntegrityError
 
     with pytest.raises(IntegrityError, match=rf"{re.escape(storage.where('obj'))}: the downloaded bytes have crc32c"):
@@ -121,20 +88,3 @@ def test_url_and_reopen_options(monkeypatch):
     assert opts["endpoint"] == "http://127.0.0.1:9" and opts["region"] == "eu-west-1"
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     assert open_storage("s3://bkt/a/b", **opts).endpoint == "http://127.0.0.1:9"
-
-
-@pytest.mark.slow
-def test_a_handle_made_on_the_driver_works_on_an_executor(s3_url, spark):
-    credentials = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    store_contract.travels_to_an_executor(spark, open_storage(s3_url), credentials)
-
-
-@pytest.mark.slow
-def test_two_concurrent_shard_runs_leave_one_dataset(s3_url, tree):
-    store_contract.concurrent_shard_runs(s3_url, tree)
-
-
-@pytest.mark.slow
-def test_training_reads_and_writes_the_store(s3_url, spark, tree, tmp_path):
-    credentials = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    store_contract.train_from_the_store(spark, s3_url, tree, tmp_path, credentials)

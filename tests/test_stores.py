@@ -129,3 +129,27 @@ def test_etag_generation_round_trips(etag):
 def test_local_and_gcs_are_unchanged():
     assert isinstance(open_storage("file:///tmp/x"), LocalStorage)
     assert isinstance(open_storage("gs://b/x"), GCSStorage)
+
+
+def test_hdfs_errors_are_mapped_to_what_to_check():
+    """WebHDFS error replies (no request sent: _error only reads them): WebHDFS answers 403 for most of the
+    NameNode's IOExceptions, so only a permission exception (or a bare 401/403) is called access denied."""
+    pytest.importorskip("fsspec", reason="the hdfs extra (fsspec) is not installed: pip install '.[test]'")
+    from spark_imagenet.errors import AccessError, IntegrityError, PreconditionFailed
+    from spark_imagenet.storage.hdfs import HDFSStorage, _Remote
+
+    storage, what = HDFSStorage("hdfs://nn:8020/p", user="u"), "hdfs://nn:8020/p/x"
+    e = storage._error(_Remote("FileAlreadyExistsException", "exists", 403), what, "write")
+    assert type(e) is PreconditionFailed and str(e) == f"{what} already exists or was changed by another writer"
+    e = storage._error(_Remote("AccessControlException", "Permission denied: user=u", 403), what, "write")
+    assert type(e) is AccessError and str(e).startswith(f"{what}: access denied (AccessControlException: "
+                                                        "Permission denied: user=u). The HDFS user 'u' may not write")
+    assert type(storage._error(_Remote("", "Unauthorized", 401), what)) is AccessError
+    e = storage._error(_Remote("ChecksumException", "bad block", 403), what, "read")
+    assert type(e) is IntegrityError and "HDFS found a block whose bytes do not match its checksum" in str(e)
+    e = storage._error(_Remote("SafeModeException", "Name node is in safe mode", 403), what, "write")
+    assert type(e) is StorageError and str(e) == f"{what}: write failed (SafeModeException 403: Name node is in safe mode)"
+    e = storage._error(_Remote("StandbyException", "Operation category READ is not supported", 403), what, "read")
+    assert type(e) is StorageError and str(e).endswith("; nn is a standby NameNode: give the active NameNode in the URL")
+    e = storage._error(OSError("disk full"), what, "read")
+    assert type(e) is StorageError and str(e) == f"{what}: local file error during read: disk full"

@@ -3,7 +3,11 @@
 A bucket URL names a folder that holds a dataset's shards and its
 ``manifest.json``. Callers never look at the scheme: they call
 :func:`open_storage` and use the returned :class:`Storage`, so a new scheme
-(``gs://bucket/prefix``) plugs in here without touching them.
+(``gs://bucket/prefix``) plugs in here without touching them: one row of
+:data:`STORES` (its schemes, the module and class that serve them) and a
+:class:`~spark_imagenet.storage.remote.RemoteStorage` subclass, the template
+every network store follows (the root check and the error mapping are
+written there once).
 
 Supported:
 
@@ -204,10 +208,6 @@ def open_storage(url: str | os.PathLike, **options: Any) -> Storage:
         if parsed.netloc not in ("", "localhost"):
             raise StorageError(f"file:// URL with a host is not supported: {text!r}; use file:///absolute/path")
         return LocalStorage(unquote(parsed.path))
-    if scheme == "gs":
-        if parsed.query or parsed.fragment or "?" in text or "#" in text:
-            raise StorageError(f"{text}: '?' and '#' are not allowed in a gs:// URL; write gs://BUCKET/PREFIX")
-        return GCSStorage(text, **{k: v for k, v in options.items() if v is not None})
     if scheme in _KIND_OF:
         cls = _store_class(text, _KIND_OF[scheme])
         return cls(text, **{k: v for k, v in options.items() if v is not None})

@@ -16,16 +16,13 @@ from azure.core import MatchConditions
 from azure.core import exceptions as aexc
 from azure.storage.blob import BlobServiceClient
 
-from spark_imagenet.errors import (
-    AccessError,
-    IntegrityError,
-    PreconditionFailed,
-    StorageError,
-    install_hint,
-)
-from spark_imagenet.storage.base import ObjectInfo, crc32c_bytes, not_found_error
+from spark_imagenet.errors import AccessError, IntegrityError, StorageError, install_hint
+from spark_imagenet.storage.base import ObjectInfo, crc32c_bytes
 from spark_imagenet.storage.remote import (
+    Fault,
+    Kind,
     RemoteStorage,
+    RootWords,
     crc32c_chunks,
     etag_generation,
     file_digests,
@@ -164,10 +161,6 @@ class AzureStorage(RemoteStorage):
         self.account_url = account_url
         self.retry_total = retry_total
         self._client = client
-        self._container_ok = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_container_ok": False}
 
     def reopen_options(self) -> dict[str, Any]:
         return {"account_url": self.account_url}
@@ -235,7 +228,7 @@ class AzureStorage(RemoteStorage):
             try:
                 container.get_container_properties(retry_total=0, connection_timeout=PROBE_CONNECT_TIMEOUT_S)
             except aexc.ResourceNotFoundError:
-                raise self._missing_container() from None
+                raise self._missing_root() from None
             except aexc.ServiceRequestError as e:
                 if attempt == PROBE_ATTEMPTS:
                     raise self._unreachable(client, e, attempt) from None
@@ -247,7 +240,7 @@ class AzureStorage(RemoteStorage):
                         e.status_code or 0) >= 500:
                     return
                 raise self._error(e, self._root) from None
-            self._container_ok = True
+            self._root_ok = True
             return
 
     def _unreachable(self, client: Any, e: BaseException, attempts: int) -> StorageError:
@@ -262,59 +255,44 @@ class AzureStorage(RemoteStorage):
 
     # -- errors ---------------------------------------------------------------------------------------
 
-    def _check_container(self) -> None:
-        """Raise a clear error when the container itself is missing (a missing blob only says 404)."""
-        if self._container_ok:
-            return
-        try:
-            self.client.get_container_client(self.container).get_container_properties()
-        except aexc.ResourceNotFoundError:
-            raise self._missing_container() from None
-        except aexc.HttpResponseError as e:
-            if e.status_code != 403:  # blob access without container read: cannot tell, assume it exists
-                raise self._error(e, self._root) from None
-        except Exception as e:  # noqa: BLE001
-            raise self._error(e, self._root) from None
-        self._container_ok = True
+    def _probe_root(self) -> None:
+        self.client.get_container_client(self.container).get_container_properties()
 
-    def _missing_container(self) -> AccessError:
-        return AccessError(f"container {self.container} does not exist in the storage account {self.account}. Check "
-                           f"the name in {self.url}, or create it: `az storage container create --name "
-                           f"{self.container} --account-name {self.account} --auth-mode login`")
+    def _root_words(self) -> RootWords:
+        return RootWords("container", self.container, f"in the storage account {self.account}",
+                         f"with `az storage container create --name {self.container} --account-name {self.account} "
+                         "--auth-mode login`")
 
-    def _error(self, e: BaseException, what: str, action: str = "access") -> StorageError:
-        """Map an azure-core exception to a StorageError that says what to check (never the credentials)."""
-        if isinstance(e, StorageError):
-            return e
+    def _classify(self, e: BaseException, action: str) -> Fault | None:
+        """What an azure-core exception means (never naming the credentials)."""
         code = error_code(e)
         status = getattr(e, "status_code", None)
         if isinstance(e, (aexc.ResourceExistsError, aexc.ResourceModifiedError)) or status == 412:
-            return PreconditionFailed(f"{what} already exists or was changed by another writer ({status})")
+            return Fault(Kind.PRECONDITION, str(status))
         if code == "ContainerNotFound":
-            return self._missing_container()
+            return Fault(Kind.MISSING_ROOT)
         if type(e).__name__ == "CredentialUnavailableError" or (
                 isinstance(e, aexc.ClientAuthenticationError) and status is None):
-            return AccessError(f"{what}: no usable Azure credentials for the storage account {self.account} "
-                               f"({type(e).__name__}). To fix it, {CREDENTIAL_HINT}")
+            return Fault(Kind.CREDENTIALS, f"no usable Azure credentials for the storage account {self.account} "
+                                           f"({type(e).__name__})", f"To fix it, {CREDENTIAL_HINT}")
         if status == 401 or code == "AuthenticationFailed":
-            return AccessError(f"{what}: the credentials were rejected ({status} {code}). Check the key or SAS in "
-                               f"{CONNECTION_STRING_ENV}, or the identity DefaultAzureCredential finds")
+            return Fault(Kind.CREDENTIALS, f"the credentials were rejected ({status} {code})",
+                         f"Check the key or SAS in {CONNECTION_STRING_ENV}, or the identity DefaultAzureCredential "
+                         "finds")
         if status == 403:
             need = "Storage Blob Data Contributor" if action == "write" else "Storage Blob Data Reader"
-            return AccessError(f"{what}: access denied (403 {code}). The identity in use needs the role {need} on "
-                               f"the account {self.account} or its container {self.container}, or the connection "
-                               "string's key or SAS is wrong or expired")
+            return Fault(Kind.DENIED, f"403 {code}", f"The identity in use needs the role {need} on the account "
+                                                     f"{self.account} or its container {self.container}, or the "
+                                                     "connection string's key or SAS is wrong or expired")
         if isinstance(e, aexc.ResourceNotFoundError) or status == 404:
-            return not_found_error(self._check_container, what)
+            return Fault(Kind.MISSING)
         if isinstance(e, aexc.ServiceRequestError):
-            return StorageError(f"{what}: cannot reach the blob endpoint of {self.account} (from "
-                                f"{CONNECTION_STRING_ENV} or account_url=); check that it is running, its scheme and "
-                                f"port, the network and proxy settings ({type(e).__name__})")
+            return Fault(Kind.UNREACHABLE, f"the blob endpoint of {self.account} (from {CONNECTION_STRING_ENV} or "
+                                           "account_url=); check that it is running, its scheme and port, the "
+                                           f"network and proxy settings ({type(e).__name__})")
         if isinstance(e, aexc.HttpResponseError):
-            return StorageError(f"{what}: {action} failed after retries ({code or type(e).__name__}, HTTP {status})")
-        if isinstance(e, OSError):
-            return StorageError(f"{what}: local file error during {action}: {e}")
-        return StorageError(f"{what}: {action} failed ({type(e).__name__}: {str(e).splitlines()[0][:300]})")
+            return Fault(Kind.FAILED, f"{code or type(e).__name__}, HTTP {status}")
+        return None
 
     # -- Storage interface ------------------------------------------------------------------------------
 
@@ -326,8 +304,8 @@ class AzureStorage(RemoteStorage):
             props = self._blob(name).get_blob_properties()
         except aexc.ResourceNotFoundError as e:
             if error_code(e) == "ContainerNotFound":
-                raise self._missing_container() from None
-            self._check_container()
+                raise self._missing_root() from None
+            self._check_root()
             return None
         except Exception as e:  # noqa: BLE001
             raise self._error(e, self.where(name), "read") from None
@@ -358,13 +336,8 @@ class AzureStorage(RemoteStorage):
             conditions.update(etag=generation_etag(if_generation_match), match_condition=MatchConditions.IfNotModified)
         try:
             self._upload(name, data, crc32c_bytes(data), **conditions)
-        except aexc.ResourceNotFoundError as e:
-            if if_generation_match and error_code(e) != "ContainerNotFound":
-                raise PreconditionFailed(
-                    f"{self.where(name)} was deleted by another writer since it was read") from None
-            raise self._error(e, self.where(name), "write") from None
         except Exception as e:  # noqa: BLE001
-            raise self._error(e, self.where(name), "write") from None
+            raise self._error(e, self.where(name), "write", replacing=bool(if_generation_match)) from None
 
     def _put_and_stat(self, local_path: str | os.PathLike, name: str) -> ObjectInfo:
         """One upload; the object's size and CRC32C are those of the bytes the service checked (MD5 per
@@ -418,8 +391,6 @@ class AzureStorage(RemoteStorage):
     def delete(self, name: str, *, best_effort: bool = False) -> None:
         try:
             self._blob(name).delete_blob(**({"retry_total": 0} if best_effort else {}))
-        except aexc.ResourceNotFoundError as e:
-            if error_code(e) == "ContainerNotFound":
-                raise self._missing_container() from None
         except Exception as e:  # noqa: BLE001
-            raise self._error(e, self.where(name), "write") from None
+            if not self._gone(e):
+                raise self._error(e, self.where(name), "write") from None

@@ -58,21 +58,6 @@ def crc32c_file(path: str | os.PathLike) -> str:
     return base64.b64encode(crc.digest()).decode("ascii")
 
 
-def not_found_error(check_root: Callable[[], None], what: str) -> StorageError:
-    """The error for a 404 on ``what``: the one ``check_root`` raises when the bucket (or container) itself is
-    missing, else ``what does not exist``.
-
-    Args:
-        check_root: raises a StorageError when the bucket is missing (a missing object alone answers 404 too).
-        what: the object's URL, for the message.
-    """
-    try:
-        check_root()
-    except StorageError as missing:
-        return missing
-    return StorageError(f"{what} does not exist")
-
-
 @dataclasses.dataclass(frozen=True)
 class ObjectInfo:
     """One object (file) in a bucket.

@@ -6,15 +6,10 @@ import logging
 import os
 import time
 from typing import Any, Sequence
-from urllib.parse import urlparse
 
-from spark_imagenet.errors import (
-    AccessError,
-    IntegrityError,
-    PreconditionFailed,
-    StorageError,
-)
-from spark_imagenet.storage.base import DEFAULT_TRANSFERS, ObjectInfo, Storage, _run_parallel, not_found_error
+from spark_imagenet.errors import AccessError, StorageError
+from spark_imagenet.storage.base import DEFAULT_TRANSFERS, ObjectInfo, _run_parallel
+from spark_imagenet.storage.remote import Fault, Kind, RemoteStorage, RootWords, split_url
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +46,11 @@ def tune_download_reads() -> bool:
     return getattr(helpers, "_SINGLE_GET_CHUNK_SIZE", None) == DOWNLOAD_READ_BYTES
 
 
-class GCSStorage(Storage):
+class GCSStorage(RemoteStorage):
     """Objects under ``gs://bucket/prefix`` in Google Cloud Storage.
 
-    Methods behave as documented on :class:`Storage`. Built on
+    Methods behave as documented on :class:`Storage`; a :class:`~spark_imagenet.storage.remote.RemoteStorage`
+    like the other stores (its root check and error mapping). Built on
     ``google-cloud-storage``: every call uses its ``DEFAULT_RETRY`` policy
     (exponential backoff from 1 s, doubling up to 60 s, for at most 120 s of
     retries on 408/429/5xx and reset or refused connections; the library's
@@ -84,18 +80,16 @@ class GCSStorage(Storage):
             creates its own from ``endpoint`` and ``project``).
 
     Raises:
-        StorageError: the URL has no bucket name, or the client cannot be
+        StorageError: the URL has no bucket name, or holds ``?`` or ``#``
+            (never silently dropped); on first use, the client cannot be
             created (no credentials: says how to provide them).
     """
 
     def __init__(self, url: str, *, endpoint: str | None = None, project: str | None = None,
                  page_size: int = 1000, retry_seconds: float = 120.0, client: Any = None):
-        parsed = urlparse(url)
-        self.bucket_name = parsed.netloc
-        if not self.bucket_name:
-            raise StorageError(f"{url}: no bucket name; write gs://BUCKET/PREFIX")
-        self.prefix = parsed.path.strip("/")
-        self.url = f"gs://{self.bucket_name}" + (f"/{self.prefix}" if self.prefix else "")
+        self.bucket_name, self.prefix = split_url(url, "gs", "gs://BUCKET/PREFIX")
+        self._root = f"gs://{self.bucket_name}"
+        self.url = self._root + (f"/{self.prefix}" if self.prefix else "")
         self.endpoint = endpoint or os.environ.get("STORAGE_EMULATOR_HOST") or None
         if self.endpoint and "://" not in self.endpoint:
             self.endpoint = "http://" + self.endpoint
@@ -104,40 +98,38 @@ class GCSStorage(Storage):
         self._retry_seconds = float(retry_seconds)
         self._client = client
         self._bucket = None
-        self._bucket_ok = False
 
     def __getstate__(self) -> dict[str, Any]:
-        """What pickling keeps: the URL, endpoint, project and settings, not the client (a client holds
-        connections and credentials that cannot be pickled); the copy makes its own on first use, with the
-        endpoint this one resolved (so an executor without ``STORAGE_EMULATOR_HOST`` reaches the same
-        emulator)."""
-        return {**self.__dict__, "_client": None, "_bucket": None, "_bucket_ok": False}
+        """What pickling keeps: the URL, endpoint, project and settings, not the client nor the bucket handle
+        made from it; the copy makes its own on first use, with the endpoint this one resolved (so an executor
+        without ``STORAGE_EMULATOR_HOST`` reaches the same emulator)."""
+        return {**super().__getstate__(), "_bucket": None}
 
     # -- plumbing -----------------------------------------------------------
 
-    @property
-    def client(self):
-        """The ``google.cloud.storage.Client`` (created on first use)."""
-        if self._client is None:
-            from google.auth import exceptions as auth_exceptions
-            from google.cloud import storage as gcs
+    def _make_client(self) -> Any:
+        """A ``google.cloud.storage.Client``: anonymous on an endpoint (an emulator), else on Application Default
+        Credentials.
 
-            try:
-                if self.endpoint:
-                    from google.auth.credentials import AnonymousCredentials
+        Raises:
+            AccessError: no Google Cloud credentials found (says how to provide them).
+        """
+        from google.auth import exceptions as auth_exceptions
+        from google.cloud import storage as gcs
 
-                    self._client = gcs.Client(project=self.project or "spark-imagenet",
-                                              credentials=AnonymousCredentials(),
-                                              client_options={"api_endpoint": self.endpoint})
-                else:
-                    self._client = gcs.Client(project=self.project)
-            except auth_exceptions.DefaultCredentialsError as e:
-                raise AccessError(
-                    f"{self.url}: no Google Cloud credentials found ({e}). Run `gcloud auth application-default "
-                    "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file; on GCE, "
-                    "Dataproc or GKE the machine's service account is used"
-                ) from None
-        return self._client
+        try:
+            if self.endpoint:
+                from google.auth.credentials import AnonymousCredentials
+
+                return gcs.Client(project=self.project or "spark-imagenet", credentials=AnonymousCredentials(),
+                                  client_options={"api_endpoint": self.endpoint})
+            return gcs.Client(project=self.project)
+        except auth_exceptions.DefaultCredentialsError as e:
+            raise AccessError(
+                f"{self.url}: no Google Cloud credentials found ({e}). Run `gcloud auth application-default "
+                "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file; on GCE, "
+                "Dataproc or GKE the machine's service account is used"
+            ) from None
 
     @property
     def bucket(self):
@@ -145,89 +137,70 @@ class GCSStorage(Storage):
             self._bucket = self.client.bucket(self.bucket_name)
         return self._bucket
 
-    def _key(self, name: str) -> str:
-        if not name or name.startswith("/") or ".." in name.split("/"):
-            raise StorageError(f"invalid object name {name!r} in {self.url}")
-        return f"{self.prefix}/{name}" if self.prefix else name
+    # -- errors ---------------------------------------------------------------
 
-    def where(self, name: str) -> str:
-        return f"gs://{self.bucket_name}/{self._key(name)}"
+    def _probe_root(self) -> None:
+        self.bucket.reload(timeout=60)
 
-    def _check_bucket(self) -> None:
-        """Raise a clear StorageError when the bucket itself is missing (an
-        object lookup in a missing bucket only says 'not found')."""
-        if self._bucket_ok:
-            return
+    def _root_words(self) -> RootWords:
+        at = f"at the endpoint {self.endpoint} (from STORAGE_EMULATOR_HOST or endpoint=) " if self.endpoint else ""
+        return RootWords("bucket", f"gs://{self.bucket_name}", f"{at}(or the project is wrong)",
+                         "in the region of your Spark workers: `gcloud storage buckets create "
+                         f"gs://{self.bucket_name} --location=REGION`", "the endpoint" if self.endpoint else "")
+
+    def _error(self, e: BaseException, what: str, action: str = "access", *,
+               replacing: bool = False) -> StorageError:
+        """:meth:`RemoteStorage._error`; a call whose retry deadline passed is said as what kept failing, and
+        for how long it was retried."""
         from google.api_core import exceptions as gexc
 
-        try:
-            self.bucket.reload(timeout=60)
-        except gexc.NotFound:
-            at = f" at the endpoint {self.endpoint} (from STORAGE_EMULATOR_HOST or endpoint=)" if self.endpoint else ""
-            raise AccessError(
-                f"bucket gs://{self.bucket_name} does not exist{at} (or the project is wrong). Check the name in "
-                f"{self.url}" + (", and the endpoint" if self.endpoint else "") + ", or create it in the region of "
-                f"your Spark workers: `gcloud storage buckets create gs://{self.bucket_name} --location=REGION`"
-            ) from None
-        except gexc.Forbidden:
-            pass  # object-level access without storage.buckets.get: cannot tell, assume it exists
-        except Exception as e:  # noqa: BLE001 - mapped to one message
-            raise self._error(e, f"gs://{self.bucket_name}") from None
-        self._bucket_ok = True
+        if isinstance(e, gexc.RetryError) and e.cause is not None and e.cause is not e:
+            inner = super()._error(e.cause, what, action, replacing=replacing)
+            return type(inner)(f"{inner} (still failing after retrying with backoff for "
+                               f"{self._retry_seconds:.0f} s)")
+        return super()._error(e, what, action, replacing=replacing)
 
-    def _error(self, e: BaseException, what: str, action: str = "access") -> StorageError:
-        """Map a client exception to a StorageError that says what to check."""
+    def _classify(self, e: BaseException, action: str) -> Fault | None:
+        """What an exception of google-cloud-storage, google-auth or requests means."""
         from google.api_core import exceptions as gexc
         from google.auth import exceptions as auth_exceptions
+        from google.cloud.storage.exceptions import DataCorruption
 
-        if isinstance(e, StorageError):
-            return e
         detail = getattr(e, "message", None) or str(e)
         detail = detail.splitlines()[0] if detail else type(e).__name__
         if isinstance(e, gexc.PreconditionFailed):
-            return PreconditionFailed(f"{what} already exists or was changed by another writer (412)")
+            return Fault(Kind.PRECONDITION, "412")
         if isinstance(e, gexc.NotFound):
-            return not_found_error(self._check_bucket, what)
+            return Fault(Kind.MISSING)
         if isinstance(e, gexc.Unauthorized):
-            return AccessError(
-                f"{what}: the credentials were rejected (401: {detail}). Refresh them with `gcloud auth "
-                "application-default login` or check the key file in GOOGLE_APPLICATION_CREDENTIALS"
-            )
+            return Fault(Kind.CREDENTIALS, f"the credentials were rejected (401: {detail})",
+                         "Refresh them with `gcloud auth application-default login` or check the key file in "
+                         "GOOGLE_APPLICATION_CREDENTIALS")
         if isinstance(e, gexc.Forbidden):
             need = "storage.objects.create/delete (roles/storage.objectAdmin)" if action == "write" else \
                 "storage.objects.get/list (roles/storage.objectViewer)"
-            return AccessError(
-                f"{what}: access denied (403: {detail}). The account in use needs {need} on bucket "
-                f"gs://{self.bucket_name}; check the IAM roles, or the account "
-                "(GOOGLE_APPLICATION_CREDENTIALS / gcloud auth application-default login)"
-            )
+            return Fault(Kind.DENIED, f"403: {detail}",
+                         f"The account in use needs {need} on bucket gs://{self.bucket_name}; check the IAM roles, "
+                         "or the account (GOOGLE_APPLICATION_CREDENTIALS / gcloud auth application-default login)")
         if isinstance(e, auth_exceptions.InvalidOperation):
             # google-auth answers a 401 by refreshing the credentials and resending; anonymous
             # credentials (an endpoint / STORAGE_EMULATOR_HOST) cannot be refreshed, so a 401 surfaces
             # as this "Anonymous credentials cannot be refreshed" error instead of Unauthorized.
-            return AccessError(
-                f"{what}: the credentials were rejected (401: {self.endpoint or 'the endpoint'} requires "
-                f"credentials, and requests to it are sent anonymously). Check the endpoint given by "
-                "STORAGE_EMULATOR_HOST or endpoint=: an emulator must accept anonymous requests; for Google Cloud "
-                "Storage itself, unset it so Application Default Credentials are used (`gcloud auth "
-                "application-default login` or GOOGLE_APPLICATION_CREDENTIALS)"
-            )
+            return Fault(Kind.CREDENTIALS,
+                         f"the credentials were rejected (401: {self.endpoint or 'the endpoint'} requires "
+                         "credentials, and requests to it are sent anonymously)",
+                         "Check the endpoint given by STORAGE_EMULATOR_HOST or endpoint=: an emulator must accept "
+                         "anonymous requests; for Google Cloud Storage itself, unset it so Application Default "
+                         "Credentials are used (`gcloud auth application-default login` or "
+                         "GOOGLE_APPLICATION_CREDENTIALS)")
         if isinstance(e, (auth_exceptions.RefreshError, auth_exceptions.TransportError)):
-            return AccessError(f"{what}: cannot obtain Google credentials ({detail}); check the machine's "
-                                "service account or GOOGLE_APPLICATION_CREDENTIALS")
-        from google.cloud.storage.exceptions import DataCorruption
-
+            return Fault(Kind.CREDENTIALS, f"cannot obtain Google credentials ({detail})",
+                         "Check the machine's service account or GOOGLE_APPLICATION_CREDENTIALS")
         if isinstance(e, DataCorruption):
-            return IntegrityError(f"{what}: the downloaded bytes do not match the object's checksum "
-                                  "(corrupt object or transfer)")
-        if isinstance(e, gexc.RetryError):  # the retry deadline passed: say what kept failing
-            cause = e.cause if e.cause is not None else e
-            if cause is not e:
-                inner = self._error(cause, what, action)
-                return type(inner)(f"{inner} (still failing after retrying with backoff for "
-                                   f"{self._retry_seconds:.0f} s)")
+            return Fault(Kind.CORRUPT, "the downloaded bytes do not match the object's checksum (corrupt object or "
+                                       "transfer)")
         if isinstance(e, gexc.GoogleAPICallError):
-            return StorageError(f"{what}: {action} failed after retries ({type(e).__name__}: {detail})")
+            return Fault(Kind.FAILED, f"{type(e).__name__}: {detail}")
         import requests
 
         if isinstance(e, requests.exceptions.RequestException):
@@ -235,10 +208,8 @@ class GCSStorage(Storage):
                      "is running and its scheme (http/https) and port" if self.endpoint else
                      "storage.googleapis.com; check the network, proxy settings and DNS")
             kind = "connection refused" if "refused" in detail.lower() else type(e).__name__
-            return StorageError(f"{what}: cannot reach {where} ({kind}: {detail[:200]})")
-        if isinstance(e, OSError):
-            return StorageError(f"{what}: local file error during {action}: {e}")
-        return StorageError(f"{what}: {action} failed ({type(e).__name__}: {detail})")
+            return Fault(Kind.UNREACHABLE, f"{where} ({kind}: {detail[:200]})")
+        return None
 
     @property
     def _retry(self):
@@ -254,7 +225,7 @@ class GCSStorage(Storage):
         except Exception as e:  # noqa: BLE001
             raise self._error(e, self.where(name), "read") from None
         if blob is None:
-            self._check_bucket()
+            self._check_root()
             return None
         return ObjectInfo(name, int(blob.size or 0), blob.crc32c, int(blob.generation or 0))
 
@@ -270,7 +241,7 @@ class GCSStorage(Storage):
             self.bucket.blob(self._key(name)).upload_from_string(
                 data, checksum="crc32c", if_generation_match=if_generation_match, retry=self._retry, timeout=120)
         except Exception as e:  # noqa: BLE001
-            raise self._error(e, self.where(name), "write") from None
+            raise self._error(e, self.where(name), "write", replacing=bool(if_generation_match)) from None
 
     def put_file(self, local_path: str | os.PathLike, name: str, *, move: bool = False) -> None:
         try:
@@ -340,17 +311,14 @@ class GCSStorage(Storage):
         return sorted(out, key=lambda o: o.name)
 
     def delete(self, name: str, *, best_effort: bool = False) -> None:
-        from google.api_core import exceptions as gexc
-
         try:
             if best_effort:
                 self.bucket.blob(self._key(name)).delete(retry=None, timeout=10)
             else:
                 self.bucket.blob(self._key(name)).delete(retry=self._retry, timeout=60)
-        except gexc.NotFound:
-            pass
         except Exception as e:  # noqa: BLE001
-            raise self._error(e, self.where(name), "write") from None
+            if not self._gone(e):
+                raise self._error(e, self.where(name), "write") from None
 
     def reopen_options(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "project": self.project}

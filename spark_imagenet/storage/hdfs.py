@@ -17,9 +17,9 @@ import requests.adapters
 from fsspec.implementations.webhdfs import WebHDFS
 from urllib3.util.retry import Retry
 
-from spark_imagenet.errors import AccessError, IntegrityError, PreconditionFailed, StorageError
+from spark_imagenet.errors import IntegrityError, PreconditionFailed, StorageError
 from spark_imagenet.storage.base import CHUNK_BYTES, ObjectInfo, crc32c_bytes
-from spark_imagenet.storage.remote import RemoteStorage, crc32c_chunks, file_digests, split_url
+from spark_imagenet.storage.remote import Fault, Kind, RemoteStorage, crc32c_chunks, file_digests, split_url
 
 #: The NameNode's HTTP port in Hadoop 3 (``dfs.namenode.http-address``'s default), where WebHDFS answers.
 DEFAULT_WEBHDFS_PORT = 9870
@@ -120,6 +120,9 @@ class HDFSStorage(RemoteStorage):
         storage = open_storage("hdfs://namenode:8020/user/me/imagenet")  # WebHDFS on namenode:9870
     """
 
+    #: Only a refused connection and a 503 are retried (:meth:`_make_client`): other errors are said as they came.
+    RETRIES = False
+
     def __init__(self, url: str, *, webhdfs_port: int | None = None, user: str | None = None,
                  use_https: bool = False, kerberos: bool = False, retries: int = 3):
         scheme = url.split("://", 1)[0].lower()
@@ -190,40 +193,36 @@ class HDFSStorage(RemoteStorage):
         reply = self._call("RENAME", src, "PUT", destination=dst, **extra)
         return options is not None or bool(reply.json().get("boolean"))
 
-    def _error(self, e: BaseException, what: str, action: str = "access") -> StorageError:
-        """Map a WebHDFS error or a connection failure to a StorageError that says what to check."""
-        if isinstance(e, StorageError):
-            return e
+    def _classify(self, e: BaseException, action: str) -> Fault | None:
+        """What a WebHDFS error reply or a connection failure means."""
         if isinstance(e, _Remote):
             if e.exception == "FileAlreadyExistsException":
-                return PreconditionFailed(f"{what} already exists or was changed by another writer")
+                return Fault(Kind.PRECONDITION)
             if e.exception == "FileNotFoundException":
-                return StorageError(f"{what} does not exist")
-            if e.exception in ("AccessControlException", "SecurityException", "AuthorizationException") \
-                    or e.status in (401, 403):
-                return AccessError(f"{what}: permission denied for the HDFS user {self.user!r} "
-                                   f"({e.exception or e.status}: {e.message[:200]}). Set HADOOP_USER_NAME (or "
-                                   f"user=) to a user that may {action} there, or change the folder's permissions "
-                                   "(hdfs dfs -chmod)")
+                return Fault(Kind.MISSING)
             if e.exception == "ChecksumException":
-                return IntegrityError(f"{what}: HDFS found a block whose bytes do not match its checksum "
-                                      f"({e.message[:200]})")
-            if e.exception == "StandbyException":
-                return StorageError(f"{what}: {self.host} is a standby NameNode; give the active NameNode in the "
-                                    "URL")
-            return StorageError(f"{what}: {action} failed ({e.exception or 'HTTP'} {e.status}: {e.message[:200]})")
+                return Fault(Kind.CORRUPT, f"HDFS found a block whose bytes do not match its checksum "
+                                           f"({e.message[:200]})")
+            # WebHDFS answers 403 for most IOExceptions too (safe mode, a standby NameNode): only these, or a bare
+            # 401/403 without an exception (authentication), are a permission refused.
+            if e.exception in ("AccessControlException", "SecurityException", "AuthorizationException") \
+                    or (not e.exception and e.status in (401, 403)):
+                return Fault(Kind.DENIED, f"{e.exception or e.status}: {e.message[:200]}",
+                             f"The HDFS user {self.user!r} may not {action} there: set HADOOP_USER_NAME (or user=) "
+                             "to a user that may, or change the folder's permissions (hdfs dfs -chmod)")
+            advice = (f"{self.host} is a standby NameNode: give the active NameNode in the URL"
+                      if e.exception == "StandbyException" else "")
+            return Fault(Kind.FAILED, f"{e.exception or 'HTTP'} {e.status}: {e.message[:200]}", advice)
         if isinstance(e, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)):
-            return IntegrityError(f"{what}: the DataNode broke off the transfer midway (HDFS does this when a block "
-                                  "fails its own CRC32C check, or when the DataNode stops); `hdfs fsck PATH` lists "
-                                  "corrupt blocks")
+            return Fault(Kind.CORRUPT, "the DataNode broke off the transfer midway (HDFS does this when a block "
+                                       "fails its own CRC32C check, or when the DataNode stops); `hdfs fsck PATH` "
+                                       "lists corrupt blocks")
         if isinstance(e, requests.RequestException):
-            return StorageError(f"{what}: cannot reach WebHDFS at {self._endpoint} (the NameNode's HTTP port: "
-                                "webhdfs_port=, dfs.namenode.http-address in $HADOOP_CONF_DIR/hdfs-site.xml, or "
-                                f"{DEFAULT_WEBHDFS_PORT}); check that WebHDFS is on (dfs.webhdfs.enabled) and the "
-                                f"network ({type(e).__name__})")
-        if isinstance(e, OSError):
-            return StorageError(f"{what}: local file error during {action}: {e}")
-        return StorageError(f"{what}: {action} failed ({type(e).__name__}: {str(e)[:300]})")
+            return Fault(Kind.UNREACHABLE, f"WebHDFS at {self._endpoint} (the NameNode's HTTP port: webhdfs_port=, "
+                                           "dfs.namenode.http-address in $HADOOP_CONF_DIR/hdfs-site.xml, or "
+                                           f"{DEFAULT_WEBHDFS_PORT}); check that WebHDFS is on "
+                                           f"(dfs.webhdfs.enabled) and the network ({type(e).__name__})")
+        return None
 
     # -- Storage interface ------------------------------------------------------------------------------
 
@@ -337,7 +336,7 @@ class HDFSStorage(RemoteStorage):
         try:
             self._publish(name, data, crc32c_bytes(data), if_generation_match)
         except Exception as e:  # noqa: BLE001
-            raise self._error(e, self.where(name), "write") from None
+            raise self._error(e, self.where(name), "write", replacing=bool(if_generation_match)) from None
 
     def put_file(self, local_path: str | os.PathLike, name: str, *, move: bool = False) -> None:
         try:

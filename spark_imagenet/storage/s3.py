@@ -9,10 +9,13 @@ import boto3
 from botocore import exceptions as bexc
 from botocore.config import Config
 
-from spark_imagenet.errors import AccessError, IntegrityError, PreconditionFailed, StorageError
-from spark_imagenet.storage.base import CHUNK_BYTES, ObjectInfo, crc32c_bytes, not_found_error
+from spark_imagenet.errors import AccessError, IntegrityError, StorageError
+from spark_imagenet.storage.base import CHUNK_BYTES, ObjectInfo, crc32c_bytes
 from spark_imagenet.storage.remote import (
+    Fault,
+    Kind,
     RemoteStorage,
+    RootWords,
     crc32c_chunks,
     etag_generation,
     file_digests,
@@ -85,10 +88,6 @@ class S3Storage(RemoteStorage):
         self.server_checksums = server_checksums
         self.max_attempts = max_attempts
         self._client = client
-        self._bucket_ok = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_bucket_ok": False}
 
     def _make_client(self) -> Any:
         config = Config(retries={"mode": "standard", "max_attempts": self.max_attempts},
@@ -111,62 +110,46 @@ class S3Storage(RemoteStorage):
     def _endpoint_text(self) -> str:
         return f"the endpoint {self.endpoint} (from AWS_ENDPOINT_URL or endpoint=)" if self.endpoint else "AWS S3"
 
-    def _check_bucket(self) -> None:
-        """Raise a clear error when the bucket itself is missing (a missing key only says 404)."""
-        if self._bucket_ok:
-            return
-        try:
-            self.client.head_bucket(Bucket=self.bucket)
-        except bexc.ClientError as e:
-            if _status(e) == 404 or _code(e) == "NoSuchBucket":
-                raise self._missing_bucket() from None
-            if _status(e) != 403:  # 403: object access without s3:ListBucket: cannot tell, assume it exists
-                raise self._error(e, self._root) from None
-        except Exception as e:  # noqa: BLE001 - mapped to one message
-            raise self._error(e, self._root) from None
-        self._bucket_ok = True
+    def _probe_root(self) -> None:
+        self.client.head_bucket(Bucket=self.bucket)
 
-    def _missing_bucket(self) -> AccessError:
-        return AccessError(f"bucket s3://{self.bucket} does not exist at {self._endpoint_text()}. Check the name in "
-                           f"{self.url}, or create it in the region of your Spark workers: "
-                           f"`aws s3 mb s3://{self.bucket} --region REGION`")
+    def _root_words(self) -> RootWords:
+        return RootWords("bucket", f"s3://{self.bucket}", f"at {self._endpoint_text()}",
+                         f"in the region of your Spark workers: `aws s3 mb s3://{self.bucket} --region REGION`")
 
-    def _error(self, e: BaseException, what: str, action: str = "access") -> StorageError:
-        """Map a botocore exception to a StorageError that says what to check (never the credentials)."""
-        if isinstance(e, StorageError):
-            return e
+    def _classify(self, e: BaseException, action: str) -> Fault | None:
+        """What a botocore exception means (never naming the credentials)."""
         if isinstance(e, (bexc.NoCredentialsError, bexc.PartialCredentialsError, bexc.ProfileNotFound)):
-            return AccessError(f"{what}: no usable AWS credentials ({type(e).__name__}). Set AWS_ACCESS_KEY_ID and "
-                               "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (see `aws configure`), or run where an "
-                               "instance or container role provides them")
+            return Fault(Kind.CREDENTIALS, f"no usable AWS credentials ({type(e).__name__})",
+                         "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (see `aws configure`), or "
+                         "run where an instance or container role provides them")
         if isinstance(e, bexc.FlexibleChecksumError):
-            return IntegrityError(f"{what}: the downloaded bytes do not match the object's checksum "
-                                  "(corrupt object or transfer)")
-        if isinstance(e, bexc.ClientError):
-            code, status = _code(e), _status(e)
-            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412:
-                return PreconditionFailed(f"{what} already exists or was changed by another writer ({status})")
-            if code == "NoSuchBucket":
-                return self._missing_bucket()
-            if code in _CHECKSUM_REFUSED:
-                return IntegrityError(f"{what}: the server refused the bytes sent: they do not match their "
-                                      f"checksum ({code}); the transfer was damaged")
-            if code in _BAD_CREDENTIALS or status == 401:
-                return AccessError(f"{what}: the credentials were rejected ({code}). Check AWS_ACCESS_KEY_ID / "
-                                   "AWS_PROFILE, and that they belong to " + self._endpoint_text())
-            if status == 403 or code == "AccessDenied":
-                need = "s3:PutObject and s3:DeleteObject" if action == "write" else "s3:GetObject and s3:ListBucket"
-                return AccessError(f"{what}: access denied (403). The identity in use needs {need} on "
-                                   f"s3://{self.bucket}; check its IAM policy and the bucket policy")
-            if status == 404 or code in ("NoSuchKey", "NotFound"):
-                return not_found_error(self._check_bucket, what)
-            return StorageError(f"{what}: {action} failed after retries ({code}, HTTP {status})")
+            return Fault(Kind.CORRUPT, "the downloaded bytes do not match the object's checksum (corrupt object or "
+                                       "transfer)")
         if isinstance(e, (bexc.EndpointConnectionError, bexc.ConnectionError)):
-            return StorageError(f"{what}: cannot reach {self._endpoint_text()}; check that it is running, its "
-                                f"scheme (http/https) and port, the network and proxy settings ({type(e).__name__})")
-        if isinstance(e, OSError):
-            return StorageError(f"{what}: local file error during {action}: {e}")
-        return StorageError(f"{what}: {action} failed ({type(e).__name__}: {str(e)[:300]})")
+            return Fault(Kind.UNREACHABLE, f"{self._endpoint_text()}; check that it is running, its scheme "
+                                           "(http/https) and port, the network and proxy settings "
+                                           f"({type(e).__name__})")
+        if not isinstance(e, bexc.ClientError):
+            return None
+        code, status = _code(e), _status(e)
+        if code in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412:
+            return Fault(Kind.PRECONDITION, str(status))
+        if code == "NoSuchBucket":
+            return Fault(Kind.MISSING_ROOT)
+        if code in _CHECKSUM_REFUSED:
+            return Fault(Kind.CORRUPT, f"the server refused the bytes sent: they do not match their checksum "
+                                       f"({code}); the transfer was damaged")
+        if code in _BAD_CREDENTIALS or status == 401:
+            return Fault(Kind.CREDENTIALS, f"the credentials were rejected ({code})",
+                         f"Check AWS_ACCESS_KEY_ID / AWS_PROFILE, and that they belong to {self._endpoint_text()}")
+        if status == 403 or code == "AccessDenied":
+            need = "s3:PutObject and s3:DeleteObject" if action == "write" else "s3:GetObject and s3:ListBucket"
+            return Fault(Kind.DENIED, "403", f"The identity in use needs {need} on s3://{self.bucket}; check its "
+                                             "IAM policy and the bucket policy")
+        if status == 404 or code in ("NoSuchKey", "NotFound"):
+            return Fault(Kind.MISSING)
+        return Fault(Kind.FAILED, f"{code}, HTTP {status}")
 
     # -- Storage interface ------------------------------------------------------------------------------
 
@@ -181,7 +164,7 @@ class S3Storage(RemoteStorage):
             head = self.client.head_object(Bucket=self.bucket, Key=self._key(name), ChecksumMode="ENABLED")
         except bexc.ClientError as e:
             if _status(e) == 404:
-                self._check_bucket()
+                self._check_root()
                 return None
             raise self._error(e, self.where(name), "read") from None
         except Exception as e:  # noqa: BLE001
@@ -219,10 +202,7 @@ class S3Storage(RemoteStorage):
         try:
             self._put(name, data, crc32c_bytes(data), **conditions)
         except Exception as e:  # noqa: BLE001
-            err = self._error(e, self.where(name), "write")
-            if if_generation_match and type(err) is StorageError and "does not exist" in str(err):
-                err = PreconditionFailed(f"{self.where(name)} was deleted by another writer since it was read")
-            raise err from None
+            raise self._error(e, self.where(name), "write", replacing=bool(if_generation_match)) from None
 
     def _put_file(self, local_path: str | os.PathLike, name: str) -> ObjectInfo | None:
         size, crc, _md5 = file_digests(local_path)
@@ -282,10 +262,8 @@ class S3Storage(RemoteStorage):
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
         except Exception as e:  # noqa: BLE001
-            err = self._error(e, self.where(name), "write")
-            if type(err) is StorageError and "does not exist" in str(err):
-                return
-            raise err from None
+            if not self._gone(e):
+                raise self._error(e, self.where(name), "write") from None
 
 
 def _code(e: Any) -> str:
