@@ -71,7 +71,8 @@ def extract(
       names, sum the sizes and compute each file's CRC-32, one to unpack.
     * each file already in ``dest`` is compared with its member (size, then
       CRC-32): the same bytes are kept, others are rewritten if a previous
-      run of this function wrote them (:data:`WRITTEN_LIST`); a differing
+      run of this function wrote them
+      (:data:`~spark_imagenet.source.extract_dest.WRITTEN_LIST`); a differing
       file it did not write is listed and refused unless ``overwrite``.
     * the free space of ``dest``'s file system is compared with the bytes to
       write plus one block per file and folder plus :data:`SPACE_MARGIN`, and

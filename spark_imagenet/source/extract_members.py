@@ -166,7 +166,7 @@ class Members:
             folders_ok.add(folder)
             full = base + len(raw)
             longer = full
-            if item.kind == "file":  # the same length as _partial_name gives, without building it
+            if item.kind == "file":  # the same length as partial_name gives, without building it
                 tmp = len(leaf) + suffix if len(leaf) + suffix <= name_max else len(
                     os.fsencode(partial_name(item.rel.rpartition("/")[2], name_max)))
                 longer = full - len(leaf) + tmp
