@@ -46,7 +46,7 @@ The probe: a ``sitecustomize.py`` written into the run's folder, put on ``PYTHON
 active only with ``SPARK_IMAGENET_LAUNCH_PROBE`` set; every Python process of a job (driver, PySpark
 workers, supervisors, TensorFlow workers) appends timestamped events to one file: interpreter start,
 ``import tensorflow`` start and end, MultiWorkerMirroredStrategy's set-up (its ``CollectiveAllReduceExtended``
-constructor), the models registry's ``build_model`` / ``compile_model``, ours' task functions (``_stage``,
+constructor), the models' ``build_model`` (registry) and ``compile_model`` (compile), ours' task functions (``_stage``,
 ``rendezvous``, ``_run_worker``) and the watchdog callback's fit / first batch / evaluation hooks. It only
 wraps those functions to write one line each; it changes nothing they do. Each event of a job is taken on
 the last process to reach it, the TensorFlow workers' events only from the processes that trained in that
@@ -188,6 +188,9 @@ def _watchdog(module):
 
 def _registry(module):
     wrap(module, "build_model", "model build start", "model built")
+
+
+def _compile(module):
     wrap(module, "compile_model", None, "model compiled")
 
 
@@ -203,6 +206,7 @@ HOOKS = {
     "spark_imagenet.training.task.rendezvous": (None, None, lambda m: wrap(m, "rendezvous", None, "rendezvous done")),
     "spark_imagenet.training.worker.watchdog": (None, None, _watchdog),
     "spark_imagenet.training.worker.models.registry": (None, None, _registry),
+    "spark_imagenet.training.worker.models.compile": (None, None, _compile),
 }
 
 
@@ -302,7 +306,8 @@ def train_fn(job: dict[str, Any]) -> dict[str, Any]:
 
     from spark_imagenet.training.worker import pipeline
     from spark_imagenet.training.worker.models.compile import float32_logits
-    from spark_imagenet.training.worker.models.registry import build_model, compile_model
+    from spark_imagenet.training.worker.models.compile import compile_model
+    from spark_imagenet.training.worker.models.registry import build_model
 
     rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     if tf.distribute.has_strategy():  # the peer's own scope

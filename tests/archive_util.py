@@ -16,7 +16,7 @@ import pytest
 from data_util import small_layout
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.dataset.tfrecord import read_records
-from spark_imagenet.source.extract import WRITTEN_LIST
+from spark_imagenet.source.extract_dest import WRITTEN_LIST
 from spark_imagenet.source.zip_archive import TAR_MEMBER
 
 

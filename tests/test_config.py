@@ -316,3 +316,18 @@ def test_print_config_writes_floats_with_six_significant_digits(tmp_path):
     again = resolve_job([load_job_file(job)])
     assert again.learning_rate == 0.3 and again.crop_area == (0.333333, 1.0)
     assert again.warmup_epochs == config.warmup_epochs  # a comment: derived from the recipe again
+
+
+def test_a_rule_words_the_place_of_a_value_it_checks_outside_the_settings():
+    """check_value's place: another record (worker.json, checkpoint.json) names its key instead of an option; the
+    ConfigError keeps the field's name as .key either way."""
+    from spark_imagenet.training.job.settings import Rule, check_value
+
+    rule = Rule("int", minimum=1, option="--workers")
+    with pytest.raises(ConfigError, match=r"^workers \(--workers\) must be an integer >= 1, got 0$"):
+        check_value("workers", rule, 0)
+    with pytest.raises(ConfigError, match=r"^worker.json: key 'workers' must be an integer >= 1, got 0$") as e:
+        check_value("workers", rule, 0, "worker.json: key 'workers'")
+    assert e.value.key == "workers"
+    assert check_value("peers", Rule("strings"), ["h:1"]) == ("h:1",)
+

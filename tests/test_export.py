@@ -136,7 +136,7 @@ def older_run(tmp_path_factory) -> Path:
     from spark_imagenet.training.job.config import TrainConfig
     from spark_imagenet.training.job.schedules import schedule_for
     from spark_imagenet.training.worker.keras_schedule import KerasSchedule
-    from spark_imagenet.training.worker.models.registry import compile_model
+    from spark_imagenet.training.worker.models.compile import compile_model
 
     folder = tmp_path_factory.mktemp("older") / "run"
     folder.mkdir()

@@ -31,7 +31,8 @@ from archive_util import (  # noqa: F401
 )
 from data_util import small_layout
 from spark_imagenet.errors import ArchiveError, ConfigError, LayoutError
-from spark_imagenet.source.extract import SPACE_MARGIN, WRITTEN_LIST, extract
+from spark_imagenet.source.extract import SPACE_MARGIN, extract
+from spark_imagenet.source.extract_dest import WRITTEN_LIST
 from spark_imagenet.source.layout import EXTRACT_MARKER
 from spark_imagenet.source.zip_archive import TAR_MEMBER
 from spark_imagenet.units import human_size
@@ -330,7 +331,7 @@ extract(sys.argv[1], sys.argv[2], progress=False)
 
 
 def test_a_killed_extract_lists_every_file_it_wrote(log_lines, kaggle, tmp_path):
-    from spark_imagenet.source.extract_write import WrittenList
+    from spark_imagenet.source.extract_dest import WrittenList
 
     dest = tmp_path / "dest"
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_EXTRACT, str(kaggle["root"]), str(dest)])

@@ -17,7 +17,8 @@ import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import ConfigError  # noqa: E402
 from spark_imagenet.training.job.model_specs import MODELS  # noqa: E402
-from spark_imagenet.training.worker.models.registry import build_model, compile_model  # noqa: E402
+from spark_imagenet.training.worker.models.compile import compile_model  # noqa: E402
+from spark_imagenet.training.worker.models.registry import build_model  # noqa: E402
 from spark_imagenet.training.job.alexnet_layers import feature_map_size, min_image_size  # noqa: E402
 
 

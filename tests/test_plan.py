@@ -47,12 +47,28 @@ def test_worker_spec_json_round_trip():
     ({"val_record_shard": (2, 2)}, "'val_record_shard' must be [n, i] with 0 <= i < n"),
     ({"steps_per_epoch": 0}, "'steps_per_epoch' must be an integer >= 1"),
     ({"train_files": 3}, "'train_files' must be a list of non-empty strings"),
+    ({"peers": ["h:1", ""]}, "worker spec of rank 1: key 'peers' must be a list of non-empty strings"),
+    ({"threads": -1}, "worker spec of rank 1: key 'threads' must be an integer >= 0, got -1"),
+    ({"num_classes": 0}, "worker spec of rank 1: key 'num_classes' must be an integer >= 1, got 0"),
+    ({"dataset_id": ""}, "worker spec of rank 1: key 'dataset_id' must be a non-empty string"),
     ({"schedule": None}, "'schedule' a Schedule"),
 ])
 def test_worker_spec_rejects_impossible_values(change, fragment):
     with pytest.raises(ConfigError) as e:
         spec(**change)
     assert fragment in str(e.value)
+
+
+def test_the_worker_spec_and_the_checkpoint_meta_check_the_dataset_facts_by_one_rule():
+    """The dataset's id and class count have one rule each (settings.FACTS), which both records use; lists of
+    names become tuples, as worker.json gives them."""
+    from spark_imagenet.training.job import checkpoint_meta, plan
+    from spark_imagenet.training.job.settings import FACTS
+
+    for name in FACTS:
+        assert plan._RULES[name] is FACTS[name] and checkpoint_meta._OWN_RULES[name] is FACTS[name]
+    one = spec(train_files=["/c/a"], peers=["h:1", "h:2"])
+    assert one.train_files == ("/c/a",) and one.peers == ("h:1", "h:2")
 
 
 def test_worker_spec_from_json_names_missing_and_unknown_keys_and_other_versions():

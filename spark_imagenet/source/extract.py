@@ -2,11 +2,12 @@
 
 See :func:`extract` for what is checked before anything is written and how
 an interrupted extract is finished by a rerun (docs/design.md, 'The Kaggle
-archive'). The checks of the members are in
-:mod:`spark_imagenet.source.extract_members`, the writing in
-:mod:`spark_imagenet.source.extract_write`; this module decides what to do
-with the files already in the folder (keep, rewrite or refuse) and checks the
-free space.
+archive'). Its phases: the archive's members are surveyed and checked
+(:mod:`spark_imagenet.source.extract_members`); then, here, each file already
+in the folder is kept, rewritten or refused (:func:`_plan`), the free space is
+checked, and the files are written (:class:`Writer`, :func:`write_zip_files`,
+:func:`write_tar_files`), each listed in the folder's record of what extract
+wrote (:mod:`spark_imagenet.source.extract_dest`).
 
 Example::
 
@@ -16,23 +17,32 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
 import logging
 import os
+import posixpath
 import shlex
 import stat
+import tarfile
+import zipfile
 import zlib
 from pathlib import Path
+from typing import Any, BinaryIO, Callable
 
-from spark_imagenet.errors import ConfigError
-from spark_imagenet.source.extract_members import (
-    CHUNK, SPACE_MARGIN, WRITTEN_LIST, Item, nearest_existing, survey)
-from spark_imagenet.source.extract_write import WrittenList, Writer, write_tar_files, write_zip_files
+from spark_imagenet.errors import ArchiveError, ConfigError
+from spark_imagenet.source.extract_dest import CHUNK, WRITTEN_LIST, WrittenList, nearest_existing, partial_name
+from spark_imagenet.source.extract_members import Item, clean_name, survey, tar_folder, unsafe_name
 from spark_imagenet.source.layout import EXTRACT_MARKER, check_layout
 from spark_imagenet.source.tar_stream import TarStreamSource
 from spark_imagenet.source.zip_archive import FORM_NESTED, inspect_zip, listing, open_zip, progress_bar
 from spark_imagenet.units import human_size
 
 logger = logging.getLogger(__name__)
+
+#: Free space :func:`extract` keeps in reserve beyond the files' bytes and one block per file and folder.
+SPACE_MARGIN = 64 * 2**20
 
 
 def extract(
@@ -61,7 +71,8 @@ def extract(
       names, sum the sizes and compute each file's CRC-32, one to unpack.
     * each file already in ``dest`` is compared with its member (size, then
       CRC-32): the same bytes are kept, others are rewritten if a previous
-      run of this function wrote them (:data:`WRITTEN_LIST`); a differing
+      run of this function wrote them
+      (:data:`~spark_imagenet.source.extract_dest.WRITTEN_LIST`); a differing
       file it did not write is listed and refused unless ``overwrite``.
     * the free space of ``dest``'s file system is compared with the bytes to
       write plus one block per file and folder plus :data:`SPACE_MARGIN`, and
@@ -253,7 +264,6 @@ def _file_crc(path: Path, bar) -> int:
     return crc
 
 
-
 def _check_free_space(zip_path: str, dest: Path, items: list[Item], to_write: list[Item]) -> None:
     """ConfigError when the files to write, with one block each, do not fit in the free space and
     inodes of ``dest``'s file system."""
@@ -290,3 +300,152 @@ def _check_free_space(zip_path: str, dest: Path, items: list[Item], to_write: li
         f"{human_size(SPACE_MARGIN)} to spare), {folder} has {human_size(free)} ({free} bytes) free; {inode_text}. "
         "Free some space or choose another folder (or skip extracting: spark-imagenet shard reads the zip directly)."
     )
+
+
+class Writer:
+    """Writes the files of one extract into ``dest``: each under a temporary name, listed in
+    :data:`WRITTEN_LIST`, then renamed; folders are created only inside ``dest`` (links followed).
+
+    Attributes:
+        written: bytes written so far.
+        bar: the tqdm bar of bytes written, or None.
+    """
+
+    def __init__(self, zip_path: str, dest: Path, name_max: int):
+        self.zip_path = zip_path
+        self.dest = dest
+        self.name_max = name_max
+        self.real_dest = os.path.realpath(dest)
+        self.written = 0
+        self.bar: Any = None
+        self.written_list = WrittenList(dest / WRITTEN_LIST)
+
+    def _inside(self, folder: Path, rel: str) -> None:
+        real = os.path.realpath(folder)
+        if real != self.real_dest and not real.startswith(self.real_dest + os.sep):
+            raise ArchiveError(f"{self.zip_path}: {rel} would be written to {real}, outside {self.dest} (through a "
+                               f"link already in {self.dest}); stopped")
+
+    def folder(self, path: Path, rel: str) -> None:
+        """Create the folder ``path`` (for ``rel``), checking that it is inside ``dest`` (links followed)."""
+        self._inside(nearest_existing(path), rel)  # the nearest existing folder, before creating any
+        path.mkdir(parents=True, exist_ok=True)
+        self._inside(path, rel)
+
+    def target_of(self, rel: str) -> Path:
+        """``dest/rel`` once its folder exists and is inside ``dest``."""
+        path = self.dest / rel
+        self.folder(path.parent, rel)
+        return path
+
+    def cannot_write(self, path: Path, e: OSError) -> ConfigError:
+        hint = ("check the length of its name and path" if e.errno == errno.ENAMETOOLONG else
+                "check the folder's permissions and free space")
+        return ConfigError(
+            f"cannot write {path} ({e.strerror or e}) while extracting {self.zip_path}; {hint}, then rerun "
+            f"`spark-imagenet extract {shlex.quote(self.zip_path)} "
+            f"{shlex.quote(str(self.dest))}` (it keeps the files already written)"
+        )
+
+    def begin(self, markers: list[str], folders: list[Item]) -> None:
+        """Write the markers that make ``shard`` refuse the folder until the extract completes, and
+        create the archive's folders."""
+        note = json.dumps({"zip": self.zip_path, "dest": str(self.dest)})
+        try:
+            for rel in markers:
+                self.target_of(rel).write_text(note + "\n", encoding="utf-8")
+            for item in folders:
+                self.folder(self.dest / item.rel, item.rel)
+        except OSError as e:
+            raise self.cannot_write(self.dest / markers[0], e) from None
+
+    def write(self, item: Item, opener: Callable[[], BinaryIO], where: str) -> None:
+        """Write one file from ``opener()``, checking its size and CRC-32 against the archive's."""
+        path = self.dest / item.rel
+        try:
+            path = self.target_of(item.rel)
+            tmp = path.with_name(partial_name(path.name, self.name_max))
+            try:
+                crc, got = self._copy(opener, tmp)
+                if got != item.size:
+                    raise ArchiveError(f"{where}: {got} bytes read where the archive declares {item.size}; the "
+                                       "archive is damaged: download it again")
+                if crc != item.crc:
+                    raise ArchiveError(f"{where}: its bytes changed since they were checked (CRC-32 {crc:08x}, "
+                                       f"then {item.crc:08x}); the archive changed while it was read. Run again.")
+                try:  # listed first: a file under its final name is always in the list, even after a kill
+                    self.written_list.add(item.rel)
+                except OSError as e:
+                    raise self.cannot_write(self.written_list.path, e) from None
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+        except OSError as e:
+            raise self.cannot_write(path, e) from None
+        self.written += item.size
+
+    def _copy(self, opener: Callable[[], BinaryIO], tmp: Path) -> tuple[int, int]:
+        """Copy ``opener()`` to ``tmp``; return its CRC-32 and length."""
+        crc = got = 0
+        with opener() as src, open(tmp, "wb") as out:
+            while chunk := src.read(CHUNK):
+                out.write(chunk)
+                crc = zlib.crc32(chunk, crc)
+                got += len(chunk)
+                if self.bar is not None:
+                    self.bar.update(len(chunk))
+        return crc, got
+
+    def close(self) -> None:
+        """Close the bar and end this run's part of :data:`WRITTEN_LIST`."""
+        if self.bar is not None:
+            self.bar.close()
+        with contextlib.suppress(OSError):  # a full disk: the error that stopped the extract says more
+            self.written_list.close()  # (a kill leaves its last member without a trailer: the next run mends it)
+
+
+def write_zip_files(writer: Writer, zf: zipfile.ZipFile, items: list[Item]) -> None:
+    """Write the zip's own files that are not already there."""
+    for item in items:
+        if item.kind != "file" or item.action == "keep":
+            continue
+        try:
+            writer.write(item, lambda: zf.open(item.info), f"{writer.zip_path} member {item.info.orig_filename}")
+        except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError, NotImplementedError) as e:
+            raise ArchiveError(f"{writer.zip_path} member {item.info.orig_filename} cannot be read ({e}); the zip "
+                               "is damaged: download it again") from None
+
+
+def write_tar_files(writer: Writer, source: TarStreamSource, tar_items: list[Item]) -> None:
+    """Pass 2 of 2 over the nested tar: write its files that are not already there.
+
+    Raises:
+        ArchiveError: the stream is damaged, or differs from pass 1 (the archive changed).
+    """
+    left = {i.rel: i for i in tar_items if i.kind == "file" and i.action != "keep"}
+    if not left:
+        return
+    logger.info(f"unpacking {source.where_source()} (pass 2 of 2)")
+    tar_base = tar_folder(source)
+    known = {i.rel for i in tar_items}
+    for ti, tf in source.members():
+        rel = clean_name(posixpath.join(tar_base, ti.name)) if unsafe_name(ti.name) is None else None
+        if rel not in known:
+            if ti.isfile() or ti.issym() or ti.islnk() or rel is None:
+                raise ArchiveError(f"{source.where_source()}: {ti.name} was not there in pass "
+                                   "1; the archive changed while it was read. Run again.")
+            continue
+        item = left.pop(rel, None)
+        if item is None:
+            continue
+        try:
+            writer.write(item, lambda: tf.extractfile(ti), source.where_member(ti.name))
+        except (tarfile.TarError, zlib.error, EOFError) as e:
+            raise source.stream_error(e) from None
+        if not left:
+            break
+    if left:
+        raise ArchiveError(f"{source.where_source()}: {len(left)} file(s) of pass 1 were not "
+                           f"found in pass 2 (e.g. {sorted(left)[0]}); the archive changed while it was "
+                           "read. Run again.")

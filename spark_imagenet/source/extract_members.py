@@ -4,7 +4,9 @@
 of its tar.gz, in pass 1 of 2 over the stream, with each file's CRC-32) as
 :class:`Item` s, and refuses, all together in one error, names that would land
 outside the destination, links, special files, names given twice, a file that
-is also a folder, and names too long for the destination's file system.
+is also a folder, names extract keeps for its own bookkeeping
+(:data:`~spark_imagenet.source.extract_dest.OWN_NAMES`), and names too long for
+the destination's file system (:func:`name_limits`).
 """
 
 from __future__ import annotations
@@ -22,33 +24,12 @@ import zlib
 from pathlib import Path
 
 from spark_imagenet.errors import ArchiveError
-from spark_imagenet.source.layout import EXTRACT_MARKER
+from spark_imagenet.source.extract_dest import CHUNK, OWN_NAMES, PARTIAL_FILE_SUFFIX, nearest_existing, partial_name
 from spark_imagenet.source.tar_stream import TarStreamSource
 from spark_imagenet.source.zip_archive import (
     FORM_ROOT, TREE_RE, KaggleZip, link_text, listing, zip_link_target)
 
 logger = logging.getLogger(__name__)
-
-
-#: The list of the files :func:`~spark_imagenet.source.extract.extract` wrote, kept in its folder (also
-#: once it completed): gzip members of ``<relative name>\n`` lines. Each name is appended (compressed,
-#: then a zlib sync flush, so that every name written so far can be decompressed) and handed to the
-#: operating system before its file is renamed to its final name: a file under its final name is always
-#: listed, even if the process is killed (SIGKILL) at any point (docs/design.md, 'The Kaggle archive').
-#: A rerun rewrites a file that differs from its member only when it is listed here; any other
-#: differing file is someone else's, refused unless ``overwrite``.
-WRITTEN_LIST = ".spark-imagenet-extract-written.gz"
-#: The temporary name under which a run rewrites :data:`WRITTEN_LIST` left incomplete by a killed run.
-WRITTEN_TMP = WRITTEN_LIST + ".spark-imagenet-partial"
-#: The suffix of the temporary name a file is written under before it is renamed.
-PARTIAL_FILE_SUFFIX = ".spark-imagenet-partial"
-#: Free space :func:`~spark_imagenet.source.extract.extract` keeps in reserve beyond the files' bytes and
-#: one block per file and folder.
-SPACE_MARGIN = 64 * 2**20
-#: Names :func:`~spark_imagenet.source.extract.extract` keeps for itself, refused as member names.
-OWN_NAMES = frozenset({EXTRACT_MARKER, WRITTEN_LIST, WRITTEN_TMP})
-#: Bytes read or written at a time.
-CHUNK = 1 << 20
 
 
 def unsafe_name(name: str) -> str | None:
@@ -185,7 +166,7 @@ class Members:
             folders_ok.add(folder)
             full = base + len(raw)
             longer = full
-            if item.kind == "file":  # the same length as _partial_name gives, without building it
+            if item.kind == "file":  # the same length as partial_name gives, without building it
                 tmp = len(leaf) + suffix if len(leaf) + suffix <= name_max else len(
                     os.fsencode(partial_name(item.rel.rpartition("/")[2], name_max)))
                 longer = full - len(leaf) + tmp
@@ -239,23 +220,6 @@ def name_limits(dest: Path) -> tuple[int, int]:
             value = default
         limits.append(value if value is not None and value > 0 else sys.maxsize)  # -1: no limit
     return limits[0], limits[1]
-
-
-def partial_name(name: str, name_max: int) -> str:
-    """The temporary name the file ``name`` is written under before it is renamed: ``.NAME.spark-imagenet-partial``,
-    or ``.<CRC-32 of NAME>.spark-imagenet-partial`` where that is over the file system's NAME_MAX."""
-    tmp = f".{name}{PARTIAL_FILE_SUFFIX}"
-    if len(os.fsencode(tmp)) <= name_max:
-        return tmp
-    return f".{zlib.crc32(os.fsencode(name)):08x}{PARTIAL_FILE_SUFFIX}"
-
-
-def nearest_existing(dest: Path) -> Path:
-    """``dest`` or its nearest ancestor that exists (where its free space and limits are read)."""
-    p = dest
-    while not p.exists():
-        p = p.parent
-    return p
 
 
 def tar_folder(source: TarStreamSource) -> str:

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from spark_imagenet.errors import DownloadError, EnvironmentSetupError
 from spark_imagenet.source.kaggle_credentials import (
-    CLIENT_REQUIREMENT, TOKEN_PAGE, Credentials, kaggle_config_dir)
+    CLIENT_REQUIREMENT, Credentials, kaggle_config_dir)
 
 #: The competition whose archive holds ImageNet (ILSVRC CLS-LOC) in the Kaggle layout.
 DEFAULT_COMPETITION = "imagenet-object-localization-challenge"
@@ -117,15 +117,6 @@ def reason(exc: BaseException) -> str:
     return (text[:300] + "...") if len(text) > 300 else (text or type(exc).__name__)
 
 
-def fix_credentials(creds: Credentials) -> str:
-    """The sentence that tells how to repair rejected credentials."""
-    if creds.kind == "oauth":
-        return "Sign in again with `kaggle auth login`, then run the same command again."
-    return (f"Check those credentials, or create a new API token at {TOKEN_PAGE} and export "
-            "KAGGLE_API_TOKEN=<token> (or save it in ~/.kaggle/access_token; a token takes precedence over "
-            "a username/key), then run the same command again.")
-
-
 def api_error(exc: Exception, competition: str, creds: Credentials, what: str,
               file_name: str | None = None) -> DownloadError:
     """The error to raise for a failed Kaggle API call: what happened and what to do.
@@ -147,7 +138,7 @@ def api_error(exc: Exception, competition: str, creds: Credentials, what: str,
     if status == 401:
         return DownloadError(
             f"Kaggle rejected the credentials from {creds.source} (HTTP 401 while {what}: {reason(exc)}). "
-            + fix_credentials(creds))
+            + creds.remedy)
     if status == 403:
         rules = "rules" in str(exc).lower()
         return DownloadError(
@@ -213,12 +204,12 @@ def authenticated_api(creds: Credentials, competition: str):
         if creds.kind == "token":
             raise DownloadError(
                 f"Kaggle did not accept the access token from {creds.source} (invalid or expired), and no "
-                "other credentials were accepted. " + fix_credentials(creds)) from None
+                "other credentials were accepted. " + creds.remedy) from None
         if creds.kind == "oauth":
             raise DownloadError(f"The Kaggle login in {creds.source} has expired or was revoked. "
-                                + fix_credentials(creds)) from None
+                                + creds.remedy) from None
         raise DownloadError(f"The kaggle client did not accept the credentials from {creds.source}. "
-                            + fix_credentials(creds)) from None
+                            + creds.remedy) from None
     except Exception as e:
         raise api_error(e, competition, creds, "signing in") from None
     return api

@@ -6,7 +6,8 @@ inside a Kaggle notebook the notebook's own token first), then the legacy API
 key (``KAGGLE_USERNAME``/``KAGGLE_KEY``, else ``kaggle.json`` in
 :func:`kaggle_config_dir`), then the OAuth login of ``kaggle auth login``.
 :func:`find_credentials` names the one it will use, so that a rejection can say
-which, and says where credentials go when there are none. The access token is
+which and how to repair them (:attr:`Credentials.remedy`), and says where
+credentials go when there are none. The access token is
 looked up with the client's own function (``kagglesdk.get_access_token_from_env``);
 why the rest is read here: docs/design.md, 'The kaggle client'.
 
@@ -71,6 +72,15 @@ class Credentials:
     kind: str
     source: str
     kaggle_json: Path | None = None
+
+    @property
+    def remedy(self) -> str:
+        """str: the sentence that tells how to repair these credentials once Kaggle rejected them."""
+        if self.kind == "oauth":
+            return "Sign in again with `kaggle auth login`, then run the same command again."
+        return (f"Check those credentials, or create a new API token at {TOKEN_PAGE} and export "
+                "KAGGLE_API_TOKEN=<token> (or save it in ~/.kaggle/access_token; a token takes precedence over "
+                "a username/key), then run the same command again.")
 
 
 def _token_source() -> str | None:

@@ -25,7 +25,9 @@ Version 2 records every field. Version 1, which this module still reads, may lac
 recorded). A version newer than :data:`FORMAT_VERSION` is refused: upgrade spark-imagenet to read it.
 
 Every value is checked by a rule (:class:`~spark_imagenet.training.job.settings.Rule`): a job setting's by the
-setting's own rule (:class:`~spark_imagenet.training.job.config.TrainConfig`), the others by :data:`_OWN_RULES`.
+setting's own rule (:class:`~spark_imagenet.training.job.config.TrainConfig`), the dataset's id and class count by
+the rules every record shares (:data:`~spark_imagenet.training.job.settings.FACTS`), the meta's own fields by
+:data:`_OWN_RULES`.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any, Sequence
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.storage.committed import Entry
 from spark_imagenet.storage.envelope import FORMAT_KEY, VERSION_KEY, Envelope
-from spark_imagenet.training.job.settings import Rule, check_value
+from spark_imagenet.training.job.settings import FACTS, Rule, check_value
 
 META_NAME = "checkpoint.json"
 FORMAT = "spark-imagenet-checkpoint"
@@ -92,9 +94,9 @@ _WHY = {"optimizer": "the optimizer's saved state differs (SGD and LARS keep dif
         "precision": "mixed_float16 adds a loss-scale optimizer, whose state the checkpoint does or does not hold",
         "lr_schedule": "the saved optimizer holds the schedule, and the learning rate of every step to come "
                        "depends on it"}
-#: The rules of the fields that are not a job setting (the others are checked by the setting's own rule).
-_OWN_RULES = {"dataset_id": Rule("str"), "num_classes": Rule("int", minimum=1), "epoch": Rule("int", minimum=0),
-              "step": Rule("int", minimum=0), "created": Rule("str")}
+#: The rules of the meta's own fields (a job setting is checked by the setting's own rule, the dataset's id and
+#: class count by :data:`~spark_imagenet.training.job.settings.FACTS`).
+_OWN_RULES = {**FACTS, "epoch": Rule("int", minimum=0), "step": Rule("int", minimum=0), "created": Rule("str")}
 
 
 def utc_now() -> str:
@@ -241,14 +243,14 @@ def _file_problems(files: Sequence[Any]) -> list[str]:
 
 @functools.cache
 def _rules() -> dict[str, Rule]:
-    """The rule of every value field of a checkpoint's meta (not ``files``, ``history``): a job setting's own rule
-    (without its option: the message names the ``checkpoint.json`` key), or :data:`_OWN_RULES`."""
+    """The rule of every value field of a checkpoint's meta (not ``files``, ``history``): a job setting's own rule,
+    or :data:`_OWN_RULES`; every one required (a version 1 meta's missing recipe: :func:`_checked_values`)."""
     # imported here: the settings' sections import this module (through checkpoints)
     from spark_imagenet.training.job.config import TrainConfig
 
     settings = {f.name: f.metadata["rule"] for _, f in TrainConfig.settings()}
     names = [f.name for f in dataclasses.fields(RunSettings)] + ["epoch", "step", "created"]
-    return {n: dataclasses.replace(_OWN_RULES.get(n) or settings[n], option=None, optional=False) for n in names}
+    return {n: dataclasses.replace(_OWN_RULES.get(n) or settings[n], optional=False) for n in names}
 
 
 def _checked_values(meta: "CheckpointMeta") -> tuple[dict[str, Any], list[str]]:
@@ -260,7 +262,7 @@ def _checked_values(meta: "CheckpointMeta") -> tuple[dict[str, Any], list[str]]:
         if value is None and name in RECIPE_FIELDS and meta.format_version == 1:
             continue
         try:
-            values[name] = check_value(name, rule, value)
+            values[name] = check_value(name, rule, value, name)  # named by its checkpoint.json key, not its option
         except ConfigError as e:
             problems.append(str(e))
     return values, problems

@@ -33,6 +33,7 @@ from spark_imagenet.storage.envelope import Envelope
 from spark_imagenet.training.job.outcome import SAME_VERSION
 from spark_imagenet.training.job.outputs import labels as output_labels
 from spark_imagenet.training.job.schedules import Schedule, schedule_for
+from spark_imagenet.training.job.settings import FACTS, Rule, check_value
 from spark_imagenet.training.job.tracking import TrackingSpec
 
 #: The worker spec's JSON form (``worker.json``).
@@ -105,14 +106,21 @@ class JobPlan:
                                    schedule=schedule_for(config, assignment.steps_per_epoch))
 
 
-def _check_int(where: str, name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}: key {name!r} must be an integer >= {minimum}, got {value!r:.100}")
-
-
-def _check_paths(where: str, name: str, value: Any) -> None:
-    if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{where}: key {name!r} must be a list of non-empty strings, got {value!r:.200}")
+#: The rule of each plain value of a worker spec (:class:`WorkerSpec`), by field: the dataset's facts by the rules
+#: every record shares (:data:`~spark_imagenet.training.job.settings.FACTS`), the spec's own values by these.
+_RULES = {
+    **FACTS,
+    "rank": Rule("int", minimum=0),
+    "train_examples": Rule("int", minimum=0),
+    "val_examples": Rule("int", minimum=0),
+    "val_examples_total": Rule("int", minimum=0),
+    "steps_per_epoch": Rule("int", minimum=1),
+    "val_steps": Rule("int", minimum=0),
+    "threads": Rule("int", minimum=0, optional=True),
+    "train_files": Rule("strings"),
+    "val_files": Rule("strings"),
+    "peers": Rule("strings"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,23 +187,16 @@ class WorkerSpec:
         where = f"worker spec of rank {self.rank}"
         if not isinstance(self.config, TrainConfig) or not isinstance(self.schedule, Schedule):
             raise ConfigError(f"{where}: 'config' must be a TrainConfig and 'schedule' a Schedule")
-        for name, minimum in (("rank", 0), ("num_classes", 1), ("train_examples", 0), ("val_examples", 0),
-                              ("val_examples_total", 0), ("steps_per_epoch", 1), ("val_steps", 0)):
-            _check_int(where, name, getattr(self, name), minimum)
+        for name, rule in _RULES.items():
+            object.__setattr__(self, name, check_value(name, rule, getattr(self, name), f"{where}: key {name!r}"))
         if self.checkpoints is not None and not isinstance(self.checkpoints, Storage):
             raise ConfigError(f"{where}: 'checkpoints' must be a Storage or None, got {self.checkpoints!r:.100}")
-        for name in ("train_files", "val_files", "peers"):
-            if isinstance(getattr(self, name), list):
-                object.__setattr__(self, name, tuple(getattr(self, name)))
-            _check_paths(where, name, getattr(self, name))
         if self.val_record_shard is not None:
             pair = tuple(self.val_record_shard) if isinstance(self.val_record_shard, (list, tuple)) else ()
             if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair) \
                     or not 0 <= pair[1] < pair[0]:
                 raise ConfigError(f"{where}: key 'val_record_shard' must be [n, i] with 0 <= i < n, got {pair!r}")
             object.__setattr__(self, "val_record_shard", pair)
-        if self.threads is not None:
-            _check_int(where, "threads", self.threads, 0)
         if self.rank >= self.workers:
             raise ConfigError(f"{where}: rank {self.rank} is not in 0..workers-1 (workers = {self.workers})")
         if not self.train_files:
@@ -261,9 +262,6 @@ class WorkerSpec:
             fields["tracking"] = TrackingSpec.from_json(fields["tracking"], f"{where}, key 'tracking'")
         if fields.get("checkpoints") is not None:
             fields["checkpoints"] = _reopen(fields["checkpoints"], f"{where}, key 'checkpoints'")
-        for name in ("train_files", "val_files", "peers", "val_record_shard", "labels"):
-            if isinstance(fields.get(name), list):
-                fields[name] = tuple(fields[name])
         return cls(**fields)
 
 

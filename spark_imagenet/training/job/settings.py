@@ -7,6 +7,12 @@ generates its options (:mod:`spark_imagenet.training.job.options`) and the job f
 (:mod:`spark_imagenet.training.job.jobfile`). Errors are :class:`~spark_imagenet.errors.ConfigError`
 naming the setting and its option (``workers (--workers) must be an integer, got 'two'``), with the
 setting kept as ``.key``.
+
+The same rules check the values of the job's records that other processes read: a checkpoint's
+``checkpoint.json`` (:mod:`spark_imagenet.training.job.checkpoint_meta`: a setting's value by the setting's
+rule) and the TensorFlow worker's ``worker.json`` (:class:`~spark_imagenet.training.job.plan.WorkerSpec`);
+:data:`FACTS` holds the rules of the values they share that are not settings, and :func:`check_value`'s
+``place`` words where the value is (``worker.json: key 'rank'``).
 """
 
 from __future__ import annotations
@@ -24,13 +30,18 @@ from spark_imagenet.errors import ConfigError
 class Rule:
     """How one field is checked: its kind, bounds and the option that sets it."""
 
-    kind: str  # "int", "float", "str", "bool", "path", "epochs", "range", "conf"
+    kind: str  # "int", "float", "str", "bool", "path", "strings", "epochs", "range", "conf"
     minimum: float | None = None
     positive: bool = False
     optional: bool = False
     option: str | None = None
     help: str = ""
     choices: tuple[str, ...] = ()  # for kind "str": the allowed values (empty = any)
+
+
+#: The rules of the values a job's records carry that are not settings, one per name, shared by every record
+#: that carries one: the dataset's id and class count (``checkpoint.json``, ``worker.json``).
+FACTS = {"dataset_id": Rule("str"), "num_classes": Rule("int", minimum=1)}
 
 
 def setting(default: Any = dataclasses.MISSING, *, kind: str, help: str = "", minimum: float | None = None,
@@ -85,23 +96,25 @@ def _flat_conf(value: Any, label: str, name: str, prefix: str = "") -> list[tupl
     return pairs
 
 
-def check_value(name: str, rule: Rule, value: Any) -> Any:
+def check_value(name: str, rule: Rule, value: Any, place: str | None = None) -> Any:
     """Check one value by its rule: a setting's (:func:`validate_fields`), or another record's field by the same
-    rule (a checkpoint's ``checkpoint.json``).
+    rule (a checkpoint's ``checkpoint.json``, a worker's ``worker.json``).
 
     Args:
-        name: the field's name, first word of the message (with the rule's option, if any).
+        name: the field's name.
         rule: how it is checked.
         value: the value.
+        place: the words the message starts with, naming where the value is (e.g. ``"worker spec of rank 1: key
+            'rank'"``); default: ``name``, with the rule's option if it has one (``"workers (--workers)"``).
 
     Returns:
         The value converted to the field's type (an int to a float for ``"float"``, a list to a tuple, ...).
 
     Raises:
-        ConfigError: the value is of the wrong type or out of bounds; names the field, its option and the value,
-            and keeps ``name`` as ``.key``.
+        ConfigError: the value is of the wrong type or out of bounds: ``"<place> must be ..., got <value>"``;
+            keeps ``name`` as ``.key``.
     """
-    label = _label(name, rule)
+    label = _label(name, rule) if place is None else place
     if value is None:
         if rule.optional:
             return None
@@ -127,6 +140,10 @@ def check_value(name: str, rule: Rule, value: Any) -> Any:
         if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
             raise setting_error(name, f"{label} must be a path, got {value!r}")
         return os.fspath(value)
+    if rule.kind == "strings":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+            raise setting_error(name, f"{label} must be a list of non-empty strings, got {value!r:.200}")
+        return tuple(value)
     if rule.kind == "str":
         if not isinstance(value, str) or not value.strip():
             raise setting_error(name, f"{label} must be a non-empty string, got {value!r}")

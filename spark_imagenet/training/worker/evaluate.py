@@ -5,7 +5,7 @@ Run as ``python -m spark_imagenet.training.worker.evaluate MODEL_URL DATA_URL [-
 TensorFlow). On one machine: the validation shards are fetched verified into the local shard cache
 (:func:`spark_imagenet.dataset.cache.fetch`), read with the same central crops as training's evaluation
 (:func:`spark_imagenet.training.worker.pipeline.eval_dataset`), padded to whole batches with zero-weight rows,
-and scored with the same weighted metrics (:func:`spark_imagenet.training.worker.models.registry.compile_model`),
+and scored with the same weighted metrics (:func:`spark_imagenet.training.worker.models.compile.compile_model`),
 so the numbers are those a training run reports for the same model.
 
 ``MODEL_URL`` is a ``model.keras`` file (a local path or a bucket URL of any store) or the ``--output``
@@ -117,7 +117,7 @@ def evaluate(model: keras.Model, data_url: str, *, cache: str | None = None,
     """
     from spark_imagenet.training.worker import pipeline
     from spark_imagenet.training.worker.bad_records import naming_bad_records
-    from spark_imagenet.training.worker.models.registry import compile_model
+    from spark_imagenet.training.worker.models.compile import compile_model
 
     storage = open_storage(data_url)
     manifest = Manifest.load(storage)

@@ -187,7 +187,8 @@ def _build_model(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> keras.Mo
     """
     from spark_imagenet.training.worker.models.compile import float32_logits, set_precision
     from spark_imagenet.training.worker.keras_schedule import KerasSchedule
-    from spark_imagenet.training.worker.models.registry import build_model, compile_model
+    from spark_imagenet.training.worker.models.compile import compile_model
+    from spark_imagenet.training.worker.models.registry import build_model
 
     config = spec.config
     schedule = spec.schedule

@@ -1,4 +1,4 @@
-"""Model registry and compilation for training in the TensorFlow worker process.
+"""The model registry of the TensorFlow worker process: a model built by its name, or a user's builder.
 
 This module imports TensorFlow (through ``tf_keras``, i.e. Keras 2:
 docs/design.md, 'Keras 2 (tf-keras) under MultiWorkerMirroredStrategy'), so
@@ -12,8 +12,8 @@ Public API:
   :data:`spark_imagenet.training.job.model_specs.MODELS`), or a user's builder (raises the same errors as
   ``build_model``).
 * :func:`import_builder`: import a builder named ``package.module:function``, a registered one or a user's.
-* :func:`compile_model` (from :mod:`spark_imagenet.training.worker.models.compile`): the optimizer, the loss and
-  the metrics ``top1`` / ``top5`` (and ``xent``).
+
+Compiling a built model (optimizer, loss, metrics) is :mod:`spark_imagenet.training.worker.models.compile`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from typing import Callable
 import tf_keras as keras  # noqa: E402
 
 from spark_imagenet.errors import ConfigError  # noqa: E402
-from spark_imagenet.training.worker.models.alexnet import min_image_size  # noqa: E402  (re-exported)
-from spark_imagenet.training.worker.models.compile import MOMENTUM, compile_model  # noqa: E402  (re-exported)
 from spark_imagenet.training.job.model_specs import MODELS, is_user_builder  # noqa: E402
 
 
@@ -190,5 +188,4 @@ def _shape(model: keras.Model, attr: str) -> tuple | None:
         return None
 
 
-__all__ = ["MOMENTUM", "build_model", "check_built_model", "compile_model", "get_builder", "import_builder",
-           "min_image_size"]
+__all__ = ["build_model", "check_built_model", "get_builder", "import_builder"]
