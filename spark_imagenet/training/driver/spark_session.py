@@ -367,7 +367,7 @@ def connect_session(url: str, app_name: str = "spark-imagenet", conf: Mapping[st
     """A Spark Connect session (``SparkSession.builder.remote(url)``); no Java or JVM needed here.
 
     The session connects on first use, so an unreachable server is reported
-    by the first call (:func:`spark_imagenet.training.driver.connect.check_connect`
+    by the first call (:func:`spark_imagenet.training.driver.preflight.read_session_facts`
     names the URL).
 
     Args:
