@@ -12,7 +12,7 @@ command         function
 ``inspect``     :func:`spark_imagenet.dataset.report.inspect`
 ``upload``      :func:`spark_imagenet.dataset.transfer.upload`
 ``fetch``       :func:`spark_imagenet.training.task.staging.fetch_rank`
-``train``       :func:`spark_imagenet.training.driver.launch.plan_job` (its checks: :mod:`spark_imagenet.training.driver.preflight`), then ``run_job``
+``train``       :func:`spark_imagenet.training.driver.launch.plan_job` (checks: ``driver.preflight``), ``run_job``
 ``download``    :func:`spark_imagenet.source.kaggle.download`
 ``extract``     :func:`spark_imagenet.source.extract.extract`
 ``doctor``      :func:`spark_imagenet.doctor.run_doctor`

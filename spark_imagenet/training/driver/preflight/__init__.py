@@ -58,10 +58,11 @@ from spark_imagenet.training.driver.preflight.session import (
 )
 
 __all__ = [
-    "CheckedJob", "ConfGetter", "EXECUTOR_WAIT_SECONDS", "Finding", "Findings", "NETWORK_ENCRYPTION_KEYS",
-    "SessionFacts", "UNENCRYPTED_TRAFFIC", "available_slots", "check_apart_from_dataset", "check_before_spark",
-    "check_dataset_reachable", "check_encryption", "check_folders", "check_gpu_conf", "check_job", "check_output_reachable",
-    "check_output_unused", "check_plan", "check_reach", "check_results_path", "check_session", "check_settings", "check_slots_of_master_url",
-    "check_train_shards", "check_yarn_conf", "conf_true", "encryption_settings_on", "executor_wait_seconds",
-    "find_resume", "free_slots", "read_session_facts", "slots_from_master", "spark_context", "spark_seconds",
+    "available_slots", "check_apart_from_dataset", "check_before_spark", "check_dataset_reachable",
+    "check_encryption", "check_folders", "check_gpu_conf", "check_job", "check_output_reachable",
+    "check_output_unused", "check_plan", "check_reach", "check_results_path", "check_session", "check_settings",
+    "check_slots_of_master_url", "check_train_shards", "check_yarn_conf", "CheckedJob", "conf_true", "ConfGetter",
+    "encryption_settings_on", "EXECUTOR_WAIT_SECONDS", "executor_wait_seconds", "find_resume", "Finding", "Findings",
+    "free_slots", "NETWORK_ENCRYPTION_KEYS", "read_session_facts", "SessionFacts", "slots_from_master",
+    "spark_context", "spark_seconds", "UNENCRYPTED_TRAFFIC",
 ]
