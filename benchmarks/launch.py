@@ -414,7 +414,7 @@ def run_ours(spark, job: dict[str, Any], marks: Path, probe) -> dict[str, Any]:
 
     if not getattr(driver, "_launch_bench_patched", False):  # the driver-side events (once per process)
         probe.wrap(driver, "plan_job", None, "planned")
-        probe.wrap(driver, "_check_session", None, "checked")
+        probe.wrap(driver, "check_job", None, "checked")
         probe.wrap(driver, "_launch", "submitted")
         driver._launch_bench_patched = True
     config = train_config(job["size"], Path(job["cache"]))

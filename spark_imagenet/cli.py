@@ -12,7 +12,7 @@ command         function
 ``inspect``     :func:`spark_imagenet.dataset.report.inspect`
 ``upload``      :func:`spark_imagenet.dataset.transfer.upload`
 ``fetch``       :func:`spark_imagenet.training.task.staging.fetch_rank`
-``train``       :func:`spark_imagenet.training.driver.launch.plan_job`, then ``run_job``
+``train``       :func:`spark_imagenet.training.driver.launch.plan_job` (checks: ``driver.preflight``), ``run_job``
 ``download``    :func:`spark_imagenet.source.kaggle.download`
 ``extract``     :func:`spark_imagenet.source.extract.extract`
 ``doctor``      :func:`spark_imagenet.doctor.run_doctor`
@@ -235,25 +235,24 @@ def _check_for_master(config, url: str | None, master: str) -> int:
 
     Raises:
         ConfigError: no URL; a job ``master`` (spark-submit's ``--master``
-            decides); a dataset on this machine's disk with a cluster master
-            and no ``--shared-filesystem``; the master's own checks
-            (:func:`_check_master_before_spark`).
+            decides); the first problem of the checks before Spark
+            (:func:`~spark_imagenet.training.driver.preflight.check_before_spark` with that master: YARN without
+            its configuration, too few slots, a dataset on this machine's disk with a cluster master and no
+            ``--shared-filesystem``, ...).
         ManifestError: with a master on this machine, a local dataset folder
             that does not exist or holds no manifest.
     """
-    from spark_imagenet.training.driver.preflight import check_dataset_reachable
-    from spark_imagenet.training.driver.spark_session import runs_on_this_host
+    from spark_imagenet.storage import is_remote_url, open_storage
+    from spark_imagenet.training.driver.preflight import check_before_spark
+    from spark_imagenet.training.job.master import Master
 
     if url is None:
         raise ConfigError("no dataset URL: give it as the first argument (or as url in the job file)")
     if config.master is not None:
         raise ConfigError(f"--master {config.master} (or master in the job file): the script submits to {master} "
                           "(set its MASTER, or use the script of another platform) and leaves the job's master out")
-    _check_master_before_spark(config.replace(master=master))
-    check_dataset_reachable(url, master, config.shared_filesystem)
-    from spark_imagenet.storage import is_remote_url, open_storage
-
-    if runs_on_this_host(master) and not is_remote_url(url):  # the job reads it here: said before the JVM
+    check_before_spark(config.replace(master=master), url).raise_if_problems()
+    if Master.parse(master, check=False).runs_on_this_host and not is_remote_url(url):  # read here: before the JVM
         from spark_imagenet.dataset.manifest import Manifest
 
         Manifest.load(open_storage(url))
@@ -261,23 +260,10 @@ def _check_for_master(config, url: str | None, master: str) -> int:
     return 0
 
 
-def _check_master_before_spark(config) -> None:
-    """What the job's master URL alone tells, said before a JVM starts: YARN without its configuration, and
-    more workers than a master on this machine has slots.
-
-    Raises:
-        ConfigError: see :func:`~spark_imagenet.training.driver.spark_session.check_yarn_conf` and
-            :func:`~spark_imagenet.training.driver.preflight.check_slots_of_master_url`.
-    """
-    from spark_imagenet.training.driver.preflight import check_slots_of_master_url
-    from spark_imagenet.training.driver.spark_session import check_yarn_conf
-
-    check_yarn_conf(config.master)
-    check_slots_of_master_url(config.master, config.workers, config.spark_conf)
-
-
 def _train(args: argparse.Namespace) -> int:
-    """``spark-imagenet train``: resolve the job, plan it without Spark, then run it."""
+    """``spark-imagenet train``: resolve the job, plan and check it without Spark
+    (:func:`~spark_imagenet.training.driver.launch.plan_job`, whose checks before Spark take the job's master
+    as the session's), then run it."""
     from spark_imagenet.training.job.jobfile import dump_job
     from spark_imagenet.training.driver.launch import plan_job, run_job
 
@@ -289,17 +275,7 @@ def _train(args: argparse.Namespace) -> int:
         return _check_for_master(config, url, args.check_for_master)
     if url is None:
         raise ConfigError("no dataset URL: give it as the first argument of train (or as url in the job file)")
-    _check_master_before_spark(config)
-    job = plan_job(url, config)  # a dataset or setting mistake is reported before Spark starts
-    from spark_imagenet.training.driver.spark_session import is_connect_url
-
-    if config.master is not None and not is_connect_url(config.master):
-        from spark_imagenet.training.driver.preflight import check_dataset_reachable, check_output_reachable
-
-        check_dataset_reachable(job.url, config.master, config.shared_filesystem)  # also before Spark starts
-        check_output_reachable(job.config.output, config.master, config.shared_filesystem)
-        check_output_reachable(job.config.checkpoint_dir, config.master, config.shared_filesystem,
-                               "--checkpoint-dir")
+    job = plan_job(url, config)  # a dataset, setting or master mistake is reported before Spark starts
     spark = start_session(config, "train")
     with stopped_at_end(spark):
         run_job(spark, job)
@@ -318,7 +294,9 @@ def _demo(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_job(config), end="")
         return 0
-    _check_master_before_spark(config)
+    from spark_imagenet.training.driver.preflight import check_before_spark
+
+    check_before_spark(config, None).raise_if_problems()  # before the JVM; the demo's plan checks them again
     # the demo's own local[4] on a small machine is by design: warn only about --workers the user gave
     spark = start_session(config, "demo", warn_oversubscription=args.workers is not None)
     with stopped_at_end(spark):

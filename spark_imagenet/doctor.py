@@ -13,15 +13,15 @@
 * bucket credentials: which source Google's client would use
   (``STORAGE_EMULATOR_HOST``, ``GOOGLE_APPLICATION_CREDENTIALS``, gcloud's
   application default credentials file), by name and path only, never content;
-* the preflight checks against the master: a session is started
-  (:func:`~spark_imagenet.training.driver.spark_session.session_for`), then
-  :func:`~spark_imagenet.training.driver.preflight.check_spark` (a Spark Connect
-  server: :func:`~spark_imagenet.training.driver.connect.check_connect`, whose
-  ``warn not checked`` line names what Connect cannot check),
-  :func:`~spark_imagenet.training.driver.preflight.check_cluster_conf` and
-  :func:`~spark_imagenet.training.job.gpus.check_gpu_conf` (for
-  ``--gpus-per-worker``) run for the given ``--workers`` (else for as many
-  workers as there are slots), and the session is stopped;
+* the checks ``train`` makes of a session, from the same functions
+  (:mod:`spark_imagenet.training.driver.preflight`): a session is started
+  (:func:`~spark_imagenet.training.driver.spark_session.session_for`), its facts read once
+  (:func:`~spark_imagenet.training.driver.preflight.read_session_facts`, a classic session or a Spark Connect
+  server) and checked (:func:`~spark_imagenet.training.driver.preflight.check_session`: the master, dynamic
+  allocation, barrier slots, reach of a local dataset from the executors, encryption, GPU settings for
+  ``--gpus-per-worker``; under Connect a ``warn not checked`` line names what Connect cannot check) for the
+  given ``--workers`` (else for as many workers as there are slots); each finding is printed under its
+  check's name, and the session is stopped;
 * with a dataset URL: whether its manifest is readable, and its train shards
   enough for ``--workers``.
 
@@ -244,19 +244,27 @@ def check_credentials(report: Report, url: str | None) -> None:
 
 
 def check_master(report: Report, master: str | None, conf: Sequence[tuple[str, str]], workers: int | None,
-                 allow_unencrypted: bool, gpus_per_worker: int = 0) -> int | None:
-    """Start a session for ``master``, run the preflight checks, stop it.
+                 allow_unencrypted: bool, gpus_per_worker: int = 0, url: str | None = None) -> int | None:
+    """Start a session for ``master``, print the findings of the checks ``train`` makes of a session, stop it.
 
-    A classic master gets :func:`_run_checks`; a Spark Connect server
-    (``sc://HOST:PORT``, or ``SPARK_REMOTE``) gets :func:`_run_connect_checks`.
+    The session's facts are read once (:func:`~spark_imagenet.training.driver.preflight.read_session_facts`,
+    classic or Spark Connect) and checked as ``train`` checks them
+    (:func:`~spark_imagenet.training.driver.preflight.check_session`): each finding is one line.
+
+    Args:
+        report: where the lines go.
+        master: the master (None: the session ``train`` would get).
+        conf: extra Spark settings.
+        workers: the workers to check for (None: one per slot found).
+        allow_unencrypted: as ``train --allow-unencrypted``.
+        gpus_per_worker: as ``train --gpus-per-worker``.
+        url: a dataset URL, checked for reach from the executors (None: not checked).
 
     Returns:
-        int | None: the barrier task slots found (under Connect: the slots its
-        local master gives, else the workers checked for), or None when no
-        session started.
+        int | None: the barrier task slots found (under Connect: the slots its local master gives, else the
+        workers checked for), or None when no session started.
     """
-    from spark_imagenet.training.driver.spark_session import is_connect_session, session_for
-
+    from spark_imagenet.training.driver.spark_session import session_for
     from spark_imagenet.training.job.config import TrainConfig
 
     where = f"master {master or '(default)'}"
@@ -273,88 +281,41 @@ def check_master(report: Report, master: str | None, conf: Sequence[tuple[str, s
                        "settings, and that the cluster is reachable")
         return None
     try:
-        if is_connect_session(spark):
-            return _run_connect_checks(report, spark, master, workers, allow_unencrypted, gpus_per_worker)
-        sc = spark.sparkContext
-        report.ok("spark session", f"master {sc.master}, Spark {spark.version}")
-        return _run_checks(report, sc, workers, allow_unencrypted, gpus_per_worker)
+        return _check_session(report, spark, master, workers, allow_unencrypted, gpus_per_worker, url)
     finally:
         spark.stop()
 
 
-def _run_checks(report: Report, sc, workers: int | None, allow_unencrypted: bool, gpus_per_worker: int) -> int:
-    """check_spark (slots, dynamic allocation), then the conf checks, each reported; returns the slots."""
-    from spark_imagenet.training.driver.preflight import available_slots, check_spark
-
-    slots, how = available_slots(sc)
-    n = workers or max(1, slots)
-    try:
-        check_spark(sc, n)
-        wanted = f"--workers {n}" if workers else f"{n} worker(s) (no --workers given: one per slot)"
-        report.ok("barrier slots", f"{slots} ({how}); enough for {wanted}; dynamic allocation off")
-    except SparkImagenetError as e:
-        report.problem("barrier slots", str(e))
-    _check_conf(report, sc.getConf().get, sc.master, n, allow_unencrypted, gpus_per_worker)
-    return slots
-
-
-def _run_connect_checks(report: Report, spark, master: str | None, workers: int | None, allow_unencrypted: bool,
-                        gpus_per_worker: int) -> int:
-    """What ``train`` checks of a Spark Connect session before launch, each reported, and the warning line
-    naming what Connect cannot check; returns the slots a local server master gives (else the workers checked)."""
-    from spark_imagenet.training.driver.connect import check_connect, conf_getter, connect_url, server_slots
-
-    url = connect_url(spark, master)
-    get = conf_getter(spark)
-    server_master = get("spark.master", None)
-    report.ok("spark session", f"Spark Connect server {url}, Spark {spark.version}, the server's master "
-              f"{server_master or '(not readable)'}")
-    slots = server_slots(server_master, int(get("spark.task.cpus", None) or "1"))
-    n = workers or max(1, slots or 1)
-    try:
-        _, warnings = check_connect(spark, n, url)
-    except SparkImagenetError as e:
-        report.problem("barrier slots", str(e))
-    else:
-        for line in warnings:
-            report.warn("not checked", line.removeprefix("warning: ").removeprefix("Spark Connect session: ")
-                        .removeprefix("not checked before launch: "))
-        found = f"{slots} (from the server's master)" if slots is not None else "not known through Connect"
-        report.ok("barrier slots", f"{found}; --workers {n} checked as far as Connect allows; dynamic allocation off")
-    _check_conf(report, get, server_master, n, allow_unencrypted, gpus_per_worker, server=url)
-    return slots if slots is not None else n
-
-
-def _check_conf(report: Report, get, master: str | None, workers: int, allow_unencrypted: bool,
-                gpus_per_worker: int, server: str | None = None) -> None:
-    """Encryption (:func:`~spark_imagenet.training.driver.preflight.check_cluster_conf`) and the GPU settings
-    (:func:`~spark_imagenet.training.job.gpus.check_gpu_conf`) over one conf getter, each reported."""
+def _check_session(report: Report, spark, master: str | None, workers: int | None, allow_unencrypted: bool,
+                   gpus_per_worker: int, url: str | None) -> int | None:
+    """The session's line, then one line per finding of its checks; returns the slots (see :func:`check_master`)."""
+    from spark_imagenet.training.driver.preflight import check_session, read_session_facts
     from spark_imagenet.training.job.config import TrainConfig
-    from spark_imagenet.training.job.gpus import check_gpu_conf
-    from spark_imagenet.training.driver.preflight import check_cluster_conf
 
     try:
-        config = TrainConfig(workers=workers, allow_unencrypted=allow_unencrypted)
-        warnings = check_cluster_conf(get, config)
+        facts = read_session_facts(spark, workers or 0, master=master)
     except SparkImagenetError as e:
-        report.problem("encryption", str(e))
+        report.problem("spark session", str(e))
+        return None
+    if facts.is_connect:
+        report.ok("spark session", f"Spark Connect server {facts.connect_url}, Spark {spark.version}, the server's "
+                  f"master {facts.master or '(not readable)'}")
     else:
-        for line in warnings:
-            report.warn("encryption", line.removeprefix("warning: "))
-        if not warnings:
-            report.ok("encryption", "Spark's network encryption and SSL are off (or one worker): nothing to refuse")
-    try:
-        warning = check_gpu_conf(lambda key: get(key, None), gpus_per_worker, workers, master, server=server)
-    except SparkImagenetError as e:
-        report.problem("gpu settings", str(e))
-        return
-    if warning:
-        report.warn("gpu settings", warning.removeprefix("warning: "))
-    elif gpus_per_worker:
-        report.ok("gpu settings", f"Spark gives each of {workers} task(s) {gpus_per_worker} GPU(s) "
-                  "(task, executor and discovery settings present)")
-    else:
-        report.ok("gpu settings", "no GPUs asked for (--gpus-per-worker 0) and none configured")
+        report.ok("spark session", f"master {facts.master}, Spark {spark.version}")
+    n = workers or max(1, facts.slots or 1)
+    if not workers:
+        report.ok("workers", f"no --workers given: checked for one per slot ({n})")
+    config = TrainConfig(workers=n, allow_unencrypted=allow_unencrypted, gpus_per_worker=gpus_per_worker)
+    print_findings(report, check_session(facts, config, url))
+    return facts.slots if facts.slots is not None else n
+
+
+def print_findings(report: Report, findings) -> None:
+    """One line per :class:`~spark_imagenet.training.driver.preflight.Finding`: ``ok``, ``warn`` or ``PROBLEM``
+    with its check's name and message."""
+    for finding in findings:
+        {"ok": report.ok, "warning": report.warn, "problem": report.problem}[finding.level](finding.check,
+                                                                                           finding.message)
 
 
 def check_dataset(report: Report, url: str, workers: int | None) -> None:
@@ -371,10 +332,7 @@ def check_dataset(report: Report, url: str, workers: int | None) -> None:
     train = len(manifest.splits["train"].shards) if "train" in manifest.splits else 0
     report.ok("dataset", f"{url}: manifest readable, {manifest.num_classes} classes, {train} train shard(s)")
     if workers is not None:
-        try:
-            check_train_shards(train, workers)
-        except SparkImagenetError as e:
-            report.problem("train shards", str(e))
+        print_findings(report, [check_train_shards(train, workers)])
 
 
 def run_doctor(*, master: str | None = None, conf: Sequence[tuple[str, str]] = (), workers: int | None = None,
@@ -400,7 +358,7 @@ def run_doctor(*, master: str | None = None, conf: Sequence[tuple[str, str]] = (
     check_gpu_mapping(report)
     check_credentials(report, url)
     if java_ok:
-        check_master(report, master, conf, workers, allow_unencrypted, gpus_per_worker)
+        check_master(report, master, conf, workers, allow_unencrypted, gpus_per_worker, url)
     else:
         report.problem("preflight", "not run: Spark needs Java (see the java line)")
     if url is not None:

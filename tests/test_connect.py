@@ -113,17 +113,19 @@ def dataset(tmp_path_factory) -> Path:
 
 
 def test_a_connect_session_has_no_spark_context_and_is_checked_through_its_conf(remote, connect_url):
-    from spark_imagenet.training.driver.connect import check_connect, connect_url as url_of, is_connect_session
-    from spark_imagenet.training.driver.preflight import spark_context
+    from spark_imagenet.training.driver.connect import connect_url as url_of, is_connect_session
+    from spark_imagenet.training.driver.preflight import check_session, read_session_facts, spark_context
 
     assert is_connect_session(remote) and spark_context(remote) is None
     assert url_of(remote) == connect_url
-    master, warnings = check_connect(remote, 2, connect_url)
-    assert master == "local[2]"
-    (line,) = warnings
-    assert line.startswith(WARNING) and "estimated instead from spark.master local[2]" in line
+    facts = read_session_facts(remote)
+    assert facts.master == "local[2]" and facts.connect_url == connect_url and facts.slots == 2
+    findings = check_session(facts, TrainConfig(workers=2))
+    assert not findings.problems
+    (warning,) = findings.warnings
+    assert warning.line.startswith(WARNING) and "estimated instead from spark.master local[2]" in warning.line
     with pytest.raises(ConfigError) as e:
-        check_connect(remote, 3, connect_url)  # the server's local[2] gives 2 slots
+        check_session(facts, TrainConfig(workers=3)).raise_if_problems()  # the server's local[2] gives 2 slots
     assert "--workers 3 needs 3 barrier task slots" in str(e.value) and "local[2]" in str(e.value)
 
 

@@ -196,8 +196,8 @@ def test_earlier_outputs_count_the_serving_files_and_publish_replaces_them(tmp_p
     from spark_imagenet.training.driver.preflight import check_output_unused
 
     with pytest.raises(ConfigError, match=r"holds the outputs of an earlier run \(preprocessing.json, serving/\)"):
-        check_output_unused(storage, "OUT", overwrite=False)
-    check_output_unused(storage, "OUT", overwrite=True)
+        check_output_unused(storage, "OUT", overwrite=False).raise_if_problem()
+    assert check_output_unused(storage, "OUT", overwrite=True).level == "ok"
 
 
 def test_the_saved_model_answers_as_predict_does_and_takes_png_gif_bmp(tmp_path, images):

@@ -1,5 +1,5 @@
 """GPUs per worker and the choice of strategy: the driver's check of Spark's GPU settings
-(spark_imagenet.training.job.gpus), the task side's GPU mapping through a real local-cluster with a
+(spark_imagenet.training.driver.preflight.gpus), the task side's GPU mapping through a real local-cluster with a
 fake discovery script, and the one-worker strategies (mirrored, default) trained end to end on CPU."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 from data_util import build, small_layout
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.training.task.environment import gpu_sharing_warning, task_gpus
-from spark_imagenet.training.job.gpus import check_gpu_conf, host_has_gpus
+from spark_imagenet.training.driver.preflight import check_gpu_conf
+from spark_imagenet.training.job.gpus import host_has_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01, "epochs": 1}
@@ -32,9 +33,9 @@ def conf(**settings):
 
 # ------------------------------------------------------ the driver's check
 def test_complete_gpu_settings_pass():
-    assert check_gpu_conf(conf(**COMPLETE), 2, 3, "yarn") is None
-    assert check_gpu_conf(conf(**COMPLETE), 2, 3, None) is None
-    assert check_gpu_conf(conf(), 0, 3, "yarn") is None  # no GPUs asked for, none configured
+    assert check_gpu_conf(conf(**COMPLETE), 2, 3, "yarn").level == "ok"
+    assert check_gpu_conf(conf(**COMPLETE), 2, 3, None).level == "ok"
+    assert check_gpu_conf(conf(), 0, 3, "yarn").level == "ok"  # no GPUs asked for, none configured
 
 
 @pytest.mark.parametrize("key, expected", [
@@ -46,7 +47,7 @@ def test_complete_gpu_settings_pass():
 def test_each_missing_setting_is_named_with_its_number(key, expected):
     settings = {k: v for k, v in COMPLETE.items() if k != key}
     with pytest.raises(ConfigError) as e:
-        check_gpu_conf(conf(**settings), 2, 3, "k8s://https://api:6443")
+        check_gpu_conf(conf(**settings), 2, 3, "k8s://https://api:6443").raise_if_problem()
     message = str(e.value)
     assert expected in message
     assert "--gpus-per-worker 2 with 3 worker(s) needs 6 GPU(s) in all, 2 per task" in message
@@ -57,28 +58,29 @@ def test_each_missing_setting_is_named_with_its_number(key, expected):
 def test_too_small_amounts_are_reported_with_their_values():
     with pytest.raises(ConfigError) as e:
         check_gpu_conf(conf(**{**COMPLETE, "spark.task.resource.gpu.amount": "1",
-                               "spark.executor.resource.gpu.amount": "1"}), 2, 1, "yarn")
+                               "spark.executor.resource.gpu.amount": "1"}), 2, 1, "yarn").raise_if_problem()
     assert "spark.task.resource.gpu.amount=2 (now is 1)" in str(e.value)
     assert "spark.executor.resource.gpu.amount=2 or more (now is 1;" in str(e.value)
     with pytest.raises(ConfigError, match=r"spark.task.resource.gpu.amount='two' is not a number"):
-        check_gpu_conf(conf(**{**COMPLETE, "spark.task.resource.gpu.amount": "two"}), 2, 1, "yarn")
+        check_gpu_conf(conf(**{**COMPLETE, "spark.task.resource.gpu.amount": "two"}), 2, 1,
+                       "yarn").raise_if_problem()
 
 
 def test_standalone_and_local_cluster_name_the_worker_resources():
     amounts = {"spark.task.resource.gpu.amount": "1", "spark.executor.resource.gpu.amount": "2"}
     # standalone: the workers discover the GPUs (no executor script needed), the driver cannot check them
-    assert check_gpu_conf(conf(**amounts), 1, 2, "spark://m:7077") is None
+    assert check_gpu_conf(conf(**amounts), 1, 2, "spark://m:7077").level == "ok"
     with pytest.raises(ConfigError) as e:
-        check_gpu_conf(conf(), 1, 2, "spark://m:7077")
+        check_gpu_conf(conf(), 1, 2, "spark://m:7077").raise_if_problem()
     assert "SPARK_WORKER_OPTS=\"-Dspark.worker.resource.gpu.amount=" in str(e.value)
     assert "discoveryScript (now unset)" not in str(e.value)
     # local-cluster: the worker resources are in the application's conf, so they are checked
     with pytest.raises(ConfigError) as e:
-        check_gpu_conf(conf(**amounts), 1, 2, "local-cluster[1,2,1024]")
+        check_gpu_conf(conf(**amounts), 1, 2, "local-cluster[1,2,1024]").raise_if_problem()
     assert "\n  --conf spark.worker.resource.gpu.amount=2 (now unset)" in str(e.value)
     assert "\n  --conf spark.worker.resource.gpu.discoveryScript=" in str(e.value)
     worker = {"spark.worker.resource.gpu.amount": "2", "spark.worker.resource.gpu.discoveryScript": "/x.sh"}
-    assert check_gpu_conf(conf(**amounts, **worker), 1, 2, "local-cluster[1,2,1024]") is None
+    assert check_gpu_conf(conf(**amounts, **worker), 1, 2, "local-cluster[1,2,1024]").level == "ok"
 
 
 def test_local_cluster_amounts_count_the_workers_per_executor():
@@ -86,35 +88,35 @@ def test_local_cluster_amounts_count_the_workers_per_executor():
     one_each = {"spark.task.resource.gpu.amount": "1", "spark.executor.resource.gpu.amount": "1",
                 "spark.worker.resource.gpu.amount": "1", "spark.worker.resource.gpu.discoveryScript": "/x.sh"}
     with pytest.raises(ConfigError) as e:
-        check_gpu_conf(conf(**one_each), 1, 2, "local-cluster[1,2,1024]")
+        check_gpu_conf(conf(**one_each), 1, 2, "local-cluster[1,2,1024]").raise_if_problem()
     message = str(e.value)
     assert "--conf spark.executor.resource.gpu.amount=2 (now is 1): 2 worker(s) on 1 executor(s)" in message
     assert "--conf spark.worker.resource.gpu.amount=2 (now is 1)" in message
-    assert check_gpu_conf(conf(**one_each), 1, 2, "local-cluster[2,1,1024]") is None  # one worker per executor
+    assert check_gpu_conf(conf(**one_each), 1, 2, "local-cluster[2,1,1024]").level == "ok"  # one worker per executor
 
 
 def test_local_mode_cannot_hand_out_gpus():
     with pytest.raises(ConfigError, match=r"local mode \(local\[2\]\) does not hand GPUs to tasks.*"
                                           r"local-cluster\[1,2,2048\].*spark.worker.resource.gpu.amount=4"):
-        check_gpu_conf(conf(**COMPLETE), 2, 2, "local[2]")
+        check_gpu_conf(conf(**COMPLETE), 2, 2, "local[2]").raise_if_problem()
 
 
 def test_under_connect_the_settings_are_named_as_the_servers():
     with pytest.raises(ConfigError) as e:
-        check_gpu_conf(conf(), 1, 2, "yarn", server="sc://spark.example:15002")
+        check_gpu_conf(conf(), 1, 2, "yarn", server="sc://spark.example:15002").raise_if_problem()
     message = str(e.value)
     assert "the Spark Connect server's (sc://spark.example:15002), not this client's" in message
     assert "\n  spark.task.resource.gpu.amount 1 (now unset)" in message and "--conf" not in message
     with pytest.raises(ConfigError) as e:
-        check_gpu_conf(conf(), 1, 2, "local[4]", server="sc://127.0.0.1:15002")
+        check_gpu_conf(conf(), 1, 2, "local[4]", server="sc://127.0.0.1:15002").raise_if_problem()
     assert "the Spark Connect server sc://127.0.0.1:15002 runs Spark's local mode (local[4])" in str(e.value)
     assert "start the server with --master 'local-cluster[1,2,2048]'" in str(e.value)
 
 
 def test_gpus_configured_but_not_asked_for_is_a_warning():
     warning = check_gpu_conf(conf(**COMPLETE), 0, 2, "yarn")
-    assert warning.startswith("warning: spark.task.resource.gpu.amount=2")
-    assert "--gpus-per-worker 2" in warning
+    assert warning.level == "warning" and warning.line.startswith("warning: spark.task.resource.gpu.amount=2")
+    assert "--gpus-per-worker 2" in warning.message
 
 
 # --------------------------------------------------------- the task side
@@ -175,9 +177,9 @@ CLUSTER_JOB = textwrap.dedent("""
         yield json.dumps({"rank": ctx.partitionId(), "addresses": addresses, "too_few": too_few,
                           "visible": cuda_visible_devices(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))})
 
-    from spark_imagenet.training.job.gpus import check_gpu_conf
+    from spark_imagenet.training.driver.preflight import check_gpu_conf
 
-    out = {"check": check_gpu_conf(lambda k: sc.getConf().get(k), 1, 2, sc.master),
+    out = {"check": check_gpu_conf(lambda k: sc.getConf().get(k), 1, 2, sc.master).level,
            "tasks": [json.loads(r) for r in sc.parallelize(range(2), 2).barrier().mapPartitions(task).collect()]}
     print("RESULT " + json.dumps(out), flush=True)
     spark.stop()
@@ -199,7 +201,7 @@ def test_two_barrier_tasks_on_one_host_get_different_gpus(tmp_path):
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, p.stdout[-3000:] + p.stderr[-3000:]
     out = json.loads(lines[-1][len("RESULT "):])
-    assert out["check"] is None  # the driver's check accepts these settings
+    assert out["check"] == "ok"  # the driver's check accepts these settings
     tasks = sorted(out["tasks"], key=lambda t: t["rank"])
     assert sorted(a for t in tasks for a in t["addresses"]) == ["0", "1"]  # one GPU each, different
     assert sorted(t["visible"] for t in tasks) == ["5", "7"]  # mapped through the executor's list

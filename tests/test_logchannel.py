@@ -12,6 +12,7 @@ import pytest
 
 from spark_imagenet.errors import ConfigError, TrainingError
 from spark_imagenet.training.driver.logserver import LogServer
+from spark_imagenet.training.driver.preflight import SessionFacts
 from spark_imagenet.training.job.logchannel import ChannelSpec
 from spark_imagenet.training.task.logsender import LogSender
 
@@ -306,7 +307,7 @@ def test_the_driver_warns_once_when_no_task_reaches_its_log_channel(monkeypatch,
     from spark_imagenet.training.driver import launch
 
     monkeypatch.setattr(launch, "CHANNEL_WARN_S", 0.3)
-    with launch._log_server(None, _Cluster(), None) as spec:
+    with launch._log_server(_Cluster(), SessionFacts(master=_Cluster.master)) as spec:
         assert spec is not None
         time.sleep(job_seconds)
     warned = [line for line in log_lines if "no task reached the driver's log channel" in line]
@@ -318,7 +319,7 @@ def test_the_driver_is_quiet_when_a_task_reached_its_log_channel(monkeypatch, lo
     from spark_imagenet.training.driver import launch
 
     monkeypatch.setattr(launch, "CHANNEL_WARN_S", 0.3)
-    with launch._log_server(None, _Cluster(), None) as spec:
+    with launch._log_server(_Cluster(), SessionFacts(master=_Cluster.master)) as spec:
         with LogSender(spec, 0, "h") as sender:
             sender.send("hello")
         time.sleep(0.6)
@@ -331,13 +332,12 @@ def test_the_channel_listens_where_the_tasks_stderr_is_not_this_console(monkeypa
     local[N] (its tasks' stderr is the server's console), on 127.0.0.1; any other server: none."""
     from spark_imagenet.training.driver import launch
 
-    assert launch._channel_host(None, _Cluster(), None) == HOST
-    local = type("Local", (), {"master": "local[2]"})()
-    assert launch._channel_host(None, local, None) is None
+    assert launch._channel_host(_Cluster(), SessionFacts(master=_Cluster.master)) == HOST
+    assert launch._channel_host(None, SessionFacts(master="local[2]")) is None
     for url, server_master, expected in [("sc://127.0.0.1:15002", "local[2]", "127.0.0.1"),
                                          ("sc://localhost:15002", "local[*]", "127.0.0.1"),
                                          ("sc://127.0.0.1:15002", "spark://m:7077", None),
                                          ("sc://127.0.0.1:15002", None, None),  # the server does not say
                                          ("sc://workspace.example.com:443", "local[2]", None)]:
-        monkeypatch.setattr(launch, "conf_getter", lambda spark, m=server_master: lambda key, default=None: m)
-        assert launch._channel_host(object(), None, url) == expected, (url, server_master)
+        facts = SessionFacts(master=server_master, connect_url=url)
+        assert launch._channel_host(None, facts) == expected, (url, server_master)

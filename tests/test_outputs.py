@@ -45,13 +45,14 @@ def test_an_earlier_runs_outputs_are_refused_without_overwrite(tmp_path):
     assert earlier_outputs(storage) == ["labels.json", "model.keras", "results.json",
                                         "tensorboard/train/events.out.tfevents.1.old"]
     with pytest.raises(ConfigError) as e:
-        check_output_unused(storage, str(out), overwrite=False)
+        check_output_unused(storage, str(out), overwrite=False).raise_if_problem()
     message = str(e.value)
     assert f"--output {out} already holds the outputs of an earlier run" in message
     assert "model.keras" in message and "tensorboard/" in message and "--overwrite" in message
-    check_output_unused(storage, str(out), overwrite=True)  # allowed; nothing deleted before the job
+    assert check_output_unused(storage, str(out), overwrite=True).level == "ok"  # nothing deleted before the job
     assert (out / "model.keras").read_text() == "old"
-    check_output_unused(open_output(str(tmp_path / "fresh")), str(tmp_path / "fresh"), overwrite=False)
+    assert check_output_unused(open_output(str(tmp_path / "fresh")), str(tmp_path / "fresh"),
+                               overwrite=False).level == "ok"
 
 
 def test_plan_job_refuses_an_earlier_run_before_spark_and_overwrite_is_a_setting(tmp_path):

@@ -16,15 +16,16 @@ from spark_imagenet.training.driver.launch import plan_job, train
 from spark_imagenet.training.driver.preflight import (
     NETWORK_ENCRYPTION_KEYS,
     available_slots,
-    check_cluster_conf,
     check_dataset_reachable,
     check_encryption,
     check_results_path,
     check_train_shards,
     executor_wait_seconds,
+    read_session_facts,
     slots_from_master,
     spark_seconds,
 )
+from spark_imagenet.training.driver.preflight.session import CONF_KEYS
 from spark_imagenet.training.driver.spark_session import local_session
 
 
@@ -65,16 +66,16 @@ def test_network_encryption_is_refused_unless_allowed(tmp_path):
         # the classic getter and the Connect-shaped one (RuntimeConfig.get) read the same setting
         for get in (sc.getConf().get, session.conf.get):
             with pytest.raises(ConfigError) as e:
-                check_cluster_conf(get, TrainConfig(workers=2), train_shards=4)
+                check_encryption(get, 2, False).raise_if_problem()
             text = str(e.value)
             assert "spark.network.crypto.enabled=true" in text and "2 workers" in text
             assert "gradients" in text and "weights" in text and "plaintext" in text
             assert "--allow-unencrypted" in text and "allow_unencrypted = true" in text
-            warnings = check_cluster_conf(get, TrainConfig(workers=2, allow_unencrypted=True), train_shards=4)
-            assert len(warnings) == 1 and warnings[0].startswith("warning: ")
-            assert "spark.network.crypto.enabled=true" in warnings[0] and "gradients" in warnings[0]
-            assert "--allow-unencrypted" in warnings[0]
-            assert check_cluster_conf(get, TrainConfig(workers=1)) == []  # one worker: nothing between workers
+            warning = check_encryption(get, 2, True)
+            assert warning.level == "warning" and warning.line.startswith("warning: ")
+            assert "spark.network.crypto.enabled=true" in warning.line and "gradients" in warning.line
+            assert "--allow-unencrypted" in warning.line
+            assert check_encryption(get, 1, False).level == "ok"  # one worker: nothing between workers
     finally:
         session.stop()
 
@@ -85,19 +86,19 @@ def test_ssl_settings_are_refused_too():
     for key in ("spark.ssl.enabled", "spark.ssl.rpc.enabled"):
         conf = SparkConf(loadDefaults=False).set(key, " TRUE ")
         with pytest.raises(ConfigError) as e:
-            check_encryption(conf.get, 3, False)
+            check_encryption(conf.get, 3, False).raise_if_problem()
         assert f"{key}=true" in str(e.value) and "3 workers" in str(e.value) and "--allow-unencrypted" in str(e.value)
     off = SparkConf(loadDefaults=False).set("spark.ssl.enabled", "false").set("spark.network.crypto.enabled", "false")
-    assert check_encryption(off.get, 3, False) == []
+    assert check_encryption(off.get, 3, False).level == "ok"
     assert set(NETWORK_ENCRYPTION_KEYS) >= {"spark.network.crypto.enabled", "spark.ssl.enabled"}
 
 
 def test_fewer_train_shards_than_workers_is_refused_with_the_numbers_and_the_fix(tmp_path):
     with pytest.raises(ConfigError) as e:
-        check_cluster_conf({}.get, TrainConfig(workers=5), train_shards=3)
+        check_train_shards(3, 5).raise_if_problem()
     assert "3 train shard(s) but --workers is 5" in str(e.value)
     assert "--train-shards >= 5" in str(e.value) and "--workers <= 3" in str(e.value)
-    check_train_shards(5, 5)
+    assert check_train_shards(5, 5).level == "ok"
     # the same rule on a real manifest, in plan_job (before Spark starts)
     with pytest.raises(ConfigError) as e:
         plan_job(str(make_bucket(tmp_path / "b", train=2)), TrainConfig(workers=3))
@@ -121,13 +122,15 @@ def test_the_checks_do_not_depend_on_python_worker_reuse(spark):
     from pyspark import SparkConf
 
     base = _RecordingConf(spark.sparkContext.getConf())
-    assert check_cluster_conf(base.get, TrainConfig(workers=2), train_shards=2) == []
+    assert check_encryption(base.get, 2, False).level == "ok"
     assert base.keys and "spark.python.worker.reuse" not in base.keys
+    facts = read_session_facts(spark)  # every setting the session's checks read
+    assert "spark.python.worker.reuse" not in dict(facts.conf) and "spark.python.worker.reuse" not in CONF_KEYS
     for reuse in ("true", "false"):
         conf = SparkConf(loadDefaults=False).set("spark.python.worker.reuse", reuse)
-        assert check_cluster_conf(conf.get, TrainConfig(workers=2), train_shards=2) == []
+        assert check_encryption(conf.get, 2, False).level == "ok"
         with pytest.raises(ConfigError, match="spark.ssl.enabled=true"):
-            check_cluster_conf(conf.set("spark.ssl.enabled", "true").get, TrainConfig(workers=2), train_shards=2)
+            check_encryption(conf.set("spark.ssl.enabled", "true").get, 2, False).raise_if_problem()
 
 
 def test_available_slots_of_local_2(spark):
@@ -156,21 +159,21 @@ def test_slots_from_master():
 
 
 def test_results_path_checks(tmp_path):
-    check_results_path(None)
-    check_results_path(tmp_path / "r.json")
+    assert check_results_path(None) is None
+    assert check_results_path(tmp_path / "r.json").level == "ok"
     with pytest.raises(ConfigError, match="does not exist or is not writable"):
-        check_results_path(tmp_path / "no" / "such" / "r.json")
+        check_results_path(tmp_path / "no" / "such" / "r.json").raise_if_problem()
     with pytest.raises(ConfigError, match="is a folder"):
-        check_results_path(tmp_path)
+        check_results_path(tmp_path).raise_if_problem()
 
 
 def test_a_dataset_on_the_drivers_disk_needs_a_local_master_or_a_shared_filesystem():
-    check_dataset_reachable("/data/shards", "local[4]", False)
-    check_dataset_reachable("gs://b/shards", "spark://h:7077", False)
-    check_dataset_reachable("/nfs/shards", "yarn", True)
+    assert check_dataset_reachable("/data/shards", "local[4]", False).level == "ok"
+    assert check_dataset_reachable("gs://b/shards", "spark://h:7077", False).level == "ok"
+    assert check_dataset_reachable("/nfs/shards", "yarn", True).level == "ok"
     for master in ("spark://h:7077", "yarn", "k8s://https://h:6443"):
         with pytest.raises(ConfigError) as e:
-            check_dataset_reachable("/data/shards", master, False)
+            check_dataset_reachable("/data/shards", master, False).raise_if_problem()
         assert "/data/shards is a path on the driver's disk" in str(e.value) and master in str(e.value)
         assert "--shared-filesystem" in str(e.value) and "gs://" in str(e.value)
 
@@ -219,14 +222,14 @@ def test_a_local_output_for_a_cluster_master_is_refused_unless_every_host_mounts
     from spark_imagenet.training.driver.preflight import check_output_reachable
 
     with pytest.raises(ConfigError) as e:
-        check_output_reachable("/data/runs/one", "spark://m:7077", False)
+        check_output_reachable("/data/runs/one", "spark://m:7077", False).raise_if_problem()
     assert "--output /data/runs/one is a path on the driver's disk" in str(e.value)
     assert "--output URL, URL one of gs://BUCKET/PREFIX, s3://BUCKET/PREFIX" in str(e.value)
     assert "--shared-filesystem" in str(e.value)
-    check_output_reachable("/data/runs/one", "spark://m:7077", True)
-    check_output_reachable("/data/runs/one", "local-cluster[2,1,1024]", False)  # this machine
-    check_output_reachable("gs://b/runs/one", "yarn", False)
-    check_output_reachable(None, "yarn", False)
+    assert check_output_reachable("/data/runs/one", "spark://m:7077", True).level == "ok"
+    assert check_output_reachable("/data/runs/one", "local-cluster[2,1,1024]", False).level == "ok"  # this machine
+    assert check_output_reachable("gs://b/runs/one", "yarn", False).level == "ok"
+    assert check_output_reachable(None, "yarn", False) is None
 
 
 def test_the_dataset_folder_as_output_or_checkpoint_dir_is_refused_before_spark(tmp_path):
@@ -266,9 +269,9 @@ def test_the_master_url_alone_refuses_more_workers_than_its_slots(master, worker
 
     with pytest.raises(ConfigError, match=rf"--workers {workers} needs {workers} barrier task slots, only {slots} "
                                           rf"available \(master {re.escape(master)}; from the master URL"):
-        check_slots_of_master_url(master, workers, {})
-    check_slots_of_master_url(master, slots, {})  # as many as it has: passes
-    check_slots_of_master_url("spark://h:7077", 99, {})  # a cluster's slots are counted once it runs
+        check_slots_of_master_url(master, workers, {}).raise_if_problem()
+    assert check_slots_of_master_url(master, slots, {}).level == "ok"  # as many as it has: passes
+    assert check_slots_of_master_url("spark://h:7077", 99, {}) is None  # a cluster's slots: counted once it runs
 
 
 @pytest.mark.parametrize("master", ["local[x]", "local[2", "local[]", "local[2,]", "local-cluster[2,1]"])

@@ -59,7 +59,7 @@ def test_elastic_relaunch_with_no_count_that_fits_waits_for_the_planned_one():
 
 def test_a_min_workers_no_relaunch_can_use_is_named():
     assert policy(workers=4, batch_size=16, min_workers=3).useless_min_workers() == (
-        "warning: --min-workers 3 has no effect: no worker count from 3 to 3 divides the global batch 64, so a "
+        "--min-workers 3 has no effect: no worker count from 3 to 3 divides the global batch 64, so a "
         "relaunch after a lost worker waits for 4")
     assert policy(workers=4, batch_size=16, min_workers=2).useless_min_workers() is None
     assert policy().useless_min_workers() is None

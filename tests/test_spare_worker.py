@@ -215,10 +215,11 @@ def _session(**conf):
 def _job(spark, root: Path, **settings) -> list[dict]:
     """The job's task results as JSON objects, by rank."""
     from spark_imagenet.training.driver.launch import _launch, plan_job
+    from spark_imagenet.training.driver.preflight import read_session_facts
 
     config = TrainConfig(workers=2, epochs=1, batch_size=2, image_size=67, width=0.25, cache=str(root / "cache"),
                          **settings)
-    records = _launch(spark, spark.sparkContext, plan_job(str(root / "bucket"), config))
+    records = _launch(spark, spark.sparkContext, read_session_facts(spark), plan_job(str(root / "bucket"), config))
     assert sorted(r.rank for r in records) == [0, 1] and all(r.worker.steps > 0 for r in records)
     return [r.to_json() for r in sorted(records, key=lambda r: r.rank)]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from spark_imagenet.errors import ConfigError, EnvironmentSetupError
+from spark_imagenet.training.driver.preflight import check_yarn_conf
 from spark_imagenet.training.driver.spark_session import (
     check_java,
-    check_yarn_conf,
     session_for,
     runs_in_driver_jvm,
     runs_on_this_host,
@@ -99,13 +99,13 @@ def test_which_masters_run_on_this_host_and_which_in_the_drivers_jvm():
 
 def test_yarn_without_its_configuration_is_refused_before_a_jvm_starts(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^--master yarn: set HADOOP_CONF_DIR to the folder with the cluster's "):
-        check_yarn_conf("yarn", {})
+        check_yarn_conf("yarn", {}).raise_if_problem()
     with pytest.raises(ConfigError, match=f"^--master yarn: no yarn-site.xml in {tmp_path} \\(YARN_CONF_DIR\\)"):
-        check_yarn_conf(" yarn ", {"YARN_CONF_DIR": str(tmp_path)})
+        check_yarn_conf(" yarn ", {"YARN_CONF_DIR": str(tmp_path)}).raise_if_problem()
     (tmp_path / "yarn-site.xml").write_text("<configuration/>")
-    check_yarn_conf("yarn", {"HADOOP_CONF_DIR": str(tmp_path)})
-    check_yarn_conf("local[2]", {})
-    check_yarn_conf(None, {})
+    assert check_yarn_conf("yarn", {"HADOOP_CONF_DIR": str(tmp_path)}).level == "ok"
+    assert check_yarn_conf("local[2]", {}) is None
+    assert check_yarn_conf(None, {}) is None
     monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
     monkeypatch.delenv("YARN_CONF_DIR", raising=False)
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)

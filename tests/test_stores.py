@@ -45,10 +45,10 @@ def test_the_training_preflight_accepts_every_store_on_a_cluster():
     )
 
     for url in ("s3://b/ds", "abfs://c@a.dfs.core.windows.net/ds", "hdfs://nn:8020/ds"):
-        check_dataset_reachable(url, "spark://host:7077", shared_filesystem=False)
-        check_output_reachable(url, "yarn", shared_filesystem=False, option="--checkpoint-dir")
+        assert check_dataset_reachable(url, "spark://host:7077", shared_filesystem=False).level == "ok"
+        assert check_output_reachable(url, "yarn", shared_filesystem=False, option="--checkpoint-dir").level == "ok"
     with pytest.raises(ConfigError, match="is a path on the driver's disk"):
-        check_dataset_reachable("/data/ds", "spark://host:7077", shared_filesystem=False)
+        check_dataset_reachable("/data/ds", "spark://host:7077", shared_filesystem=False).raise_if_problem()
 
 
 @pytest.mark.parametrize("url, module, extra, packages", [
@@ -109,7 +109,8 @@ def test_every_hint_of_a_url_form_names_every_store(tmp_path):
                   and any(o in action.option_strings or action.dest == o
                           for o in ("--out", "dest", "--transfers", "--output", "--checkpoint-dir"))]
     assert len(texts) == 6, texts  # shard --out and --transfers, upload DEST and --transfers, --output, --checkpoint-dir
-    for call in (lambda: check_dataset_reachable("/d", "yarn", False), lambda: check_output_reachable("/o", "yarn", False),
+    for call in (lambda: check_dataset_reachable("/d", "yarn", False).raise_if_problem(),
+                 lambda: check_output_reachable("/o", "yarn", False).raise_if_problem(),
                  lambda: open_output(str(tmp_path / "file") + "/x")):
         (tmp_path / "file").write_text("")
         with pytest.raises(ConfigError) as err:

@@ -6,13 +6,14 @@ Spark Connect ``spark.range(N, numPartitions=N).mapInArrow(..., barrier=True)``,
 :mod:`spark_imagenet.training.driver.connect`), one TensorFlow worker per task (the task side is
 :mod:`spark_imagenet.training.task.barrier_task`). It is two steps, which the
 command line runs apart so that mistakes needing no cluster are reported
-before Spark starts:
+before Spark starts; every check is the preflight's (:mod:`spark_imagenet.training.driver.preflight`):
 
-1. :func:`plan_job` (no Spark): the results path, the dataset's manifest, and
-   the assignment of shards to ranks (at least N train shards).
-2. :func:`run_job`: the Spark checks (:mod:`spark_imagenet.training.driver.preflight`),
-   the barrier stage, then the per-worker records combined into one results
-   dict (:mod:`spark_imagenet.training.driver.results`), a table and optionally a JSON file.
+1. :func:`plan_job` (no Spark): the checks of the settings, the dataset's manifest, the assignment of shards
+   to ranks (at least N train shards), and the checks of the plan, which find the checkpoint to resume from.
+2. :func:`run_job`: check the session (its facts read once), take the folders' leases, begin tracking,
+   launch the barrier stage (again after a lost worker, as the failure policy decides), then report: the
+   per-worker records combined into one :class:`~spark_imagenet.training.driver.results.Result`, a table and
+   optionally a JSON file.
 """
 
 from __future__ import annotations
@@ -26,25 +27,33 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from spark_imagenet.dataset.manifest import Manifest
-from spark_imagenet.dataset.transfer import check_listed
-from spark_imagenet.storage import lease
 from spark_imagenet.errors import ConfigError, SparkImagenetError, TrainingError, WorkerLost
 from spark_imagenet.logs import ensure_console
-from spark_imagenet.storage import is_remote_url, open_storage
-from spark_imagenet.training.job import checkpoints
-from spark_imagenet.training.job.assignment import assign
-from spark_imagenet.training.task.barrier_task import TaskSpec
-from spark_imagenet.training.job.config import TrainConfig
-from spark_imagenet.training.job.master import Master
-from spark_imagenet.training.driver.connect import ConnectLaunch, check_connect, conf_getter, connect_url
-from spark_imagenet.training.driver.stage import BarrierLaunch, ClassicLaunch, run_stage
-from spark_imagenet.training.job.gpus import check_gpu_conf
-from spark_imagenet.training.job.logchannel import ChannelSpec
+from spark_imagenet.storage import is_remote_url, lease, open_storage
+from spark_imagenet.training.driver.connect import ConnectLaunch
 from spark_imagenet.training.driver.logserver import LogServer, driver_host
 from spark_imagenet.training.driver.meeting_server import driver_meeting
+from spark_imagenet.training.driver.preflight import (
+    CheckedJob,
+    SessionFacts,
+    check_folders,
+    check_job,
+    check_plan,
+    check_settings,
+    find_resume,
+    free_slots,
+    spark_context,
+)
+from spark_imagenet.training.driver.results import Result, build_results, format_table, write_results
+from spark_imagenet.training.driver.stage import BarrierLaunch, ClassicLaunch, run_stage
+from spark_imagenet.training.driver.tracking import RunTracker
+from spark_imagenet.training.job import checkpoints
+from spark_imagenet.training.job.assignment import assign
+from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.training.job.logchannel import ChannelSpec
 from spark_imagenet.training.job.outcome import Failure, ResumePoint, TaskResult
 from spark_imagenet.training.job.outputs import (
     MODEL_FILE,
@@ -54,51 +63,42 @@ from spark_imagenet.training.job.outputs import (
     open_output,
     write_driver_outputs,
 )
-from spark_imagenet.training.driver.preflight import (
-    check_apart_from_dataset,
-    check_cluster_conf,
-    check_dataset_reachable,
-    check_output_reachable,
-    check_output_unused,
-    check_results_path,
-    check_spark,
-    free_slots,
-    spark_context,
-)
 from spark_imagenet.training.job.plan import JobPlan
 from spark_imagenet.training.job.restarts import FailurePolicy
 from spark_imagenet.training.job.schedules import extension_note, schedule_for
-from spark_imagenet.training.driver.results import Result, build_results, format_table, write_results
-from spark_imagenet.training.driver.tracking import RunTracker, check_tracking
-from spark_imagenet.training.driver.spark_session import is_connect_url, runs_in_driver_jvm
+from spark_imagenet.training.task.barrier_task import TaskSpec
 
 logger = logging.getLogger(__name__)
 
 
 def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
-    """Everything about the job that needs no Spark: results path, manifest, assignment.
+    """Everything about the job that needs no Spark: the checks of its settings, its manifest and assignment,
+    the checks of the plan (:mod:`spark_imagenet.training.driver.preflight`); their warnings are logged.
 
     Returns:
-        JobPlan: with ``config.cache`` and a local ``config.output`` made absolute.
+        JobPlan: with ``config.cache`` and a local ``config.output`` and ``config.checkpoint_dir`` made absolute,
+        and the checkpoint to resume from found (``resume``).
 
     Raises:
-        ConfigError: an unwritable ``results`` path, ``output`` or ``checkpoint_dir``, either of them the
-            dataset's own folder, an ``output`` holding an earlier run's outputs without ``overwrite``, too few train shards
-            for the workers, GPUs asked of a ``local[N]`` master (which never gives tasks GPUs), a checkpoint
-            in ``checkpoint_dir`` this job cannot resume from (:func:`resume_point`).
+        ConfigError: the first problem of :func:`~spark_imagenet.training.driver.preflight.check_settings`
+            (the checks of the command line's master, an unwritable ``results`` path, GPUs asked of a
+            ``local[N]`` master, which never gives tasks GPUs), of
+            :func:`~spark_imagenet.training.driver.preflight.check_folders` (an ``output`` holding an earlier
+            run's outputs without ``overwrite``, ``output`` or ``checkpoint_dir`` the dataset's own folder) or of
+            :func:`~spark_imagenet.training.driver.preflight.check_plan` (a checkpoint this job cannot resume
+            from, a path on the driver's disk the master's executors cannot reach, tracking that cannot work);
+            an unwritable ``output`` or ``checkpoint_dir``; too few train shards for the workers.
         ManifestError: no or invalid manifest at ``url``, or a shard it names is missing or differs in the
             store (:func:`~spark_imagenet.dataset.transfer.check_listed`).
         StorageError: the storage cannot be read.
     """
-    check_results_path(config.results)
-    if config.gpus_per_worker and runs_in_driver_jvm(config.master or ""):
-        check_gpu_conf(lambda key: None, config.gpus_per_worker, config.workers, config.master.strip())
+    before = check_settings(config)
+    before.raise_if_problems()
     if config.cache is not None:  # the executors' folder, as the driver's working directory names it
         config = config.replace(cache=str(Path(config.cache).expanduser().absolute()))
     output = checkpoints_at = None
     if config.output is not None:  # written by the chief: refused now if it cannot be written
         output = open_output(config.output)
-        check_output_unused(output, config.output, config.overwrite)
         if not is_remote_url(config.output):  # a folder here: its absolute path, as the chief must see it
             config = config.replace(output=output.url)
     if config.checkpoint_dir is not None:  # written by the chief after every epoch: refused now if it cannot be
@@ -106,21 +106,16 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
         if not is_remote_url(config.checkpoint_dir):
             config = config.replace(checkpoint_dir=checkpoints_at.url)
     storage = open_storage(url)
-    check_apart_from_dataset(storage, output, "--output")
-    check_apart_from_dataset(storage, checkpoints_at, "--checkpoint-dir")
+    folders = check_folders(config, storage, output, checkpoints_at)
+    folders.raise_if_problems()
     manifest = Manifest.load(storage)
-    check_listed(storage, manifest)  # a shard deleted or replaced since: caught here, not hidden by a host's cache
-    plan = assign(manifest, config.workers, config.batch_size)
+    plan = assign(manifest, config.workers, config.batch_size)  # every worker a train shard, or refused
     schedule = schedule_for(config, plan.steps_per_epoch)  # the job's one schedule; one that does not fit is refused
-    job = JobPlan(config=config, dataset=storage, manifest=manifest, assignment=plan,
-                  schedule=schedule, output=output, checkpoints=checkpoints_at, run_id=uuid.uuid4().hex)
-    resume_point(job)  # a checkpoint this job cannot resume from is refused before Spark starts
-    check_tracking(job)
-    useless = FailurePolicy.of(config).useless_min_workers()
-    if useless:
-        logger.warning(useless)
-    if config.checkpoint_every and config.checkpoint_dir is None:
-        logger.warning("warning: --checkpoint-every has no effect without --checkpoint-dir: no checkpoint is kept")
+    job, found = check_plan(JobPlan(config=config, dataset=storage, manifest=manifest, assignment=plan,
+                                    schedule=schedule, output=output, checkpoints=checkpoints_at,
+                                    run_id=uuid.uuid4().hex))
+    found.raise_if_problems()
+    (before + folders + found).log_warnings(logger)
     return job
 
 
@@ -143,49 +138,25 @@ def _announce(job: JobPlan) -> None:
                 f"XLA {'on' if config.jit_compile else 'off'}")
 
 
-def resume_point(job: JobPlan, *, announce: bool = False) -> ResumePoint | None:
-    """The latest complete checkpoint in ``job.config.checkpoint_dir`` that this job may resume from.
-
-    With ``announce``, each folder skipped as half-written is logged (INFO).
-
-    Returns:
-        The checkpoint's :class:`ResumePoint`, or None: no ``checkpoint_dir``, or no complete checkpoint in it yet.
-
-    Raises:
-        ConfigError: the checkpoint is of another dataset, model, cluster shape or
-            recipe, or of more epochs than ``epochs`` (:func:`~spark_imagenet.training.job.checkpoints.check_compatible`).
-        StorageError: the folder cannot be listed or a ``checkpoint.json`` read.
-    """
-    config = job.config
-    if job.checkpoints is None:
-        return None
-    found = checkpoints.latest(job.checkpoints, announce=announce)
-    if found is None:
-        return None
-    name, meta = found
-    checkpoints.check_compatible(meta, checkpoints.expected_for(config, job.manifest),
-                                 f"--checkpoint-dir {config.checkpoint_dir}, {name}")
-    return ResumePoint(name, meta)
-
-
-def _launch_with_restarts(spark, sc, job: JobPlan) -> tuple[list[TaskResult], int, JobPlan]:
+def _launch_with_restarts(spark, sc, checked: CheckedJob) -> tuple[list[TaskResult], int, JobPlan]:
     """Run the barrier stage; after a :class:`WorkerLost` failure launch it again as the job's
     :class:`~spark_imagenet.training.job.restarts.FailurePolicy` decides (at most ``config.max_restarts``
-    times, each time from the latest complete checkpoint, from epoch 1 without ``checkpoint_dir``; on fewer
-    workers when ``min_workers`` allows and the slots are not free within ``regain_timeout``). Returns every
-    rank's record, the number of restarts and the job the last launch ran.
+    times, each time from the latest complete checkpoint, found again; from epoch 1 without ``checkpoint_dir``;
+    on fewer workers when ``min_workers`` allows and the slots are not free within ``regain_timeout``). The
+    first launch resumes from the checkpoint the plan found. Returns every rank's record, the number of restarts
+    and the job the last launch ran.
 
     Raises:
         WorkerLost: the last allowed launch lost a worker too (the message counts the launches).
         SparkImagenetError: any other failure, at once (bad data or settings fail again the same way).
     """
-    wanted, policy = job, FailurePolicy.of(job.config)
-    restarts = 0
+    job = wanted = checked.job
+    policy = FailurePolicy.of(job.config)
+    restarts, resume = 0, checked.resume
     while True:
-        resume = resume_point(job, announce=True)
         _announce_resume(job, resume, restarts)
         try:
-            return _launch(spark, sc, job, resume), restarts, job
+            return _launch(spark, sc, checked.facts, job, resume), restarts, job
         except WorkerLost as e:
             give_up = policy.exhausted(restarts)
             if give_up is not None:
@@ -201,6 +172,9 @@ def _launch_with_restarts(spark, sc, job: JobPlan) -> tuple[list[TaskResult], in
             if decision.note:
                 (logger.warning if decision.warn else logger.info)(decision.note)
             job = wanted.resized(decision.workers)
+            resume, resumable = find_resume(job, announce=True)  # a checkpoint written since the last launch
+            if resumable is not None:
+                resumable.raise_if_problem()
 
 
 def _announce_resume(job: JobPlan, resume: ResumePoint | None, restarts: int) -> None:
@@ -235,11 +209,7 @@ def _free_slots_after_wait(sc, policy: FailurePolicy) -> int | None:
     return free
 
 
-#: The names of this machine's loopback address in an ``sc://`` URL.
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def _channel_host(spark, sc, master: str | None) -> str | None:
+def _channel_host(sc, facts: SessionFacts) -> str | None:
     """Where the driver's log channel listens, or None for no channel.
 
     A classic session's executors whose stderr is not this console (every master but ``local[N]``) reach it
@@ -248,23 +218,18 @@ def _channel_host(spark, sc, master: str | None) -> str | None:
     console, not this one: the channel then listens on 127.0.0.1. Any other Connect server's executors may
     not reach this client at all (a laptop behind NAT, Databricks), so their lines stay in their logs.
     """
-    if sc is not None:
-        if runs_in_driver_jvm(sc.master):
-            return None
-        return driver_host(sc)
-    url = connect_url(spark, master)
-    host = Master.parse(url, check=False).host  # url: sc://HOST:PORT, or "connect" when not known
-    server_master = conf_getter(spark)("spark.master", None) if host in _LOOPBACK else None
-    return "127.0.0.1" if server_master is not None and runs_in_driver_jvm(server_master) else None
+    if not facts.is_connect:
+        return None if facts.tasks_in_this_jvm else driver_host(sc)
+    return "127.0.0.1" if facts.tasks_in_this_jvm else None
 
 
 @contextlib.contextmanager
-def _log_server(spark, sc, master: str | None) -> Iterator[ChannelSpec | None]:
+def _log_server(sc, facts: SessionFacts) -> Iterator[ChannelSpec | None]:
     """A :class:`~spark_imagenet.training.job.logchannel.LogServer` for the tasks' output where their stderr is
     not this console (:func:`_channel_host`); its lines are logged as ``[rank R on HOST] ...``. Yields its
     spec, or None (no channel, or no address to bind: the tasks' lines then stay in the executors' logs
     only, and a warning says so)."""
-    host = _channel_host(spark, sc, master)
+    host = _channel_host(sc, facts)
     if host is None:
         yield None
         return
@@ -309,7 +274,7 @@ def _warn_if_unreached(server: LogServer, after: float | None) -> None:
                    "for the channel" + (" (or the tasks have not started yet)" if after is not None else ""))
 
 
-def _launch(spark, sc, job: JobPlan, resume: ResumePoint | None = None) -> list[TaskResult]:
+def _launch(spark, sc, facts: SessionFacts, job: JobPlan, resume: ResumePoint | None = None) -> list[TaskResult]:
     """Run the barrier stage; return every rank's result.
 
     The frozen :class:`~spark_imagenet.training.task.barrier_task.TaskSpec` (the job, the resume point, the log
@@ -323,7 +288,7 @@ def _launch(spark, sc, job: JobPlan, resume: ResumePoint | None = None) -> list[
     """
     launch: BarrierLaunch = (ConnectLaunch(spark) if sc is None else
                              ClassicLaunch(sc, f"spark-imagenet train {job.config.model} x{job.config.workers}"))
-    with _log_server(spark, sc, job.config.master) as channel, driver_meeting(sc) as meeting:
+    with _log_server(sc, facts) as channel, driver_meeting(sc) as meeting:
         try:
             lines = run_stage(launch, TaskSpec(job, resume, channel, meeting=meeting))
         except Exception as e:  # noqa: BLE001 - Spark's (Py4J's, gRPC's) error of the failed stage
@@ -331,66 +296,10 @@ def _launch(spark, sc, job: JobPlan, resume: ResumePoint | None = None) -> list[
     return [TaskResult.from_line(s) for s in lines]
 
 
-def _check_session(spark, sc, job: JobPlan) -> str:
-    """The preflight checks of the session; returns the master to report (``sc.master`` or ``sc://HOST:PORT``).
-
-    A classic session gets :func:`check_spark`; a Spark Connect session (``sc``
-    None) gets :func:`~spark_imagenet.training.driver.connect.check_connect`, whose
-    warning line (the checks Connect cannot make) is logged. A local dataset
-    path is refused for executors that may be elsewhere (:func:`check_dataset_reachable`;
-    under Connect a local path passes only for a server on this machine's loopback
-    address with a local master).
-
-    Raises:
-        ConfigError: see :func:`run_job`.
-    """
-    config = job.config
-    if sc is None:
-        url = connect_url(spark, config.master)
-        if config.master is not None and not is_connect_url(config.master):
-            logger.warning(f"warning: the job's master {config.master!r} is not used: this Spark Connect session "
-                           f"talks to {url}")
-        server_master, warnings = check_connect(spark, config.workers, url)
-        for line in warnings:
-            logger.warning(line)
-        on_this_machine = Master.parse(url, check=False).host in _LOOPBACK and server_master is not None
-        check_dataset_reachable(job.url, server_master if on_this_machine else url, config.shared_filesystem)
-        for path, option in ((config.output, "--output"), (config.checkpoint_dir, "--checkpoint-dir")):
-            check_output_reachable(path, server_master if on_this_machine else url, config.shared_filesystem, option)
-        _check_conf(conf_getter(spark), server_master, job, server=url)
-        return url
-    if config.master is not None and config.master != sc.master:
-        logger.warning(f"warning: the job's master {config.master!r} is not used: this session runs on "
-                       f"{sc.master!r} "
-                       "(master and conf choose the command line's session; a session of your own keeps its own)")
-    check_dataset_reachable(job.url, sc.master, config.shared_filesystem)
-    check_output_reachable(config.output, sc.master, config.shared_filesystem)
-    check_output_reachable(config.checkpoint_dir, sc.master, config.shared_filesystem, "--checkpoint-dir")
-    check_spark(sc, config.workers)
-    _check_conf(sc.getConf().get, sc.master, job)
-    return sc.master
-
-
-def _check_conf(get: Callable[[str, str | None], str | None], master: str | None, job: JobPlan,
-                server: str | None = None) -> None:
-    """The checks over the session's settings: encryption, train shards (:func:`check_cluster_conf`) and the
-    GPU settings --gpus-per-worker needs (:func:`~spark_imagenet.training.job.gpus.check_gpu_conf`); logs their
-    warnings.
-
-    Raises:
-        ConfigError: a setting to change (named, with the numbers).
-    """
-    config = job.config
-    for line in check_cluster_conf(get, config, len(job.manifest.splits["train"].shards)):
-        logger.warning(line)
-    warning = check_gpu_conf(lambda key: get(key, None), config.gpus_per_worker, config.workers, master,
-                             server=server)
-    if warning:
-        logger.warning(warning)
-
-
 def run_job(spark, job: JobPlan) -> Result:
-    """Check Spark, run the planned job's barrier stage, report and return the results.
+    """Check the session, run the planned job's barrier stage, report and return the results: check
+    (:func:`~spark_imagenet.training.driver.preflight.check_job`), take the leases, begin tracking, launch,
+    report.
 
     Args:
         spark: a SparkSession: classic, or Spark Connect (``builder.remote("sc://...")``,
@@ -406,7 +315,8 @@ def run_job(spark, job: JobPlan) -> Result:
             a local master's slots only; the checks not made are named in a
             ``warning:`` line), an unreachable Connect server, Spark's network
             encryption or SSL without ``allow_unencrypted``, GPU settings that
-            cannot give each task ``gpus_per_worker`` GPUs.
+            cannot give each task ``gpus_per_worker`` GPUs, a path on the driver's disk the executors cannot
+            reach.
         StorageError: a shard cannot be staged intact (from a task).
         TrainingError: a TensorFlow worker failed.
         KeyboardInterrupt: Ctrl-C during the barrier job, which has been
@@ -414,25 +324,30 @@ def run_job(spark, job: JobPlan) -> Result:
             processes and temporary folders are gone).
     """
     ensure_console()  # a notebook without logging set up sees the progress (spark_imagenet.logs)
-    sc = spark_context(spark)  # None: a Spark Connect session
-    master = _check_session(spark, sc, job)
+    checked = check_job(spark, job)
     with _leases(spark, job):
-        tracker = RunTracker.begin(job, resume_point(job) is not None)
-        if tracker is not None and tracker.spec is not None:
-            job = dataclasses.replace(job, tracking=tracker.spec)  # the chief logs each epoch to it
-        _announce(job)
-        start = time.monotonic()
+        tracker = RunTracker.begin(job, checked.resume is not None)
+        if tracker is not None and tracker.spec is not None:  # the chief logs each epoch to it
+            checked = dataclasses.replace(checked, job=dataclasses.replace(job, tracking=tracker.spec))
         try:
-            records, restarts, ran = _launch_with_restarts(spark, sc, job)
-            out = build_results(records, ran, master=master, wall_seconds=time.monotonic() - start,
-                                restarts=restarts)
-            _report(job, out)
+            out = _launch_and_report(spark, checked)
         except BaseException as e:
             if tracker is not None:
                 tracker.finish(None, e)
             raise
         if tracker is not None:
             tracker.finish(out, None)
+    return out
+
+
+def _launch_and_report(spark, checked: CheckedJob) -> Result:
+    """Announce the job, launch it (with its restarts), combine the records and report them."""
+    _announce(checked.job)
+    start = time.monotonic()
+    records, restarts, ran = _launch_with_restarts(spark, spark_context(spark), checked)
+    out = build_results(records, ran, master=checked.master_to_report, wall_seconds=time.monotonic() - start,
+                        restarts=restarts)
+    _report(checked.job, out)
     return out
 
 

@@ -160,34 +160,6 @@ def runs_in_driver_jvm(master: str) -> bool:
     return Master.parse(master, check=False).runs_in_driver_jvm
 
 
-def check_yarn_conf(master: str | None, environ: Mapping[str, str] | None = None) -> None:
-    """Refuse ``--master yarn`` where Spark cannot find the cluster, before a JVM starts.
-
-    Spark's YARN client reads the ResourceManager's address from the ``yarn-site.xml`` in
-    ``HADOOP_CONF_DIR`` (or ``YARN_CONF_DIR``); without the variable its JVM exits with a Java stack
-    (``[JAVA_GATEWAY_EXITED]`` in PySpark), and without the file it retries ``0.0.0.0:8032`` for minutes.
-    ``submit/yarn.sh`` makes the same check.
-
-    Args:
-        master: the job's master URL (anything but ``yarn`` passes).
-        environ: the environment to look in (default ``os.environ``).
-
-    Raises:
-        ConfigError: ``yarn`` with neither variable set, or with no ``yarn-site.xml`` in the folder it names.
-    """
-    if Master.parse(master, check=False).kind != "yarn":
-        return
-    env = os.environ if environ is None else environ
-    folder = env.get("HADOOP_CONF_DIR") or env.get("YARN_CONF_DIR")
-    if not folder:
-        raise ConfigError("--master yarn: set HADOOP_CONF_DIR to the folder with the cluster's yarn-site.xml "
-                          "and core-site.xml (often /etc/hadoop/conf on a cluster node)")
-    if not (Path(folder) / "yarn-site.xml").is_file():
-        name = "HADOOP_CONF_DIR" if env.get("HADOOP_CONF_DIR") else "YARN_CONF_DIR"
-        raise ConfigError(f"--master yarn: no yarn-site.xml in {folder} ({name}): point it at the folder with the "
-                          "cluster's yarn-site.xml and core-site.xml (often /etc/hadoop/conf on a cluster node)")
-
-
 #: The driver JVM's options setting, where the quiet log4j2 configuration is named.
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 #: Environment variables whose JVM options reach the driver JVM spark-submit starts; one that names a log4j
@@ -395,7 +367,7 @@ def connect_session(url: str, app_name: str = "spark-imagenet", conf: Mapping[st
     """A Spark Connect session (``SparkSession.builder.remote(url)``); no Java or JVM needed here.
 
     The session connects on first use, so an unreachable server is reported
-    by the first call (:func:`spark_imagenet.training.driver.connect.check_connect`
+    by the first call (:func:`spark_imagenet.training.driver.preflight.read_session_facts`
     names the URL).
 
     Args:
@@ -546,7 +518,8 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
         EnvironmentSetupError: Java missing or too old (only checked when this
             process starts the JVM itself).
         ConfigError: a ``master`` given under ``spark-submit`` (whose own
-            ``--master`` decides); ``yarn`` without its configuration (:func:`check_yarn_conf`).
+            ``--master`` decides); ``yarn`` without its configuration
+            (:func:`~spark_imagenet.training.driver.preflight.check_yarn_conf`).
     """
     # spark-submit passes its JVM's port; a Databricks cluster's Python (a job's wheel task) runs beside its own
     # session and says so with DATABRICKS_RUNTIME_VERSION: either way, use that session, never a local one.
@@ -568,7 +541,11 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
         return local_session(master, app_name, conf)
     conf = dict(conf or {})
     if not under_submit:
-        check_yarn_conf(master)
+        from spark_imagenet.training.driver.preflight import check_yarn_conf
+
+        yarn = check_yarn_conf(master)
+        if yarn is not None:
+            yarn.raise_if_problem()
         check_java()
         if Master.parse(master, check=False).kind == "standalone":
             check_standalone_reachable(master)

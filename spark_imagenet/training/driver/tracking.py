@@ -29,6 +29,7 @@ from spark_imagenet.storage.committed import download_folder
 from spark_imagenet.storage.envelope import Envelope
 from spark_imagenet.training.job.logchannel import one_line
 from spark_imagenet.training.driver import databricks_tracking
+from spark_imagenet.training.driver.preflight.findings import Finding, Findings
 from spark_imagenet.training.job.plan import JobPlan
 from spark_imagenet.training.job.tracking import (
     EPOCH_METRICS,
@@ -170,27 +171,34 @@ def _where(job: JobPlan) -> tuple[str, str]:
     return uri, experiment
 
 
-def check_tracking(job: JobPlan) -> None:
-    """Refuse, before Spark starts, tracking that cannot work: mlflow not installed, ``register_model``
-    without ``--output`` (the model reaches MLflow through it), or on Databricks an experiment that is not a
-    workspace path or a workspace known from nowhere (:mod:`~spark_imagenet.training.driver.databricks_tracking`).
-    Warn when the run will hold no model.
+def check_tracking(job: JobPlan) -> Findings:
+    """The plan's check of its tracking, before Spark starts: mlflow installed, ``register_model`` with
+    ``--output`` (the model reaches MLflow through it), and on Databricks an experiment that is a workspace path
+    and a workspace known from somewhere (:mod:`~spark_imagenet.training.driver.databricks_tracking`).
 
-    Raises:
-        ConfigError: as said, naming the setting.
+    Returns:
+        Findings: none for an untracked job; else one ``tracking`` finding: a problem (a
+        :class:`~spark_imagenet.errors.ConfigError` naming the setting), a warning when the run will hold no
+        model (no ``--output``), or ok.
     """
     tracking = job.config.tracking
     if not tracking.enabled:
-        return
-    mlflow_module()  # installed, whatever the URI
-    uri, experiment = _where(job)
-    databricks_tracking.check_experiment(uri, experiment, DEFAULT_EXPERIMENT)
-    databricks_tracking.check_workspace_known(uri)
-    if tracking.register_model and job.output is None:
-        raise ConfigError("--register-model needs --output: the chief writes the model there and the driver logs "
-                          "it to MLflow from it")
-    if job.output is None:
-        logger.warning("warning: --mlflow without --output: the run gets the settings and metrics, but no model")
+        return Findings()
+
+    def refusal() -> None:
+        mlflow_module()  # installed, whatever the URI
+        uri, experiment = _where(job)
+        databricks_tracking.check_experiment(uri, experiment, DEFAULT_EXPERIMENT)
+        databricks_tracking.check_workspace_known(uri)
+        if tracking.register_model and job.output is None:
+            raise ConfigError("--register-model needs --output: the chief writes the model there and the driver "
+                              "logs it to MLflow from it")
+
+    found = Finding.of("tracking", refusal, ok="mlflow installed; the run gets the settings, metrics and model")
+    if found.level == "ok" and job.output is None:
+        found = Finding.warning("tracking", "--mlflow without --output: the run gets the settings and metrics, but "
+                                            "no model")
+    return Findings([found])
 
 
 def _experiment_id(client: Any, experiment: str) -> str:

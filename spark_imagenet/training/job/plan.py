@@ -30,7 +30,7 @@ from spark_imagenet.storage import Storage, open_storage
 from spark_imagenet.training.job.assignment import Assignment, assign
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.storage.envelope import Envelope
-from spark_imagenet.training.job.outcome import SAME_VERSION
+from spark_imagenet.training.job.outcome import SAME_VERSION, ResumePoint
 from spark_imagenet.training.job.outputs import labels as output_labels
 from spark_imagenet.training.job.schedules import Schedule, schedule_for
 from spark_imagenet.training.job.settings import FACTS, Rule, check_value
@@ -55,6 +55,8 @@ class JobPlan:
         run_id: this run's id (32 hex digits), the holder of the folders' leases
             (:mod:`spark_imagenet.storage.lease`); "" = no lease is checked.
         tracking: the job's MLflow run (set on the driver once the run exists), or None when untracked.
+        resume: the checkpoint the first launch resumes from, found once when the job was planned
+            (:func:`spark_imagenet.training.driver.preflight.check_plan`), or None; a relaunch looks again.
     """
 
     config: TrainConfig
@@ -66,6 +68,7 @@ class JobPlan:
     checkpoints: Storage | None = None
     run_id: str = ""
     tracking: TrackingSpec | None = None
+    resume: ResumePoint | None = None
 
     @property
     def url(self) -> str:

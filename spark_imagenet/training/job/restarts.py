@@ -87,10 +87,11 @@ class FailurePolicy:
         return elastic_counts(self.workers, self.min_workers, self.global_batch) if self.elastic else []
 
     def useless_min_workers(self) -> str | None:
-        """A warning when ``min_workers`` is set below ``workers`` but no relaunch can use it, else None."""
+        """The text of a warning (logged after ``warning: ``) when ``min_workers`` is set below ``workers`` but
+        no relaunch can use it, else None."""
         if not self.elastic or self.smaller_counts():
             return None
-        return (f"warning: --min-workers {self.min_workers} has no effect: no worker count from {self.min_workers} "
+        return (f"--min-workers {self.min_workers} has no effect: no worker count from {self.min_workers} "
                 f"to {self.workers - 1} divides the global batch {self.global_batch}, so a relaunch after a lost "
                 f"worker waits for {self.workers}")
 
