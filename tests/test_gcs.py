@@ -9,7 +9,6 @@ fault-injecting proxy: tests/test_gcs_faults.py."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from data_util import all_shards, gcs_generations
+from test_store_contract import check_only_its_shards, race_shard_runs
 from spark_imagenet.dataset.cache import fetch
 from spark_imagenet.training.task.staging import fetch_rank
 from spark_imagenet.errors import ConfigError, IntegrityError, ManifestError, StorageError
@@ -211,35 +211,17 @@ def test_missing_manifest_is_a_clear_error(gcs_bucket, tmp_path):
         fetch_rank(open_storage(url), 0, 1, tmp_path / "cache")
 
 
-def _shard_proc(tree: str, url: str, per_class: int, endpoint: str, q) -> None:
-    os.environ["STORAGE_EMULATOR_HOST"] = endpoint
-    try:
-        m = shard(tree, url, train_shards=4, val_shards=2, per_class=per_class, progress=False)
-        q.put(("ok", m.dataset_id))
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        q.put((type(e).__name__, str(e)))
-
-
 def test_two_concurrent_shard_runs_of_the_same_dataset_both_succeed(tree, gcs_bucket, gcs_emulator, tmp_path):
     """Two real `shard` processes started together on one gs:// prefix, building the same dataset: both succeed
     (the one whose manifest commit loses finds the same dataset there) and leave one consistent dataset. (Two
     different datasets, where one run is refused: tests/test_store_contract.py, on every store.)"""
     url = f"gs://{gcs_bucket}/race"
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_shard_proc, args=(str(tree), url, 8, gcs_emulator.endpoint, q)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    outcomes = [q.get(timeout=5) for _ in procs]
+    outcomes = race_shard_runs(tree, url, (8, 8), timeout_s=120)  # STORAGE_EMULATOR_HOST: set by gcs_bucket
     storage = open_storage(url)
     final = Manifest.load(storage)
     winners = [o for o in outcomes if o[0] == "ok"]
     assert len(winners) == 2 and {o[1] for o in winners} == {final.dataset_id}, outcomes
-    assert sorted(o.name for o in storage.list()) == sorted([MANIFEST_NAME, "quality-report.json"] + [s.name for s in all_shards(final)])
-    got = fetch(storage, all_shards(final), tmp_path / "cache", dataset_id=final.dataset_id)
-    assert got.downloaded == len(all_shards(final))  # every shard present and matching the manifest
+    check_only_its_shards(storage, final, tmp_path / "cache")
 
 
 def test_overwrite_replaces_a_dataset_and_removes_itsall_shards(tree, gcs_bucket):

@@ -315,26 +315,39 @@ def test_two_concurrent_shard_runs_leave_one_dataset(store, tree, tmp_path):
     """Two `shard` processes started together on one prefix, building different datasets: exactly one commits
     its manifest (the conditional create refuses the other), only its shards remain, and each of them
     matches the manifest."""
-    import multiprocessing as mp
-
     url = f"{store.url}/race"
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_shard_proc, args=(str(tree), url, pc, q)) for pc in (8, 7)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    outcomes = [q.get(timeout=5) for _ in procs]
+    outcomes = race_shard_runs(tree, url, (8, 7))
     storage = open_storage(url)
     final = Manifest.load(storage)
     winners = [o for o in outcomes if o[0] == "ok"]
     assert len(winners) == 1 and winners[0][1] == final.dataset_id, outcomes
     loser = next(o for o in outcomes if o[0] != "ok")
     assert loser[0] == "ConfigError" and ("another run committed" in loser[1] or "already holds" in loser[1]), loser
+    check_only_its_shards(storage, final, tmp_path / "cache")
+
+
+def race_shard_runs(tree, url: str, per_class: tuple[int, ...], timeout_s: float = 300) -> list[tuple[str, str]]:
+    """Start one `shard` process of ``tree`` into ``url`` per entry of ``per_class`` (images per class: equal
+    counts build the same dataset) at once; returns each one's ``("ok", dataset id)`` or ``(error class,
+    message)``."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_shard_proc, args=(str(tree), url, pc, q)) for pc in per_class]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+    return [q.get(timeout=5) for _ in procs]
+
+
+def check_only_its_shards(storage: Storage, final: Manifest, cache: Path) -> None:
+    """The store holds the manifest, the quality report and ``final``'s shards, nothing else, each of them
+    matching the manifest."""
     assert sorted(o.name for o in storage.list()) == sorted(
         [MANIFEST_NAME, "quality-report.json"] + [s.name for s in all_shards(final)])
-    got = fetch(storage, all_shards(final), tmp_path / "cache", dataset_id=final.dataset_id)
+    got = fetch(storage, all_shards(final), cache, dataset_id=final.dataset_id)
     assert got.downloaded == len(all_shards(final))  # every shard present and matching the manifest
 
 
