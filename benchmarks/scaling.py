@@ -69,7 +69,7 @@ SYNTHETIC = {"num_classes": 10, "train_per_class": 64, "val_per_class": 4, "size
 #: --configs: short name -> configuration.
 CONFIGS = {"1core": "local[1] on 1 core", "2cores": "local[1] on 2 cores", "local2": "local[2] on 2 cores",
            "cluster": "2-host cluster"}
-SYNTHETIC_QUICK = {"num_classes": 4, "train_per_class": 32, "val_per_class": 2, "size": (64, 48)}
+SYNTHETIC_QUICK = {"num_classes": 4, "train_per_class": 16, "val_per_class": 2, "size": (64, 48)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
