@@ -90,8 +90,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def shard_counts(args: argparse.Namespace) -> tuple[int, int]:
-    """(train, val) shards both paths write: 16 train (one more per 10,000 entries past 160,000) and 8 val,
-    or --quick's 2 and 1."""
+    """(train, val) shards both paths write: one train shard per 10,000 entries but at least 16, and 8 val;
+    --quick: 2 and 1."""
     if args.quick:
         return QUICK["train_shards"], QUICK["val_shards"]
     return max(16, args.entries // 10_000), 8
