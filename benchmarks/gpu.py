@@ -391,6 +391,12 @@ def bench_model(args: argparse.Namespace, name: str, files: list[str] | None,
     return rows
 
 
+def rows_stream_of(json_target: str | None):
+    """Where the rows of :data:`KEYS` are printed: stdout, or stderr when ``--json``'s records go to stdout
+    (``json_target`` ``"-"``)."""
+    return sys.stderr if json_target == "-" else sys.stdout
+
+
 def emit(row: dict, out, stream=None) -> None:
     """Print ``row`` as one JSON line on ``stream`` (default stdout; flushed) and append it to ``out`` (a file
     or None)."""
@@ -473,7 +479,7 @@ def run(args: argparse.Namespace) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
         report = Report("gpu", args)
         report.human = sys.stderr  # stdout keeps the rows of KEYS (unless the records go there)
-        rows_stream = sys.stderr if args.json == "-" else sys.stdout
+        rows_stream = rows_stream_of(args.json)
         with open(args.out, "w") if args.out is not None else _no_file() as out:
             for name in args.models:
                 results = bench_model(args, name, files, common)

@@ -27,6 +27,9 @@ Derived: Spark / local images/s; and hours to shard ImageNet-21k (14,197,122 ima
 and 64 executor cores, as the sum of a per-entry part (this run's Spark core-seconds per image, ASSUMING
 the cores scale linearly) and a per-byte part (the committed zip rate of benchmarks/shard.py, ASSUMED
 40.5 MB per core-second), and the I/O bound of reading and writing 1.31 TB at an ASSUMED 10 Gbit/s.
+
+``--quick``: 80 entries of 2 classes (the fewest the script takes) in 2 train and 1 val shards; it checks the
+script, and its numbers are process and JVM start-up, not rates.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ IN21K_IMAGES, IN21K_BYTES = 14_197_122, 1.31e12
 ASSUMED_MB_PER_CORE_S = 40.5
 #: ASSUMED network link of a cluster's store (10 Gbit/s).
 ASSUMED_LINK_MB_S = 1250.0
+#: --quick: the fewest entries and classes the script takes (its numbers are process and JVM start-up), written
+#: into the fewest shards (2 train, 1 val; a full run writes 16 or more train and 8 val shards).
+QUICK = {"entries": 80, "classes": 2, "train_shards": 2, "val_shards": 1}
 #: What each measured call runs in its child: argv after the code; prints wall seconds and peak RSS (KiB).
 CHILD = """
 import json, resource, sys, time
@@ -71,16 +77,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(p, reps=1, quick_reps=1)
     p.add_argument("--entries", type=int, default=None, help=f"images in the zip (default {IMAGENET_ENTRIES:,}; "
-                   "--quick 3,000)")
-    p.add_argument("--classes", type=int, default=None, help="classes (default 1000; --quick 20)")
+                   f"--quick {QUICK['entries']})")
+    p.add_argument("--classes", type=int, default=None, help=f"classes (default 1000; --quick {QUICK['classes']})")
     p.add_argument("--master", default="local[2]", help="the Spark job's master (default local[2])")
     p.add_argument("--keep", metavar="DIR", help="build the zip in DIR and keep it (reused when it is there)")
     args = p.parse_args(argv)
-    args.entries = args.entries or (3000 if args.quick else IMAGENET_ENTRIES)
-    args.classes = args.classes or (20 if args.quick else 1000)
+    args.entries = args.entries or (QUICK["entries"] if args.quick else IMAGENET_ENTRIES)
+    args.classes = args.classes or (QUICK["classes"] if args.quick else 1000)
     if args.classes < 2 or args.entries < 40 * args.classes:
         p.error(f"--entries {args.entries} --classes {args.classes}: give at least 2 classes and 40 entries per class")
     return args
+
+
+def shard_counts(args: argparse.Namespace) -> tuple[int, int]:
+    """(train, val) shards both paths write: one train shard per 10,000 entries but at least 16, and 8 val;
+    --quick: 2 and 1."""
+    if args.quick:
+        return QUICK["train_shards"], QUICK["val_shards"]
+    return max(16, args.entries // 10_000), 8
 
 
 def tiny_jpeg(number: int, base: bytes) -> bytes:
@@ -138,7 +152,8 @@ def main(argv=None) -> int:
             report.say(f"scale: writing {archive} ({args.entries:,} entries) ...")
             write_zip(archive.with_suffix(".partial"), args.entries, args.classes)
             archive.with_suffix(".partial").rename(archive)
-        shards = ["--train-shards", str(max(16, args.entries // 10_000)), "--val-shards", "8", "--no-progress"]
+        train_shards, val_shards = shard_counts(args)
+        shards = ["--train-shards", str(train_shards), "--val-shards", str(val_shards), "--no-progress"]
         runs: dict[str, list[dict]] = {"local": [], "spark": []}
         for rep in range(reps):
             for kind in (("local", "spark") if rep % 2 == 0 else ("spark", "local")):
@@ -158,7 +173,9 @@ def main(argv=None) -> int:
 def record(report: Report, args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
     """Record the measured calls, their ratio and the ImageNet-21k projection."""
     n = args.entries
-    params = {"entries": n, "classes": args.classes, "master": args.master, "cores": os.cpu_count()}
+    train_shards, val_shards = shard_counts(args)
+    params = {"entries": n, "classes": args.classes, "master": args.master, "cores": os.cpu_count(),
+              "train_shards": train_shards, "val_shards": val_shards}
     rate = {}
     for kind, label in (("local", "local path (all cores)"), ("spark", f"Spark job ({args.master})")):
         rate[kind] = [n / r["wall"] for r in runs[kind]]

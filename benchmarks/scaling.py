@@ -69,7 +69,7 @@ SYNTHETIC = {"num_classes": 10, "train_per_class": 64, "val_per_class": 4, "size
 #: --configs: short name -> configuration.
 CONFIGS = {"1core": "local[1] on 1 core", "2cores": "local[1] on 2 cores", "local2": "local[2] on 2 cores",
            "cluster": "2-host cluster"}
-SYNTHETIC_QUICK = {"num_classes": 4, "train_per_class": 32, "val_per_class": 2, "size": (64, 48)}
+SYNTHETIC_QUICK = {"num_classes": 4, "train_per_class": 16, "val_per_class": 2, "size": (64, 48)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,6 +119,7 @@ def run_jobs(jobs: list[dict]) -> None:
     """
     from spark_imagenet.training.driver.launch import train
     from spark_imagenet.training.driver.spark_session import session_for
+    from spark_imagenet.training.job.config import TrainConfig
 
     package = logging.getLogger("spark_imagenet")  # the jobs' lines on stderr, plain (stdout is the JSON)
     package.addHandler(logging.StreamHandler(sys.stderr))
@@ -129,7 +130,8 @@ def run_jobs(jobs: list[dict]) -> None:
                             warn_oversubscription=False)
         try:
             t0 = time.perf_counter()
-            result = train(spark, job["url"], job["workers"], **job["settings"])
+            config = TrainConfig.from_mapping({"workers": job["workers"], **job["settings"]}, "benchmarks/scaling.py")
+            result = train(spark, job["url"], config)
             summary = {"images_per_sec": result["images_per_sec"], "wall_seconds": result["wall_seconds"],
                        "call_seconds": time.perf_counter() - t0,
                        "per_worker": [{k: w.get(k) for k in ("rank", "host", "images_per_sec", "steps")}

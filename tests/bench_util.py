@@ -38,6 +38,17 @@ def run_quick(script: str, *args: str, timeout: float = 300, **env: str) -> tupl
     return records, proc.stderr
 
 
+def read_records(path: Path) -> list[dict]:
+    """The records a script wrote to ``--json FILE``, one JSON object a line.
+
+    Raises:
+        AssertionError: the file holds no record.
+    """
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    assert records, f"{path} holds no record"
+    return records
+
+
 def check_record(record: dict, benchmark: str) -> None:
     """Assert that ``record`` follows the contract of benchmarks/common.py for ``benchmark``."""
     assert tuple(record) == RECORD_KEYS, record.keys()

@@ -1,23 +1,26 @@
-"""benchmarks/gpu.py: its --dry-run (the GPU benchmark's code on the CPU at a tiny size), its --quick --json
-records (benchmarks/common.py's format, through tests/bench_util.py) and its refusals.
+"""benchmarks/gpu.py: its --dry-run (the GPU benchmark's code on the CPU at a tiny size, what --quick runs), its
+--json records (benchmarks/common.py's format, through tests/bench_util.py) and its refusals.
 
 The script is run as a subprocess from the repository root, as a user runs it (it puts the checkout on
 ``sys.path`` itself, so this does not rely on an editable install). Only AlexNet runs here: ResNet-50's
-XLA compilation alone costs about a minute of CPU on 2 cores. No timing is asserted.
+XLA compilation alone costs about a minute of CPU on 2 cores. One dry run serves the tests of its rows and of
+its records (:func:`dry_run`). No timing is asserted.
 """
 
 from __future__ import annotations
 
 import pytest
 
+import importlib
 import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from bench_util import check_records, run_quick
+from bench_util import check_records, read_records
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu.py"
@@ -36,12 +39,28 @@ def _run(*args: str, timeout: float = 600, **extra_env: str) -> subprocess.Compl
                           text=True, timeout=timeout)
 
 
-@pytest.mark.slow
-def test_dry_run_prints_one_json_line_per_mode_with_every_key(tmp_path):
-    out = tmp_path / "sub" / "gpu.jsonl"
-    proc = _run("--dry-run", "--models", "alexnet", "--out", str(out))
+@dataclass(frozen=True)
+class DryRun:
+    """A finished run: ``proc`` (its rows on stdout), ``out`` (the --out file) and ``records`` (the --json file)."""
+
+    proc: subprocess.CompletedProcess
+    out: Path
+    records: Path
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory) -> DryRun:
+    """One ``--dry-run --models alexnet`` with ``--out`` in a folder still to be made and ``--json FILE``."""
+    tmp = tmp_path_factory.mktemp("gpu")
+    out, records = tmp / "sub" / "gpu.jsonl", tmp / "records.jsonl"
+    proc = _run("--dry-run", "--models", "alexnet", "--out", str(out), "--json", str(records))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    return DryRun(proc, out, records)
+
+
+@pytest.mark.slow
+def test_dry_run_prints_one_json_line_per_mode_with_every_key(dry_run):
+    lines = [line for line in dry_run.proc.stdout.splitlines() if line.strip()]
     rows = [json.loads(line) for line in lines]  # every line is JSON
     assert [(r["model"], r["mode"]) for r in rows] == [("alexnet", "synthetic"), ("alexnet", "real")]
     for row in rows:
@@ -59,26 +78,31 @@ def test_dry_run_prints_one_json_line_per_mode_with_every_key(tmp_path):
     assert synthetic["parallel"] is None and synthetic["data"] is None
     assert isinstance(real["input_bound_share"], float) and real["parallel"] >= 1
     assert real["data"] == "synthetic-jpeg"
-    assert out.read_text().splitlines() == lines  # --out holds the same lines
+    assert dry_run.out.read_text().splitlines() == lines  # --out holds the same lines
 
 
 @pytest.mark.slow
-def test_quick_json_writes_the_harness_records_and_out_keeps_the_rows(tmp_path):
-    out = tmp_path / "gpu.jsonl"
-    records, stderr = run_quick("gpu.py", "--models", "alexnet", "--out", str(out))
+def test_json_writes_the_harness_records_and_out_keeps_the_rows(dry_run):
     expected = {"alexnet synthetic: images/s", "alexnet synthetic: step ms", "alexnet real: images/s",
                 "alexnet real: step ms", "alexnet real: input wait %", "alexnet: input-bound share"}
-    by_name = check_records(records, "gpu", expected)
+    by_name = check_records(read_records(dry_run.records), "gpu", expected)
     assert set(by_name) == expected
     assert by_name["alexnet: input-bound share"]["kind"] == "derived"
-    assert by_name["alexnet real: images/s"]["reps"] == 2  # --quick: 2 windows of the 3 timed steps
+    assert by_name["alexnet real: images/s"]["reps"] == 2  # --quick's (= --dry-run's): 2 windows of the 3 timed steps
     assert by_name["alexnet real: step ms"]["reps"] == 3  # one value per timed step
     params = by_name["alexnet real: images/s"]["params"]
     assert (params["model"], params["mode"], params["batch"], params["dry_run"]) == ("alexnet", "real", 4, True)
-    rows = [json.loads(line) for line in out.read_text().splitlines()]  # --out: the rows of KEYS, as before
+    rows = [json.loads(line) for line in dry_run.out.read_text().splitlines()]  # --out: the rows of KEYS, as before
     assert [(r["model"], r["mode"]) for r in rows] == [("alexnet", "synthetic"), ("alexnet", "real")]
     assert all(set(r) == EXPECTED_KEYS and r["dry_run"] is True for r in rows)
-    assert '"mode": "real"' in stderr  # with the records on stdout the rows go to stderr
+
+
+def test_the_rows_go_to_stderr_when_the_records_go_to_stdout(monkeypatch):
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # importing gpu.py sets TensorFlow's variables
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    gpu = importlib.import_module("gpu")
+    assert gpu.rows_stream_of("-") is sys.stderr  # --json alone: the records take stdout
+    assert gpu.rows_stream_of(None) is sys.stdout and gpu.rows_stream_of("records.jsonl") is sys.stdout
 
 
 @pytest.mark.slow

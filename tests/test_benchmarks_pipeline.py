@@ -1,7 +1,8 @@
 """benchmarks/pipeline.py: its --quick --json records (format only, no timing asserted) and its refusals.
 
 The quick run uses 128 JPEGs of ../shared/data/imagenet-sample, or 64 synthetic JPEGs where the shared data
-is absent (so it does not skip on a fresh clone).
+is absent (so it does not skip on a fresh clone). The tests shorten its windows and warm-up to a quarter of a
+second (SHORT: no test reads a number), and the --scaling run's children to one round each.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from bench_util import REPO, check_records, run_quick
 
 ROUNDS = {"ceiling images/s", "pipeline images/s", "ceiling images/CPU-s", "pipeline images/CPU-s",
           "pipeline / ceiling (images/s)", "pipeline / ceiling (images/CPU-s)"}
+#: Quarter-second windows and warm-up: the records are --quick's but for the params seconds and warmup.
+SHORT = ("--seconds", "0.25", "--warmup", "0.25")
 
 
 @pytest.mark.slow
 def test_quick_json_records_each_measurement_of_the_rounds():
-    records, _ = run_quick("pipeline.py")
+    records, _ = run_quick("pipeline.py", *SHORT)
     by_name = check_records(records, "pipeline", ROUNDS)
     assert set(by_name) == ROUNDS
     for name in ROUNDS:
@@ -38,7 +41,8 @@ def test_quick_json_records_each_measurement_of_the_rounds():
 @pytest.mark.slow
 def test_quick_scaling_records_per_cpu_count_and_the_assumed_h200_cores():
     counts = [1, 2] if len(os.sched_getaffinity(0)) >= 2 else [1]
-    records, _ = run_quick("pipeline.py", "--scaling", ",".join(map(str, counts)), "--repeats", "1")
+    records, _ = run_quick("pipeline.py", "--scaling", ",".join(map(str, counts)), "--repeats", "1", "--reps", "1",
+                           *SHORT)
     expected = {f"{n} CPU(s): {what}" for n in counts for what in (
         "pipeline images/s per core", "pipeline images/CPU-s", "ceiling images/s per core",
         "pipeline / ceiling (images/s)")}

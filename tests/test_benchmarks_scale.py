@@ -1,6 +1,6 @@
 """benchmarks/scale.py: its --quick --json records (benchmarks/common.py's format, through tests/bench_util.py) and
-its refusal of too few entries. The quick run writes a 3,000-entry zip and shards it by both paths (the Spark job on
-local[2]). No timing or memory figure is asserted."""
+its refusal of too few entries. The quick run writes an 80-entry zip of 2 classes and shards it by both paths into 2
+train and 1 val shards (the Spark job on local[2]). No timing or memory figure is asserted."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ def test_quick_json_records_both_paths_their_ratio_and_the_projection(tmp_path):
                  "projection: ImageNet-21k read + written at an ASSUMED 10 Gbit/s (I/O bound)",
                  *(f"projection: ImageNet-21k as a Spark job on {n} executor cores" for n in (16, 64))}
     by_name = check_records(records, "scale", expected)
-    assert by_name["local path (all cores): images/s"]["params"]["entries"] == 3000
-    assert [p.name for p in tmp_path.iterdir()] == ["imagenet-3000x20.zip"]  # kept; the shards are gone
+    params = by_name["local path (all cores): images/s"]["params"]
+    assert (params["entries"], params["classes"], params["train_shards"], params["val_shards"]) == (80, 2, 2, 1)
+    assert [p.name for p in tmp_path.iterdir()] == ["imagenet-80x2.zip"]  # kept; the shards are gone
 
 
 def test_too_few_entries_per_class_are_refused():
