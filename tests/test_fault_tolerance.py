@@ -7,12 +7,14 @@ and sends it SIGKILL or SIGSTOP from outside, as a dying machine or a stuck proc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -142,68 +144,108 @@ def uninterrupted(spark, bucket, tmp_path_factory):
     return result, root / "out"
 
 
-def _killed_in_epoch_2(spark, bucket, tmp_path, checkpoint_dir: str, first_done) -> tuple[dict, list[str]]:
-    """Train with ``checkpoint_dir`` while a Saboteur SIGKILLs rank 1 once ``first_done()`` (epoch 1 committed)."""
-    killer = Saboteur(1, signal.SIGKILL, first_done)
-    killer.start()
-    try:
-        with collect() as lines:
-            out = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache",
-                                                        output=str(tmp_path / "resumed"),
-                                                        checkpoint_dir=checkpoint_dir, **SMALL))
-    finally:
-        killer.stop.set()
-    assert killer.victims, "\n".join(lines)
-    return out, lines
+@dataclasses.dataclass(frozen=True)
+class KilledRun:
+    """The module's run killed in epoch 2 with gs:// checkpoints and MLflow tracking, as it was when it ended.
+
+    Attributes:
+        out: its result.
+        lines: its log lines.
+        output: its --output folder.
+        names: the top-level names in its --checkpoint-dir (a gs:// folder on fake-gcs-server).
+        copy: a local copy of that folder (the later tests resume from it or size a disk with it).
+        mlflow_uri: the tracking server's URI.
+        run_file: mlflow-run.json of the checkpoint folder, read.
+        runs: the experiment's MLflow runs then.
+        xent_steps: the steps of the run's xent series then.
+    """
+
+    out: dict
+    lines: list[str]
+    output: Path
+    names: set[str]
+    copy: Path
+    mlflow_uri: str
+    run_file: dict
+    runs: list
+    xent_steps: list[int]
 
 
-def _check_resumed(out: dict, lines: list[str], uninterrupted, resumed_output: Path) -> None:
-    """One restart, resumed at epoch 2 of 3 from epoch 1's checkpoint, and the uninterrupted run's weights."""
+def _runs(client, experiment: str) -> list:
+    found = client.get_experiment_by_name(experiment)
+    return [] if found is None else client.search_runs([found.experiment_id])
+
+
+@pytest.fixture(scope="module")
+def killed_in_epoch_2(spark, bucket, tmp_path_factory, gcs_emulator, mlflow_server) -> KilledRun:
+    """Train with --checkpoint-dir gs://... (fake-gcs-server: commits and the restore go through the storage layer
+    over HTTP) and MLflow tracking while a Saboteur SIGKILLs rank 1 once epoch 1's checkpoint is committed."""
+    from spark_imagenet.storage import open_storage
+
+    root = tmp_path_factory.mktemp("killed")
+    name = f"killed-in-epoch-2-{uuid.uuid4().hex[:6]}"
+    gcs_emulator.create_bucket(name)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.endpoint)
+        url = f"gs://{name}/runs/ckpt"
+        storage = open_storage(url)
+        killer = Saboteur(1, signal.SIGKILL, lambda: storage.exists("epoch-000001/checkpoint.json"))
+        killer.start()
+        try:
+            with collect() as lines:
+                out = train(spark, str(bucket), TrainConfig(workers=2, cache=root / "cache", output=str(root / "out"),
+                                                            checkpoint_dir=url, mlflow_tracking_uri=mlflow_server.uri,
+                                                            mlflow_experiment="killed", **SMALL))
+        finally:
+            killer.stop.set()
+        assert killer.victims, "\n".join(lines)
+        objects = storage.list()
+        for o in objects:
+            (root / "copy" / o.name).parent.mkdir(parents=True, exist_ok=True)
+            storage.get_file(o.name, root / "copy" / o.name)
+        run_file = json.loads(storage.read_bytes("mlflow-run.json"))
+    client = mlflow_server.client()
+    runs = _runs(client, "killed")
+    steps = sorted({m.step for r in runs[:1] for m in client.get_metric_history(r.info.run_id, "xent")})
+    return KilledRun(out, lines, root / "out", {o.name.split("/")[0] for o in objects}, root / "copy",
+                     mlflow_server.uri, run_file, runs, steps)
+
+
+def test_a_worker_killed_in_epoch_2_resumes_from_the_checkpoint_of_epoch_1(killed_in_epoch_2, uninterrupted):
+    """SIGKILL of rank 1's TensorFlow process during epoch 2 of 3 (checkpoints in a gs:// bucket): the driver
+    launches the stage again, every worker restores the checkpoint of epoch 1, epochs 2 and 3 are trained once
+    more, and the final weights equal those of an uninterrupted run (deterministic mode: the same batches, dropout
+    masks and ops); the newest two checkpoints are kept; the relaunch logs to the same MLflow run
+    (mlflow-run.json in --checkpoint-dir), which ends FINISHED with every epoch once."""
+    run = killed_in_epoch_2
     plain, plain_output = uninterrupted
-    text = "\n".join(lines)
-    assert out["restarts"] == 1, text
+    text = "\n".join(run.lines)
+    assert run.out["restarts"] == 1, text
     assert "warning: a worker was lost: rank 1 on" in text and "SIGKILL" in text, text
     assert "launching the barrier stage again (restart 1 of 2)" in text, text
     assert "resuming at epoch 2 of 3 from the checkpoint of epoch 1 " in text, text
-    assert len(out["history"]["xent"]) == 3  # epoch 1 from the checkpoint, epochs 2 and 3 trained again
-    assert out["history"]["xent"] == pytest.approx(plain["history"]["xent"], rel=1e-6)
-    for a, b in zip(_weights(plain_output), _weights(resumed_output), strict=True):
+    assert len(run.out["history"]["xent"]) == 3  # epoch 1 from the checkpoint, epochs 2 and 3 trained again
+    assert run.out["history"]["xent"] == pytest.approx(plain["history"]["xent"], rel=1e-6)
+    for a, b in zip(_weights(plain_output), _weights(run.output), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert out["val"] == plain["val"]
+    assert run.out["val"] == plain["val"]
+    assert run.names == {"epoch-000002", "epoch-000003", "mlflow-run.json"}  # the newest two checkpoints kept
+    assert run.run_file["uri"] == run.mlflow_uri
+    (tracked,) = run.runs
+    assert tracked.info.status == "FINISHED" and run.xent_steps == [1, 2, 3]
 
 
-def test_a_worker_killed_in_epoch_2_resumes_from_the_checkpoint_of_epoch_1(spark, bucket, tmp_path, uninterrupted):
-    """SIGKILL of rank 1's TensorFlow process during epoch 2 of 3: the driver launches the stage again, every
-    worker restores the checkpoint of epoch 1, epochs 2 and 3 are trained once more, and the final weights
-    equal those of an uninterrupted run (deterministic mode: the same batches, dropout masks and ops)."""
-    ckpt = tmp_path / "ckpt"
-    out, lines = _killed_in_epoch_2(spark, bucket, tmp_path, str(ckpt),
-                                    (ckpt / "epoch-000001" / "checkpoint.json").exists)
-    _check_resumed(out, lines, uninterrupted, tmp_path / "resumed")
-    assert sorted(p.name for p in ckpt.iterdir()) == ["epoch-000002", "epoch-000003"]  # the newest two kept
-
-
-def test_the_same_with_checkpoints_in_a_gs_bucket(spark, bucket, tmp_path, uninterrupted, gcs_bucket):
-    """The same fault with --checkpoint-dir gs://... on fake-gcs-server: commits and the restore go through the
-    storage layer over HTTP."""
-    from spark_imagenet.storage import open_storage
-
-    url = f"gs://{gcs_bucket}/runs/ckpt"
-    storage = open_storage(url)
-    out, lines = _killed_in_epoch_2(spark, bucket, tmp_path, url,
-                                    lambda: storage.exists("epoch-000001/checkpoint.json"))
-    _check_resumed(out, lines, uninterrupted, tmp_path / "resumed")
-    assert {o.name.split("/")[0] for o in storage.list()} == {"epoch-000002", "epoch-000003"}
-
-
-def test_a_checkpoint_of_another_shape_is_refused_and_a_longer_run_extends_it(spark, bucket, tmp_path):
+def test_a_checkpoint_of_another_shape_is_refused_and_a_longer_run_extends_it(spark, bucket, tmp_path,
+                                                                            killed_in_epoch_2, mlflow_server):
     """A checkpoint written by a job of another image size is refused before any task starts; a job of more
-    --epochs resumes from it, saying its cosine schedule is stretched, and keeps --keep-checkpoints of them."""
-    ckpt = tmp_path / "ckpt"
-    train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
-                                          **{**SMALL, "epochs": 1}))
+    --epochs resumes from it, saying its cosine schedule is stretched, keeps --keep-checkpoints of them, and
+    continues the checkpoints' MLflow run (a local copy of the killed run's gs:// folder)."""
+    import shutil
+
     from spark_imagenet.errors import ConfigError
 
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(killed_in_epoch_2.copy, ckpt)
     with pytest.raises(ConfigError) as e:
         train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
                                               **{**SMALL, "image_size": 80}))
@@ -211,11 +253,21 @@ def test_a_checkpoint_of_another_shape_is_refused_and_a_longer_run_extends_it(sp
     # a longer run extends it: the driver says the cosine schedule is stretched; only --keep-checkpoints 1 stays
     with collect() as lines:
         out = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", checkpoint_dir=str(ckpt),
-                                                    **{**SMALL, "epochs": 2, "keep_checkpoints": 1}))
+                                                    mlflow_tracking_uri=mlflow_server.uri, mlflow_experiment="killed",
+                                                    **{**SMALL, "epochs": 4, "keep_checkpoints": 1}))
     text = "\n".join(lines)
-    assert "resuming at epoch 2 of 2 from the checkpoint of epoch 1 " in text, text
-    assert "lr: --epochs 2 instead of the checkpoint's 1 stretches the cosine schedule to 2 epochs" in text, text
-    assert len(out["history"]["xent"]) == 2 and sorted(p.name for p in ckpt.iterdir()) == ["epoch-000002"]
+    assert "resuming at epoch 4 of 4 from the checkpoint of epoch 3 " in text, text
+    assert "lr: --epochs 4 instead of the checkpoint's 3 stretches the cosine schedule to 4 epochs" in text, text
+    assert len(out["history"]["xent"]) == 4
+    assert sorted(p.name for p in ckpt.iterdir()) == ["epoch-000004", "mlflow-run.json"]
+    client = mlflow_server.client()
+    (before,) = killed_in_epoch_2.runs
+    (again,) = _runs(client, "killed")  # still one run
+    assert again.info.run_id == before.info.run_id and again.info.status == "FINISHED"
+    assert sorted({m.step for m in client.get_metric_history(again.info.run_id, "xent")}) == [1, 2, 3, 4]
+    # every setting that differs from the first job's, epochs among them (MLflow keeps a param's first value)
+    assert again.data.tags["spark_imagenet.changed_on_resume"] == (
+        f"cache={tmp_path / 'cache'}, checkpoint_dir={ckpt}, epochs=4, keep_checkpoints=1, output=None")
 
 
 def test_a_worker_lost_at_start_up_fails_the_job_naming_its_rank(spark, bucket, tmp_path):
@@ -334,7 +386,8 @@ def test_min_workers_goes_on_with_fewer_when_a_slot_stays_taken(spark, bucket, t
     assert out["per_worker"][0]["steps"] == (3 - int(resumed.group(2))) * 10  # 10 steps an epoch, as on two
 
 
-def test_a_checkpoint_folder_with_room_for_two_checkpoints_finishes_the_run(spark, bucket, tmp_path):
+def test_a_checkpoint_folder_with_room_for_two_checkpoints_finishes_the_run(spark, bucket, tmp_path,
+                                                                            killed_in_epoch_2):
     """--checkpoint-dir on a tmpfs with room for two of this job's checkpoints, not three: epoch 3's commit
     runs out of room, the oldest checkpoint goes, the commit is tried again; the run finishes with the last
     two checkpoints."""
@@ -342,9 +395,7 @@ def test_a_checkpoint_folder_with_room_for_two_checkpoints_finishes_the_run(spar
     from spark_imagenet.storage import open_storage
     from spark_imagenet.training.job.checkpoints import latest
 
-    probe = tmp_path / "probe"  # one epoch's checkpoint, to size the disk
-    train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache", checkpoint_dir=str(probe),
-                                          **{**SMALL, "epochs": 1}))
+    probe = killed_in_epoch_2.copy / "epoch-000003"  # one checkpoint of this job, to size the disk
     size = sum(p.stat().st_size for p in probe.rglob("*") if p.is_file())
     with small_tmpfs(tmp_path / "disk", int(size * 2.5)) as disk, collect() as lines:
         out = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache",

@@ -383,7 +383,7 @@ def train_from_the_store(spark, storage_url: str, tree: Path, tmp_path: Path, cr
 def test_training_reads_and_writes_the_store(store, spark, tree, tmp_path):
     """Training from the store and into it. The other stores train in tests they own already, each a full
     Spark + TensorFlow run not repeated here: a local folder in tests/test_train_e2e.py, GCS there too
-    (test_train_from_gs_bucket_on_the_emulator, test_output_to_a_bucket_on_the_gcs_emulator) and in
+    (test_train_from_gs_bucket_on_the_emulator, which reads its data and writes its --output there) and in
     tests/test_checkpoints.py (checkpoints in a bucket), HDFS in tests/test_hdfs.py
     (test_labels_in_s3_sharded_by_spark_into_hdfs_then_training_from_hdfs)."""
     train_from_the_store(spark, store.url, tree, tmp_path, store.credentials)

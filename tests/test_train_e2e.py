@@ -74,8 +74,9 @@ def test_train_twice_in_one_session(log_lines, spark, bucket):
 
 def test_train_from_gs_bucket_on_the_emulator(log_lines, spark, bucket, gcs_bucket, tmp_path):
     """The same job on a gs:// bucket (fake-gcs-server): tasks fetch their shards over HTTP, verified; a
-    second job downloads nothing."""
+    second job downloads nothing, and writes its --output to a gs:// folder (read back whole)."""
     from spark_imagenet.dataset.transfer import upload
+    from spark_imagenet.storage import open_storage
 
     url = f"gs://{gcs_bucket}/imagenet-tiny"
     upload(bucket / "bucket", url)
@@ -87,9 +88,17 @@ def test_train_from_gs_bucket_on_the_emulator(log_lines, spark, bucket, gcs_buck
     assert out["val"]["images"] == 12 and [w["rank"] for w in out["per_worker"]] == [0, 1]
     cached = _cache_state(cache)
     assert len(cached) == 3
-    again = train(spark, url, TrainConfig(workers=2, epochs=1, cache=cache, **SMALL))
+    output = f"gs://{gcs_bucket}/runs/one"
+    again = train(spark, url, TrainConfig(workers=2, epochs=1, cache=cache, output=output, **SMALL))
     assert again["val"]["images"] == 12
     assert _cache_state(cache) == cached  # nothing downloaded or rewritten
+    storage, local = open_storage(output), tmp_path / "copy"
+    names = sorted(o.name for o in storage.list())
+    assert {"model.keras", "labels.json", "results.json"} <= set(names)
+    for name in names:
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        storage.get_file(name, local / name)
+    _check_output(local, again, epochs=1)
 
 
 def _break_one_jpeg(src: Path, dst: Path) -> str:
@@ -158,8 +167,9 @@ def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return found
 
 
-def _check_output(out: Path, result: dict, epochs: int) -> None:
-    """``out`` (a local copy of an --output folder) holds what the run made."""
+def _check_output(out: Path, result: dict, epochs: int, first_lr: float | None = SMALL["learning_rate"]) -> None:
+    """``out`` (a local copy of an --output folder) holds what the run made; ``first_lr``: the learning rate at
+    the end of epoch 1 (None: the caller checks it)."""
     labels = json.loads((out / "labels.json").read_text())
     assert [c["id"] for c in labels] == list(range(4)) and all(c["wnid"].startswith("n") for c in labels)
     assert all(isinstance(c["names"], list) and c["names"] for c in labels)
@@ -168,7 +178,7 @@ def _check_output(out: Path, result: dict, epochs: int) -> None:
     assert set(train_scalars) == {"xent", "top1", "top5", "learning_rate", "images_per_sec"}
     assert [step for step, _ in train_scalars["top1"]] == list(range(1, epochs + 1))
     assert train_scalars["xent"][-1][1] == pytest.approx(result["train"]["loss"], rel=1e-5)
-    assert train_scalars["learning_rate"][0][1] == pytest.approx(SMALL["learning_rate"])
+    assert first_lr is None or train_scalars["learning_rate"][0][1] == pytest.approx(first_lr)
     val_scalars = _scalars(out / "tensorboard" / "validation")
     assert val_scalars["top1"] == [(epochs, pytest.approx(result["val"]["top1"]))]
     assert val_scalars["xent"] == [(epochs, pytest.approx(result["val"]["loss"], rel=1e-5))]
@@ -179,11 +189,27 @@ def _check_output(out: Path, result: dict, epochs: int) -> None:
 
 
 def test_output_holds_the_model_labels_results_and_tensorboard_logs(log_lines, spark, bucket, tmp_path):
+    """--output holds the model, labels, results and TensorBoard logs, which `evaluate` and `predict` read; with
+    --lr-schedule cosine --warmup-epochs 1 --lr-scaling linear, the learning rate the chief logs to TensorBoard
+    at the end of each epoch (that of its last step) is the schedule's formula at that step."""
+    from spark_imagenet.training.job.schedules import schedule_for
+
     out, lines = tmp_path / "run", log_lines
-    result = train(spark, str(bucket / "bucket"), TrainConfig(workers=2, epochs=2, cache=bucket / "cache",
-                                                              output=str(out), **SMALL))
-    _check_output(out, result, epochs=2)
+    lines.clear()  # the lines from here on
+    settings = {**SMALL, "epochs": 3, "lr_schedule": "cosine", "warmup_epochs": 1.0, "lr_scaling": "linear"}
+    result = train(spark, str(bucket / "bucket"), TrainConfig(workers=2, cache=bucket / "cache", output=str(out),
+                                                              **settings))
+    steps = result["config"]["steps_per_epoch"]
+    schedule = schedule_for(TrainConfig(workers=2, **settings), steps)
+    _check_output(out, result, epochs=3, first_lr=None)
     assert any(line.startswith(f"output: labels.json, results.json written to {out}") for line in lines)
+    assert schedule.describe() in lines  # the resolved peak, printed before training
+    logged = dict(_scalars(out / "tensorboard" / "train")["learning_rate"])
+    assert sorted(logged) == [1, 2, 3]
+    for epoch, value in logged.items():
+        assert value == pytest.approx(schedule.at(epoch * steps - 1), rel=1e-5)
+    assert logged[1] == pytest.approx(schedule.peak, rel=1e-5)  # the end of the warm-up reaches the peak
+    assert logged[3] < logged[2] < logged[1]
     # `spark-imagenet evaluate` scores the saved model at the run's own validation numbers
     scores = _evaluate(str(out), str(bucket / "bucket"), "--json", "--cache", str(bucket / "cache"))
     assert scores.returncode == 0, scores.stderr[-3000:]
@@ -251,21 +277,6 @@ def _evaluate(*args: str):
                           text=True, timeout=600)
 
 
-def test_output_to_a_bucket_on_the_gcs_emulator(spark, bucket, gcs_bucket, tmp_path):
-    from spark_imagenet.storage import open_storage
-
-    url = f"gs://{gcs_bucket}/runs/one"
-    result = train(spark, str(bucket / "bucket"), TrainConfig(workers=2, epochs=1, cache=bucket / "cache", output=url,
-                                                              **SMALL))
-    storage, local = open_storage(url), tmp_path / "copy"
-    names = sorted(o.name for o in storage.list())
-    assert {"model.keras", "labels.json", "results.json"} <= set(names)
-    for name in names:
-        (local / name).parent.mkdir(parents=True, exist_ok=True)
-        storage.get_file(name, local / name)
-    _check_output(local, result, epochs=1)
-
-
 def test_an_output_that_cannot_be_written_is_refused_before_spark(bucket, tmp_path):
     from spark_imagenet.errors import ConfigError
     from spark_imagenet.training.job.config import TrainConfig
@@ -276,25 +287,3 @@ def test_an_output_that_cannot_be_written_is_refused_before_spark(bucket, tmp_pa
     with pytest.raises(ConfigError, match=rf"--output {re.escape(str(blocker / 'run'))}: {re.escape(str(blocker))} "
                                           r"is a file, not a folder"):
         plan_job(str(bucket / "bucket"), TrainConfig(workers=2, output=str(blocker / "run"), **SMALL))
-
-
-def test_a_warm_up_and_cosine_schedule_drives_the_optimizer_step_by_step(log_lines, spark, bucket, tmp_path):
-    """--lr-schedule cosine --warmup-epochs 1 --lr-scaling linear: the learning rate the chief logs to
-    TensorBoard at the end of each epoch (that of its last step) is the schedule's formula at that step."""
-    from spark_imagenet.training.job.config import TrainConfig
-    from spark_imagenet.training.job.schedules import schedule_for
-
-    lines = log_lines
-    lines.clear()  # the lines from here on
-    settings = {**SMALL, "epochs": 3, "lr_schedule": "cosine", "warmup_epochs": 1.0, "lr_scaling": "linear"}
-    result = train(spark, str(bucket / "bucket"), TrainConfig(workers=2, cache=bucket / "cache",
-                                                              output=str(tmp_path / "out"), **settings))
-    steps = result["config"]["steps_per_epoch"]
-    schedule = schedule_for(TrainConfig(workers=2, **settings), steps)
-    assert schedule.describe() in lines  # the resolved peak, printed before training
-    logged = dict(_scalars(tmp_path / "out" / "tensorboard" / "train")["learning_rate"])
-    assert sorted(logged) == [1, 2, 3]
-    for epoch, value in logged.items():
-        assert value == pytest.approx(schedule.at(epoch * steps - 1), rel=1e-5)
-    assert logged[1] == pytest.approx(schedule.peak, rel=1e-5)  # the end of the warm-up reaches the peak
-    assert logged[3] < logged[2] < logged[1]
