@@ -251,7 +251,9 @@ def _check_for_master(config, url: str | None, master: str) -> int:
     if config.master is not None:
         raise ConfigError(f"--master {config.master} (or master in the job file): the script submits to {master} "
                           "(set its MASTER, or use the script of another platform) and leaves the job's master out")
-    check_before_spark(config.replace(master=master), url).raise_if_problems()
+    # --results is written by the driver spark-submit starts (in a pod, or YARN's application master in cluster
+    # mode): that driver checks it, not this machine
+    check_before_spark(config.replace(master=master, results=None), url).raise_if_problems()
     if Master.parse(master, check=False).runs_on_this_host and not is_remote_url(url):  # read here: before the JVM
         from spark_imagenet.dataset.manifest import Manifest
 
