@@ -152,11 +152,11 @@ def _launch_with_restarts(spark, sc, checked: CheckedJob) -> tuple[list[TaskResu
     """
     job = wanted = checked.job
     policy = FailurePolicy.of(job.config)
-    restarts, resume = 0, checked.resume
+    restarts = 0
     while True:
-        _announce_resume(job, resume, restarts)
+        _announce_resume(job, job.resume, restarts)
         try:
-            return _launch(spark, sc, checked.facts, job, resume), restarts, job
+            return _launch(spark, sc, checked.facts, job, job.resume), restarts, job
         except WorkerLost as e:
             give_up = policy.exhausted(restarts)
             if give_up is not None:
@@ -175,6 +175,7 @@ def _launch_with_restarts(spark, sc, checked: CheckedJob) -> tuple[list[TaskResu
             resume, resumable = find_resume(job, announce=True)  # a checkpoint written since the last launch
             if resumable is not None:
                 resumable.raise_if_problem()
+            job = dataclasses.replace(job, resume=resume)  # the job the tasks get names the same checkpoint
 
 
 def _announce_resume(job: JobPlan, resume: ResumePoint | None, restarts: int) -> None:
