@@ -351,6 +351,42 @@ def test_epoch_larger_than_the_workers_records(tmp_path):
         assert max(labels.count(k) for k in range(5)) <= 4
 
 
+def epoch_labels(files, **kwargs) -> list[int]:
+    """The labels of a finite train_dataset stream, in order (batch 4, 16 px, default shuffle buffer)."""
+    ds = pipeline.train_dataset(files, 4, 16, 2, seed=kwargs.pop("seed", 3), **kwargs)
+    return np.concatenate([lab.numpy() for _, lab in ds]).tolist()
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_an_epoch_is_one_pass_when_the_buffer_exceeds_the_share(tmp_path, deterministic):
+    # 240 records (labels 0..239) in 4 files, an epoch of 240, the default 1,024-record buffer: once the buffer
+    # spanned several passes and an epoch held about two thirds of the records, some of them two or more times.
+    assert pipeline.DEFAULT_SHUFFLE_BUFFER > 240
+    files = make_shards(tmp_path, shards=4, per_shard=60)
+    labels = epoch_labels(files, records_per_epoch=240, epochs=2, deterministic=deterministic)
+    epochs = [labels[:240], labels[240:]]
+    assert all(sorted(epoch) == list(range(240)) for epoch in epochs)  # each record exactly once per epoch
+    assert epochs[0] != epochs[1]  # each pass in its own order
+    assert epochs[0] != sorted(epochs[0])  # shuffled within the pass
+    # An epoch of fewer records than the share (full batches aside): each record at most once.
+    short = epoch_labels(files, records_per_epoch=232, epochs=1, deterministic=deterministic)
+    assert len(short) == len(set(short)) == 232
+
+
+def test_an_epoch_longer_than_the_share_finishes_a_pass_before_the_next(tmp_path):
+    files = make_shards(tmp_path, shards=3, per_shard=8)  # 24 records, labels 0..23
+    labels = epoch_labels(files, records_per_epoch=40, epochs=2, deterministic=True)
+    for epoch in (labels[:40], labels[40:]):
+        assert sorted(epoch[:24]) == list(range(24))  # pass 0, whole, before any record of pass 1
+        assert len(set(epoch[24:])) == 16  # then the start of pass 1: no record twice in it
+    assert labels[:24] != labels[24:48]  # pass 1 in another order than pass 0
+    # A resume inside the epoch, past the end of pass 0, skips exactly what the uninterrupted stream trained.
+    full = epoch_batches(files, records_per_epoch=40, epochs=2, shuffle_buffer=pipeline.DEFAULT_SHUFFLE_BUFFER)
+    resumed = epoch_batches(files, records_per_epoch=40, epochs=2, shuffle_buffer=pipeline.DEFAULT_SHUFFLE_BUFFER,
+                            skip_records=28)
+    assert same_batches(full[7:], resumed)
+
+
 def test_nondeterministic_epochs_have_the_right_size(tmp_path):
     files = make_shards(tmp_path, shards=3, per_shard=3)
     ds = pipeline.train_dataset(files, 3, 16, 2, seed=1, records_per_epoch=6, initial_epoch=2, epochs=5)

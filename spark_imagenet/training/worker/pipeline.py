@@ -7,19 +7,26 @@ image/class/label: 0-based class id).
 Training (:func:`train_dataset`), one stream of epochs e = initial_epoch, initial_epoch + 1, ...::
 
     range(initial_epoch, epochs) -> flat_map(epoch e's records:
-        shard paths -> stateless shuffle of the file order per pass, seeded by (seed, e),
-          passes repeated -> interleave(TFRecordDataset) -> shuffle(records, seed from (seed, e))
-          -> take(records_per_epoch))
+        range(passes) -> flat_map(pass p:
+            shard paths in a stateless random order seeded by (seed, e, p)
+            -> interleave(TFRecordDataset) -> shuffle(records, its own buffer, seed from (seed, e, p)))
+        -> take(records_per_epoch))
       -> enumerate (position e * records_per_epoch + index in epoch e)
       -> map(parse + stateless random crop box + decode_and_crop_jpeg + resize
          + stateless flip, seeded by (seed, position) -> uint8 [S,S,3])  (``parallel`` calls)
       -> batch(B, drop_remainder) -> prefetch   (uint8 [B,S,S,3]; the model's train step normalizes it:
          preprocessing.normalize_batch, on the step's device)
 
+An epoch is one pass over the worker's files: each pass shuffles its own records through its own buffer,
+so a pass holds every record once and the next pass starts only after the last record of this one. An
+epoch of fewer records than the files hold (it ends on a full batch) trains each of them at most once; a longer one
+(a worker whose shards hold fewer records than the epoch needs) trains all of them, then the first
+records of the next pass.
+
 Epoch e's records and their augmentation depend only on (files, seed, records_per_epoch, e), so a
 run resumed at an epoch boundary (``initial_epoch``) sees the same data as an
 uninterrupted one (bit for bit with ``deterministic=True``). Without
-``records_per_epoch`` the stream is one endless "epoch 0".
+``records_per_epoch`` the stream is one endless "epoch 0" (pass after pass).
 
 Evaluation (:func:`eval_dataset`): the files in order, every n-th record when
 the records of the files are split among workers, central crop, then zero-weight
@@ -64,11 +71,12 @@ DEFAULT_SHUFFLE_BUFFER = 1024
 #: Batches prefetched.
 PREFETCH_BATCHES = 2
 
-#: Tags folded into the epoch key (seed, e) to derive its two independent streams.
+#: Tags folded into the epoch key (seed, e) to derive its two independent streams: the file order and the
+#: record shuffle seed of each pass.
 _FILE_ORDER_TAG, _RECORD_SHUFFLE_TAG = 0, 1
-#: Graph-level seed of the function that builds an epoch's records (any
+#: Graph-level seed of the functions that build an epoch's records and its passes (any
 #: nonzero constant): tf.data's record shuffle combines it with the shuffle's
-#: own seed, so it replaces the process's global seed there (see _epoch_records).
+#: own seed, so it replaces the process's global seed there (see _pin_graph_seed).
 _EPOCH_GRAPH_SEED = 0x5EED
 
 
@@ -133,37 +141,71 @@ def _as_written(fn: Callable) -> Callable:
     return tf.autograph.experimental.do_not_convert(fn)
 
 
-def _epoch_records(files: list[str], base_seed: int, parallel: int, shuffle_buffer: int,
-                   records_per_epoch: int | None, deterministic: bool):
-    """A function: epoch e (int64 scalar tensor) -> dataset of epoch e's
-    serialized records (string scalars), a pure function of (files, base_seed, e)
-    when ``deterministic``: passes over the files, each in a file order drawn
-    statelessly from (base_seed, e, pass), interleaved, shuffled through
-    ``shuffle_buffer`` records with a seed drawn from (base_seed, e), and cut to
-    ``records_per_epoch`` records (endless when ``None``)."""
+def _pin_graph_seed() -> None:
+    """Give the graph being traced a fixed graph-level seed (:data:`_EPOCH_GRAPH_SEED`).
+
+    While tf.data traces a function, its graph-level seed is the global seed (``tf.random.set_seed``), and
+    ``Dataset.shuffle`` combines it with its op seed: the shuffle would depend on it, and a global seed of 0
+    with a tensor op seed even fails to trace (TensorFlow's seed check takes the tensor's truth value:
+    OperatorNotAllowedInGraphError). A fixed seed of the graph avoids both. No-op when running eagerly
+    (tf.data's debug mode).
+    """
+    if not tf.executing_eagerly():
+        tf.compat.v1.get_default_graph().seed = _EPOCH_GRAPH_SEED
+
+
+def _pass_records(files: list[str], parallel: int, shuffle_buffer: int, deterministic: bool):
+    """A function: ``(order_key, shuffle_seed)`` -> dataset of one pass over ``files``.
+
+    The pass reads every record of ``files`` once: the files in the order ``stateless_shuffle`` draws from
+    ``order_key`` (int64 [2]), read interleaved (``min(len(files), parallel)`` at a time, one record from each
+    in turn), mixed through a ``shuffle_buffer``-record buffer seeded by ``shuffle_seed`` (int64 scalar). The
+    buffer holds this pass's records only, so the pass ends when its last record has come out.
+
+    Returns:
+        Callable: ``(int64 [2], int64 scalar) -> tf.data.Dataset`` of serialized records (string scalars).
+    """
     file_names = tf.constant(files, tf.string)
     cycle = min(len(files), parallel)
 
+    def one_pass(order_key: tf.Tensor, shuffle_seed: tf.Tensor) -> tf.data.Dataset:
+        _pin_graph_seed()
+        paths = tf.data.Dataset.from_tensor_slices(
+            tf.random.experimental.stateless_shuffle(file_names, order_key, alg=RNG_ALG))
+        ds = paths.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
+                              num_parallel_calls=cycle, deterministic=deterministic)
+        return ds.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
+
+    return _as_written(one_pass)
+
+
+def _epoch_records(files: list[str], base_seed: int, parallel: int, shuffle_buffer: int,
+                   records_per_epoch: int | None, deterministic: bool):
+    """A function: epoch e (int64 scalar tensor) -> dataset of epoch e's serialized records (string scalars).
+
+    Epoch e is passes 0, 1, 2, ... over ``files`` one after the other (:func:`_pass_records`), cut to
+    ``records_per_epoch`` records (endless when ``None``). Pass p's file order and its shuffle seed are drawn
+    statelessly from (base_seed, e, p), so the epoch is a pure function of (files, base_seed, e) when
+    ``deterministic``. Since each pass has its own shuffle buffer, an epoch of at most one pass's records
+    holds each record at most once, and a record comes a second time only after every record of the files has
+    come once.
+    """
+    one_pass = _pass_records(files, parallel, shuffle_buffer, deterministic)
+
     def records(epoch: tf.Tensor) -> tf.data.Dataset:
-        # While tracing, this function's graph-level seed is the global seed (tf.random.set_seed), and
-        # Dataset.shuffle combines it with its op seed: the shuffle would depend on it, and a global seed
-        # of 0 with a tensor op seed even fails to trace (TensorFlow's seed check takes the tensor's truth
-        # value: OperatorNotAllowedInGraphError). A fixed seed of this graph avoids both.
-        if not tf.executing_eagerly():  # (tf.data's debug mode runs the function eagerly)
-            tf.compat.v1.get_default_graph().seed = _EPOCH_GRAPH_SEED
+        _pin_graph_seed()
         epoch_key = tf.stack([tf.constant(base_seed, tf.int64), epoch])
         order_key = tf.random.experimental.stateless_fold_in(epoch_key, _FILE_ORDER_TAG, alg=RNG_ALG)
         shuffle_key = tf.random.experimental.stateless_fold_in(epoch_key, _RECORD_SHUFFLE_TAG, alg=RNG_ALG)
-        shuffle_seed = tf.random.stateless_uniform([], shuffle_key, minval=None, maxval=None, dtype=tf.int64,
-                                                   alg=RNG_ALG)
-        paths = tf.data.Dataset.range(tf.int64.max).map(_as_written(
-            lambda n: tf.random.experimental.stateless_shuffle(
-                file_names, tf.random.experimental.stateless_fold_in(order_key, n, alg=RNG_ALG), alg=RNG_ALG))
-        ).unbatch()
-        ds = paths.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
-                              num_parallel_calls=cycle, deterministic=deterministic)
-        ds = ds.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
-        return ds if records_per_epoch is None else ds.take(records_per_epoch)
+
+        def pass_keys(n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            shuffle_seed = tf.random.stateless_uniform(
+                [], tf.random.experimental.stateless_fold_in(shuffle_key, n, alg=RNG_ALG), minval=None,
+                maxval=None, dtype=tf.int64, alg=RNG_ALG)
+            return tf.random.experimental.stateless_fold_in(order_key, n, alg=RNG_ALG), shuffle_seed
+
+        passes = tf.data.Dataset.range(tf.int64.max).map(_as_written(pass_keys)).flat_map(one_pass)
+        return passes if records_per_epoch is None else passes.take(records_per_epoch)
 
     return _as_written(records)
 
@@ -281,9 +323,9 @@ def _train_record_stream(args: _TrainArgs) -> tf.data.Dataset:
     without ``records_per_epoch``: the single endless epoch 0), each epoch's
     records (:func:`_epoch_records`) one after the other.
 
-    Each epoch starts by filling its shuffle buffer (``shuffle_buffer`` records
+    Each pass starts by filling its shuffle buffer (``shuffle_buffer`` records
     read before the first comes out; about 110 MB on ImageNet), a short pause
-    per epoch that the prefetched batches partly hide.
+    per pass that the prefetched batches partly hide.
 
     Returns:
         tf.data.Dataset: elements ``(position int64 scalar, serialized Example
@@ -356,23 +398,19 @@ def train_dataset(
 ) -> tf.data.Dataset:
     """The shuffled, augmented training dataset of one worker, epoch by epoch.
 
-    With ``records_per_epoch`` the stream is, for each epoch ``e`` in
-    ``range(initial_epoch, epochs)`` in turn (forever when ``epochs`` is
-    ``None``), exactly ``records_per_epoch`` records of this worker's files:
-    the files in an order drawn from ``(seed, e)``, as many passes over them
-    as the epoch needs (so an epoch may hold more records than the files), read
-    interleaved, mixed through the ``shuffle_buffer``-record shuffle buffer
-    with a seed drawn from ``(seed, e)``, cut to ``records_per_epoch``. The
-    crop window and flip of the record at index ``i`` of epoch ``e`` are drawn
-    with stateless random ops from ``(seed, e * records_per_epoch + i)``. So
-    epoch ``e``'s batches depend only on (files, seed, records_per_epoch, e),
-    not on the epoch the stream starts at: a run resumed with
-    ``initial_epoch=k`` gets the epochs ``k, k+1, ...`` of an uninterrupted
-    run, exactly (bit for bit, same order) with ``deterministic=True``. Pass
-    the same ``seed`` in every run; TensorFlow's global seed
-    (``tf.random.set_seed``) plays no part.
-    Without ``records_per_epoch`` the stream is one endless epoch 0 (passes
-    over the files, each in a new order).
+    With ``records_per_epoch`` the stream is, for each epoch ``e`` in ``range(initial_epoch, epochs)`` in
+    turn (forever when ``epochs`` is ``None``), exactly ``records_per_epoch`` records of this worker's files:
+    passes ``p = 0, 1, ...`` over the files one after the other, each the files in an order drawn from
+    ``(seed, e, p)``, read interleaved, mixed through its own ``shuffle_buffer``-record buffer with a seed
+    drawn from ``(seed, e, p)``; cut to ``records_per_epoch``. So, whatever ``shuffle_buffer``, an epoch
+    holds each record at most once when the files hold at least ``records_per_epoch`` records, and when they
+    hold fewer, every record once, then the first records of pass 1. The crop window and flip of the record
+    at index ``i`` of epoch ``e`` are drawn with stateless random ops from ``(seed, e * records_per_epoch +
+    i)``. So epoch ``e``'s batches depend only on (files, seed, records_per_epoch, e), not on the epoch the
+    stream starts at: a run resumed with ``initial_epoch=k`` gets the epochs ``k, k+1, ...`` of an
+    uninterrupted run, exactly (bit for bit, same order) with ``deterministic=True``. Pass the same ``seed``
+    in every run; TensorFlow's global seed (``tf.random.set_seed``) plays no part. Without
+    ``records_per_epoch`` the stream is one endless epoch 0 (pass after pass, each shuffled on its own).
 
     With ``deterministic=False`` (the default) the parallel interleave and the
     parallel decode hand on elements in completion order: faster, but which
@@ -386,7 +424,7 @@ def train_dataset(
     ``crop_area``, aspect ratio in :data:`CROP_ASPECT_RANGE`), the random
     horizontal flip (``flip``) and, with ``lighting > 0``, AlexNet's PCA
     colour noise (:func:`lighting_shift`, one RGB offset per image, beside the batch). ``lighting=0`` adds no
-    op to the pipeline. (Each epoch's first batch waits for its shuffle buffer to fill.)
+    op to the pipeline. (Each pass's first batch waits for its shuffle buffer to fill.)
 
     Args:
         files: local paths of this worker's TFRecord shards (train split).
@@ -395,7 +433,7 @@ def train_dataset(
         parallel: parallel JPEG decode calls (``None``: ``os.cpu_count()``).
         seed: int, base seed of the file orders, the record shuffles and the
             crop/flip draws (``None``: a random one, drawn once by this call).
-        shuffle_buffer: records in the shuffle buffer (at least 1).
+        shuffle_buffer: records in the shuffle buffer of each pass (at least 1).
         records_per_epoch: records of one epoch on this worker, a multiple of
             ``batch_size``: the steps of an epoch times the records this
             worker's dataset feeds per step (all its local replicas together),
