@@ -5,10 +5,13 @@ worker gets no file (tensorflow#35878), and uneven data or a partial last
 batch hangs or fails an all-reduce (tensorflow#36153, #37112). So the driver
 decides the split once, and every worker runs the same number of steps:
 
-* train: shard ``i`` goes to rank ``i mod N``; each worker repeats its own
-  files forever, and every worker runs
+* train: shard ``i`` goes to rank ``i mod N``; each worker reads its own
+  files pass after pass, and every worker runs
   ``steps_per_epoch = max(1, total_train // (batch_size * N))`` steps, i.e.
-  one epoch is one pass over the whole training split by the cluster.
+  one epoch is one pass over the whole training split by the cluster, and on
+  each worker one pass over its shards (full batches aside; a worker with
+  fewer records than its steps need goes on into its next pass:
+  :func:`spark_imagenet.training.worker.pipeline.train_dataset`).
 * val, when there are at least N shards: shard ``i`` to rank ``i mod N``.
 * val, when there are fewer shards than workers: every worker reads all val
   files in order and keeps every N-th record starting at its rank
