@@ -43,6 +43,7 @@ from typing import Any, Iterator
 from spark_imagenet.dataset.dataframe_commit import Build, commit_build, delete_run
 from spark_imagenet.dataset.dataframe_task import RESULT_SCHEMA, ShardResult, ShardTask
 from spark_imagenet.dataset.manifest import Manifest
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
 from spark_imagenet.dataset.duplicates import Duplicate
 from spark_imagenet.dataset.split_copies import copies_across_splits
 from spark_imagenet.dataset.sharding import (MIN_AUTO_TRAIN_SHARDS, MIN_AUTO_VAL_SHARDS, ON_CORRUPT_MODES,
@@ -117,7 +118,8 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
                     split_col: str | None = None, *, name_col: str | None = None,
                     val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0, train_shards: int | None = None,
                     val_shards: int | None = None, verify: str = "decode", on_corrupt: str = "error",
-                    overwrite: bool = False, progress: bool = True) -> Manifest:
+                    overwrite: bool = False, progress: bool = True,
+                    max_image_pixels: int = DEFAULT_MAX_PIXELS) -> Manifest:
     """Build TFRecord shards and ``manifest.json`` from a Spark DataFrame, as a Spark job (see the module doc).
 
     Args:
@@ -143,6 +145,8 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
             in ``quality-report.json``).
         overwrite: replace a different dataset already at ``out``.
         progress: log a progress line every 10 s while the job runs.
+        max_image_pixels: the most pixels (width x height) an image may have; a larger one is unusable, found
+            from its header before it is decoded (:mod:`spark_imagenet.dataset.pixels`).
 
     Returns:
         Manifest: the committed manifest (the one already at ``out`` when it holds this same dataset).
@@ -167,12 +171,13 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
     ```
     """
     _check_options(val_fraction, verify, on_corrupt, train_shards, val_shards)
+    check_max_pixels(max_image_pixels)
     columns = check_columns(df, image_col, label_col, split_col, name_col)
     auto = train_shards is None or val_shards is None
     found = survey(df, columns, with_bytes=auto)
     counts = shard_counts(found, val_fraction, train_shards, val_shards)
     source = {"kind": "dataframe", "columns": dataclasses.asdict(columns), "seed": seed, "val_fraction": val_fraction}
-    job = JobSettings(seed, val_fraction, verify, on_corrupt, overwrite, progress)
+    job = JobSettings(seed, val_fraction, verify, on_corrupt, overwrite, progress, max_image_pixels)
     return build_shards(df, columns, found, counts, out, job, source)
 
 
@@ -186,6 +191,7 @@ class JobSettings:
     on_corrupt: str
     overwrite: bool
     progress: bool
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
 
 def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], out: str, job: JobSettings,
@@ -482,7 +488,7 @@ def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], 
     spark = df.sparkSession
     accumulators = None if is_connect(df) else tuple(spark.sparkContext.accumulator(0) for _ in range(4))
     task = ShardTask(storage, run, counts[0], counts[1], found.classes, columns.integer_labels, job.verify,
-                     job.on_corrupt, accumulators, bool(columns.split))
+                     job.on_corrupt, accumulators, bool(columns.split), max_pixels=job.max_pixels)
     logger.info(f"sharding {sum(found.rows.values())} rows of {len(found.classes)} classes into {counts[0]} train + "
                 f"{counts[1]} val shards as a Spark job ({total} tasks) to {storage.url}")
     if accumulators is None and job.progress:
