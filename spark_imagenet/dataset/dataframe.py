@@ -50,7 +50,7 @@ from spark_imagenet.dataset.sharding import (MIN_AUTO_TRAIN_SHARDS, MIN_AUTO_VAL
                                              TARGET_SHARD_BYTES, VERIFY_MODES)
 from spark_imagenet.dataset.transfer import Destination, check_destination
 from spark_imagenet.errors import ConfigError, DataError, LayoutError, SparkImagenetError, spark_reason
-from spark_imagenet.source.labelled import integer_classes, name_classes
+from spark_imagenet.source.labelled import MAX_LISTED, integer_classes, listing, name_classes
 from spark_imagenet.source.synset import SynsetClass
 from spark_imagenet.storage import open_storage
 
@@ -154,8 +154,9 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
     Raises:
         ConfigError: a missing column (the columns found are named), a column of the wrong type, a bad
             option, or ``out`` holds a different dataset or other files.
-        DataError: no rows, null labels, labels of mixed kinds, a split value other than train/val, no rows
-            for a split, or a shard that got no rows.
+        DataError: no rows, null labels or (with an automatic shard count, which reads the image column) null
+            images, each row named by the name column or its number, labels of mixed kinds, a split value other
+            than train/val, no rows for a split, or a shard that got no rows.
         ImageError: unusable images with ``on_corrupt="error"`` (every one listed; nothing is committed).
         StorageError: ``out`` cannot be written, or a shard could not be uploaded intact.
 
@@ -302,15 +303,16 @@ def survey(df: Any, columns: Columns, *, with_bytes: bool = False) -> Survey:
     keys = [F.col(columns.label).alias("label")]
     keys.append((F.col(columns.split) if columns.split else F.lit(None).cast("string")).alias("split"))
     aggs = [F.count(F.lit(1)).alias("rows")]
-    if with_bytes:
+    if with_bytes:  # the image column is read anyway: its nulls are counted too
         aggs.append(F.sum(F.length(F.col(columns.image))).alias("bytes"))
+        aggs.append(F.count(F.col(columns.image)).alias("images"))
     try:
         groups = df.groupBy(*keys).agg(*aggs).limit(3 * MAX_CLASSES + 1).collect()
     except Exception as e:
         raise ConfigError(f"cannot read the DataFrame's label column {columns.label!r}: {spark_reason(e)}") from None
     if not groups:
         raise DataError("the DataFrame has no rows: nothing to shard (check its source and any filter)")
-    _check_groups(groups, columns)
+    _check_groups(df, groups, columns)
     labels = {g["label"] for g in groups}
     if len(labels) > MAX_CLASSES:
         raise ConfigError(f"label column {columns.label!r} has more than {MAX_CLASSES:,} distinct values: is it the "
@@ -322,16 +324,48 @@ def survey(df: Any, columns: Columns, *, with_bytes: bool = False) -> Survey:
     return Survey(_classes(labels, columns), rows, nbytes)
 
 
-def _check_groups(groups: list, columns: Columns) -> None:
-    """Refuse null labels and unknown split values (:func:`survey`)."""
+def _check_groups(df: Any, groups: list, columns: Columns) -> None:
+    """Refuse null labels, null images (when the survey read the image column) and unknown split values
+    (:func:`survey`); the rows at fault are named (:func:`row_names`)."""
+    from pyspark.sql import functions as F
+
     nulls = sum(g["rows"] for g in groups if g["label"] is None)
     if nulls:
         raise DataError(f"label column {columns.label!r} is null in {nulls} row(s): give every row a class, or leave "
-                        f"those rows out first (df.where(df[{columns.label!r}].isNotNull()))")
+                        f"those rows out first (df.where(df[{columns.label!r}].isNotNull())):"
+                        + listing(row_names(df, columns, F.col(columns.label).isNull())))
+    empty = sum(g["rows"] - g["images"] for g in groups) if "images" in groups[0] else 0
+    if empty:
+        raise DataError(f"image column {columns.image!r} is null in {empty} row(s): give every row its image's bytes, "
+                        f"or leave those rows out first (df.where(df[{columns.image!r}].isNotNull())):"
+                        + listing(row_names(df, columns, F.col(columns.image).isNull())))
     odd = sorted({g["split"] for g in groups if g["split"] not in (None, "train", "val")})
     if odd:
         raise DataError(f"split column {columns.split!r} holds {', '.join(repr(v) for v in odd[:10])}: each row must "
                         "say 'train', 'val' or nothing (null: decided by val_fraction); map the other values first")
+
+
+def row_names(df: Any, columns: Columns, bad: Any, limit: int = MAX_LISTED) -> list[str]:
+    """How a refusal names the first ``limit`` rows where the boolean column ``bad`` holds: by the name column
+    (``path`` of a binaryFile read, or ``name_col``) when there is one, else by their number in the DataFrame's
+    order (1-based: the partitions in order, the rows of each in order). Reads only the columns ``bad`` and the
+    name need (never the image bytes to find a null).
+
+    Returns:
+        list[str]: e.g. ``["path s3://b/cat/1.jpg", ...]`` or ``["row 7", ...]``.
+    """
+    from pyspark.sql import functions as F
+
+    if columns.name:
+        picked = df.where(bad).select(F.col(columns.name).alias("n")).limit(limit).collect()
+        return [f"{columns.name} {r['n']}" for r in picked]
+    # monotonically_increasing_id: the partition's number in the upper 31 bits, the row's place in it below
+    marked = df.select(F.monotonically_increasing_id().alias("id"), bad.alias("bad"))
+    ids = [r["id"] for r in marked.where("bad").select("id").orderBy("id").limit(limit).collect()]
+    sizes = {r["p"]: r["n"] for r in marked.groupBy(F.shiftright(F.col("id"), 33).alias("p")).agg(
+        F.count(F.lit(1)).alias("n")).collect()}
+    before = {p: sum(n for q, n in sizes.items() if q < p) for p in sizes}
+    return [f"row {before.get(i >> 33, 0) + (i & (2 ** 33 - 1)) + 1}" for i in ids]
 
 
 def _classes(labels: set, columns: Columns) -> tuple[str, ...]:

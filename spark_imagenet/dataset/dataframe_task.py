@@ -229,7 +229,14 @@ class _ShardWriter:
         self._run: list[tuple[bytes, str, str]] = []
 
     def add(self, order: int, name: str, label: int, data: bytes) -> None:
-        """Check one image and append its record (unless it is unusable, or a bad image stopped the shard)."""
+        """Check one image and append its record (unless it is unusable, or a bad image stopped the shard). A
+        null image (one the driver's survey did not read) is never left out: it fails the shard, named."""
+        if data is None:
+            self.images += 1
+            self.bad += 1
+            if len(self.problems) < MAX_PROBLEMS:
+                self.problems.append(f"{name or 'a row without a name column'}: no image (the image column is null)")
+            return
         data = bytes(data)
         cls = self._task.classes[label]
         self.images += 1
