@@ -101,7 +101,8 @@ def _shard_table(args: argparse.Namespace) -> int:
     shard_dataframe(df, args.out, args.image_column, args.label_column or "label", split, name_col=args.name_column,
                     val_fraction=args.val_fraction or DEFAULT_VAL_FRACTION, seed=args.seed,
                     train_shards=args.train_shards, val_shards=args.val_shards, verify=args.verify,
-                    on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress)
+                    on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress,
+                    max_image_pixels=args.max_image_pixels)
     return 0
 
 
@@ -128,7 +129,8 @@ def _shard_source(args: argparse.Namespace) -> int:
     from spark_imagenet.training.driver.spark_session import session_for
 
     options = dict(train_shards=args.train_shards, val_shards=args.val_shards, seed=args.seed, verify=args.verify,
-                   on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress)
+                   on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress,
+                   max_image_pixels=args.max_image_pixels)
     plan, dataset = None, None
     if args.labels is None and args.per_class is None and is_zip_source(args.source):
         # The zip's members are never all held here (docs/design.md, 'Sharding a DataFrame as a Spark job').
@@ -450,7 +452,8 @@ class _LenientParser(argparse.ArgumentParser):
 
 
 def _check_predict_images(arguments: list[str]) -> None:
-    """``predict``'s image files, checked here (they exist, can be read, have an image header) before the child
+    """``predict``'s image files, checked here (they exist, can be read, have an image header within the pixel
+    limit) before the child
     that imports TensorFlow starts. Arguments this cannot read (and ``--help``) are left to the child.
 
     Raises:
@@ -464,13 +467,16 @@ def _check_predict_images(arguments: list[str]) -> None:
     parser.add_argument("--labels")
     parser.add_argument("--top")
     parser.add_argument("--json", action="store_true")
+    from spark_imagenet.dataset.images import image_files
+    from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, OPTION
+
+    parser.add_argument(OPTION, type=int, default=DEFAULT_MAX_PIXELS)
     try:
-        images = parser.parse_args(arguments).images
+        parsed = parser.parse_args(arguments)
     except _ArgumentsUnclear:
         return
-    from spark_imagenet.dataset.images import image_files
-
-    image_files(images)
+    if parsed.max_image_pixels >= 1:  # else the child's own parser says what is wrong with it
+        image_files(parsed.images, parsed.max_image_pixels)
 
 
 def _in_tensorflow_child(module: str, arguments: list[str]) -> int:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import binascii
 import io
 import json
+import struct
+import zlib
 from pathlib import Path
 
 from PIL import Image
@@ -14,6 +17,17 @@ def image_bytes(k: int, fmt: str = "JPEG", size: tuple[int, int] = (24, 18)) -> 
     buf = io.BytesIO()
     Image.new("RGB", size, ((37 * k) % 256, (11 * k) % 256, (91 * k) % 256)).save(buf, fmt)
     return buf.getvalue()
+
+
+def huge_png(width: int, height: int) -> bytes:
+    """A PNG whose header says ``width`` x ``height`` RGB pixels, in a few dozen bytes (one tiny IDAT chunk: it
+    does not decode, and nothing of its size is ever allocated here). For checks that read only the header."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", binascii.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 16))
+            + chunk(b"IEND", b""))
 
 
 def class_tree(root: Path, classes: dict[str, int], *, start: int = 0, png_every: int = 0) -> Path:

@@ -20,6 +20,7 @@ import tf_keras as keras  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from data_util import ILSVRC_MINI, requires_shared  # noqa: E402
+from own_images import huge_png  # noqa: E402
 from spark_imagenet import cli  # noqa: E402
 from spark_imagenet.errors import ConfigError  # noqa: E402
 from spark_imagenet.training.driver.batch_predict import predict_dataframe  # noqa: E402
@@ -111,9 +112,13 @@ def test_the_executor_side_scores_a_batch_and_names_each_bad_image(run_folder, i
     model = loaded_model(str(run_folder))
     assert loaded_model(str(run_folder)) is model  # once per process and URL
     files = sorted(images.iterdir())
-    out = model.predict([f.read_bytes() for f in files] + [None], top_k=3)
-    assert out["class_ids"].shape == (len(files) + 1, 3) and out["probabilities"].dtype == np.float32
+    bomb = huge_png(30000, 30000)  # 900 megapixels in a few dozen bytes: refused from its header, never decoded
+    out = model.predict([f.read_bytes() for f in files] + [bomb, None], top_k=3)
+    assert out["class_ids"].shape == (len(files) + 2, 3) and out["probabilities"].dtype == np.float32
     assert out["error"][-1] == "no image (the column is null)" and (out["class_ids"][-1] == -1).all()
+    assert out["error"][-2].startswith("30000 x 30000 pixels (900.0 megapixels) is above the limit of 100 megapixels")
+    assert (out["class_ids"][-2] == -1).all()
+    assert model.predict([files[0].read_bytes()], top_k=3, max_pixels=100)["error"][0].startswith("437 x 284 pixels")
     rows = {f.name: {k: (None if out["error"][i] is not None and k != "error" else v[i]) for k, v in out.items()}
             for i, f in enumerate(files)}
     check_rows(rows, images, run_folder, 3)
@@ -170,6 +175,13 @@ def test_the_spark_form_refuses_bad_options_in_one_line(run_folder, tmp_path, ca
     err = _errors(capsys)
     assert code == 2 and len(err) == 1 and err[0].startswith("spark-imagenet: error: "), err
     assert message.replace("{tmp}", str(tmp_path)) in err[0]
+
+
+def test_the_spark_form_takes_the_pixel_limit():
+    from spark_imagenet.training.driver.predict_job import build_parser
+
+    assert build_parser().parse_args(["m", "--table", "T", "--out", "o"]).max_image_pixels == 100_000_000
+    assert build_parser().parse_args(["m", "--table", "T", "--out", "o", "--max-image-pixels", "5"]).max_image_pixels == 5
 
 
 @pytest.mark.parametrize("model, message", [

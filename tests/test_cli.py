@@ -12,6 +12,7 @@ import pytest
 
 from bucket_util import make_bucket
 from data_util import small_layout
+from own_images import class_tree, huge_png
 from spark_imagenet.dataset.sharding import shard
 
 
@@ -327,15 +328,43 @@ def test_evaluate_and_predict_report_a_wrong_path_before_tensorflow_starts(tmp_p
     unreadable = tmp_path / "locked.jpg"
     unreadable.write_bytes(b"\xff\xd8\xff")
     unreadable.chmod(0)
-    cases = [(text, f"{text}: not an image")]
+    bomb, big = tmp_path / "bomb.png", tmp_path / "big.png"  # 900 and 169 megapixels, in a few dozen bytes each
+    bomb.write_bytes(huge_png(30000, 30000))
+    big.write_bytes(huge_png(13000, 13000))
+    cases = [(text, f"{text}: not an image"),
+             (bomb, f"{bomb}: 30000 x 30000 pixels (900.0 megapixels) is above the limit of 100 megapixels"),
+             (big, f"{big}: 13000 x 13000 pixels (169.0 megapixels) is above the limit of 100 megapixels")]
     if os.geteuid() != 0:  # root reads any file
         cases.append((unreadable, f"{unreadable}: cannot read the file (Permission denied)"))
     for image, fragment in cases:  # checked by the command line itself: no child Python, no TensorFlow
         p = cli("predict", str(tmp_path / "none"), str(image), timeout=120)
         assert p.returncode == 2 and fragment in p.stderr and p.stderr.count("\n") == 1, p.stderr
+        assert "Traceback" not in p.stderr and "DecompressionBomb" not in p.stderr, p.stderr
+    # the limit raised: the header passes, the decode finds the pixels missing; Pillow's own warning never shows
+    p = cli("predict", str(tmp_path / "none"), str(big), "--max-image-pixels", "169000000", timeout=120)
+    assert p.returncode == 2 and f"{big}: not an image that can be read (image file is truncated" in p.stderr
+    assert p.stderr.count("\n") == 1 and "DecompressionBomb" not in p.stderr, p.stderr
     (tmp_path / "model.keras").write_bytes(b"not a model")
     p = cli("evaluate", str(tmp_path), str(tmp_path / "no-dataset"), timeout=120)
     assert p.returncode == 2 and "the dataset folder" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_shard_names_each_image_above_the_pixel_limit_and_writes_nothing(tmp_path):
+    """A 900-megapixel and a 169-megapixel PNG (a few dozen bytes each) among good images: exit 2, one line per
+    file naming it and its size, read from the header (nothing decoded), no traceback, nothing written."""
+    tree = class_tree(tmp_path / "photos", {"cat": 6, "dog": 6})
+    (tree / "cat" / "bomb.png").write_bytes(huge_png(30000, 30000))
+    (tree / "dog" / "big.png").write_bytes(huge_png(13000, 13000))
+    out = tmp_path / "out"
+    p = cli("shard", str(tree), "--out", str(out), "--train-shards", "1", "--val-shards", "1", "--val-fraction",
+            "0.34", "--processes", "1", "--no-progress", timeout=300)
+    assert_clean_error(p, "2 image file(s)", f"nothing was written to {out}")
+    for name, size in (("cat/bomb.png", "30000 x 30000 pixels (900.0 megapixels)"),
+                       ("dog/big.png", "13000 x 13000 pixels (169.0 megapixels)")):
+        lines = [line for line in p.stderr.splitlines() if name in line]
+        assert len(lines) == 1 and f"{size} is above the limit of 100 megapixels" in lines[0], p.stderr
+        assert "--max-image-pixels" in lines[0]
+    assert "DecompressionBomb" not in p.stderr and not out.exists(), p.stderr
 
 
 @pytest.mark.parametrize("url", ["s3://bucket/ds", "abfs://data@acct.dfs.core.windows.net/ds",

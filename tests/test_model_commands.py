@@ -12,6 +12,8 @@ import spark_imagenet.training.worker  # noqa: F401  (TensorFlow's set-up, befor
 import tf_keras as keras  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from own_images import huge_png  # noqa: E402
+
 from spark_imagenet.errors import ConfigError  # noqa: E402
 from spark_imagenet.training.worker import evaluate, predict  # noqa: E402
 
@@ -101,6 +103,15 @@ def test_predict_refuses_a_non_image_before_fetching_the_model(tmp_path, tmpdir_
     text.write_text("not an image")
     assert predict.main([str(tmp_path / "no-model"), str(text)]) == 2
     assert f"{text}: not an image (JPEG, PNG" in capsys.readouterr().err
+    bomb = tmp_path / "bomb.png"  # 900 megapixels in a few dozen bytes: refused from its header, never decoded
+    bomb.write_bytes(huge_png(30000, 30000))
+    assert predict.main([str(tmp_path / "no-model"), str(bomb)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"spark-imagenet: error: {bomb}: 30000 x 30000 pixels (900.0 megapixels) is above the limit of "
+                   "100 megapixels; resize the image, or raise the limit with --max-image-pixels (max_image_pixels= "
+                   "in Python) where there is memory to decode it (about 4 bytes a pixel, several copies)\n")
+    assert predict.main([str(tmp_path / "no-model"), str(bomb), "--max-image-pixels", "1000"]) == 2
+    assert "above the limit of 0.001 megapixels" in capsys.readouterr().err
 
 
 def test_predict_refuses_top_0(run_folder, image, capsys):

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from data_util import small_layout
+from own_images import huge_png
 from spark_imagenet.errors import ImageError
 from spark_imagenet.dataset.quality import classify, repair
 from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
@@ -311,6 +312,35 @@ def test_high_bit_depth_images_are_scaled_not_clipped(mode):
     got = np.asarray(Image.open(io.BytesIO(jpeg)).convert("L"), dtype=np.float64)
     assert (height, width) == (32, 256)
     assert abs(got.mean() - ramp8.mean()) < 3 and np.abs(got - ramp8).mean() < 3
+
+
+def test_the_pixel_limit_is_read_from_the_header_and_pillows_own_check_never_shows(monkeypatch):
+    """Above the limit: ``corrupt``, the reason naming the size, the limit and the option, nothing decoded (the
+    900-megapixel PNG holds a few dozen bytes). At or below it: classified and repaired as usual, also where
+    Pillow's own limit (PIL.Image.MAX_IMAGE_PIXELS) is far lower; Pillow warns of nothing, and its setting is left
+    as it was."""
+    import warnings
+
+    from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
+    from spark_imagenet.errors import ConfigError
+
+    found = classify(huge_png(30000, 30000), "bomb.png")
+    assert found.category == "corrupt" and found.reason.startswith(
+        "30000 x 30000 pixels (900.0 megapixels) is above the limit of 100 megapixels; "), found
+    assert "--max-image-pixels" in found.reason and DEFAULT_MAX_PIXELS == 100_000_000
+    png = io.BytesIO()
+    Image.new("RGB", (100, 50), (10, 200, 30)).save(png, "PNG")
+    assert classify(png.getvalue(), "p.png", max_pixels=4999).reason.startswith("100 x 50 pixels (0.0 megapixels)")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # Pillow alone: an error above 2,000 pixels
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        finding = classify(png.getvalue(), "p.png", max_pixels=5000)
+        assert finding.category == "not_jpeg", finding
+        assert repair(png.getvalue(), finding, max_pixels=5000)[1:] == (50, 100)
+    assert Image.MAX_IMAGE_PIXELS == 1000
+    for bad in (0, -1, 1.5, True, "100"):
+        with pytest.raises(ConfigError, match="max_image_pixels="):
+            check_max_pixels(bad)
 
 
 def test_unrecognised_bytes_have_a_stable_reason():

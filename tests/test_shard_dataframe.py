@@ -257,8 +257,16 @@ def test_bad_input_is_refused_before_anything_is_written(spark, tmp_path):
     with pytest.raises(ConfigError, match="image column 'name' is string, not binary.*binaryFile"):
         shard_dataframe(good, str(out), image_col="name")
     nulls = spark.createDataFrame([(b"x", None), (b"y", "cat")], "content binary, label string")
-    with pytest.raises(DataError, match="label column 'label' is null in 1 row"):
-        shard_dataframe(nulls, str(out))
+    with pytest.raises(DataError, match=r"label column 'label' is null in 1 row.*:\n  row 1$"):
+        shard_dataframe(nulls, str(out))  # no name column: the row's number
+    named = spark.createDataFrame([(b"x", "cat", "a.jpg"), (b"y", None, "b.jpg")], "content binary, label string, "
+                                  "path string")
+    with pytest.raises(DataError, match=r"label column 'label' is null in 1 row.*:\n  path b.jpg$"):
+        shard_dataframe(named, str(out))
+    no_image = spark.createDataFrame([(None, "cat", "a.jpg"), (b"y", "cat", "b.jpg")], "content binary, "
+                                     "label string, path string")
+    with pytest.raises(DataError, match=r"image column 'content' is null in 1 row.*:\n  path a.jpg$"):
+        shard_dataframe(no_image, str(out))
     mixed = spark.createDataFrame([(b"x", "3"), (b"y", "cat")], "content binary, label string")
     with pytest.raises(DataError, match="mixes integers .3. and names .cat."):
         shard_dataframe(mixed, str(out))

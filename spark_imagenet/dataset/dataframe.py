@@ -43,13 +43,14 @@ from typing import Any, Iterator
 from spark_imagenet.dataset.dataframe_commit import Build, commit_build, delete_run
 from spark_imagenet.dataset.dataframe_task import RESULT_SCHEMA, ShardResult, ShardTask
 from spark_imagenet.dataset.manifest import Manifest
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
 from spark_imagenet.dataset.duplicates import Duplicate
 from spark_imagenet.dataset.split_copies import copies_across_splits
 from spark_imagenet.dataset.sharding import (MIN_AUTO_TRAIN_SHARDS, MIN_AUTO_VAL_SHARDS, ON_CORRUPT_MODES,
                                              TARGET_SHARD_BYTES, VERIFY_MODES)
 from spark_imagenet.dataset.transfer import Destination, check_destination
 from spark_imagenet.errors import ConfigError, DataError, LayoutError, SparkImagenetError, spark_reason
-from spark_imagenet.source.labelled import integer_classes, name_classes
+from spark_imagenet.source.labelled import MAX_LISTED, integer_classes, listing, name_classes
 from spark_imagenet.source.synset import SynsetClass
 from spark_imagenet.storage import open_storage
 
@@ -117,7 +118,8 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
                     split_col: str | None = None, *, name_col: str | None = None,
                     val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0, train_shards: int | None = None,
                     val_shards: int | None = None, verify: str = "decode", on_corrupt: str = "error",
-                    overwrite: bool = False, progress: bool = True) -> Manifest:
+                    overwrite: bool = False, progress: bool = True,
+                    max_image_pixels: int = DEFAULT_MAX_PIXELS) -> Manifest:
     """Build TFRecord shards and ``manifest.json`` from a Spark DataFrame, as a Spark job (see the module doc).
 
     Args:
@@ -143,6 +145,8 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
             in ``quality-report.json``).
         overwrite: replace a different dataset already at ``out``.
         progress: log a progress line every 10 s while the job runs.
+        max_image_pixels: the most pixels (width x height) an image may have; a larger one is unusable, found
+            from its header before it is decoded (:mod:`spark_imagenet.dataset.pixels`).
 
     Returns:
         Manifest: the committed manifest (the one already at ``out`` when it holds this same dataset).
@@ -150,8 +154,9 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
     Raises:
         ConfigError: a missing column (the columns found are named), a column of the wrong type, a bad
             option, or ``out`` holds a different dataset or other files.
-        DataError: no rows, null labels, labels of mixed kinds, a split value other than train/val, no rows
-            for a split, or a shard that got no rows.
+        DataError: no rows, null labels or (with an automatic shard count, which reads the image column) null
+            images, each row named by the name column or its number, labels of mixed kinds, a split value other
+            than train/val, no rows for a split, or a shard that got no rows.
         ImageError: unusable images with ``on_corrupt="error"`` (every one listed; nothing is committed).
         StorageError: ``out`` cannot be written, or a shard could not be uploaded intact.
 
@@ -167,12 +172,13 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
     ```
     """
     _check_options(val_fraction, verify, on_corrupt, train_shards, val_shards)
+    check_max_pixels(max_image_pixels)
     columns = check_columns(df, image_col, label_col, split_col, name_col)
     auto = train_shards is None or val_shards is None
     found = survey(df, columns, with_bytes=auto)
     counts = shard_counts(found, val_fraction, train_shards, val_shards)
     source = {"kind": "dataframe", "columns": dataclasses.asdict(columns), "seed": seed, "val_fraction": val_fraction}
-    job = JobSettings(seed, val_fraction, verify, on_corrupt, overwrite, progress)
+    job = JobSettings(seed, val_fraction, verify, on_corrupt, overwrite, progress, max_image_pixels)
     return build_shards(df, columns, found, counts, out, job, source)
 
 
@@ -186,6 +192,7 @@ class JobSettings:
     on_corrupt: str
     overwrite: bool
     progress: bool
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
 
 def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], out: str, job: JobSettings,
@@ -296,15 +303,16 @@ def survey(df: Any, columns: Columns, *, with_bytes: bool = False) -> Survey:
     keys = [F.col(columns.label).alias("label")]
     keys.append((F.col(columns.split) if columns.split else F.lit(None).cast("string")).alias("split"))
     aggs = [F.count(F.lit(1)).alias("rows")]
-    if with_bytes:
+    if with_bytes:  # the image column is read anyway: its nulls are counted too
         aggs.append(F.sum(F.length(F.col(columns.image))).alias("bytes"))
+        aggs.append(F.count(F.col(columns.image)).alias("images"))
     try:
         groups = df.groupBy(*keys).agg(*aggs).limit(3 * MAX_CLASSES + 1).collect()
     except Exception as e:
         raise ConfigError(f"cannot read the DataFrame's label column {columns.label!r}: {spark_reason(e)}") from None
     if not groups:
         raise DataError("the DataFrame has no rows: nothing to shard (check its source and any filter)")
-    _check_groups(groups, columns)
+    _check_groups(df, groups, columns)
     labels = {g["label"] for g in groups}
     if len(labels) > MAX_CLASSES:
         raise ConfigError(f"label column {columns.label!r} has more than {MAX_CLASSES:,} distinct values: is it the "
@@ -316,16 +324,48 @@ def survey(df: Any, columns: Columns, *, with_bytes: bool = False) -> Survey:
     return Survey(_classes(labels, columns), rows, nbytes)
 
 
-def _check_groups(groups: list, columns: Columns) -> None:
-    """Refuse null labels and unknown split values (:func:`survey`)."""
+def _check_groups(df: Any, groups: list, columns: Columns) -> None:
+    """Refuse null labels, null images (when the survey read the image column) and unknown split values
+    (:func:`survey`); the rows at fault are named (:func:`row_names`)."""
+    from pyspark.sql import functions as F
+
     nulls = sum(g["rows"] for g in groups if g["label"] is None)
     if nulls:
         raise DataError(f"label column {columns.label!r} is null in {nulls} row(s): give every row a class, or leave "
-                        f"those rows out first (df.where(df[{columns.label!r}].isNotNull()))")
+                        f"those rows out first (df.where(df[{columns.label!r}].isNotNull())):"
+                        + listing(row_names(df, columns, F.col(columns.label).isNull())))
+    empty = sum(g["rows"] - g["images"] for g in groups) if "images" in groups[0] else 0
+    if empty:
+        raise DataError(f"image column {columns.image!r} is null in {empty} row(s): give every row its image's bytes, "
+                        f"or leave those rows out first (df.where(df[{columns.image!r}].isNotNull())):"
+                        + listing(row_names(df, columns, F.col(columns.image).isNull())))
     odd = sorted({g["split"] for g in groups if g["split"] not in (None, "train", "val")})
     if odd:
         raise DataError(f"split column {columns.split!r} holds {', '.join(repr(v) for v in odd[:10])}: each row must "
                         "say 'train', 'val' or nothing (null: decided by val_fraction); map the other values first")
+
+
+def row_names(df: Any, columns: Columns, bad: Any, limit: int = MAX_LISTED) -> list[str]:
+    """How a refusal names the first ``limit`` rows where the boolean column ``bad`` holds: by the name column
+    (``path`` of a binaryFile read, or ``name_col``) when there is one, else by their number in the DataFrame's
+    order (1-based: the partitions in order, the rows of each in order). Reads only the columns ``bad`` and the
+    name need (never the image bytes to find a null).
+
+    Returns:
+        list[str]: e.g. ``["path s3://b/cat/1.jpg", ...]`` or ``["row 7", ...]``.
+    """
+    from pyspark.sql import functions as F
+
+    if columns.name:
+        picked = df.where(bad).select(F.col(columns.name).alias("n")).limit(limit).collect()
+        return [f"{columns.name} {r['n']}" for r in picked]
+    # monotonically_increasing_id: the partition's number in the upper 31 bits, the row's place in it below
+    marked = df.select(F.monotonically_increasing_id().alias("id"), bad.alias("bad"))
+    ids = [r["id"] for r in marked.where("bad").select("id").orderBy("id").limit(limit).collect()]
+    sizes = {r["p"]: r["n"] for r in marked.groupBy(F.shiftright(F.col("id"), 33).alias("p")).agg(
+        F.count(F.lit(1)).alias("n")).collect()}
+    before = {p: sum(n for q, n in sizes.items() if q < p) for p in sizes}
+    return [f"row {before.get(i >> 33, 0) + (i & (2 ** 33 - 1)) + 1}" for i in ids]
 
 
 def _classes(labels: set, columns: Columns) -> tuple[str, ...]:
@@ -482,7 +522,7 @@ def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], 
     spark = df.sparkSession
     accumulators = None if is_connect(df) else tuple(spark.sparkContext.accumulator(0) for _ in range(4))
     task = ShardTask(storage, run, counts[0], counts[1], found.classes, columns.integer_labels, job.verify,
-                     job.on_corrupt, accumulators, bool(columns.split))
+                     job.on_corrupt, accumulators, bool(columns.split), max_pixels=job.max_pixels)
     logger.info(f"sharding {sum(found.rows.values())} rows of {len(found.classes)} classes into {counts[0]} train + "
                 f"{counts[1]} val shards as a Spark job ({total} tasks) to {storage.url}")
     if accumulators is None and job.progress:

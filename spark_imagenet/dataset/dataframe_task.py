@@ -28,6 +28,7 @@ from spark_imagenet.dataset.duplicates import Duplicate, digest
 from spark_imagenet.dataset.manifest import ShardInfo
 from spark_imagenet.dataset.naming import attempt_shard_name
 from spark_imagenet.dataset.report import Quality, note
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS
 from spark_imagenet.dataset.shard_writer import check_image, example
 from spark_imagenet.dataset.tfrecord import write_record
 from spark_imagenet.source.base import ImageFile
@@ -99,6 +100,7 @@ class ShardTask:
         integer_labels: whether the rows' labels are class ids (else class names, looked up in ``classes``).
         verify: ``"decode"`` or ``"header"`` (:func:`spark_imagenet.dataset.quality.classify`).
         on_corrupt: ``"error"`` (a bad image stops the shard; nothing is uploaded) or ``"skip"``.
+        max_pixels: the pixel limit (:mod:`spark_imagenet.dataset.pixels`): a larger image is unusable.
         progress: Spark accumulators ``(shards, images, bytes, bad)`` the driver's progress line reads, or None
             (a Spark Connect session has none).
         index: also return one index row per usable image (see :data:`RESULT_SCHEMA`).
@@ -117,6 +119,7 @@ class ShardTask:
     progress: tuple[Any, Any, Any, Any] | None = None
     index: bool = False
     after_upload: Callable[[str], None] | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def place(self, shard: int) -> tuple[str, int, int]:
         """``(split, index, count)`` of shard ``shard``."""
@@ -226,12 +229,19 @@ class _ShardWriter:
         self._run: list[tuple[bytes, str, str]] = []
 
     def add(self, order: int, name: str, label: int, data: bytes) -> None:
-        """Check one image and append its record (unless it is unusable, or a bad image stopped the shard)."""
+        """Check one image and append its record (unless it is unusable, or a bad image stopped the shard). A
+        null image (one the driver's survey did not read) is never left out: it fails the shard, named."""
+        if data is None:
+            self.images += 1
+            self.bad += 1
+            if len(self.problems) < MAX_PROBLEMS:
+                self.problems.append(f"{name or 'a row without a name column'}: no image (the image column is null)")
+            return
         data = bytes(data)
         cls = self._task.classes[label]
         self.images += 1
         self.image_bytes += len(data)
-        stored, height, width, finding = check_image(data, name, self._task.verify)
+        stored, height, width, finding = check_image(data, name, self._task.verify, self._task.max_pixels)
         if stored is not None:  # an unusable image is left out, reported as such, and not compared
             self._note_duplicate(order, digest(data), name, cls)
             if self._index is not None:

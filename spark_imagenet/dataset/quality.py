@@ -16,7 +16,9 @@ that applies, and :attr:`Finding.reason` names every problem found:
 ``empty``
     zero bytes. Unusable.
 ``corrupt``
-    Pillow does not recognise the bytes as an image, or the image does not
+    Pillow does not recognise the bytes as an image, the header gives more
+    pixels than the limit (:mod:`spark_imagenet.dataset.pixels`; nothing is
+    decoded then), or the image does not
     decode completely (a truncated JPEG, a scan cut short, an error libjpeg
     cannot recover from). Unusable. Damage inside the entropy-coded data that
     libjpeg only warns about (a bad Huffman code, a scan's data ending early,
@@ -63,6 +65,8 @@ import numpy as np
 
 from PIL import Image, ImageOps
 
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, ImageTooLarge, open_image
+
 #: Categories, most serious first (see the module docstring).
 CATEGORIES = ("empty", "corrupt", "not_jpeg", "ycck", "cmyk", "exif_rotated", "grayscale", "ok")
 #: Categories that cannot be stored (``--on-corrupt`` decides: error or skip).
@@ -73,9 +77,9 @@ REPAIRED = frozenset({"not_jpeg", "ycck", "cmyk", "exif_rotated"})
 REPAIR_QUALITY = 95
 #: EXIF tag of the orientation.
 ORIENTATION_TAG = 0x0112
-#: What Pillow raises for bytes it cannot decode (``UnidentifiedImageError`` is an ``OSError``); the
-#: only errors of :func:`repair` that mean a bad file. Anything else it raises is a bug.
-DECODE_ERRORS = (OSError, SyntaxError, EOFError, Image.DecompressionBombError)
+#: What Pillow raises for bytes it cannot decode (``UnidentifiedImageError`` is an ``OSError``), and the pixel
+#: limit's error; the only errors of :func:`repair` that mean a bad file. Anything else it raises is a bug.
+DECODE_ERRORS = (OSError, SyntaxError, EOFError, ImageTooLarge)
 #: A JPEG marker inside entropy-coded data: 0xFF followed by neither a stuffed 0x00, a restart marker
 #: (RST0-7) nor a fill byte.
 _MARKER_RE = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
@@ -193,7 +197,7 @@ def _draft_check(im: Image.Image, size: int) -> None:
     im.draft("L" if im.mode in ("L", "RGB") else im.mode, (max(1, im.width // 8), max(1, im.height // 8)))
 
 
-def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
+def classify(data: bytes, name: str = "", verify: str = "decode", max_pixels: int = DEFAULT_MAX_PIXELS) -> Finding:
     """Classify one image file from its bytes.
 
     Args:
@@ -207,6 +211,8 @@ def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
             image ends with an end-of-image marker, which may be followed by
             other bytes (misses damage inside the file). Files of other
             formats are always decoded completely.
+        max_pixels: the most pixels (width x height) an image may have; a larger one is ``corrupt``, found
+            from its header before anything is decoded (:func:`spark_imagenet.dataset.pixels.open_image`).
 
     Returns:
         Finding: the category and what was found (see the module docstring).
@@ -216,7 +222,7 @@ def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with Image.open(io.BytesIO(data)) as im:
+            with open_image(io.BytesIO(data), name, max_pixels) as im:
                 fmt, width, height = im.format, im.width, im.height
                 is_jpeg = fmt in ("JPEG", "MPO")  # MPO: a JPEG with extra frames (first frame = the image)
                 colorspace = _jpeg_colorspace(im) if is_jpeg else im.mode
@@ -228,9 +234,8 @@ def classify(data: bytes, name: str = "", verify: str = "decode") -> Finding:
                 elif _jpeg_end(data) is None:
                     return Finding(name, "corrupt", fmt, colorspace, width, height, orientation,
                                    "truncated JPEG (no end-of-image marker)")
-    except Image.DecompressionBombError as e:
-        return Finding(name, "corrupt", reason=f"too many pixels to decode safely ({e}); resize the file or "
-                                              "leave it out")
+    except ImageTooLarge as e:
+        return Finding(name, "corrupt", reason=e.reason)
     except Image.UnidentifiedImageError:
         return Finding(name, "corrupt", reason="not an image in any format Pillow recognises")
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError...
@@ -270,23 +275,26 @@ def _to_8bit(im: Image.Image) -> Image.Image:
     multiplied by 255. Other modes are returned unchanged."""
     if im.mode not in _WIDE_MODES:
         return im
-    a = np.asarray(im, dtype=np.float64)
+    a = np.array(im, dtype=np.float32)  # one float copy (writable), scaled in place: memory per pixel bounded
     hi = float(a.max()) if a.size else 0.0
     if im.mode == "F" and hi <= 1.0:
-        a = a * 255.0
+        a *= 255.0
     elif hi > 65535:
-        a = a * (255.0 / hi)
+        a *= 255.0 / hi
     elif hi > 255:
-        a = a / 257.0
-    return Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8), "L")
+        a /= 257.0
+    np.rint(a, out=a)
+    np.clip(a, 0, 255, out=a)
+    return Image.fromarray(a.astype(np.uint8), "L")
 
 
-def repair(data: bytes, finding: Finding) -> tuple[bytes, int, int]:
+def repair(data: bytes, finding: Finding, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[bytes, int, int]:
     """Re-encode a file that needs it as an upright RGB JPEG.
 
     Args:
         data: the file's bytes.
         finding: its :func:`classify` result.
+        max_pixels: the pixel limit :func:`classify` applied (the image is opened under it again).
 
     Returns:
         tuple[bytes, int, int]: ``(jpeg, height, width)``. For a finding that
@@ -295,8 +303,8 @@ def repair(data: bytes, finding: Finding) -> tuple[bytes, int, int]:
 
     Raises:
         ValueError: the finding is of an unusable file (``empty``, ``corrupt``).
-        OSError, SyntaxError, EOFError, PIL.Image.DecompressionBombError
-            (:data:`DECODE_ERRORS`): Pillow cannot decode the file after all.
+        OSError, SyntaxError, EOFError, ImageTooLarge (:data:`DECODE_ERRORS`): Pillow cannot decode the file
+            after all, or it is above ``max_pixels``.
     """
     if not finding.usable:
         raise ValueError(f"{finding.name}: {finding.category} files cannot be repaired ({finding.reason})")
@@ -304,11 +312,12 @@ def repair(data: bytes, finding: Finding) -> tuple[bytes, int, int]:
         return data, finding.height, finding.width
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with Image.open(io.BytesIO(data)) as im:
+        with open_image(io.BytesIO(data), finding.name, max_pixels) as im:
             im.load()  # first frame of an animation
             # the orientation classify found applied (it found none in a damaged EXIF block); 16/32-bit scaled
             upright = _to_8bit(ImageOps.exif_transpose(im) if 2 <= finding.orientation <= 8 else im)
-            rgb = upright.convert("RGB")  # CMYK (Adobe-inverted, as Pillow reads it), P, LA, RGBA...
-    out = io.BytesIO()
-    rgb.save(out, "JPEG", quality=REPAIR_QUALITY, subsampling="4:2:0")  # no exif=: the tag is dropped
+            # CMYK (Adobe-inverted, as Pillow reads it), P, LA, RGBA...; an RGB image as it is (no second copy)
+            rgb = upright if upright.mode == "RGB" else upright.convert("RGB")
+            out = io.BytesIO()
+            rgb.save(out, "JPEG", quality=REPAIR_QUALITY, subsampling="4:2:0")  # no exif=: the tag is dropped
     return out.getvalue(), rgb.height, rgb.width

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from spark_imagenet.arguments import positive_int
 from spark_imagenet.errors import ConfigError
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, OPTION as PIXELS_OPTION
 from spark_imagenet.dataset.tables import FORMATS as TABLE_FORMATS
 from spark_imagenet.storage import store_schemes, url_forms
 
@@ -84,6 +85,10 @@ def add_shard_arguments(p: argparse.ArgumentParser) -> None:
                    help="empty, truncated or undecodable images: error lists them all and writes nothing (default); "
                         "skip leaves them out and records each in quality-report.json. CMYK/YCCK JPEGs, other "
                         "formats and EXIF-rotated images are repaired either way")
+    p.add_argument(PIXELS_OPTION, type=positive_int, default=DEFAULT_MAX_PIXELS, metavar="PIXELS",
+                   help="the largest image accepted, in pixels (width x height; default "
+                   f"{DEFAULT_MAX_PIXELS:,}): a larger one is refused from its header, before it is decoded, as an "
+                   "unusable image (--on-corrupt)")
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset already at --out")
     p.add_argument("--transfers", type=positive_int, default=8, help=f"parallel uploads to a bucket --out ({store_schemes()}; default 8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -190,4 +195,5 @@ def run_shard(args: argparse.Namespace) -> None:
         overwrite=args.overwrite,
         transfers=args.transfers,
         progress=not args.no_progress,
+        max_image_pixels=args.max_image_pixels,
     )

@@ -28,6 +28,7 @@ from typing import Any
 
 from spark_imagenet.dataset.duplicates import DIGEST_SIZE, NO_DIGEST, DigestTable, digest
 from spark_imagenet.dataset.manifest import ShardInfo
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS
 from spark_imagenet.dataset.quality import DECODE_ERRORS, Finding, classify, repair
 from spark_imagenet.dataset.report import Quality, note
 from spark_imagenet.dataset.tfrecord import encode_example, write_record
@@ -36,7 +37,8 @@ from spark_imagenet.source.base import ImageFile, ImageReader, SourceDataset
 from spark_imagenet.storage import crc32c_file
 
 
-def check_image(data: bytes, name: str, verify: str = "decode") -> tuple[bytes | None, int, int, Finding]:
+def check_image(data: bytes, name: str, verify: str = "decode",
+                max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[bytes | None, int, int, Finding]:
     """The per-image step of every build path: classify the file and, when
     it needs it, repair it (see :mod:`spark_imagenet.dataset.quality`).
 
@@ -44,6 +46,8 @@ def check_image(data: bytes, name: str, verify: str = "decode") -> tuple[bytes |
         data: the file's bytes.
         name: how messages name the file.
         verify: ``"decode"`` or ``"header"``, see :func:`spark_imagenet.dataset.quality.classify`.
+        max_pixels: the pixel limit (:mod:`spark_imagenet.dataset.pixels`): a larger image is unusable,
+            found from its header before it is decoded.
 
     Returns:
         tuple: ``(stored, height, width, finding)``: the bytes to store (the
@@ -56,11 +60,11 @@ def check_image(data: bytes, name: str, verify: str = "decode") -> tuple[bytes |
         Exception: anything but a decoder error (:data:`~spark_imagenet.dataset.quality.DECODE_ERRORS`)
             raised while repairing: a bug, never taken for a corrupt file.
     """
-    finding = classify(data, name, verify)
+    finding = classify(data, name, verify, max_pixels)
     if not finding.usable:
         return None, 0, 0, finding
     try:
-        stored, height, width = repair(data, finding)
+        stored, height, width = repair(data, finding, max_pixels)
     except DECODE_ERRORS as e:  # decodes at 1/8 scale but not at full size (or verify="header")
         finding = dataclasses.replace(finding, category="corrupt", reason=f"does not decode for repair: {e}")
         return None, 0, 0, finding
@@ -83,6 +87,7 @@ class ShardJob:
     verify: str
     reader: ImageReader | None = None
     on_corrupt: str = "error"
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
 
 #: The shared count of images checked (a ``multiprocessing.Value``) in a worker process; None elsewhere.
@@ -149,7 +154,7 @@ def write_shard(job: ShardJob) -> ShardOutcome:
             except (OSError, SparkImagenetError) as e:
                 problems.append(f"{job.reader.where(img)}{READ_FAILED}{getattr(e, 'strerror', None) or e})")
                 continue
-            stored, height, width, finding = check_image(data, img.filename, job.verify)
+            stored, height, width, finding = check_image(data, img.filename, job.verify, job.max_pixels)
             note(quality, k, finding, stored)
             if stored is None:
                 if job.on_corrupt == "error":
@@ -204,14 +209,15 @@ STREAM_BATCH_IMAGES = 32
 STREAM_BATCH_BYTES = 4 * 1024 * 1024
 
 
-def check_and_frame(batch: list[tuple[ImageFile, bytes]], verify: str) -> list[tuple[bytes | None, Finding, bytes]]:
+def check_and_frame(batch: list[tuple[ImageFile, bytes]], verify: str,
+                    max_pixels: int = DEFAULT_MAX_PIXELS) -> list[tuple[bytes | None, Finding, bytes]]:
     """Check (and repair) a batch of images and return, per image, its whole
     TFRecord (framing included), or ``None`` for an unusable image, what
     :func:`check_image` found, and the digest of its bytes (:data:`NO_DIGEST`
     for an unusable one) (in a worker process, for the stream form)."""
     out: list[tuple[bytes | None, Finding, bytes]] = []
     for img, data in batch:
-        stored, height, width, finding = check_image(data, img.filename, verify)
+        stored, height, width, finding = check_image(data, img.filename, verify, max_pixels)
         if stored is None:
             out.append((None, finding, NO_DIGEST))
             continue
@@ -294,7 +300,7 @@ class SpillWriter:
 
 
 def stream_images(pool, src: SourceDataset, jobs: list[ShardJob], verify: str, in_flight: int,
-                   counter, bar, digests: DigestTable) -> tuple[list[list[tuple[int, int] | None]], list[str],
+                   counter, bar, digests: DigestTable, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[list[list[tuple[int, int] | None]], list[str],
                                                               list[Quality]]:
     """Pass 2 of the nested-tar form: read the planned images from the stream
     (main process), have ``pool`` check and encode them (:func:`check_and_frame`),
@@ -309,6 +315,7 @@ def stream_images(pool, src: SourceDataset, jobs: list[ShardJob], verify: str, i
         counter: shared count of images checked (for the progress bar).
         bar: tqdm bar or ``None``.
         digests: where each image's digest goes (by shard name).
+        max_pixels: the pixel limit (:func:`check_image`).
 
     Returns:
         tuple: per job the (offset, length) of each planned record in its
@@ -348,7 +355,7 @@ def stream_images(pool, src: SourceDataset, jobs: list[ShardJob], verify: str, i
     places: list[tuple[int, int]] = []
 
     def submit() -> None:
-        waiting.append((pool.apply_async(check_and_frame, (list(batch), verify)), list(places)))
+        waiting.append((pool.apply_async(check_and_frame, (list(batch), verify, max_pixels)), list(places)))
         batch.clear()
         places.clear()
         while len(waiting) >= in_flight:

@@ -56,6 +56,7 @@ from typing import Any, Sequence
 from spark_imagenet.dataset.duplicates import DigestTable, Duplicates
 from spark_imagenet.dataset.manifest import FORMAT_VERSION, Manifest, ShardInfo, SplitInfo
 from spark_imagenet.dataset.naming import PARTIAL_RE, partial_name, shard_name
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
 from spark_imagenet.dataset.report import Quality, format_quality, quality_report, quality_totals, write_quality_report
 from spark_imagenet.dataset.shard_writer import (
     READ_FAILED, ShardJob, assemble_shard, check_image, init_worker, spill_path, stream_images, write_shard)  # noqa: F401  (check_image: also this module's)
@@ -63,7 +64,7 @@ from spark_imagenet.dataset.transfer import Destination, check_destination, comm
 from spark_imagenet.errors import ConfigError, ImageError, StorageError
 from spark_imagenet.source import open_source
 from spark_imagenet.source.base import ImageFile, ImageSource, SourceDataset
-from spark_imagenet.storage import DEFAULT_TRANSFERS, Storage, open_storage
+from spark_imagenet.storage import DEFAULT_TRANSFERS, Storage, check_transfers, open_storage
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,7 @@ def shard(
     overwrite: bool = False,
     transfers: int = DEFAULT_TRANSFERS,
     progress: bool = True,
+    max_image_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> Manifest:
     """Build TFRecord shards and ``manifest.json`` from ImageNet in the Kaggle layout, or one's own images.
 
@@ -208,6 +210,9 @@ def shard(
         overwrite: replace a different dataset already at ``out``.
         transfers: parallel uploads to a remote ``out`` (``--transfers``).
         progress: show a tqdm progress bar on stderr (images/s).
+        max_image_pixels: the most pixels (width x height) an image may have (``--max-image-pixels``); a
+            larger one is refused from its header before it is decoded, as an unusable file
+            (:mod:`spark_imagenet.dataset.pixels`).
 
     Returns:
         Manifest: the manifest that was written (or found, when ``out``
@@ -233,18 +238,11 @@ def shard(
     print(manifest.num_classes, manifest.splits["train"].examples)
     ```
     """
-    if verify not in VERIFY_MODES:
-        raise ConfigError(f"--verify {verify!r}: choose one of {', '.join(VERIFY_MODES)}")
-    if on_corrupt not in ON_CORRUPT_MODES:
-        raise ConfigError(f"--on-corrupt {on_corrupt!r}: choose one of {', '.join(ON_CORRUPT_MODES)}")
-    if processes is not None and processes < 1:
-        raise ConfigError(f"processes={processes}: must be at least 1")
+    options = _Options(verify, on_corrupt, processes, transfers, progress, max_image_pixels)
     src = _open(source, val_fraction).list_images(num_classes=classes, class_list=class_list, per_class=per_class,
                                           seed=seed, progress=progress)
     plan = plan_shards(src, train_shards, val_shards, seed)
     dataset_id = dataset_fingerprint(plan, src, on_corrupt)
-    if transfers < 1:
-        raise ConfigError(f"--transfers {transfers}: must be at least 1")
     storage = open_storage(out)
     dest = check_destination(storage, dataset_id, overwrite)
     if dest.existing is not None:
@@ -253,7 +251,6 @@ def shard(
 
     created_root = not storage.root_exists()
     try:
-        options = _Options(verify, on_corrupt, processes, transfers, progress)
         return _build(storage, dest, src, plan, dataset_id, options)
     except BaseException:
         if created_root:
@@ -285,6 +282,22 @@ class _Options:
     processes: int | None
     transfers: int
     progress: bool
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+    def __post_init__(self) -> None:
+        """Refuse values that cannot work.
+
+        Raises:
+            ConfigError: names the option and what to give.
+        """
+        if self.verify not in VERIFY_MODES:
+            raise ConfigError(f"--verify {self.verify!r}: choose one of {', '.join(VERIFY_MODES)}")
+        if self.on_corrupt not in ON_CORRUPT_MODES:
+            raise ConfigError(f"--on-corrupt {self.on_corrupt!r}: choose one of {', '.join(ON_CORRUPT_MODES)}")
+        if self.processes is not None and self.processes < 1:
+            raise ConfigError(f"processes={self.processes}: must be at least 1")
+        check_transfers(self.transfers)
+        check_max_pixels(self.max_pixels)
 
 
 def _build(storage: Storage, dest: Destination, src: SourceDataset, plan: dict, dataset_id: str,
@@ -362,7 +375,7 @@ def _jobs(src: SourceDataset, plan: dict, staging: Path, dataset_id: str, option
     source = src.source
     return [
         ShardJob(split, k, name, str(staging / partial_name(name, token)), images, options.verify,
-                  source.reader(images) if source.random_access else None, options.on_corrupt)
+                  source.reader(images) if source.random_access else None, options.on_corrupt, options.max_pixels)
         for split, shards in plan.items()
         for k, images in enumerate(shards)
         for name in [shard_name(split, k, len(shards), dataset_id)]
@@ -453,7 +466,7 @@ def _run_pool(jobs: list[ShardJob], src: SourceDataset, n_proc: int, staging: Pa
         try:
             if streamed:
                 index, problems, stream_quality = stream_images(pool, src, jobs, options.verify, 2 * n_proc,
-                                                                 counter, bar, digests)
+                                                                 counter, bar, digests, options.max_pixels)
                 quality.update((j.name, q) for j, q in zip(jobs, stream_quality))
                 pending = [] if problems else [pool.apply_async(assemble_shard, (j, index[i]))
                                                for i, j in enumerate(jobs)]

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 
 from spark_imagenet.dataset.dataframe import Columns, JobSettings, Survey, build_shards, shard_counts
 from spark_imagenet.dataset.manifest import Manifest
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
 from spark_imagenet.errors import ArchiveError, ConfigError, StorageError
 from spark_imagenet.source.base import ImageFile, ImageReader, SourceDataset
 from spark_imagenet.source.zip_archive import ZipSource, read_located
@@ -138,7 +139,8 @@ def image_rows(spark: Any, dataset: SourceDataset) -> Any:
 
 def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shards: int | None = None,
                      val_shards: int | None = None, seed: int = 0, verify: str = "decode", on_corrupt: str = "error",
-                     overwrite: bool = False, progress: bool = True) -> Manifest:
+                     overwrite: bool = False, progress: bool = True,
+                     max_image_pixels: int = DEFAULT_MAX_PIXELS) -> Manifest:
     """Build the shards and ``manifest.json`` of images chosen from a source, as a Spark job (see the module doc).
 
     Args:
@@ -154,6 +156,7 @@ def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shar
         on_corrupt: ``"error"`` or ``"skip"``.
         overwrite: replace a different dataset already at ``out``.
         progress: log a progress line every 10 s.
+        max_image_pixels: the pixel limit (:mod:`spark_imagenet.dataset.pixels`): a larger image is unusable.
 
     Returns:
         Manifest: the committed manifest.
@@ -174,12 +177,13 @@ def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shar
                 f"chosen from {dataset.root}; the executors read them")
     source = {**dataset.source.describe(), "selection": dataset.selection}
     return _build(image_rows(spark, dataset), found, out, source, train_shards, val_shards,
-                  JobSettings(seed, 0.0, verify, on_corrupt, overwrite, progress))
+                  JobSettings(seed, 0.0, verify, on_corrupt, overwrite, progress, check_max_pixels(max_image_pixels)))
 
 
 def shard_zip_job(spark: Any, plan: ZipPlan, out: str, *, train_shards: int | None = None,
                   val_shards: int | None = None, seed: int = 0, verify: str = "decode", on_corrupt: str = "error",
-                  overwrite: bool = False, progress: bool = True) -> Manifest:
+                  overwrite: bool = False, progress: bool = True,
+                  max_image_pixels: int = DEFAULT_MAX_PIXELS) -> Manifest:
     """Build the shards and ``manifest.json`` of a Kaggle zip planned without listing it on the driver
     (:func:`~spark_imagenet.source.zip_plan.plan_kaggle_zip`): each task lists one slice of the zip's
     central directory and reads the chosen members in it (:class:`ListZipSlice`).
@@ -187,7 +191,7 @@ def shard_zip_job(spark: Any, plan: ZipPlan, out: str, *, train_shards: int | No
     Args:
         spark: a classic SparkSession.
         plan: the plan.
-        out, train_shards, val_shards, seed, verify, on_corrupt, overwrite, progress: as
+        out, train_shards, val_shards, seed, verify, on_corrupt, overwrite, progress, max_image_pixels: as
             :func:`shard_source_job`.
 
     Returns:
@@ -206,7 +210,7 @@ def shard_zip_job(spark: Any, plan: ZipPlan, out: str, *, train_shards: int | No
     rows = spark.createDataFrame([(a, b) for a, b in plan.slices], "start long, stop long").repartition(
         len(plan.slices)).mapInArrow(ListZipSlice(spark.sparkContext.broadcast(choice)), ROW_SCHEMA)
     return _build(rows, found, out, source, train_shards, val_shards,
-                  JobSettings(seed, 0.0, verify, on_corrupt, overwrite, progress))
+                  JobSettings(seed, 0.0, verify, on_corrupt, overwrite, progress, check_max_pixels(max_image_pixels)))
 
 
 def _refuse_connect(spark: Any) -> None:

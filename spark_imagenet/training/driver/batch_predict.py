@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
 from spark_imagenet.errors import ConfigError, SparkImagenetError
 from spark_imagenet.storage import is_remote_url, open_storage
 from spark_imagenet.training.job.outputs import LABELS_FILE, MODEL_FILE, SERVING_DIR
@@ -76,26 +77,28 @@ def check_model(model_url: str) -> None:
                           "the whole --output folder of the run")
 
 
-def _make_predict_fn(model_url: str, top_k: int):
+def _make_predict_fn(model_url: str, top_k: int, max_pixels: int):
     """``predict_batch_udf``'s ``make_predict_fn``: called once per executor Python worker (PySpark caches
     what it returns), it imports the TensorFlow side by name and loads the model there."""
 
     def make_predict_fn():
         import importlib
 
-        return importlib.import_module(WORKER_MODULE).make_predict_fn(model_url, top_k)
+        return importlib.import_module(WORKER_MODULE).make_predict_fn(model_url, top_k, max_pixels)
 
     return make_predict_fn
 
 
 def predict_dataframe(df: Any, model_url: str, image_col: str = "content", top_k: int = 5,
-                      batch_size: int = DEFAULT_BATCH, output_col: str = "prediction") -> Any:
+                      batch_size: int = DEFAULT_BATCH, output_col: str = "prediction",
+                      max_image_pixels: int = DEFAULT_MAX_PIXELS) -> Any:
     """The top-k classes of each image of ``df``, as a Spark job (lazy: nothing runs until the result is used).
 
     Built on PySpark's ``predict_batch_udf``: each executor Python worker fetches the ``serving/`` SavedModel
     of the training run's ``--output`` folder once and scores the images ``batch_size`` at a time; JPEG
     decoding (and PNG, GIF, BMP) happens there, exactly as evaluation decodes and crops. An image TensorFlow
-    cannot decode (not an image, truncated, a CMYK JPEG) or a null one does not fail the job: its row's
+    cannot decode (not an image, truncated, a CMYK JPEG), one above ``max_image_pixels`` (refused from its header,
+    not decoded) or a null one does not fail the job: its row's
     ``error`` says why and its predictions are null. Works in a classic session and under Spark Connect (the
     UDF is a pandas UDF; the executors need spark-imagenet and TensorFlow installed in either case).
 
@@ -112,6 +115,8 @@ def predict_dataframe(df: Any, model_url: str, image_col: str = "content", top_k
         top_k: classes per image, most probable first (at most the model's class count).
         batch_size: images per call of the model.
         output_col: the name of the added column.
+        max_image_pixels: the most pixels (width x height) an image may have
+            (:mod:`spark_imagenet.dataset.pixels`).
 
     Returns:
         pyspark.sql.DataFrame: ``df`` with one more column ``output_col`` of type :data:`PREDICTION_DDL`:
@@ -120,7 +125,7 @@ def predict_dataframe(df: Any, model_url: str, image_col: str = "content", top_k
         has no prediction; then the arrays are null).
 
     Raises:
-        ConfigError: ``top_k`` or ``batch_size`` below 1, ``image_col`` missing or not binary, ``output_col``
+        ConfigError: ``top_k``, ``batch_size`` or ``max_image_pixels`` below 1, ``image_col`` missing or not binary, ``output_col``
             already a column, or the model not there (:func:`check_model`).
 
     Example:
@@ -141,6 +146,7 @@ def predict_dataframe(df: Any, model_url: str, image_col: str = "content", top_k
         raise ConfigError(f"top_k={top_k!r}: give a whole number of classes, 1 or more")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size={batch_size!r}: give a whole number of images, 1 or more")
+    check_max_pixels(max_image_pixels)
     fields = {f.name: f.dataType for f in df.schema.fields}
     if image_col not in fields:
         raise ConfigError(f"image column {image_col!r} is not in the DataFrame (columns: {', '.join(fields)})")
@@ -151,7 +157,7 @@ def predict_dataframe(df: Any, model_url: str, image_col: str = "content", top_k
         raise ConfigError(f"the DataFrame already has a column {output_col!r}: give another output_col")
     url = model_location(model_url)
     check_model(url)
-    udf = predict_batch_udf(_make_predict_fn(url, top_k), return_type=result_type(), batch_size=batch_size)
+    udf = predict_batch_udf(_make_predict_fn(url, top_k, max_image_pixels), return_type=result_type(), batch_size=batch_size)
     raw = "__spark_imagenet_raw_prediction"
     scored = F.col(raw).getField("error").isNull()
     arrays = [F.when(scored, F.col(raw).getField(name)).alias(name)

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from urllib.parse import urlparse
 
 from spark_imagenet.arguments import ArgumentParser, conf_pair, positive_int
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, OPTION as PIXELS_OPTION
 from spark_imagenet.errors import ConfigError, spark_reason
 from spark_imagenet.training.driver.batch_predict import DEFAULT_BATCH, check_model, model_location
 
@@ -67,6 +68,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--top", type=positive_int, default=5, help="classes per image (default 5)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH,
                    help=f"images per call of the model on an executor (default {DEFAULT_BATCH})")
+    p.add_argument(PIXELS_OPTION, type=positive_int, default=DEFAULT_MAX_PIXELS, metavar="PIXELS",
+                   help=f"the largest image scored, in pixels (width x height; default {DEFAULT_MAX_PIXELS:,}): a "
+                   "larger one gets the reason in its row's error, from its header, without being decoded")
     p.add_argument("--master", help="the Spark master (default: local[N], N this machine's cores; or sc://HOST:PORT)")
     p.add_argument("--conf", type=conf_pair, action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark setting, repeatable")
@@ -194,7 +198,7 @@ def run_predict_job(spark: Any, df: Any, key: str, args: argparse.Namespace) -> 
 
     out = os.path.abspath(os.path.expanduser(args.out)) if "://" not in args.out else args.out
     scored = predict_dataframe(df, args.model, image_col=args.image_column, top_k=args.top,
-                               batch_size=args.batch_size)
+                               batch_size=args.batch_size, max_image_pixels=args.max_image_pixels)
     table = scored.select(F.col(key).alias(key), *[F.col(f"prediction.{f}").alias(f) for f in FIELDS])
     before = _set_conf(spark, ARROW_BATCH_CONF)
     try:

@@ -13,7 +13,8 @@ exits) and the SavedModel's ``probabilities`` signature (``images``: tf.string `
 JPEG/PNG/GIF/BMP bytes -> ``probabilities``: float32 ``[None, C]``, decoding and cropping exactly as
 evaluation does) is kept. Top-k is computed here from those probabilities, so any ``top_k`` works.
 
-A batch is scored in one call; when that call fails because of an image (TensorFlow cannot decode it:
+An image above the pixel limit (:mod:`spark_imagenet.dataset.pixels`, read from its header) gets the reason
+in its row's ``error`` before anything decodes it. A batch is scored in one call; when that call fails because of an image (TensorFlow cannot decode it:
 not an image, truncated, a CMYK JPEG, ...), the batch is scored again one image at a time, and each image
 that still fails gets the reason in its row's ``error`` and no prediction.
 """
@@ -21,6 +22,7 @@ that still fails gets the reason in its row's ``error`` and no prediction.
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import os
 import shutil
@@ -30,6 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, ImageTooLarge, open_image
 from spark_imagenet.errors import ConfigError, SparkImagenetError
 from spark_imagenet.storage import open_storage
 from spark_imagenet.storage.committed import download_folder
@@ -114,12 +117,14 @@ class BatchModel:
         out = self._signature(**{INPUT_KEY: tf.constant(list(images), dtype=tf.string)})
         return out["probabilities"].numpy()
 
-    def predict(self, images: Sequence[Any], top_k: int = 5) -> dict[str, np.ndarray]:
+    def predict(self, images: Sequence[Any], top_k: int = 5,
+                max_pixels: int = DEFAULT_MAX_PIXELS) -> dict[str, np.ndarray]:
         """The ``top_k`` most probable classes of each image, most probable first; a bad image gets its reason.
 
         Args:
             images: encoded image bytes (``bytes``, ``bytearray`` or None for a missing image), one per row.
             top_k: classes per image (at most C are given).
+            max_pixels: the most pixels (width x height) an image may have; a larger one is not decoded.
 
         Returns:
             dict: the columns of :data:`FIELDS`: ``class_ids`` int32 ``[N, K]``, ``wnids`` and ``names``
@@ -139,7 +144,9 @@ class BatchModel:
             elif len(image) == 0:
                 errors[i] = "an empty file"
             else:
-                data.append((i, bytes(image)))
+                errors[i] = _too_large(bytes(image), max_pixels)
+                if errors[i] is None:
+                    data.append((i, bytes(image)))
         if data:
             self._score(data, probabilities, errors)
         best = np.argsort(-np.nan_to_num(probabilities, nan=-1.0), axis=1, kind="stable")[:, :k].astype(np.int32)
@@ -165,6 +172,18 @@ class BatchModel:
                 probabilities[i] = self.probabilities([image])[0]
             except tf.errors.InvalidArgumentError as e:
                 errors[i] = f"TensorFlow cannot decode this image: {_reason(e)}"
+
+
+def _too_large(image: bytes, max_pixels: int) -> str | None:
+    """Why ``image`` is above ``max_pixels`` (from its header), or None: within it, or not an image Pillow
+    reads (TensorFlow's decode then says what is wrong with it)."""
+    try:
+        with open_image(io.BytesIO(image), "image", max_pixels):
+            return None
+    except ImageTooLarge as e:
+        return e.reason
+    except (OSError, SyntaxError, ValueError, EOFError):
+        return None
 
 
 def _reason(e: Exception) -> str:
@@ -197,8 +216,13 @@ def loaded_model(model_url: str) -> BatchModel:
         return model
 
 
-def make_predict_fn(model_url: str, top_k: int):
+def make_predict_fn(model_url: str, top_k: int, max_pixels: int = DEFAULT_MAX_PIXELS):
     """The ``predict`` function PySpark's ``predict_batch_udf`` calls with a numpy array of image bytes.
+
+    Args:
+        model_url: the ``--output`` folder of the run.
+        top_k: classes per image.
+        max_pixels: the pixel limit (:meth:`BatchModel.predict`).
 
     Returns:
         callable: ``predict(images: np.ndarray) -> dict`` of the :data:`FIELDS` columns
@@ -207,6 +231,6 @@ def make_predict_fn(model_url: str, top_k: int):
     model = loaded_model(model_url)
 
     def predict(images: np.ndarray) -> dict[str, np.ndarray]:
-        return model.predict(list(images), top_k)
+        return model.predict(list(images), top_k, max_pixels)
 
     return predict

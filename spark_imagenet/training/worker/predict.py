@@ -22,27 +22,30 @@ from typing import Any, Sequence
 
 from spark_imagenet.arguments import ArgumentParser, positive_int  # noqa: E402
 from spark_imagenet.dataset.images import image_files  # noqa: E402
+from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, OPTION as PIXELS_OPTION, open_image  # noqa: E402
 from spark_imagenet.errors import ConfigError, SparkImagenetError  # noqa: E402
 from spark_imagenet.storage import open_storage, store_schemes  # noqa: E402
 from spark_imagenet.training.worker.evaluate import fetched_model, load_model  # noqa: E402
 from spark_imagenet.training.job.outputs import LABELS_FILE  # noqa: E402
 
 
-def jpeg_bytes(path: Path) -> bytes:
+def jpeg_bytes(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
     """The file's bytes when it is an RGB or greyscale JPEG, else the image re-encoded as RGB JPEG (Pillow).
 
-    Raises:
-        ConfigError: not an image Pillow can read (names the file).
-    """
-    from PIL import Image
+    Args:
+        path: the image file.
+        max_pixels: the most pixels (width x height) it may have (:mod:`spark_imagenet.dataset.pixels`).
 
+    Raises:
+        ConfigError: not an image Pillow can read, or more pixels than ``max_pixels`` (names the file).
+    """
     data = path.read_bytes()
     try:
-        with Image.open(path) as image:  # a path, so Pillow's message names the file, not a buffer object
+        with open_image(str(path), str(path), max_pixels) as image:  # a path: Pillow's message names the file
             if image.format == "JPEG" and image.mode in ("RGB", "L"):
                 return data
             out = io.BytesIO()
-            image.convert("RGB").save(out, format="JPEG", quality=95)
+            (image if image.mode == "RGB" else image.convert("RGB")).save(out, format="JPEG", quality=95)
             return out.getvalue()
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: not an image that can be read ({e})") from None
@@ -76,7 +79,7 @@ def read_labels(model_url: str, labels_url: str | None, classes: int | None) -> 
 
 
 def predict(model, files: Sequence[Path], labels: Sequence[dict[str, Any]], top: int = 5,
-            jpegs: Sequence[bytes] | None = None) -> list[dict[str, Any]]:
+            jpegs: Sequence[bytes] | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> list[dict[str, Any]]:
     """The ``top`` classes of each image, most probable first.
 
     Args:
@@ -85,12 +88,13 @@ def predict(model, files: Sequence[Path], labels: Sequence[dict[str, Any]], top:
         labels: ``labels.json``'s entries (``id``, ``wnid``, ``names``), one per output.
         top: classes per image.
         jpegs: the files' images as :func:`jpeg_bytes` gives them, when already read (None: read them now).
+        max_pixels: the pixel limit of :func:`jpeg_bytes` when it reads them here.
 
     Returns:
         list[dict]: per image ``{"file", "top": [{"id", "wnid", "name", "probability"}, ...]}``.
 
     Raises:
-        ConfigError: a file that is not a readable image (names it).
+        ConfigError: a file that is not a readable image, or above ``max_pixels`` (names it).
     """
     import tensorflow as tf
 
@@ -98,7 +102,7 @@ def predict(model, files: Sequence[Path], labels: Sequence[dict[str, Any]], top:
 
     size = int(model.input_shape[1])
     normalize = preprocessing.normalizer(size)
-    jpegs = [jpeg_bytes(f) for f in files] if jpegs is None else jpegs
+    jpegs = [jpeg_bytes(f, max_pixels) for f in files] if jpegs is None else jpegs
     images = tf.stack([preprocessing.eval_image(tf.constant(data), size) for data in jpegs])
     probabilities = tf.nn.softmax(model(normalize(images), training=False), axis=-1).numpy()
     out = []
@@ -123,10 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--labels", help="the run's labels.json (default: the one beside the model)")
     parser.add_argument("--top", type=positive_int, default=5, help="classes per image (default 5)")
     parser.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    parser.add_argument(PIXELS_OPTION, type=positive_int, default=DEFAULT_MAX_PIXELS, metavar="PIXELS",
+                        help=f"the largest image accepted, in pixels (width x height; default {DEFAULT_MAX_PIXELS:,}): "
+                        "a larger one is refused from its header, before it is decoded")
     args = parser.parse_args(argv)
     try:
-        files = image_files(args.images)  # the images, labels and model are checked before TensorFlow starts
-        jpegs = [jpeg_bytes(f) for f in files]
+        # the images, labels and model are checked before TensorFlow starts
+        files = image_files(args.images, args.max_image_pixels)
+        jpegs = [jpeg_bytes(f, args.max_image_pixels) for f in files]
         with fetched_model(args.model) as local:
             read_labels(args.model, args.labels, None)
             model = load_model(args.model, local)
