@@ -202,8 +202,8 @@ def find_resume(job: JobPlan, *, announce: bool = False,
     if latest is None:
         return None, Finding.ok("resume", f"no complete checkpoint in {config.checkpoint_dir} yet: epoch 1")
     point = ResumePoint(*latest)
-    start = checkpoints.latest_at_epoch_end(job.checkpoints) if checkpoints.steps_inside(point.name) else None
-    start = None if start is None else ResumePoint(*start)
+    at_end = checkpoints.latest_at_epoch_end(job.checkpoints) if checkpoints.steps_inside(point.name) else None
+    start = ResumePoint(*at_end) if at_end is not None else None  # the start of the epoch the latest is inside
     note = ""
     if relaunch:
         chosen = relaunch_from(point, start, config.workers)
