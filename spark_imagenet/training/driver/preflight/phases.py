@@ -202,7 +202,8 @@ def find_resume(job: JobPlan, *, announce: bool = False,
     if latest is None:
         return None, Finding.ok("resume", f"no complete checkpoint in {config.checkpoint_dir} yet: epoch 1")
     point = ResumePoint(*latest)
-    at_end = checkpoints.latest_at_epoch_end(job.checkpoints) if checkpoints.steps_inside(point.name) else None
+    elsewhere = checkpoints.steps_inside(point.name) and point.meta.workers != config.workers
+    at_end = checkpoints.latest_at_epoch_end(job.checkpoints) if elsewhere else None
     start = ResumePoint(*at_end) if at_end is not None else None  # the start of the epoch the latest is inside
     note = ""
     if relaunch:
