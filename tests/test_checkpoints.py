@@ -499,6 +499,86 @@ def test_a_checkpoint_inside_an_epoch_ranks_between_the_epochs_and_is_pruned_lik
     commit(store, tf_files(tmp_path / "tf3", 3), meta(2), keep=2)  # the newest two: epoch 2 and the one inside it
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["epoch-000001-000005", "epoch-000002"]
     assert ck.prune_plan((2, 3), 1, {"epoch-000002": True, "epoch-000001-000009": True}) == \
-        ["epoch-000002", "epoch-000001-000009"]
+        ["epoch-000001-000009"]  # epoch 2's end stays while only checkpoints inside epoch 3 are newer
     first = dataclasses.replace(meta(1), epoch=0, step=4, history={})  # inside the first epoch: 0 epochs done
     assert CheckpointMeta.loads(first.dumps()).epoch == 0
+    assert ck.steps_inside("epoch-000002-000120") == 120 and ck.steps_inside("epoch-000002") == 0
+
+
+def test_pruning_keeps_the_newest_checkpoint_at_an_epochs_end_while_only_checkpoints_inside_the_next_are_newer():
+    states = {"epoch-000001": True, "epoch-000001-000004": True, "epoch-000002": True, "epoch-000002-000004": True,
+              "epoch-000002-000008": False}
+    # inside epoch 3: epoch 2's end stays beyond keep; the half-written one and the older ones go
+    assert ck.prune_plan((2, 12), 1, states) == ["epoch-000002-000008", "epoch-000002-000004",
+                                                  "epoch-000001-000004", "epoch-000001"]
+    assert "epoch-000002" not in ck.prune_plan((2, 12), 1, states)
+    assert ck.prune_plan((2, 12), 2, states) == ["epoch-000002-000008", "epoch-000001-000004", "epoch-000001"]
+    assert ck.prune_plan(3, 1, states) == ["epoch-000002-000008", "epoch-000002-000004", "epoch-000002",
+                                           "epoch-000001-000004", "epoch-000001"]  # at epoch 3's end: none kept
+    # the newest at an epoch's end is the one kept, even when half-written ones of later epochs' ends are around
+    assert ck.prune_plan((2, 4), 1, {"epoch-000001": True, "epoch-000002": False}) == ["epoch-000002"]
+    assert ck.prune_plan((2, 4), 1, {"epoch-000001": True, "epoch-000001-000005": True}) == ["epoch-000001-000005"]
+
+
+def test_commits_inside_an_epoch_keep_its_start_until_the_next_epochs_end(tmp_path):
+    store = open_storage(tmp_path / "ck")
+    assert ck.latest_at_epoch_end(store) is None
+    commit(store, tf_files(tmp_path / "tf1", 1), meta(1), keep=1)
+    for i, step in enumerate((3, 6, 9)):
+        commit(store, tf_files(tmp_path / f"in{step}", 2, i), dataclasses.replace(meta(1), step=12 + step), keep=1,
+               inside=step)
+        assert folders(store) == ["epoch-000001", f"epoch-000001-{step:06d}"]
+    name, got = ck.latest_at_epoch_end(store)
+    assert name == "epoch-000001" and got.step == 12
+    commit(store, tf_files(tmp_path / "tf2", 2), meta(2), keep=1)
+    assert folders(store) == ["epoch-000002"] and ck.latest_at_epoch_end(store)[0] == "epoch-000002"
+
+
+def test_no_room_inside_an_epoch_counts_the_checkpoint_kept_at_the_epochs_end(tmp_path):
+    store = open_storage(tmp_path / "ck")
+    items = [("x", CheckpointFile("ckpt.index", 2048, "AAAAAA=="))]
+    message = str(ck.no_room(store, "epoch-000001-000005", items))
+    assert "but the newest complete one and the newest at an epoch's end, which are kept" in message
+    assert "room for three checkpoints (two without --checkpoint-every)" in message
+    assert "room for two checkpoints, then" in str(ck.no_room(store, "epoch-000002", items))
+
+
+# ------------------------------------------------------------------ another worker count inside an epoch
+INSIDE = dataclasses.replace(meta(1), step=12 + 6)  # 2 workers x 8, 6 steps into epoch 2 (epoch-000001-000006)
+ONE = dataclasses.replace(SETTINGS, workers=1, batch_size=16)  # the same global batch on one worker
+
+
+def test_a_checkpoint_inside_an_epoch_resumes_on_its_own_worker_count_only():
+    assert ck.differences(INSIDE, SETTINGS, inside=6, epoch_start="epoch-000001") == []  # the same count: exact
+    assert ck.differences(meta(1), ONE, inside=0) == []  # at an epoch's end: any count that keeps the global batch
+    [line] = ck.differences(INSIDE, ONE, inside=6, epoch_start="epoch-000001")
+    assert line == ("--workers 1 in this job, but the checkpoint was written 6 step(s) into epoch 2 by 2 worker(s), "
+                    "and only that count trains exactly the records the epoch has left (each worker's share and "
+                    "order of an epoch's records follow from the worker count): resume on 2 worker(s) with "
+                    "--workers 2 --batch-size 8 to finish epoch 2 exactly, or resume on any worker count from "
+                    "epoch-000001, the newest checkpoint at an epoch's end (the steps after it are trained again): "
+                    "remove the checkpoint folders newer than epoch-000001, then run this command again")
+
+
+def test_the_second_way_on_is_named_only_where_it_exists():
+    [line] = ck.differences(INSIDE, ONE, inside=6)
+    assert line.endswith("to finish epoch 2 exactly (no complete checkpoint at an epoch's end is left to train "
+                         "epoch 2 again from its start)")
+    first = dataclasses.replace(meta(1), epoch=0, step=4, history={})
+    [line] = ck.differences(first, ONE, inside=4)
+    assert "4 step(s) into epoch 1 by 2 worker(s)" in line
+    assert line.endswith("or train epoch 1 from its start on any worker count: remove the checkpoint folders (all "
+                         "inside epoch 1), then run this command again")
+
+
+def test_check_compatible_refuses_another_count_inside_an_epoch_with_the_folder_and_the_global_batch():
+    where = "--checkpoint-dir /ck, epoch-000001-000006"
+    with pytest.raises(ConfigError) as e:
+        check_compatible(INSIDE, ONE, where, inside=6, epoch_start="epoch-000001")
+    message = str(e.value)
+    assert message.startswith(f"{where}: this job cannot resume from the checkpoint of epoch 1 (step 18, ")
+    assert "--workers 2 --batch-size 8 to finish epoch 2 exactly" in message and "from epoch-000001" in message
+    with pytest.raises(ConfigError) as e:  # another global batch too: both said at once
+        check_compatible(INSIDE, dataclasses.replace(ONE, batch_size=8), where, inside=6)
+    assert "the global batch (--batch-size x --workers) 16 (8 x 2)" in str(e.value)
+    assert "resume on 2 worker(s) with --workers 2 --batch-size 8" in str(e.value)

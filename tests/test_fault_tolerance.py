@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 
 from data_util import small_bucket
-from spark_imagenet.errors import WorkerLost
+from spark_imagenet.errors import ConfigError, WorkerLost
 from spark_imagenet.logs import collect
 from spark_imagenet.training.driver.launch import train
 from spark_imagenet.training.job.config import TrainConfig
@@ -93,11 +94,12 @@ def _spec_rank(cmdline: list[bytes]) -> int | None:
 
 
 class Saboteur(threading.Thread):
-    """Sends ``sig`` once to rank ``rank``'s TensorFlow process when ``ready()`` first holds; records the pid."""
+    """Sends ``sig`` once to rank ``rank``'s TensorFlow process when ``ready()`` first holds; records the pid,
+    then calls ``then()`` when given."""
 
-    def __init__(self, rank: int, sig: int, ready) -> None:
+    def __init__(self, rank: int, sig: int, ready, then=None) -> None:
         super().__init__(daemon=True)
-        self.rank, self.sig, self.ready = rank, sig, ready
+        self.rank, self.sig, self.ready, self.then = rank, sig, ready, then
         self.victims: list[int] = []
         self.stop = threading.Event()
 
@@ -108,6 +110,8 @@ class Saboteur(threading.Thread):
                 for pid in pids:
                     os.kill(pid, self.sig)
                 self.victims = pids
+                if self.then is not None:
+                    self.then()
                 return
             time.sleep(0.02)
 
@@ -318,9 +322,16 @@ def test_a_worker_killed_inside_an_epoch_resumes_at_the_step_of_the_last_checkpo
                                                                                    uninterrupted):
     """--checkpoint-every 4 (10 steps per epoch): rank 1 is SIGKILLed once the checkpoint 6 steps into epoch 2
     (global step 16) is committed; the relaunch resumes inside epoch 2 (the rest of its batches, not the whole
-    epoch again) and the final weights equal the uninterrupted run's (deterministic mode)."""
-    ckpt = tmp_path / "ckpt"
-    killer = Saboteur(1, signal.SIGKILL, (ckpt / "epoch-000001-000006" / "checkpoint.json").exists)
+    epoch again) and the final weights equal the uninterrupted run's (deterministic mode). The checkpoint folder
+    as the kill left it (epoch 1's end kept beside the checkpoints inside epoch 2), given to a job on one worker
+    with the same global batch, is refused before Spark starts, naming both ways on."""
+    ckpt, at_kill = tmp_path / "ckpt", tmp_path / "at-the-kill"
+
+    def keep_a_copy() -> None:  # nothing is committed or pruned until the relaunch trains
+        for name in ("epoch-000001", "epoch-000001-000006"):
+            shutil.copytree(ckpt / name, at_kill / name)
+
+    killer = Saboteur(1, signal.SIGKILL, (ckpt / "epoch-000001-000006" / "checkpoint.json").exists, keep_a_copy)
     killer.start()
     try:
         with collect() as lines:
@@ -341,6 +352,25 @@ def test_a_worker_killed_inside_an_epoch_resumes_at_the_step_of_the_last_checkpo
         np.testing.assert_array_equal(a, b)
     assert out["val"] == plain["val"] and len(out["history"]["xent"]) == 3
     assert out["history"]["xent"][2] == pytest.approx(plain["history"]["xent"][2], rel=1e-6)  # epoch 3: whole
+    _another_count_is_refused_inside_the_epoch(spark, bucket, tmp_path, at_kill)
+
+
+def _another_count_is_refused_inside_the_epoch(spark, bucket, tmp_path, at_kill: Path) -> None:
+    """One worker of batch 8 (the global batch kept) from the checkpoint 6 steps into epoch 2 of two workers: refused
+    by the plan, before run_job (no session check, lease or Spark job), with the folder, the count and both ways."""
+    from spark_imagenet.training.driver import launch
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(ConfigError) as e:
+        patch.setattr(launch, "run_job", lambda *a: pytest.fail("the job reached Spark"))
+        train(spark, str(bucket), TrainConfig(workers=1, cache=tmp_path / "cache", checkpoint_dir=str(at_kill),
+                                              checkpoint_every=4, **{**SMALL, "batch_size": 8}))
+    message = str(e.value)
+    for part in (f"--checkpoint-dir {at_kill}, epoch-000001-000006: this job cannot resume", "written 6 step(s) into "
+                 "epoch 2 by 2 worker(s)", "resume on 2 worker(s) with --workers 2 --batch-size 4 to finish epoch 2 "
+                 "exactly", "or resume on any worker count from epoch-000001, the newest checkpoint at an epoch's end",
+                 "remove the checkpoint folders newer than epoch-000001"):
+        assert part in message, message
+    assert sorted(p.name for p in at_kill.iterdir()) == ["epoch-000001", "epoch-000001-000006"]
 
 
 def test_min_workers_goes_on_with_fewer_when_a_slot_stays_taken(spark, bucket, tmp_path):

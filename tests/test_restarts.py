@@ -81,3 +81,79 @@ def test_a_resized_job_keeps_the_global_batch_and_reassigns_the_manifest_it_hold
     assert job.resized(4) is job
     with pytest.raises(ConfigError, match="5 worker"):
         job.resized(5)
+
+
+# ------------------------------------------------------------------ the checkpoint a relaunch resumes from
+def _point(name: str, workers: int, epoch: int, step: int):
+    import dataclasses
+
+    from spark_imagenet.training.job.checkpoints import new_meta
+    from spark_imagenet.training.job.outcome import ResumePoint
+
+    meta = new_meta(TrainConfig(workers=workers, batch_size=8 // workers, epochs=3), "d" * 16, 4, 10)
+    return ResumePoint(name, dataclasses.replace(meta, epoch=epoch, step=step))
+
+
+def test_a_relaunch_resumes_from_the_latest_checkpoint_at_an_epochs_end_or_on_its_own_count():
+    from spark_imagenet.training.job.restarts import RelaunchFrom, relaunch_from
+
+    end, inside = _point("epoch-000001", 2, 1, 10), _point("epoch-000001-000006", 2, 1, 16)
+    assert relaunch_from(end, None, 1) == RelaunchFrom(end)  # at an epoch's end: any count
+    assert relaunch_from(inside, end, 2) == RelaunchFrom(inside)  # the count that wrote it: exact
+
+
+def test_a_relaunch_on_another_count_trains_the_interrupted_epoch_again_from_its_start():
+    from spark_imagenet.training.job.restarts import relaunch_from
+
+    end, inside = _point("epoch-000001", 2, 1, 10), _point("epoch-000001-000006", 2, 1, 16)
+    chosen = relaunch_from(inside, end, 1)
+    assert chosen.resume == end
+    assert chosen.note == ("elastic: the latest checkpoint epoch-000001-000006 was written 6 step(s) into epoch 2 by "
+                           "2 worker(s), and only that count trains exactly the records the epoch has left (each "
+                           "worker's share and order of an epoch's records follow from the worker count): the "
+                           "relaunch on 1 worker(s) resumes from epoch-000001, the newest checkpoint at an epoch's "
+                           "end: the 6 step(s) of epoch 2 done are trained again from its start")
+    older = relaunch_from(inside, _point("epoch-000000", 2, 0, 0), 1)  # only an older epoch's end is left
+    assert older.note.endswith("epochs 1 to 2 are trained again from the start of epoch 1")
+    back = relaunch_from(_point("epoch-000001-000006", 1, 1, 16), end, 2)  # back on --workers after a smaller one
+    assert back.resume == end and "written 6 step(s) into epoch 2 by 1 worker(s)" in back.note
+    none = relaunch_from(_point("epoch-000000-000004", 2, 0, 4), None, 1)
+    assert none.resume is None and none.note.endswith("starts again at epoch 1, as no complete checkpoint at an "
+                                                      "epoch's end is left")
+
+
+def test_find_resume_refuses_or_relaunches_a_checkpoint_inside_an_epoch_by_the_count(local_ds, tmp_path):
+    """The plan on another worker count is refused before Spark with both ways on; a relaunch on it resumes from
+    the epoch's start with a warning; the count that wrote it resumes where it was."""
+    import dataclasses
+
+    from spark_imagenet.storage import open_storage
+    from spark_imagenet.training.driver.launch import plan_job
+    from spark_imagenet.training.driver.preflight import find_resume
+    from spark_imagenet.training.job import checkpoints
+
+    folder, _ = local_ds
+    ckpt = tmp_path / "ck"
+    job = plan_job(str(folder), TrainConfig(workers=2, batch_size=3, epochs=3, checkpoint_dir=str(ckpt),
+                                            checkpoint_every=2))
+    steps = job.assignment.steps_per_epoch
+    store = open_storage(ckpt)
+    template = checkpoints.new_meta(job.config, job.manifest.dataset_id, job.manifest.num_classes, steps)
+    for name, step, inside in (("end", steps, 0), ("in", steps + 2, 2)):
+        local = tmp_path / name
+        local.mkdir()
+        (local / "ckpt.index").write_bytes(name.encode())
+        checkpoints.commit(store, local, dataclasses.replace(template, step=step), inside=inside)
+    one = job.resized(1)
+    resume, finding = find_resume(job, relaunch=True)  # the count that wrote it
+    assert resume.name == "epoch-000001-000002" and finding.level == "ok"
+    resume, finding = find_resume(one)
+    assert resume is None and finding.level == "problem"
+    for part in ("epoch-000001-000002", "by 2 worker(s)", "--workers 2 --batch-size 3", "from epoch-000001, the "
+                 "newest checkpoint at an epoch's end", "remove the checkpoint folders newer than epoch-000001"):
+        assert part in finding.message, finding.message
+    with pytest.raises(ConfigError, match=r"epoch-000001-000002: this job cannot resume"):
+        plan_job(str(folder), one.config)  # before Spark starts
+    resume, finding = find_resume(one, relaunch=True)
+    assert resume.name == "epoch-000001" and finding.level == "warning"
+    assert "the relaunch on 1 worker(s) resumes from epoch-000001" in finding.message

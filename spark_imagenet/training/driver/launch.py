@@ -38,6 +38,7 @@ from spark_imagenet.training.driver.logserver import LogServer, driver_host
 from spark_imagenet.training.driver.meeting_server import driver_meeting
 from spark_imagenet.training.driver.preflight import (
     CheckedJob,
+    Findings,
     SessionFacts,
     check_folders,
     check_job,
@@ -141,7 +142,9 @@ def _announce(job: JobPlan) -> None:
 def _launch_with_restarts(spark, sc, checked: CheckedJob) -> tuple[list[TaskResult], int, JobPlan]:
     """Run the barrier stage; after a :class:`WorkerLost` failure launch it again as the job's
     :class:`~spark_imagenet.training.job.restarts.FailurePolicy` decides (at most ``config.max_restarts``
-    times, each time from the latest complete checkpoint, found again; from epoch 1 without ``checkpoint_dir``;
+    times, each time from the latest complete checkpoint, found again, or from the newest at an epoch's end when
+    the latest is inside an epoch and of another worker count (a warning says so:
+    :func:`~spark_imagenet.training.job.restarts.relaunch_from`); from epoch 1 without ``checkpoint_dir``;
     on fewer workers when ``min_workers`` allows and the slots are not free within ``regain_timeout``). The
     first launch resumes from the checkpoint the plan found. Returns every rank's record, the number of restarts
     and the job the last launch ran.
@@ -172,9 +175,9 @@ def _launch_with_restarts(spark, sc, checked: CheckedJob) -> tuple[list[TaskResu
             if decision.note:
                 (logger.warning if decision.warn else logger.info)(decision.note)
             job = wanted.resized(decision.workers)
-            resume, resumable = find_resume(job, announce=True)  # a checkpoint written since the last launch
-            if resumable is not None:
-                resumable.raise_if_problem()
+            # a checkpoint written since the last launch; one inside an epoch only on the count that wrote it
+            resume, resumable = find_resume(job, announce=True, relaunch=True)
+            Findings([resumable]).raise_if_problems().log_warnings(logger)
             job = dataclasses.replace(job, resume=resume)  # the job the tasks get names the same checkpoint
 
 

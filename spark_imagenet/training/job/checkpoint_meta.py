@@ -85,7 +85,8 @@ RECIPE_FIELDS = ("lr_schedule", "lr_boundaries", "warmup_epochs", "lr_scaling", 
 _SCALED_WITH_EPOCHS = ("lr_boundaries", "warmup_epochs")
 #: Settings that may change on resume (docs/guide/failures.md): ``--epochs`` (larger), and everything that
 #: is not in :data:`OPTIONS`: outputs, checkpoints kept, restarts, timeouts, transfers, cache, parallelism.
-MAY_CHANGE = "--epochs (more, to extend a run), --workers (with --batch-size keeping the global batch), " \
+MAY_CHANGE = "--epochs (more, to extend a run), --workers (with --batch-size keeping the global batch; from a " \
+             "checkpoint at an epoch's end), " \
              "--keep-checkpoints, --max-restarts, the timeouts, --output, " \
              "--results, --overwrite, --transfers, --parallel, --cache, --deterministic, --jit-compile and the " \
              "Spark settings"
@@ -450,16 +451,23 @@ def describe(meta: CheckpointMeta) -> str:
     return f"the checkpoint of epoch {meta.epoch} (step {meta.step}, {meta.created})"
 
 
-def differences(meta: CheckpointMeta, expected: RunSettings) -> list[str]:
+def differences(meta: CheckpointMeta, expected: RunSettings, *, inside: int = 0,
+                epoch_start: str | None = None) -> list[str]:
     """Why a job cannot resume from a checkpoint, one line per reason (pure; empty: it can).
 
     Args:
         meta: the checkpoint.
         expected: the job's values.
+        inside: the steps the checkpoint is into the epoch after ``meta.epoch`` (its folder's ``K``,
+            ``epoch-E-K``); 0 for a checkpoint at an epoch's end.
+        epoch_start: the folder of the newest complete checkpoint at an epoch's end (``epoch-E``), from which a
+            job on another worker count may train the interrupted epoch again from its start; None when there is
+            none. Read only for a checkpoint inside an epoch.
 
     Returns:
         list[str]: e.g. ``"--image-size 224 in the checkpoint, 128 in this job"``, in :data:`OPTIONS` order,
-        then the epochs rule.
+        then the global batch, the worker count of a checkpoint inside an epoch (:func:`_inside_an_epoch`) and
+        the epochs rule.
     """
     lines = []
     for field, option in OPTIONS.items():
@@ -475,10 +483,35 @@ def differences(meta: CheckpointMeta, expected: RunSettings) -> list[str]:
             why = f" ({_WHY[field]})" if field in _WHY else ""
             lines.append(f"{label} {ours!r} in the checkpoint, {theirs!r} in this job{why}")
     lines += _global_batch(meta, expected)
+    lines += _inside_an_epoch(meta, expected, inside, epoch_start)
     if meta.epoch > expected.epochs:
         lines.append(f"--epochs {expected.epochs} in this job, but the checkpoint has completed {meta.epoch} "
                      f"epoch(s) (give --epochs {meta.epoch} or more to resume from it)")
     return lines
+
+
+def _inside_an_epoch(meta: CheckpointMeta, expected: RunSettings, inside: int,
+                     epoch_start: str | None) -> list[str]:
+    """Why a job on another worker count cannot finish the epoch a checkpoint inside it interrupted (pure; empty:
+    it can): each worker's stream of records in an epoch follows from the worker count, so another count would
+    train a different rest of the epoch. The line names the two ways on: the checkpoint's count, or the epoch
+    again from its start (from ``epoch_start``, or from the first epoch when the checkpoint is inside it)."""
+    if not inside or meta.workers == expected.workers:
+        return []
+    epoch = meta.epoch + 1
+    line = (f"--workers {expected.workers} in this job, but the checkpoint was written {inside} step(s) into epoch "
+            f"{epoch} by {meta.workers} worker(s), and only that count trains exactly the records the epoch has left "
+            "(each worker's share and order of an epoch's records follow from the worker count): resume on "
+            f"{meta.workers} worker(s) with --workers {meta.workers} --batch-size {meta.batch_size} to finish epoch "
+            f"{epoch} exactly")
+    if epoch_start is not None:
+        return [f"{line}, or resume on any worker count from {epoch_start}, the newest checkpoint at an epoch's end "
+                f"(the steps after it are trained again): remove the checkpoint folders newer than {epoch_start}, "
+                "then run this command again"]
+    if epoch == 1:
+        return [f"{line}, or train epoch 1 from its start on any worker count: remove the checkpoint folders (all "
+                "inside epoch 1), then run this command again"]
+    return [f"{line} (no complete checkpoint at an epoch's end is left to train epoch {epoch} again from its start)"]
 
 
 def _global_batch(meta: RunSettings, expected: RunSettings) -> list[str]:
@@ -496,7 +529,8 @@ def _global_batch(meta: RunSettings, expected: RunSettings) -> list[str]:
             f"{', '.join(map(str, counts))} worker(s) with --batch-size {ours} / workers"]
 
 
-def check_compatible(meta: CheckpointMeta, expected: RunSettings, where: str) -> None:
+def check_compatible(meta: CheckpointMeta, expected: RunSettings, where: str, *, inside: int = 0,
+                     epoch_start: str | None = None) -> None:
     """Refuse to resume a job from a checkpoint another run wrote.
 
     Must match: the dataset (its ``dataset_id`` and class count), ``--model``, ``--width``,
@@ -512,7 +546,9 @@ def check_compatible(meta: CheckpointMeta, expected: RunSettings, where: str) ->
     too; the shards are assigned to the new worker count, so the data order of the epochs to come differs
     (each epoch still reads every train shard). A checkpoint of 2 workers at ``--batch-size 64`` resumes on 4
     with ``--batch-size 32``, on 1 with 128; a worker count that does not divide the global batch is refused
-    with the counts that do (:func:`_global_batch`). A different ``--epochs`` (the run's total) is allowed,
+    with the counts that do (:func:`_global_batch`). A checkpoint inside an epoch (``inside`` > 0) resumes on
+    its own worker count only: another count is refused with the two ways on, that count or the epoch again
+    from its start (:func:`_inside_an_epoch`). A different ``--epochs`` (the run's total) is allowed,
     to extend a run, as long as the checkpoint's completed epochs are at most the new total (equal: nothing
     is left to train).
 
@@ -520,12 +556,14 @@ def check_compatible(meta: CheckpointMeta, expected: RunSettings, where: str) ->
         meta: the checkpoint.
         expected: the job's values (:meth:`RunSettings.from_config`).
         where: the checkpoint, for the message (e.g. the URL of its ``checkpoint.json``).
+        inside: as :func:`differences`.
+        epoch_start: as :func:`differences`.
 
     Raises:
         ConfigError: the job differs; the message names ``where``, every differing field with the checkpoint's
             value, the job's and the option that sets it, and what to do.
     """
-    lines = differences(meta, expected)
+    lines = differences(meta, expected, inside=inside, epoch_start=epoch_start)
     if lines:
         raise ConfigError(f"{where}: this job cannot resume from {describe(meta)}: " + "; ".join(lines)
                           + f". Run with the checkpoint's values to resume from it (what may differ: {MAY_CHANGE}), "

@@ -17,7 +17,9 @@ of the checkpoint dir (a local folder every host sees, or ``gs://bucket/prefix``
         ckpt.index                   # the TensorFlow files, whatever their names (subfolders allowed)
         ckpt.data-00000-of-00001
         checkpoint.json              # the CheckpointMeta, written last: the commit point
-      epoch-000002/
+      epoch-000002-000120/           # with --checkpoint-every: 2 epochs done and 120 steps into the third
+        ...
+      epoch-000003/
         ...
 
 A folder counts as a checkpoint only when its ``checkpoint.json`` exists, is JSON, and every file it lists
@@ -27,7 +29,11 @@ its own folder's ``checkpoint.json`` (an epoch trained again after a crash reuse
 two uploads whose sizes happen to match never count as one checkpoint. Pruning deletes a folder's
 ``checkpoint.json`` first too.
 
-How many checkpoints stay is :func:`commit`'s ``keep`` (default :data:`DEFAULT_KEEP`).
+How many checkpoints stay is :func:`commit`'s ``keep`` (default :data:`DEFAULT_KEEP`), and one more: the newest
+complete checkpoint at an epoch's end is never pruned while only checkpoints inside the epoch after it are newer
+(:func:`prune_plan`). A checkpoint inside an epoch resumes on the worker count that wrote it only
+(:func:`check_compatible`); from that one (:func:`latest_at_epoch_end`) a job on another count trains the
+interrupted epoch again from its start.
 """
 
 from __future__ import annotations
@@ -73,7 +79,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULTS", "DEFAULT_KEEP", "FORMAT", "FORMAT_VERSION", "MAY_CHANGE", "META_NAME", "OPTIONS", "RECIPE_FIELDS", "REMEDY", "CheckpointFile",
     "CheckpointMeta", "RunSettings", "check_compatible", "check_keep", "checkpoint_sets", "commit", "describe",
-    "differences", "download", "expected_for", "folder_epoch", "folder_name", "folder_position", "latest", "new_meta", "prune_plan",
+    "differences", "download", "expected_for", "folder_epoch", "folder_name", "folder_position", "latest",
+    "latest_at_epoch_end", "new_meta", "prune_plan", "steps_inside",
     "read_local", "tf_prefix", "utc_now",
 ]
 
@@ -168,6 +175,27 @@ def latest(storage: Storage, *, announce: bool = False) -> tuple[str, Checkpoint
     return checkpoint_sets(storage).latest(_parse, announce=announce)
 
 
+def latest_at_epoch_end(storage: Storage) -> tuple[str, CheckpointMeta] | None:
+    """The newest complete checkpoint at an epoch's end (``epoch-000003``, not ``epoch-000003-000120``): where a
+    job on another worker count than a checkpoint inside an epoch was written with trains that epoch again.
+
+    Returns:
+        tuple[str, CheckpointMeta] | None: its folder's name and its meta, as :func:`latest`; None when there is
+        none (half-written folders are skipped silently).
+
+    Raises:
+        ConfigError, StorageError: as :func:`latest`.
+    """
+    return next(((name, meta) for name, meta in checkpoint_sets(storage).complete(_parse)
+                 if folder_position(name)[1] == 0), None)
+
+
+def steps_inside(name: str) -> int:
+    """The steps a checkpoint folder is into the epoch after its epochs done (``epoch-000003-000120`` -> 120,
+    ``epoch-000003`` -> 0; 0 for any other name)."""
+    return (folder_position(name) or (0, 0))[1]
+
+
 def read_local(local_dir: str | os.PathLike) -> CheckpointMeta:
     """The meta of a checkpoint :func:`download` fetched into ``local_dir``.
 
@@ -233,11 +261,18 @@ def prune_plan(epoch: int | tuple[int, int], keep: int | None, states: dict[str,
 
     Returns:
         list[str]: the folders older than ``epoch`` that are half-written, or complete beyond the newest
-        ``keep``, newest first; newer folders are never deleted.
+        ``keep``, newest first; newer folders are never deleted, nor, when ``epoch`` is inside an epoch, the
+        newest complete checkpoint at an epoch's end (only checkpoints inside an epoch are newer than it: it
+        stays the start a job on another worker count resumes from, :func:`latest_at_epoch_end`).
     """
     position = (epoch, 0) if isinstance(epoch, int) else epoch
     older = {f: complete for f, complete in states.items() if (folder_position(f) or (-1, 0)) < position}
-    return _sets_prune_plan(older, None if keep is None else max(keep - 1, 0), folder_position)
+    plan = _sets_prune_plan(older, None if keep is None else max(keep - 1, 0), folder_position)
+    if not position[1]:
+        return plan
+    ends = [f for f, complete in older.items() if complete and steps_inside(f) == 0 and folder_position(f) is not None]
+    start = max(ends, key=folder_position, default=None)
+    return [f for f in plan if f != start]
 
 
 def _prune(sets: CommittedSets, epoch: tuple[int, int], keep: int | None,
@@ -270,8 +305,10 @@ def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta,
     prune that fails is logged as a warning; the commit stands). One listing serves the whole commit.
 
     A store that runs out of room (:func:`out_of_space`) gets one more try after what the new checkpoint
-    wrote and every older checkpoint but the newest complete one are deleted (a warning names them): a folder
-    with room for two checkpoints then keeps training; with room for fewer the error says how much one needs.
+    wrote and every older checkpoint but the newest complete one (and, for a checkpoint inside an epoch, the
+    newest at an epoch's end: :func:`prune_plan`) are deleted (a warning names them): a folder with room for two
+    checkpoints (three with checkpoints inside epochs) then keeps training; with room for fewer the error says
+    how much one needs.
 
     Args:
         storage: the checkpoint dir.
@@ -344,7 +381,11 @@ def no_room(storage: Storage, folder: str, items: list) -> StorageError:
     if root is not None:
         with contextlib.suppress(OSError):
             free = f" ({human_size(shutil.disk_usage(root).free)} free there now)"
+    kept, room = "the newest complete one, which is kept", "two checkpoints"
+    if steps_inside(folder):  # the newest at an epoch's end stays too (prune_plan)
+        kept = "the newest complete one and the newest at an epoch's end, which are kept"
+        room = "three checkpoints (two without --checkpoint-every)"
     return StorageError(f"no room for checkpoint {folder} in {storage.url}: it needs {human_size(size)}{free}, "
-                        "and no older checkpoint is left to remove but the newest complete one, which is kept. Free "
-                        "space there, or give a --checkpoint-dir with room for two checkpoints, then run the same "
-                        "command again: it resumes from the newest complete checkpoint")
+                        f"and no older checkpoint is left to remove but {kept}. Free space there, or give a "
+                        f"--checkpoint-dir with room for {room}, then run the same command again: it resumes from "
+                        "the newest complete checkpoint")

@@ -7,6 +7,8 @@ the facts of one loss into a decision: :meth:`FailurePolicy.exhausted` (the rest
 failed, the barrier slots free once the driver stopped waiting for them) its :class:`Relaunch`. The driver
 (:mod:`spark_imagenet.training.driver.launch`) waits for the slots, logs the decision's ``note`` and resizes
 its plan (:meth:`~spark_imagenet.training.job.plan.JobPlan.resized`); the rules are testable without a cluster.
+:func:`relaunch_from` chooses the checkpoint the relaunch resumes from, given the checkpoints the driver found
+(:func:`~spark_imagenet.training.driver.preflight.find_resume`).
 
 Example::
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 
 from spark_imagenet.training.job.assignment import elastic_counts
+from spark_imagenet.training.job.checkpoints import steps_inside
+from spark_imagenet.training.job.outcome import ResumePoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,3 +147,53 @@ class FailurePolicy:
                            f"{self.global_batch // m} each (the global batch {self.global_batch} kept), from the "
                            f"latest checkpoint; a later relaunch goes back to {self.workers} when the slots are "
                            "free", warn=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RelaunchFrom:
+    """The checkpoint a relaunch resumes from (:func:`relaunch_from`).
+
+    Attributes:
+        resume: the checkpoint, or None: training starts again at epoch 1.
+        note: a warning (logged after ``warning: ``) when it is not the latest checkpoint, else "".
+    """
+
+    resume: ResumePoint | None
+    note: str = ""
+
+
+def relaunch_from(latest: ResumePoint, epoch_start: ResumePoint | None, workers: int) -> RelaunchFrom:
+    """The checkpoint a relaunch on ``workers`` resumes from (pure).
+
+    The latest, unless it is inside an epoch and was written by another worker count (a relaunch on fewer workers
+    with ``--min-workers``, or back on ``--workers`` after one): only the count that began an epoch trains exactly
+    the records it has left (:func:`~spark_imagenet.training.job.checkpoints.check_compatible` refuses the others),
+    so the relaunch trains that epoch again from its start: from ``epoch_start``, or from epoch 1 without one.
+
+    Args:
+        latest: the latest complete checkpoint.
+        epoch_start: the newest complete checkpoint at an epoch's end
+            (:func:`~spark_imagenet.training.job.checkpoints.latest_at_epoch_end`), or None when there is none; read
+            only when ``latest`` is inside an epoch.
+        workers: the worker count of the relaunch.
+
+    Returns:
+        RelaunchFrom: ``latest`` without a note; else ``epoch_start`` (or None: epoch 1) with a warning saying
+        which steps are trained again, and why.
+    """
+    inside = steps_inside(latest.name)
+    if not inside or latest.meta.workers == workers:
+        return RelaunchFrom(latest)
+    epoch = latest.epoch + 1
+    why = (f"elastic: the latest checkpoint {latest.name} was written {inside} step(s) into epoch {epoch} by "
+           f"{latest.meta.workers} worker(s), and only that count trains exactly the records the epoch has left "
+           f"(each worker's share and order of an epoch's records follow from the worker count): the relaunch on "
+           f"{workers} worker(s)")
+    if epoch_start is None:
+        return RelaunchFrom(None, f"{why} starts again at epoch 1, as no complete checkpoint at an epoch's end is "
+                                  "left")
+    first = epoch_start.epoch + 1
+    again = (f"the {inside} step(s) of epoch {epoch} done are trained again from its start" if first == epoch else
+             f"epochs {first} to {epoch} are trained again from the start of epoch {first}")
+    return RelaunchFrom(epoch_start, f"{why} resumes from {epoch_start.name}, the newest checkpoint at an epoch's "
+                                     f"end: {again}")

@@ -310,9 +310,11 @@ class RunConfig:
             training checkpoints (:mod:`spark_imagenet.training.job.checkpoints`);
             a job launched again resumes from the latest complete one; None = none.
         keep_checkpoints: complete checkpoints kept in ``checkpoint_dir``, the newest included (>= 1); older
-            ones are deleted after each commit. May differ between the launches of one run.
+            ones are deleted after each commit, but for the newest one at an epoch's end while only checkpoints
+            inside the epoch after it are newer. May differ between the launches of one run.
         checkpoint_every: also commit a checkpoint inside an epoch at every multiple of this many global steps
-            (>= 1); None = at epoch ends only. May differ between the launches of one run.
+            (>= 1); None = at epoch ends only. May differ between the launches of one run. Such a checkpoint
+            resumes on the worker count that wrote it only.
         regain_timeout: seconds a relaunch waits for ``workers`` free barrier slots before it goes on with
             fewer (only with ``min_workers``).
         max_restarts: times the driver launches the barrier stage again after
@@ -341,11 +343,13 @@ class RunConfig:
                                               "it; --epochs may grow; docs/guide/failures.md)")
     keep_checkpoints: int = setting(DEFAULT_KEEP, kind="int", minimum=1, option="--keep-checkpoints",
                                     help="complete checkpoints to keep in --checkpoint-dir, the newest included; "
-                                         "older ones are deleted after each commit")
+                                         "older ones are deleted after each commit, but for the newest one at an "
+                                         "epoch's end while only checkpoints inside the next epoch are newer")
     checkpoint_every: int | None = setting(None, kind="int", minimum=1, optional=True, option="--checkpoint-every",
                                            help="also commit a checkpoint inside an epoch every N global steps (a "
-                                                "resume then continues at that step with the batches an "
-                                                "uninterrupted run would see)")
+                                                "resume on the same --workers then continues at that step with the "
+                                                "batches an uninterrupted run would see; another worker count is "
+                                                "refused)")
     regain_timeout: float = setting(60.0, kind="float", minimum=0.0, option="--regain-timeout",
                                     help="with --min-workers: seconds a relaunch waits for --workers free barrier "
                                          "slots before it goes on with fewer")

@@ -42,7 +42,7 @@ from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.training.job.master import Master
 from spark_imagenet.training.job.outcome import ResumePoint
 from spark_imagenet.training.job.plan import JobPlan
-from spark_imagenet.training.job.restarts import FailurePolicy
+from spark_imagenet.training.job.restarts import FailurePolicy, relaunch_from
 
 logger = logging.getLogger(__name__)
 
@@ -168,22 +168,29 @@ def _useless_min_workers(config: TrainConfig) -> Finding | None:
     return Finding.warning("min workers", useless) if useless else None
 
 
-def find_resume(job: JobPlan, *, announce: bool = False) -> tuple[ResumePoint | None, Finding | None]:
+def find_resume(job: JobPlan, *, announce: bool = False,
+                relaunch: bool = False) -> tuple[ResumePoint | None, Finding | None]:
     """The latest complete checkpoint in ``job.config.checkpoint_dir``, and whether this job may resume from it.
 
     The plan finds it once (:func:`check_plan`); a relaunch after a lost worker finds it again, since a newer
-    checkpoint may exist by then.
+    checkpoint may exist by then. A checkpoint inside an epoch resumes on the worker count that wrote it only: a
+    job on another count is refused, its message naming the newest checkpoint at an epoch's end to train the epoch
+    again from; a relaunch on another count resumes from that one instead
+    (:func:`~spark_imagenet.training.job.restarts.relaunch_from`).
 
     Args:
         job: the job.
         announce: log (INFO) each folder skipped as half-written.
+        relaunch: the job is a relaunch after a lost worker (its worker count chosen by the failure policy, not
+            by the user).
 
     Returns:
         ``(resume, finding)``: the checkpoint's :class:`ResumePoint` (None: no ``checkpoint_dir``, no complete
-        checkpoint in it yet, or one this job cannot resume from) and the ``resume`` finding (None without
-        ``checkpoint_dir``): a problem when the checkpoint is of another dataset, model, cluster shape or recipe,
-        or of more epochs than ``epochs``
-        (:func:`~spark_imagenet.training.job.checkpoints.check_compatible`).
+        checkpoint in it yet, one this job cannot resume from, or a relaunch that starts again at epoch 1) and the
+        ``resume`` finding (None without ``checkpoint_dir``): a problem when the checkpoint is of another dataset,
+        model, cluster shape or recipe, or of more epochs than ``epochs``
+        (:func:`~spark_imagenet.training.job.checkpoints.check_compatible`); a warning when a relaunch does not
+        resume from the latest checkpoint.
 
     Raises:
         StorageError: the folder cannot be listed or a ``checkpoint.json`` read.
@@ -194,11 +201,23 @@ def find_resume(job: JobPlan, *, announce: bool = False) -> tuple[ResumePoint | 
     latest = checkpoints.latest(job.checkpoints, announce=announce)
     if latest is None:
         return None, Finding.ok("resume", f"no complete checkpoint in {config.checkpoint_dir} yet: epoch 1")
-    name, meta = latest
+    point = ResumePoint(*latest)
+    elsewhere = checkpoints.steps_inside(point.name) and point.meta.workers != config.workers
+    at_end = checkpoints.latest_at_epoch_end(job.checkpoints) if elsewhere else None
+    start = ResumePoint(*at_end) if at_end is not None else None  # the start of the epoch the latest is inside
+    note = ""
+    if relaunch:
+        chosen = relaunch_from(point, start, config.workers)
+        point, note = chosen.resume, chosen.note
+        if point is None:
+            return None, Finding.warning("resume", note)
     compatible = Finding.of("resume", lambda: checkpoints.check_compatible(
-        meta, checkpoints.expected_for(config, job.manifest), f"--checkpoint-dir {config.checkpoint_dir}, {name}"),
-        f"{name} in {config.checkpoint_dir}")
-    return (ResumePoint(name, meta) if compatible.level == "ok" else None), compatible
+        point.meta, checkpoints.expected_for(config, job.manifest), f"--checkpoint-dir {config.checkpoint_dir}, "
+        f"{point.name}", inside=checkpoints.steps_inside(point.name), epoch_start=start.name if start else None),
+        f"{point.name} in {config.checkpoint_dir}")
+    if compatible.level == "problem":
+        return None, compatible
+    return point, Finding.warning("resume", note) if note else compatible
 
 
 @dataclasses.dataclass(frozen=True)
