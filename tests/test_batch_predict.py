@@ -249,7 +249,8 @@ def _parquet_rows(out: Path, key: str) -> dict[str, dict]:
 def test_the_command_over_a_folder_and_over_a_table(run_folder, images, tmp_path, spark):
     """``spark-imagenet predict RUN --source FOLDER --out OUT --master local[2]``, then the same images as a
     Parquet table with ``--table``: Parquet of (key, class_ids, wnids, names, probabilities, error) equal to the
-    SavedModel's answers; the counts printed; the bad images named in one warning."""
+    SavedModel's answers; the counts printed; the bad images named in one warning; no CUDA start-up line of
+    TensorFlow's (``failed call to cuInit``) from the executors."""
     out = tmp_path / "from-folder"
     p = _cli(str(run_folder), "--source", str(images), "--out", str(out), "--master", "local[2]", "--top", "3")
     assert p.returncode == 0, p.stderr[-3000:]
@@ -257,6 +258,7 @@ def test_the_command_over_a_folder_and_over_a_table(run_folder, images, tmp_path
     assert f"predict: {len(files)} images, 2 errors -> {out}" in p.stdout
     warning = [line for line in p.stderr.splitlines() if "have no prediction" in line]
     assert len(warning) == 1 and "bad.jpg" in warning[0] and "truncated.jpg" in warning[0], p.stderr[-2000:]
+    assert "cuInit" not in p.stderr and "cuda_platform" not in p.stderr, p.stderr[-2000:]  # TensorFlow's CUDA probing
     rows = _parquet_rows(out, "path")
     assert set(rows) == {f.name for f in files}
     check_rows(rows, images, run_folder, 3)

@@ -37,6 +37,11 @@ def test_the_level_drops_lower_severities_only():
         "/x/y.py:3: UserWarning: a python warning\n"
         "E0000 00:00:1796194459.799292    8969 cuda_platform.cc:52] failed call to cuInit\n")
     assert filter_native_log("plain text\nno newline at the end", 3) == "plain text\nno newline at the end"
+    # a process on the CPU of a host without a GPU: TensorFlow's CUDA start-up lines go too, whatever their level
+    assert filter_native_log(TWICE, 0, cpu_only=True) == (
+        f"I0000 00:00:1796194456.826442    8969 {ONEDNN}\n"
+        "W0000 00:00:1796194456.826789    8969 some.cc:7] a warning\n"
+        "/x/y.py:3: UserWarning: a python warning\n")
 
 
 def _import_tensorflow(first: str, level: str | None) -> str:
@@ -78,3 +83,8 @@ def test_an_unwritable_tmpdir_filters_nothing_and_breaks_nothing(tmp_path, monke
                     b"E0000 00:00:1.6  7 x.cc:1] an error\n")
     err = capfd.readouterr().err
     assert "oneDNN" not in err and "an error" in err
+    with filtered_stderr(cpu_only=True):  # an executor's batch inference loading its model on a CPU-only host
+        os.write(2, b"E0000 00:00:1.7  7 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error\n"
+                    b"E0000 00:00:1.6  7 x.cc:1] an error\n")
+    err = capfd.readouterr().err
+    assert "cuInit" not in err and "an error" in err

@@ -14,7 +14,6 @@ import collections
 import contextlib
 import dataclasses
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 from spark_imagenet.training.job import priority
 from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.training.job.gpus import is_cpu_startup_line
 from spark_imagenet.training.task.supervisor import EXIT_SUPERVISOR_FAILED, set_death_signal
 
 #: The module that runs the child, ends it and removes its folder when the task dies.
@@ -77,28 +77,16 @@ class ChildFolder:
     collect: Callable[[str], None]
 
 
-#: TensorFlow's start-up lines on a host without a CUDA driver: true, but they read like failures
-#: ("failed call to cuInit: ... CUDA error") on every CPU-only rank.
-_CPU_STARTUP_NOISE = re.compile(
-    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    r"|Could not find cuda drivers on your machine, GPU will not be used"
-    r"|failed call to cuInit"
-    r"|Unable to register cu(DNN|FFT|BLAS) factory"
-    r"|computation placer already registered"
-    r"|This TensorFlow binary is optimized to use available CPU instructions"
-    r"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags"
-)
-
-
 class CpuStartupFilter:
     """Hides TensorFlow's CUDA start-up lines of a worker that has no GPU, on a host without one.
 
     Called with each output line; returns the line to echo, or None. The first
     hidden line is replaced by one line saying that TensorFlow trains on the CPU
-    and that its CUDA start-up lines are not shown; the hidden lines stay in
-    :func:`finish_child`'s tail, so a failure's message still carries them.
-    Use it only where no GPU was asked for or found (a GPU worker's CUDA
-    errors are real).
+    and that its CUDA start-up lines are not shown (the lines are those of
+    :func:`~spark_imagenet.training.job.gpus.is_cpu_startup_line`). :func:`finish_child`'s
+    tail, which a failure's message quotes, keeps what was echoed, so it
+    leaves them out too. Use it only where no GPU was asked for or found (a
+    GPU worker's CUDA errors are real).
 
     Args:
         notice: the line shown in place of the first hidden one.
@@ -114,7 +102,7 @@ class CpuStartupFilter:
         self.notice = notice
 
     def __call__(self, line: str) -> str | None:
-        if not _CPU_STARTUP_NOISE.search(line):
+        if not is_cpu_startup_line(line):
             return line
         self.hidden += 1
         return self.notice if self.hidden == 1 else None
@@ -124,9 +112,9 @@ def _echo(raw: bytes, prefix: str, tail: collections.deque, out,
           shown: Callable[[str], str | None] | None = None) -> None:
     line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
     line = line.rsplit("\r", 1)[-1]  # a progress bar redraws with \r: keep what the terminal would show
-    tail.append(line)
     echo = line if shown is None else shown(line)
     if echo is not None:
+        tail.append(echo)
         out.write(f"{prefix}{echo}\n")
         out.flush()
 
@@ -188,11 +176,11 @@ def finish_child(proc: subprocess.Popen, prefix: str, tail_lines: int = TAIL_LIN
         folder: the child's temporary folder (:class:`ChildFolder`; its ``prefix`` was given to
             :func:`start_child`), or None when the child was started without one.
         shown: called with each line, returns what to echo instead (None: nothing), e.g.
-            :class:`CpuStartupFilter`; every line is kept in the tail either way.
+            :class:`CpuStartupFilter`; the tail keeps what was echoed (without the prefix).
 
     Returns:
-        ``(exit_code, last_lines)``; a negative code is the killing signal, 125 (``EXIT_SUPERVISOR_FAILED``) a
-        child that could not be started.
+        ``(exit_code, last_lines)``: ``last_lines`` are the last ``tail_lines`` lines echoed; a negative code is
+        the killing signal, 125 (``EXIT_SUPERVISOR_FAILED``) a child that could not be started.
 
     Raises:
         whatever ``folder.prepare`` or ``folder.collect`` raises (the child is ended first).

@@ -11,7 +11,9 @@ The model is fetched and loaded once per Python worker and ``--output`` URL (:fu
 ``serving/`` folder and ``labels.json`` are copied into a local temporary folder (removed when the worker
 exits) and the SavedModel's ``probabilities`` signature (``images``: tf.string ``[None]`` of encoded
 JPEG/PNG/GIF/BMP bytes -> ``probabilities``: float32 ``[None, C]``, decoding and cropping exactly as
-evaluation does) is kept. Top-k is computed here from those probabilities, so any ``top_k`` works.
+evaluation does) is kept. Top-k is computed here from those probabilities, so any ``top_k`` works. On a host
+without a GPU, TensorFlow's CUDA start-up lines (``failed call to cuInit ...``) printed while the model loads
+are left out of the worker's stderr (:func:`~spark_imagenet.training.worker.native_log.filtered_stderr`).
 
 An image above the pixel limit (:mod:`spark_imagenet.dataset.pixels`, read from its header) gets the reason
 in its row's ``error`` before anything decodes it. A batch is scored in one call; when that call fails because of an image (TensorFlow cannot decode it:
@@ -37,7 +39,9 @@ from spark_imagenet.errors import ConfigError, SparkImagenetError
 from spark_imagenet.storage import open_storage
 from spark_imagenet.storage.committed import download_folder
 from spark_imagenet.training.job.exported import INPUT_KEY, PROBABILITIES_SIGNATURE
+from spark_imagenet.training.job.gpus import host_has_gpus
 from spark_imagenet.training.job.outputs import LABELS_FILE, SERVING_DIR
+from spark_imagenet.training.worker.native_log import filtered_stderr
 
 #: The columns :meth:`BatchModel.predict` returns, in order.
 FIELDS = ("class_ids", "wnids", "names", "probabilities", "error")
@@ -208,7 +212,8 @@ def loaded_model(model_url: str) -> BatchModel:
             atexit.register(shutil.rmtree, folder, True)
             try:
                 fetch_serving(model_url, folder)
-                model = BatchModel(folder, model_url)
+                with filtered_stderr(cpu_only=not host_has_gpus()):  # TensorFlow's first op: CUDA start-up lines
+                    model = BatchModel(folder, model_url)
             except SparkImagenetError:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise

@@ -15,6 +15,10 @@ file descriptor 2 into a temporary file, then passes on what
 severity and absl's preamble dropped, any line repeated in the same words
 dropped, everything else (Python warnings, TensorFlow's errors, anything not
 in absl's format) unchanged and in order.
+
+:func:`filtered_stderr` is the same filter around any block of code; with ``cpu_only`` it also drops
+TensorFlow's CUDA start-up lines (:func:`spark_imagenet.training.job.gpus.is_cpu_startup_line`, e.g.
+``failed call to cuInit`` at the first op), as an executor's batch inference does on a host without a GPU.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import re
 import sys
 import tempfile
 from typing import Iterator
+
+from spark_imagenet.training.job.gpus import is_cpu_startup_line
 
 #: absl's line prefix: severity letter, date, time, thread id, ``file:line]``.
 _ABSL_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ ([^\]]+\] .*)$")
@@ -44,17 +50,21 @@ def min_log_level() -> int:
         return 0
 
 
-def filter_native_log(text: str, min_level: int) -> str:
+def filter_native_log(text: str, min_level: int, cpu_only: bool = False) -> str:
     """The lines of ``text`` (what the native libraries wrote) that TensorFlow's log level lets through, once each.
 
     Args:
         text: stderr output, lines ending in ``\\n``.
         min_level: ``TF_CPP_MIN_LOG_LEVEL``: absl lines of a lower severity are dropped
             (0: none dropped; 2: INFO and WARNING dropped, ERROR and FATAL kept).
+        cpu_only: also drop TensorFlow's CUDA start-up lines
+            (:func:`~spark_imagenet.training.job.gpus.is_cpu_startup_line`), whatever their severity: for a
+            process with no GPU on a host without one.
 
     Returns:
-        str: ``text`` without absl's preamble line, the absl lines below ``min_level`` and any absl line
-        whose ``file:line] message`` part appeared before; all other lines unchanged, in order.
+        str: ``text`` without absl's preamble line, the absl lines below ``min_level``, any absl line
+        whose ``file:line] message`` part appeared before and (``cpu_only``) the CUDA start-up lines; all other
+        lines unchanged, in order.
 
     Example::
 
@@ -64,7 +74,7 @@ def filter_native_log(text: str, min_level: int) -> str:
     kept = []
     for line in text.splitlines(keepends=True):
         stripped = line.rstrip("\n")
-        if stripped == _ABSL_PREAMBLE:
+        if stripped == _ABSL_PREAMBLE or (cpu_only and is_cpu_startup_line(stripped)):
             continue
         match = _ABSL_LINE.match(stripped)
         if match:
@@ -76,12 +86,15 @@ def filter_native_log(text: str, min_level: int) -> str:
 
 
 @contextlib.contextmanager
-def filtered_stderr() -> Iterator[None]:
+def filtered_stderr(cpu_only: bool = False) -> Iterator[None]:
     """Context manager: what is written to file descriptor 2 inside passes through :func:`filter_native_log`.
 
     The output is held in a temporary file and written to the real stderr when the block ends (normally or
     with an exception), so its lines come out together, after the block. Where no temporary file can be
     made (an unwritable ``$TMPDIR``), nothing is filtered.
+
+    Args:
+        cpu_only: passed to :func:`filter_native_log` (drop TensorFlow's CUDA start-up lines).
     """
     try:
         held_file = tempfile.TemporaryFile()
@@ -99,7 +112,7 @@ def filtered_stderr() -> Iterator[None]:
             os.dup2(saved, 2)
             os.close(saved)
             held.seek(0)
-            text = filter_native_log(held.read().decode("utf-8", "replace"), min_log_level())
+            text = filter_native_log(held.read().decode("utf-8", "replace"), min_log_level(), cpu_only)
             if text:
                 sys.stderr.write(text)
                 sys.stderr.flush()
