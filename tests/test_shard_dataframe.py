@@ -123,6 +123,8 @@ def class_tree(root: Path, per_class: int = 8, val: int = 3) -> dict[str, bytes]
 
 @pytest.mark.slow
 def test_a_binary_file_read_of_class_folders_via_the_command_line(spark, tmp_path):
+    """``shard --table PHOTOS --format binaryFile``, and shard_dataframe of a plain binaryFile read of the same
+    tree: class from each image's folder, split from its train/val folder."""
     from spark_imagenet.cli import main
 
     written = class_tree(tmp_path / "photos")
@@ -130,12 +132,18 @@ def test_a_binary_file_read_of_class_folders_via_the_command_line(spark, tmp_pat
     assert main(["shard", "--table", str(tmp_path / "photos"), "--format", "binaryFile", "--out", str(out),
                  "--train-shards", "2", "--val-shards", "1", "--no-progress"]) == 0
     manifest = Manifest.load(__import__("spark_imagenet").open_storage(str(out)))
-    got = records(out, manifest)
-    for split in ("train", "val"):
-        expected = sorted((rel.split("/")[1], hashlib.sha256(b).hexdigest()) for rel, b in written.items()
-                          if rel.startswith(split + "/"))
-        assert sorted((r["image/class/synset"].decode(), hashlib.sha256(r["image/encoded"]).hexdigest())
-                      for r in got[split]) == expected
+    # The same tree as the most natural DataFrame, a plain binaryFile read: labelled by folder as the command does.
+    plain = (spark.read.format("binaryFile").option("pathGlobFilter", "*.jpg").option("recursiveFileLookup", "true")
+             .load(str(tmp_path / "photos")))
+    from_api = shard_dataframe(plain, str(tmp_path / "api"), train_shards=2, val_shards=1, progress=False)
+    assert from_api.source["columns"] == manifest.source["columns"]
+    for folder, built in ((out, manifest), (tmp_path / "api", from_api)):
+        got = records(folder, built)
+        for split in ("train", "val"):
+            expected = sorted((rel.split("/")[1], hashlib.sha256(b).hexdigest()) for rel, b in written.items()
+                              if rel.startswith(split + "/"))
+            assert sorted((r["image/class/synset"].decode(), hashlib.sha256(r["image/encoded"]).hexdigest())
+                          for r in got[split]) == expected
     assert manifest.source["columns"]["name"] == "path"
 
 

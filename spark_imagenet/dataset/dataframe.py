@@ -46,6 +46,7 @@ from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
 from spark_imagenet.dataset.duplicates import Duplicate
 from spark_imagenet.dataset.split_copies import copies_across_splits
+from spark_imagenet.dataset.tables import labelled_by_folder
 from spark_imagenet.dataset.sharding import (MIN_AUTO_TRAIN_SHARDS, MIN_AUTO_VAL_SHARDS, ON_CORRUPT_MODES,
                                              TARGET_SHARD_BYTES, VERIFY_MODES)
 from spark_imagenet.dataset.transfer import Destination, check_destination
@@ -129,8 +130,13 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
             must reach it.
         image_col: the column of image bytes (binary), e.g. ``content`` of ``spark.read.format("binaryFile")``.
         label_col: the class of each row: a name (string; class ids are the sorted distinct names, as Keras'
-            ``image_dataset_from_directory``) or a class id (integer; the ids must be 0..K-1, each used).
-        split_col: a column of ``"train"``/``"val"`` (null: decided by ``val_fraction``), or None.
+            ``image_dataset_from_directory``) or a class id (integer; the ids must be 0..K-1, each used). A
+            ``spark.read.format("binaryFile")`` read (its columns ``path``, ``modificationTime``, ``length``,
+            ``content``) without a ``label`` column is labelled as ``spark-imagenet shard --format binaryFile``
+            does: each image's class is the name of its folder (``photos/cat/1.jpg`` -> ``cat``).
+        split_col: a column of ``"train"``/``"val"`` (null: decided by ``val_fraction``), or None (for a
+            binaryFile read labelled by folder: ``train`` or ``val`` from a folder of that name on the path, as
+            the command line does, else decided by ``val_fraction``).
         name_col: a string column naming each row's file (its base name is the record's
             ``image/filename``); None: ``path`` when the DataFrame has one (binaryFile), else each row is
             named by the first 16 hex digits of its SHA-256 and ``.jpg``.
@@ -163,16 +169,15 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
     Example:
 
     ```python
-    from pyspark.sql import functions as F
     from spark_imagenet import shard_dataframe
 
-    df = spark.read.format("binaryFile").load("/data/photos/*/*.jpg")       # one folder per class
-    df = df.withColumn("label", F.element_at(F.split("path", "/"), -2))   # the folder's name
+    df = spark.read.format("binaryFile").load("/data/photos/*/*.jpg")   # one folder per class: its label
     manifest = shard_dataframe(df, "gs://my-bucket/photo-shards", val_fraction=0.1)
     ```
     """
     _check_options(val_fraction, verify, on_corrupt, train_shards, val_shards)
     check_max_pixels(max_image_pixels)
+    df, split_col = labelled_by_folder(df, label_col, split_col)
     columns = check_columns(df, image_col, label_col, split_col, name_col)
     auto = train_shards is None or val_shards is None
     found = survey(df, columns, with_bytes=auto)

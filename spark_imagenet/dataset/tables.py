@@ -8,10 +8,14 @@ takes (``spark-imagenet shard --table``).
   ``modificationTime``, ``length``, ``content``), plus ``label``, the name of the file's folder, and ``split``,
   ``train`` or ``val`` when the path has such a folder (``photos/train/cat/1.jpg``), else null (then
   ``val_fraction`` decides). Files whose names do not end like an image are left out.
+
+A binaryFile DataFrame a user read without a label column gets the same ``label`` (and ``split``) in
+:func:`spark_imagenet.dataset.dataframe.shard_dataframe` (:func:`labelled_by_folder`).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
@@ -19,6 +23,10 @@ from urllib.parse import urlparse
 from spark_imagenet.errors import ConfigError, spark_reason
 from spark_imagenet.source.labelled import IMAGE_EXTENSIONS
 
+logger = logging.getLogger(__name__)
+
+#: The columns of a ``spark.read.format("binaryFile")`` read.
+BINARY_FILE_COLUMNS = ("path", "modificationTime", "length", "content")
 #: The data sources ``--format`` takes.
 FORMATS = ("parquet", "binaryFile", "delta")
 #: The file endings a binaryFile read keeps (without the dot): :data:`~spark_imagenet.source.labelled.IMAGE_EXTENSIONS`.
@@ -140,13 +148,8 @@ def image_folder(spark: Any, root: str) -> Any:
     Raises:
         ConfigError: no image file under ``root``, or all of them in one folder (one class).
     """
-    from pyspark.sql import functions as F
-
-    df = images_under(spark, root)
-    parts = F.split(F.col("path"), "/")
-    labelled = df.withColumn("label", F.element_at(parts, -2)).withColumn(
-        "split", F.when(F.array_contains(parts, "train"), F.lit("train"))
-        .when(F.array_contains(parts, "val"), F.lit("val")))
+    label, split = folder_label_and_split()
+    labelled = images_under(spark, root).withColumn("label", label).withColumn("split", split)
     labels = [r[0] for r in labelled.select("label").distinct().limit(2).collect()]
     if not labels:
         raise ConfigError(f"{root} holds no image files (.jpg, .jpeg, .png, .gif, .bmp): give the folder whose "
@@ -154,6 +157,48 @@ def image_folder(spark: Any, root: str) -> Any:
     if len(labels) == 1:
         raise _one_folder(root, root, labels[0])
     return labelled
+
+
+def folder_label_and_split() -> tuple[Any, Any]:
+    """The class and split of a binaryFile row, from its ``path`` column: the ``label`` and ``split`` columns of
+    :func:`image_folder` (also what :func:`spark_imagenet.dataset.dataframe.shard_dataframe` gives a binaryFile
+    read that has no label column).
+
+    Returns:
+        tuple: two ``pyspark.sql.Column``: the name of the file's folder (``photos/train/cat/1.jpg`` -> ``cat``),
+        and ``train`` or ``val`` when the path has a folder of that name, else null.
+    """
+    from pyspark.sql import functions as F
+
+    parts = F.split(F.col("path"), "/")
+    split = F.when(F.array_contains(parts, "train"), F.lit("train")).when(F.array_contains(parts, "val"), F.lit("val"))
+    return F.element_at(parts, -2), split
+
+
+def labelled_by_folder(df: Any, label_col: str, split_col: str | None) -> tuple[Any, str | None]:
+    """A binaryFile read without a label column, labelled by folder as the command line's ``--format binaryFile``
+    (:func:`folder_label_and_split`); any other DataFrame as it is.
+
+    Args:
+        df: the DataFrame given to :func:`spark_imagenet.dataset.dataframe.shard_dataframe`.
+        label_col: its label column; only the default ``"label"``, absent from ``df``, is made from the path.
+        split_col: its split column, or None: then ``train``/``val`` folders on the path give the split.
+
+    Returns:
+        tuple: the DataFrame (with ``label``, and ``split`` when ``split_col`` was None, for a binaryFile read
+        labelled here) and the split column to use.
+    """
+    names = set(df.columns)
+    if label_col != "label" or label_col in names or not set(BINARY_FILE_COLUMNS) <= names:
+        return df, split_col
+    label, split = folder_label_and_split()
+    df = df.withColumn("label", label)
+    split_by_path = split_col is None and "split" not in names
+    if split_by_path:
+        df, split_col = df.withColumn("split", split), "split"
+    logger.info("label: the name of each image's folder (a binaryFile read without a 'label' column)"
+                + ("; split: a train or val folder on the path, else by val_fraction" if split_by_path else ""))
+    return df, split_col
 
 
 def images_under(spark: Any, root: str) -> Any:
