@@ -453,8 +453,8 @@ class _LenientParser(argparse.ArgumentParser):
 
 def _check_predict_images(arguments: list[str]) -> None:
     """``predict``'s image files, checked here (they exist, can be read, have an image header within the pixel
-    limit) before the child
-    that imports TensorFlow starts. Arguments this cannot read (and ``--help``) are left to the child.
+    limit) before the child that imports TensorFlow starts: an error when none is usable (the child names each
+    unusable one when others are). Arguments this cannot read (and ``--help``) are left to the child.
 
     Raises:
         ConfigError: see :func:`spark_imagenet.dataset.images.image_files`.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -64,6 +65,24 @@ def test_predict_success_leaves_no_copy(run_folder, image, tmpdir_for_copies, ca
     assert predict.main([str(run_folder), str(image), "--json"]) == 0
     (result,) = json.loads(capsys.readouterr().out)
     assert result["file"] == str(image) and len(result["top"]) == 2
+    assert copies(tmpdir_for_copies) == []
+    # a folder with a file that is no image and a truncated JPEG: the rest predicted, each bad one named, exit 1
+    folder = image.parent / "photos"
+    folder.mkdir()
+    good = folder / "good.jpg"
+    good.write_bytes(image.read_bytes())
+    (folder / "notes.jpg").write_text("not an image")
+    noisy = io.BytesIO()
+    Image.effect_noise((64, 64), 60).convert("RGB").save(noisy, format="JPEG")
+    (folder / "truncated.jpg").write_bytes(noisy.getvalue()[:len(noisy.getvalue()) // 2])
+    assert predict.main([str(run_folder), str(folder), "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert [r["file"] for r in json.loads(out)] == [str(good)]
+    notes, truncated = err.splitlines()
+    assert notes == (f"spark-imagenet: warning: {folder / 'notes.jpg'}: not an image (JPEG, PNG or another format "
+                     "Pillow reads); not predicted")
+    assert truncated.startswith(f"spark-imagenet: warning: {folder / 'truncated.jpg'}: not an image that can be read "
+                                "(image file is truncated") and truncated.endswith("; not predicted"), truncated
     assert copies(tmpdir_for_copies) == []
 
 

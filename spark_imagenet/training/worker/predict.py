@@ -7,8 +7,11 @@ not JPEG (PNG, CMYK JPEG, ...) are converted to RGB JPEG with Pillow first, as s
 stands for the image files in it (``.bmp``, ``.gif``, ``.jpeg``, ``.jpg``, ``.png``, any case, sorted; not recursive).
 
 ``MODEL_URL`` is a ``model.keras`` file or an ``--output`` folder; the class names come from ``labels.json``
-beside the model (or ``--labels``). Exit status 0, or 2 with one ``spark-imagenet: error:`` line naming the
-file at fault (nothing is skipped silently).
+beside the model (or ``--labels``). Exit status 0 when every image is predicted; 1 when some image cannot be
+used (not an image, unreadable, damaged, above the pixel limit): the others are predicted and each such file
+gets one ``spark-imagenet: warning:`` line naming it and why, after the predictions; 2 with one
+``spark-imagenet: error:`` line naming the file or setting at fault when nothing can be predicted (nothing
+is skipped silently).
 """
 
 from __future__ import annotations
@@ -123,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "MODEL_URL --source X --out Y --help).")
     parser.add_argument("model", help="a model.keras file or the --output folder of a run (a local path or a "
                         f"bucket URL: {store_schemes()})")
-    parser.add_argument("images", nargs="+", help="JPEG (or PNG) files, or folders of them")
+    parser.add_argument("images", nargs="+", help="JPEG (or PNG) files, or folders of them; a file that cannot be "
+                        "used is named on stderr and the others are predicted (exit status 1)")
     parser.add_argument("--labels", help="the run's labels.json (default: the one beside the model)")
     parser.add_argument("--top", type=positive_int, default=5, help="classes per image (default 5)")
     parser.add_argument("--json", action="store_true", help="print the predictions as JSON")
@@ -133,25 +137,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         # the images, labels and model are checked before TensorFlow starts
-        files = image_files(args.images, args.max_image_pixels)
-        jpegs = [jpeg_bytes(f, args.max_image_pixels) for f in files]
+        found = image_files(args.images, args.max_image_pixels, decode=True)
+        jpegs = [jpeg_bytes(f, args.max_image_pixels) for f in found.files]
         with fetched_model(args.model) as local:
             read_labels(args.model, args.labels, None)
             model = load_model(args.model, local)
         labels = read_labels(args.model, args.labels, int(model.output_shape[-1]))
-        results = predict(model, files, labels, args.top, jpegs)
+        results = predict(model, found.files, labels, args.top, jpegs)
     except SparkImagenetError as e:
         print(f"spark-imagenet: error: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(results, indent=1))
-        return 0
-    for r in results:
-        print(r["file"])
-        for rank, c in enumerate(r["top"], 1):
-            name = "" if c["name"] in ("", c["wnid"]) else f"  {c['name']}"  # a class folder's name is its wnid
-            print(f"  {rank}. {c['probability']:7.2%}  {c['wnid']}{name}")
-    return 0
+    else:
+        for r in results:
+            print(r["file"])
+            for rank, c in enumerate(r["top"], 1):
+                name = "" if c["name"] in ("", c["wnid"]) else f"  {c['name']}"  # a class folder's name is its wnid
+                print(f"  {rank}. {c['probability']:7.2%}  {c['wnid']}{name}")
+    sys.stdout.flush()
+    for e in found.unusable:
+        print(f"spark-imagenet: warning: {e}; not predicted", file=sys.stderr)
+    return 1 if found.unusable else 0
 
 
 if __name__ == "__main__":
