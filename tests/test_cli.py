@@ -217,8 +217,10 @@ def test_bad_job_file_and_settings_are_reported_before_spark_starts(tree, tmp_pa
     job.write_text("workers = 2\nbach_size = 8\n")
     p = cli("train", str(tmp_path), "--config", str(job))
     assert_clean_error(p, f"job file {job}", "'bach_size' (did you mean 'batch_size'?)", "known keys are: url, scaling, data")
-    p = cli("train", str(tmp_path / "nothing"), "--workers", "2")
+    p = cli("train", str(tmp_path / "nothing"), "--workers", "2", "--output", str(tmp_path / "runs" / "1"),
+            "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert_clean_error(p, f"the dataset folder {tmp_path / 'nothing'} does not exist")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "ckpt").exists()  # a refused train creates nothing
     p = cli("train", str(tmp_path), "--workers", "2", "--image-size", "32")
     assert_clean_error(p, "--image-size", "32 is too small for alexnet", "at least 67")
     job.write_text('workers = "two"\n')
