@@ -140,10 +140,11 @@ def test_more_workers_than_slots_via_cli(tree, tmp_path):
     out = tmp_path / "bucket"
     assert cli("shard", str(tree), "--out", str(out), "--train-shards", "4", "--no-progress").returncode == 0
     p = cli("train", str(out), "--workers", "3", "--master", "local[2]", "--image-size", "72", "--width", "0.25")
-    assert_clean_error(p, "--workers 3 needs 3 barrier task slots", "only 2", "Use --workers <= 2")
+    assert_clean_error(p, "--workers 3 needs 3 barrier task slots", "only 2", "Use --workers <= 2", "--master local[3]")
     assert not spark_started(p), p.stderr  # said from the master URL, before the JVM
     p = cli("train", str(out), "--workers", "2", "--master", "local-cluster[2,2,1024]", "--conf", "spark.task.cpus=4")
-    assert_clean_error(p, "--workers 2 needs 2 barrier task slots, only 1 available", "spark.task.cpus=4")
+    assert_clean_error(p, "--workers 2 needs 2 barrier task slots, only 1 available", "spark.task.cpus=4",
+                       "--master 'local-cluster[2,4,2048]'", "or a lower spark.task.cpus")
     assert not spark_started(p), p.stderr
 
 
