@@ -239,6 +239,22 @@ def test_bad_job_file_and_settings_are_reported_before_spark_starts(tree, tmp_pa
         assert not spark_started(out), out.stderr
 
 
+def test_ctrl_c_is_one_line_naming_sparks_log_where_spark_wrote_one(monkeypatch, capsys, tmp_path):
+    from spark_imagenet import cli as command_line
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command_line, "run", interrupted)
+    monkeypatch.setattr(command_line, "ignore_sigint", lambda: None)  # not in the test's own process
+    monkeypatch.setattr(command_line, "_spark_log", lambda: str(tmp_path / "spark.log"))
+    assert command_line.main(["train"]) == 130
+    assert capsys.readouterr().err == f"spark-imagenet: interrupted (Spark's log of this run: {tmp_path}/spark.log)\n"
+    monkeypatch.setattr(command_line, "_spark_log", lambda: None)  # no Spark, or a log it left empty
+    assert command_line.main(["train"]) == 130
+    assert capsys.readouterr().err == "spark-imagenet: interrupted\n"
+
+
 def test_debug_prints_the_traceback(tmp_path):
     quiet = cli("inspect", str(tmp_path / "nothing"))
     assert "Traceback" not in quiet.stderr
