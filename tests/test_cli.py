@@ -249,7 +249,8 @@ def test_ctrl_c_is_one_line_naming_sparks_log_where_spark_wrote_one(monkeypatch,
     monkeypatch.setattr(command_line, "ignore_sigint", lambda: None)  # not in the test's own process
     monkeypatch.setattr(command_line, "_spark_log", lambda: str(tmp_path / "spark.log"))
     assert command_line.main(["train"]) == 130
-    assert capsys.readouterr().err == f"spark-imagenet: interrupted (Spark's log of this run: {tmp_path}/spark.log)\n"
+    err = capsys.readouterr().err
+    assert err == f"spark-imagenet: interrupted (Spark's log of this run: {tmp_path}/spark.log)\n"
     monkeypatch.setattr(command_line, "_spark_log", lambda: None)  # no Spark, or a log it left empty
     assert command_line.main(["train"]) == 130
     assert capsys.readouterr().err == "spark-imagenet: interrupted\n"

@@ -379,7 +379,8 @@ def unreachable(uri: str, timeout_s: float = PROBE_S) -> str | None:
 
 
 def _why(error: Any, seconds: float) -> str:
-    """The reason of a failed or late MLflow call, on one line (:func:`~spark_imagenet.training.job.tracking.failure_text`)."""
+    """The reason of a failed or late MLflow call, on one line
+    (:func:`~spark_imagenet.training.job.tracking.failure_text`)."""
     if error is None:
         return f"no answer within {seconds:g} s"
     return failure_text(error)
