@@ -506,11 +506,18 @@ def _in_tensorflow_child(module: str, arguments: list[str]) -> int:
         return 130
 
 
-def _name_spark_log() -> None:
-    """After an error: name the file of Spark's log where this process's Spark session wrote one."""
+def _spark_log() -> str | None:
+    """The file of Spark's log where this process's Spark session wrote one (its warnings and the stack traces of
+    failed tasks), else None."""
     from spark_imagenet.training.driver.spark_session import spark_log_written
 
     path = spark_log_written()
+    return None if path is None else str(path)
+
+
+def _name_spark_log() -> None:
+    """After an error: name the file of Spark's log where this process's Spark session wrote one."""
+    path = _spark_log()
     if path is not None:
         print(f"spark-imagenet: Spark's log of this run (its warnings and the stack traces of failed tasks): {path}",
               file=sys.stderr)
@@ -532,7 +539,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ``spark-imagenet: error: ...``, after its traceback when the
         environment sets ``SPARK_IMAGENET_DEBUG=1``), 1 for a failure inside Spark itself
         (Py4J/PySpark error, printed as one message), 130 on Ctrl-C (one
-        line ``spark-imagenet: interrupted``; Spark and Py4J print nothing), 141
+        line ``spark-imagenet: interrupted``, which names Spark's log where this process's Spark wrote one, as
+        an error's message does; Spark and Py4J print nothing), 141
         (128 + SIGPIPE, like a program the signal ended) without a message
         when the reader of stdout went away (``spark-imagenet inspect URL | head -1``).
     """
@@ -558,7 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         ignore_sigint()  # a second Ctrl-C while exiting prints nothing more
-        print("spark-imagenet: interrupted", file=sys.stderr)
+        log = _spark_log()  # named as after an error: the cancelled tasks' traces went there
+        print("spark-imagenet: interrupted" + (f" (Spark's log of this run: {log})" if log else ""), file=sys.stderr)
         return 130
     except Exception as e:
         if not type(e).__module__.startswith(("py4j", "pyspark")):

@@ -2,7 +2,8 @@
 
 Every module logs through ``logging.getLogger(__name__)``: progress at INFO, warnings at WARNING (their
 text starts with ``warning:``, as the console has always shown them). Nothing here touches the root
-logger, and no other library's logger changes level.
+logger, and no other library's logger changes level, but MLflow's inside the command line's and the TensorFlow
+worker's consoles (:func:`quiet_mlflow`: its INFO lines and run links are not the job's report).
 
 Who shows the lines:
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from typing import Iterator, TextIO
 
@@ -93,15 +95,55 @@ def _only_handler(handler: logging.Handler) -> Iterator[logging.Logger]:
         logger.setLevel(saved[1])
 
 
+#: MLflow's settings :func:`quiet_mlflow` makes where the environment has none: its logger's level at import,
+#: and no "View run ... at: URL" lines printed on stdout when a run ends.
+MLFLOW_QUIET_ENV = (("MLFLOW_LOGGING_LEVEL", "WARNING"), ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true"))
+
+
+@contextlib.contextmanager
+def quiet_mlflow() -> Iterator[None]:
+    """While inside, MLflow's own lines stay off the console: the ``mlflow`` logger shows warnings and errors
+    only (its INFO lines are not the job's report), and a run's end prints no run and experiment links on stdout
+    (the package's own ``mlflow: run ...`` line names the run). Settings of :data:`MLFLOW_QUIET_ENV` the
+    environment has are kept (``MLFLOW_LOGGING_LEVEL=INFO`` shows MLflow's lines again); the environment and the
+    logger's level are restored after.
+    """
+    saved_env = {name: os.environ.get(name) for name, _ in MLFLOW_QUIET_ENV}
+    for name, value in MLFLOW_QUIET_ENV:
+        os.environ.setdefault(name, value)  # MLflow reads them at import and when a run ends
+    logger = logging.getLogger("mlflow")
+    saved_level = logger.level
+    wanted = logging.getLevelName(os.environ["MLFLOW_LOGGING_LEVEL"].strip().upper())
+    if isinstance(wanted, int):  # an mlflow imported before: its level set from the environment of then
+        logger.setLevel(wanted)
+    try:
+        yield
+    finally:
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        logger.setLevel(saved_level)
+
+
+@contextlib.contextmanager
+def _process_console(handler: logging.Handler) -> Iterator[logging.Logger]:
+    """:func:`_only_handler` of ``handler`` and :func:`quiet_mlflow` while inside: a process's own console."""
+    with quiet_mlflow(), _only_handler(handler) as logger:
+        yield logger
+
+
 def console() -> contextlib.AbstractContextManager[logging.Logger]:
-    """The command line's console while inside (see the module docstring); restored after.
+    """The command line's console while inside (see the module docstring), MLflow's own lines kept off it
+    (:func:`quiet_mlflow`); restored after.
 
     Example::
 
         with logs.console():
             shard(...)      # its progress lines on stderr
     """
-    return _only_handler(ConsoleHandler())
+    return _process_console(ConsoleHandler())
 
 
 def task_console(rank: int) -> contextlib.AbstractContextManager[logging.Logger]:
@@ -114,8 +156,9 @@ def task_console(rank: int) -> contextlib.AbstractContextManager[logging.Logger]
 
 
 def worker_console() -> contextlib.AbstractContextManager[logging.Logger]:
-    """The TensorFlow worker process's console while inside: every line plain on ``sys.stdout``."""
-    return _only_handler(ConsoleHandler("stdout"))
+    """The TensorFlow worker process's console while inside: every line plain on ``sys.stdout``, MLflow's own
+    lines kept off it (:func:`quiet_mlflow`)."""
+    return _process_console(ConsoleHandler("stdout"))
 
 
 def to_console() -> None:

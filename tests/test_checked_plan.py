@@ -130,6 +130,8 @@ def test_the_session_checks_over_its_facts():
     few = check_session(_facts(slots=1, waited_s=60.0), config).problems
     assert [f.check for f in few] == ["barrier slots"]
     assert "only 1 available after waiting 60 s for executors to register" in few[0].message
+    cpus = check_session(_facts(master="local[2]", slots=1, conf=(("spark.task.cpus", "2"),)), config).problems
+    assert "give Spark more slots: --master local[4], or a lower spark.task.cpus" in cpus[0].message  # not local[2]
     on = check_session(_facts(conf=(("spark.dynamicAllocation.enabled", "true"),)), config).problems
     assert "SPARK-24942" in on[0].message
     local = check_session(_facts(), config, "/data/shards").problems

@@ -140,10 +140,11 @@ def test_more_workers_than_slots_via_cli(tree, tmp_path):
     out = tmp_path / "bucket"
     assert cli("shard", str(tree), "--out", str(out), "--train-shards", "4", "--no-progress").returncode == 0
     p = cli("train", str(out), "--workers", "3", "--master", "local[2]", "--image-size", "72", "--width", "0.25")
-    assert_clean_error(p, "--workers 3 needs 3 barrier task slots", "only 2", "Use --workers <= 2")
+    assert_clean_error(p, "--workers 3 needs 3 barrier task slots", "only 2", "Use --workers <= 2", "--master local[3]")
     assert not spark_started(p), p.stderr  # said from the master URL, before the JVM
     p = cli("train", str(out), "--workers", "2", "--master", "local-cluster[2,2,1024]", "--conf", "spark.task.cpus=4")
-    assert_clean_error(p, "--workers 2 needs 2 barrier task slots, only 1 available", "spark.task.cpus=4")
+    assert_clean_error(p, "--workers 2 needs 2 barrier task slots, only 1 available", "spark.task.cpus=4",
+                       "--master 'local-cluster[2,4,2048]'", "or a lower spark.task.cpus")
     assert not spark_started(p), p.stderr
 
 
@@ -217,8 +218,10 @@ def test_bad_job_file_and_settings_are_reported_before_spark_starts(tree, tmp_pa
     job.write_text("workers = 2\nbach_size = 8\n")
     p = cli("train", str(tmp_path), "--config", str(job))
     assert_clean_error(p, f"job file {job}", "'bach_size' (did you mean 'batch_size'?)", "known keys are: url, scaling, data")
-    p = cli("train", str(tmp_path / "nothing"), "--workers", "2")
+    p = cli("train", str(tmp_path / "nothing"), "--workers", "2", "--output", str(tmp_path / "runs" / "1"),
+            "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert_clean_error(p, f"the dataset folder {tmp_path / 'nothing'} does not exist")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "ckpt").exists()  # a refused train creates nothing
     p = cli("train", str(tmp_path), "--workers", "2", "--image-size", "32")
     assert_clean_error(p, "--image-size", "32 is too small for alexnet", "at least 67")
     job.write_text('workers = "two"\n')
@@ -234,6 +237,23 @@ def test_bad_job_file_and_settings_are_reported_before_spark_starts(tree, tmp_pa
     assert_clean_error(cli("demo", "--config", str(job)), "the demo makes its own dataset")
     for out in (p,):
         assert not spark_started(out), out.stderr
+
+
+def test_ctrl_c_is_one_line_naming_sparks_log_where_spark_wrote_one(monkeypatch, capsys, tmp_path):
+    from spark_imagenet import cli as command_line
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command_line, "run", interrupted)
+    monkeypatch.setattr(command_line, "ignore_sigint", lambda: None)  # not in the test's own process
+    monkeypatch.setattr(command_line, "_spark_log", lambda: str(tmp_path / "spark.log"))
+    assert command_line.main(["train"]) == 130
+    err = capsys.readouterr().err
+    assert err == f"spark-imagenet: interrupted (Spark's log of this run: {tmp_path}/spark.log)\n"
+    monkeypatch.setattr(command_line, "_spark_log", lambda: None)  # no Spark, or a log it left empty
+    assert command_line.main(["train"]) == 130
+    assert capsys.readouterr().err == "spark-imagenet: interrupted\n"
 
 
 def test_debug_prints_the_traceback(tmp_path):

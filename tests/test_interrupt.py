@@ -8,7 +8,7 @@ a terminal's Ctrl-C does. They assert:
 * exit status 130;
 * after the signal, the output holds only ``[rank R] ...`` lines (what the
   TensorFlow processes had already written) and then exactly one line,
-  ``spark-imagenet: interrupted``, as its last line; no line after the signal
+  ``spark-imagenet: interrupted (Spark's log of this run: PATH)``, as its last line; no line after the signal
   mentions a traceback, Py4J, a reentrant call, a crashed worker, an
   exception or an ERROR log line;
 * a second Ctrl-C, sent once the driver ignores SIGINT (it is shutting down),
@@ -192,8 +192,12 @@ def _interrupted_demo(tmp_path: Path) -> None:
         out.join(60)
         after = out.snapshot()[before:]
         assert code == 130, "\n".join(out.snapshot()[-60:])
-        assert after and after[-1] == "spark-imagenet: interrupted", "\n".join(after)
-        assert after.count("spark-imagenet: interrupted") == 1, "\n".join(after)
+        # the one line names Spark's log, as after an error (the cancelled tasks' traces went there)
+        spark_logs = [p for p in (tmpdir / "spark-imagenet-logs").glob("*.log") if p.stat().st_size]
+        assert len(spark_logs) == 1, spark_logs
+        assert after and after[-1] == f"spark-imagenet: interrupted (Spark's log of this run: {spark_logs[0]})", \
+            "\n".join(after)
+        assert sum(x.startswith("spark-imagenet: interrupted") for x in after) == 1, "\n".join(after)
         assert all(RANK_LINE.match(x) for x in after[:-1]), "\n".join(after)
         assert not [x for x in after if NOISE.search(x)], "\n".join(after)
 

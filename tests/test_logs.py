@@ -72,3 +72,34 @@ def test_collect_gives_the_lines_without_printing_them(capsys):
     DATA.info("after")
     assert lines == ["one", "warning: two"]
     assert capsys.readouterr().out == ""
+
+
+MLFLOW_UNDER_THE_CONSOLE = """
+import logging
+from spark_imagenet import logs
+with logs.console():
+    from mlflow import MlflowClient
+    logging.getLogger("mlflow.store").info("an MLflow INFO line")
+    logging.getLogger("mlflow.store").warning("an MLflow warning")
+    MlflowClient("http://127.0.0.1:1")._tracking_client._log_url("r")  # the end of a run's "View run" lines
+"""
+
+
+def test_the_console_keeps_mlflows_own_lines_off_and_restores_the_environment(monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    for name, _ in logs.MLFLOW_QUIET_ENV:
+        monkeypatch.delenv(name, raising=False)
+    p = subprocess.run([sys.executable, "-c", MLFLOW_UNDER_THE_CONSOLE], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "INFO" not in p.stderr and "View run" not in p.stdout and "\U0001f3c3" not in p.stdout, p.stdout + p.stderr
+    assert "an MLflow warning" in p.stderr  # its warnings stay
+    with logs.worker_console():
+        assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
+        assert not logging.getLogger("mlflow.store").isEnabledFor(logging.INFO)
+    assert "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT" not in os.environ and "MLFLOW_LOGGING_LEVEL" not in os.environ
+    monkeypatch.setenv("MLFLOW_LOGGING_LEVEL", "INFO")
+    with logs.console():  # the user's own level is kept
+        assert logging.getLogger("mlflow.store").isEnabledFor(logging.INFO)

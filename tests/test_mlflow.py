@@ -261,10 +261,29 @@ def test_a_tracking_server_that_is_down_neither_fails_nor_stops_training(spark, 
 
 
 def test_the_reason_of_a_failed_call_is_quoted_whole_or_cut_at_a_word():
-    from spark_imagenet.training.driver.tracking import WHY_CHARS, _why
+    from spark_imagenet.training.driver.tracking import _why
+    from spark_imagenet.training.job.tracking import WHY_CHARS
 
     assert _why(RuntimeError("the tracking URI can be either 'databricks' or 'databricks://profile'"), 20) == \
         "RuntimeError: the tracking URI can be either 'databricks' or 'databricks://profile'"
     long = _why(RuntimeError("profile " * 400), 20)
     assert long.endswith("profile ...") and len(long) <= WHY_CHARS + 4
     assert _why(None, 20) == "no answer within 20 s"
+
+
+def test_the_chiefs_warning_quotes_the_servers_error_whole():
+    from spark_imagenet.logs import collect
+    from spark_imagenet.training.job.tracking import TrackingSpec
+    from spark_imagenet.training.worker.tracking import EpochMetricsSender
+
+    error = RuntimeError("API request to http://127.0.0.1:1/api/2.0/mlflow/runs/log-batch failed with exception "
+                         "HTTPConnectionPool(host='127.0.0.1', port=1): Max retries exceeded with url: "
+                         "/api/2.0/mlflow/runs/log-batch (Caused by NewConnectionError('<urllib3.connection."
+                         "HTTPConnection object at 0x7f2a>: Failed to establish a new connection: [Errno 111] "
+                         "Connection refused'))")
+    sender = object.__new__(EpochMetricsSender)  # no thread: only its warning
+    sender._spec = TrackingSpec("http://127.0.0.1:1", "1", "r")
+    with collect() as lines:
+        sender._give_up(error)
+    assert lines == [f"warning: mlflow: the epochs' metrics are not sent to http://127.0.0.1:1 as they come "
+                     f"(RuntimeError: {error}); training goes on, and the driver sends them when the job ends"]

@@ -34,7 +34,15 @@ def test_an_output_that_is_a_file_is_named_as_one(tmp_path):
         open_output(str(file / "sub"), "--checkpoint-dir")
     with pytest.raises(ConfigError, match="is a file, not a folder"):
         open_output(f"file://{file}")
-    assert open_output(str(tmp_path / "new" / "folder")).root_exists()  # a folder that is not there is made
+    # a folder that is not there is tested and removed again, with the parents it needed: the job's first write
+    # makes it, so a job refused before that leaves nothing
+    storage = open_output(str(tmp_path / "new" / "folder"))
+    assert not storage.root_exists() and not (tmp_path / "new").exists()
+    storage.write_bytes("model.keras", b"x")
+    assert (tmp_path / "new" / "folder" / "model.keras").read_bytes() == b"x"
+    (tmp_path / "kept").mkdir()
+    open_output(str(tmp_path / "kept"))
+    assert (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())  # one that was there stays
 
 
 def test_an_earlier_runs_outputs_are_refused_without_overwrite(tmp_path):

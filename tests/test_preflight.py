@@ -290,3 +290,10 @@ def test_train_refuses_more_workers_than_local_slots_at_once(capsys):
     assert main(["train", "/no/such/dataset", "--workers", "4", "--master", "local[2,3]"]) == 2
     assert time.monotonic() - started < 5  # no JVM: it starts in 5-10 s
     assert "--workers 4 needs 4 barrier task slots, only 2 available" in capsys.readouterr().err
+    # the remedy counts spark.task.cpus: never the master the job already has
+    assert main(["train", "/no/such/dataset", "--workers", "2", "--master", "local[2]",
+                 "--conf", "spark.task.cpus=2"]) == 2
+    err = capsys.readouterr().err
+    assert ("only 1 available (master local[2]; from the master URL and spark.task.cpus=2: each task takes 2 of its "
+            "2 core(s))") in err, err
+    assert "give Spark more slots: --master local[4], or a lower spark.task.cpus" in err, err

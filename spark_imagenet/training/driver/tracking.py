@@ -27,7 +27,6 @@ from spark_imagenet.errors import ConfigError, SparkImagenetError, StorageError,
 from spark_imagenet.storage import open_storage
 from spark_imagenet.storage.committed import download_folder
 from spark_imagenet.storage.envelope import Envelope
-from spark_imagenet.training.job.logchannel import one_line
 from spark_imagenet.training.driver import databricks_tracking
 from spark_imagenet.training.driver.preflight.findings import Finding, Findings
 from spark_imagenet.training.job.plan import JobPlan
@@ -39,6 +38,7 @@ from spark_imagenet.training.job.tracking import (
     RUN_FILE,
     VAL_METRICS,
     TrackingSpec,
+    failure_text,
 )
 
 logger = logging.getLogger(__name__)
@@ -49,8 +49,6 @@ START_WAIT_S = 20.0
 FINISH_WAIT_S = 120.0
 #: The experiment of a job that names none (and sets no ``MLFLOW_EXPERIMENT_NAME``).
 DEFAULT_EXPERIMENT = "spark-imagenet"
-#: The longest reason of a failed MLflow call a warning quotes, in characters (cut at a word, marked "...").
-WHY_CHARS = 1000
 #: MLflow's limit on a parameter's value, in characters.
 PARAM_CHARS = 6000
 PENDING = Envelope("spark-imagenet-mlflow-run", 1, "spark-imagenet MLflow run record")
@@ -381,11 +379,11 @@ def unreachable(uri: str, timeout_s: float = PROBE_S) -> str | None:
 
 
 def _why(error: Any, seconds: float) -> str:
-    """The reason of a failed or late MLflow call, on one line."""
+    """The reason of a failed or late MLflow call, on one line
+    (:func:`~spark_imagenet.training.job.tracking.failure_text`)."""
     if error is None:
         return f"no answer within {seconds:g} s"
-    text = one_line(error)
-    return text if len(text) <= WHY_CHARS else text[:WHY_CHARS].rsplit(" ", 1)[0] + " ..."
+    return failure_text(error)
 
 
 class RunTracker:

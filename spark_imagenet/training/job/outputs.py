@@ -23,6 +23,7 @@ the job. The chief's part lives in :mod:`spark_imagenet.training.worker.main`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, Mapping
@@ -43,11 +44,13 @@ LOCAL_OUTPUT_DIR = "output"
 
 
 def open_output(output: str, option: str = "--output") -> Storage:
-    """Open (and for a local path, create) the ``--output`` (or ``--checkpoint-dir``) folder; refuse one that
-    cannot be written.
+    """Open the ``--output`` (or ``--checkpoint-dir``) folder; refuse one that cannot be written.
 
     A marker object is written and removed, so a read-only bucket or folder is
-    found before any task starts.
+    found before any task starts. Nothing is left behind: a folder the marker
+    needed (a local folder that is not there yet, and its missing parents) is
+    removed again, so a job refused later creates nothing; the job's first
+    write creates it.
 
     Args:
         output: a local path, ``file://`` URL or a bucket URL (:func:`~spark_imagenet.storage.url_forms`).
@@ -63,19 +66,46 @@ def open_output(output: str, option: str = "--output") -> Storage:
     _refuse_a_file(output, option)
     try:
         storage = open_storage(output)
-        storage.write_bytes(".spark-imagenet-write-test", b"")
-        storage.delete(".spark-imagenet-write-test", best_effort=True)
+        _write_test(storage, _local_path(output))
     except StorageError as e:
         raise ConfigError(f"{option} {output}: cannot write there ({e}). Give a folder or bucket you can write "
                           f"to: {url_forms()}") from None
     return storage
 
 
+def _local_path(output: str) -> Path | None:
+    """The absolute path of a local ``output`` (a path or ``file://`` URL); None for a bucket URL."""
+    if is_remote_url(output):
+        return None
+    return Path(output[len("file://"):] if output.startswith("file://") else output).expanduser().absolute()
+
+
+def _write_test(storage: Storage, local: Path | None) -> None:
+    """Write and remove a marker object in ``storage``, then remove the folders that the write made: the
+    missing ones of the local path ``local`` (deepest first, each only while empty), or a bucket store's own
+    folder that was not there (:meth:`~spark_imagenet.storage.Storage.remove_empty_root`).
+
+    Raises:
+        StorageError: the marker cannot be written.
+    """
+    made = [] if local is None else [p for p in (local, *local.parents) if not p.exists()]
+    existed = local is not None or storage.root_exists()
+    try:
+        storage.write_bytes(".spark-imagenet-write-test", b"")
+        storage.delete(".spark-imagenet-write-test", best_effort=True)
+    finally:
+        for folder in made:
+            with contextlib.suppress(OSError):  # not empty: another process wrote there meanwhile, keep it
+                folder.rmdir()
+        if not existed:
+            storage.remove_empty_root()
+
+
 def _refuse_a_file(output: str, option: str) -> None:
     """Refuse a local ``output`` that is a file, or lies inside one, naming the file (not our write test's)."""
-    if is_remote_url(output):
+    path = _local_path(output)
+    if path is None:
         return
-    path = Path(output[len("file://"):] if output.startswith("file://") else output).expanduser().absolute()
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         what = f"{option} {output} is" if existing == path else f"{option} {output}: {existing} is"

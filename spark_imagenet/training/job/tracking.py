@@ -20,6 +20,7 @@ import dataclasses
 from typing import Any
 
 from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.job.logchannel import one_line
 
 #: The object in ``--checkpoint-dir`` naming the MLflow run of the checkpoints' run, so that a job resuming from
 #: them continues that run.
@@ -35,6 +36,15 @@ MODEL_NAME = "model"
 EPOCH_METRICS = ("xent", "top1", "top5", "learning_rate", "images_per_sec")
 #: The metrics logged after the final evaluation: ``val_`` + the evaluation's ``xent``, ``top1``, ``top5``.
 VAL_METRICS = ("val_xent", "val_top1", "val_top5")
+#: The longest reason of a failed MLflow call a warning quotes, in characters (cut at a word, marked "...").
+WHY_CHARS = 1000
+
+
+def failure_text(error: BaseException) -> str:
+    """The reason of a failed MLflow call as a warning quotes it: its type and first line (one line), whole up
+    to :data:`WHY_CHARS` characters, beyond that cut at a word and marked `` ...``."""
+    text = one_line(error)
+    return text if len(text) <= WHY_CHARS else text[:WHY_CHARS].rsplit(" ", 1)[0] + " ..."
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,8 +16,7 @@ import threading
 import time
 from typing import Any, Mapping
 
-from spark_imagenet.training.job.logchannel import one_line
-from spark_imagenet.training.job.tracking import EPOCH_METRICS, MODEL_DIR, TrackingSpec
+from spark_imagenet.training.job.tracking import EPOCH_METRICS, MODEL_DIR, TrackingSpec, failure_text
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +79,7 @@ class EpochMetricsSender:
             self.sent += 1
 
     def _give_up(self, error: BaseException) -> None:
-        self.error = one_line(error)[:300]
+        self.error = failure_text(error)
         logger.warning(f"warning: mlflow: the epochs' metrics are not sent to {self._spec.uri} as they come "
                        f"({self.error}); training goes on, and the driver sends them when the job ends")
 
@@ -136,6 +135,6 @@ def write_mlflow_model(model_file: str, folder: str) -> str | None:
         mlflow.tensorflow.save_model(model, path, signature=signature, input_example=example)
         return path
     except Exception as e:  # noqa: BLE001 - tracking never fails a trained run
-        logger.warning(f"warning: mlflow: the MLflow model was not written ({one_line(e)[:300]}); model.keras and "
+        logger.warning(f"warning: mlflow: the MLflow model was not written ({failure_text(e)}); model.keras and "
                        "serving/ are in --output")
         return None

@@ -106,30 +106,44 @@ def check_slots_of_master_url(master: str | None, workers: int, conf: Mapping[st
     if not text.isdigit() or int(text) < 1:
         return Finding.problem("barrier slots", f"--conf spark.task.cpus={text}: must be a positive integer "
                                                 "(CPUs per task)")
-    slots = parsed.slots(int(text), cpu_count=os.cpu_count() or 1)
-    how = f"from the master URL and spark.task.cpus={text}"
+    task_cpus = int(text)
+    cores = parsed.cores(cpu_count=os.cpu_count() or 1)
+    slots = parsed.slots(task_cpus, cpu_count=os.cpu_count() or 1)
+    how = f"from the master URL and spark.task.cpus={text}" + (
+        f": each task takes {task_cpus} of its {cores} core(s)" if task_cpus > 1 else "")
     if slots < workers:
         return Finding.problem("barrier slots", too_few_slots(workers, slots, f"{slots} available", master.strip(),
-                                                              how))
+                                                              how, task_cpus))
     return Finding.ok("barrier slots", f"{slots} ({how}); enough for --workers {workers}")
 
 
-def too_few_slots(workers: int, slots: int, available: str, master: str, how: str) -> str:
-    """The message of too few barrier slots, counted by the session or told by the master URL."""
+def too_few_slots(workers: int, slots: int, available: str, master: str, how: str, task_cpus: int = 1) -> str:
+    """The message of too few barrier slots, counted by the session or told by the master URL.
+
+    Args:
+        workers: barrier tasks wanted.
+        slots: the slots there are.
+        available: how the message says them (``"1 available"``, with the wait for executors).
+        master: the master URL.
+        how: how they were counted.
+        task_cpus: ``spark.task.cpus``: the remedy asks for ``workers`` x ``task_cpus`` cores, or a lower
+            ``spark.task.cpus``, never the master the job already has.
+    """
     return (f"--workers {workers} needs {workers} barrier task slots, only {available} (master {master}; {how}). "
-            f"Use --workers <= {max(1, slots)}, or give Spark more slots: {_more_slots(master, workers)}.")
+            f"Use --workers <= {max(1, slots)}, or give Spark more slots: {_more_slots(master, workers, task_cpus)}.")
 
 
-def _more_slots(master: str, workers: int) -> str:
-    """How to get ``workers`` slots on this kind of master (for :func:`too_few_slots`)."""
+def _more_slots(master: str, workers: int, task_cpus: int = 1) -> str:
+    """How to get ``workers`` slots of ``task_cpus`` cores each on this kind of master (for :func:`too_few_slots`)."""
     kind = Master.parse(master, check=False).kind
+    fewer = f", or a lower spark.task.cpus (each task now takes {task_cpus} cores)" if task_cpus > 1 else ""
     if kind == "local":
-        return f"--master local[{workers}]"
+        return f"--master local[{workers * task_cpus}]{fewer}"
     if kind == "local-cluster":
-        return (f"--master 'local-cluster[{workers},1,2048]' (executors x cores each), and with GPU task resources "
-                "enough GPUs per executor (spark.executor.resource.gpu.amount / spark.task.resource.gpu.amount "
-                "tasks each)")
-    return ("more executors (spark.executor.instances) or cores each (spark.executor.cores); with GPU task "
+        return (f"--master 'local-cluster[{workers},{task_cpus},2048]' (executors x cores each){fewer}, and with GPU "
+                "task resources enough GPUs per executor (spark.executor.resource.gpu.amount / "
+                "spark.task.resource.gpu.amount tasks each)")
+    return (f"more executors (spark.executor.instances) or cores each (spark.executor.cores){fewer}; with GPU task "
             "resources, enough GPUs per executor (spark.executor.resource.gpu.amount / "
             "spark.task.resource.gpu.amount tasks each)")
 

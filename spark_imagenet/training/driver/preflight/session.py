@@ -283,8 +283,14 @@ def _slots(facts: SessionFacts, workers: int) -> list[Finding]:
         waited = "" if not facts.waited_s else (f" after waiting {facts.waited_s:.0f} s for executors to register "
                                                 "(spark.scheduler.maxRegisteredResourcesWaitingTime)")
         return [Finding.problem("barrier slots", too_few_slots(workers, facts.slots, f"{facts.slots} available{waited}",
-                                                               facts.master, facts.slots_how))]
+                                                               facts.master, facts.slots_how, _task_cpus(facts)))]
     return [Finding.ok("barrier slots", f"{facts.slots} ({facts.slots_how}); enough for --workers {workers}")]
+
+
+def _task_cpus(facts: SessionFacts) -> int:
+    """The session's ``spark.task.cpus`` as a number of cores (1 when unset or not a whole number)."""
+    text = (facts.get(TASK_CPUS) or "1").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else 1
 
 
 def _connect_slots(facts: SessionFacts, workers: int) -> list[Finding]:
@@ -295,7 +301,7 @@ def _connect_slots(facts: SessionFacts, workers: int) -> list[Finding]:
             f"--workers {workers} needs {workers} barrier task slots, but the Spark Connect server "
             f"{facts.connect_url} runs master {facts.master} with spark.task.cpus={task_cpus}: {facts.slots} "
             f"slot(s). Use --workers <= {facts.slots}, or start the server with more cores (--master "
-            f"local[{workers}] or a cluster)."))]
+            f"local[{workers * _task_cpus(facts)}] or a cluster)."))]
     if facts.slots is not None:
         found = f"{facts.slots} (from the server's master)"
         not_checked = f"{_SLOTS_NOT_CHECKED}; estimated instead from spark.master {facts.master} and " \
