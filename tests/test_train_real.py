@@ -1,5 +1,5 @@
 """Training runs that show what the job is for: one global model over all classes even
-when each worker's shards hold different classes, and the real ILSVRC sample on local[4]."""
+when each worker's shards hold different classes, and the real ILSVRC sample of 100 classes."""
 
 from __future__ import annotations
 
@@ -78,27 +78,17 @@ def test_workers_with_disjoint_classes_train_one_global_model(spark, tmp_path):
     assert result["val"]["top1"] > 0.6, result["val"]
 
 
-@pytest.fixture(scope="module")
-def spark4():
-    from spark_imagenet.training.driver.spark_session import local_session
-
-    session = local_session("local[4]", app_name="spark-imagenet-ilsvrc-mini", conf={"spark.ui.enabled": "false"})
-    yield session
-    session.stop()
-
-
 @requires_shared(ILSVRC_MINI)
-def test_ilsvrc_mini_four_workers_well_above_chance(tmp_path, request):
-    # After the local[2] session of this module's first test; the fixture is created here on purpose.
-    request.getfixturevalue("spark").stop()
-    spark4 = request.getfixturevalue("spark4")
+def test_ilsvrc_mini_two_workers_well_above_chance(spark, tmp_path):
+    # Real photos of 100 classes on the module's local[2] session: 2 workers (one per core; 4 on 2 cores
+    # oversubscribe them, and the demo's test already runs 4 on local[4]), 12 one-pass epochs.
     bucket = tmp_path / "mini"
     m = shard(ILSVRC_MINI, bucket, train_shards=8, val_shards=2, progress=False)
     assert m.num_classes == 100 and m.splits["train"].examples == 1200
-    result = train(spark4, str(bucket), TrainConfig(workers=4, epochs=20, batch_size=16, image_size=96, width=0.25,
+    result = train(spark, str(bucket), TrainConfig(workers=2, epochs=12, batch_size=32, image_size=96, width=0.25,
                                                     learning_rate=0.02, cache=tmp_path / "cache"))
-    assert [w["rank"] for w in result["per_worker"]] == [0, 1, 2, 3]
+    assert [w["rank"] for w in result["per_worker"]] == [0, 1]
     assert result["val"]["images"] == 300
-    # chance is 0.01 for 100 classes
+    # chance is 0.01 for 100 classes (measured: top-1 0.16 on this machine; docs/design.md, 'The test suite's time')
     assert result["val"]["top1"] >= 0.05, result["val"]
     assert result["val"]["top5"] > result["val"]["top1"]
