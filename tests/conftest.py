@@ -6,21 +6,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
 
-from session_util import module_spark
+from session_util import shared_spark, stop_shared_spark
+
+
+#: For each test module (its file path), whether the module run after it also takes the ``spark`` fixture.
+_NEXT_TAKES_SPARK: dict[str, bool] = {}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Note, in run order, which modules are followed by one that takes ``spark`` (see :func:`spark`)."""
+    modules: list[str] = []
+    takes: dict[str, bool] = {}
+    for item in items:
+        module = str(item.path)
+        if module not in takes:
+            modules.append(module)
+            takes[module] = False
+        takes[module] = takes[module] or "spark" in item.fixturenames
+    _NEXT_TAKES_SPARK.clear()
+    _NEXT_TAKES_SPARK.update({m: takes[n] for m, n in zip(modules, modules[1:])})
 
 
 @pytest.fixture(scope="module")
-def spark():
-    """A real ``local[2]`` SparkSession shared by the tests of one module.
+def spark(request):
+    """A real ``local[2]`` SparkSession for the tests of a module, handed on to the next module when that one
+    takes it too.
 
-    Stopped at the end of the module; later modules start a new SparkContext
-    in the same JVM (PySpark keeps its gateway), which is much cheaper than a
-    JVM start-up on this 2-core machine. Note: the conf of the session that
-    launches the JVM becomes JVM system properties that every later
-    SparkContext in the process inherits; a test needing other settings
+    Consecutive modules share one SparkContext, so its Python workers (and the spare TensorFlow processes of
+    their last job) carry over; it is stopped after the last of a run of such modules, before a module that
+    starts a session of its own (another master or settings). A module whose test stops it gets a new one in
+    the next module. Later SparkContexts start in the same JVM (PySpark keeps its gateway), much cheaper than
+    a JVM start on this 2-core machine. Note: the conf of the session that launches the JVM becomes JVM
+    system properties that every later SparkContext in the process inherits; a test needing other settings
     should start the JVM first (``SparkContext._ensure_initialized()``).
     """
-    yield from module_spark("local[2]", "spark-imagenet-tests")
+    session = shared_spark("local[2]", "spark-imagenet-tests")
+    yield session
+    if not _NEXT_TAKES_SPARK.get(str(request.path), False):
+        stop_shared_spark()
 
 
 @pytest.fixture(scope="session")

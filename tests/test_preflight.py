@@ -9,6 +9,8 @@ import re
 
 import pytest
 
+from session_util import stop_shared_spark
+
 from bucket_util import make_bucket
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.training.job.config import TrainConfig
@@ -35,6 +37,7 @@ def test_dynamic_allocation_is_refused_before_launch(tmp_path):
     # JVM system properties, which every later SparkContext in this process would inherit.
     from pyspark import SparkContext
 
+    stop_shared_spark()  # the session a module before this one handed on
     SparkContext._ensure_initialized()
     session = local_session("local[2]", app_name="dyn-alloc-test",
                             conf={"spark.ui.enabled": "false", "spark.dynamicAllocation.enabled": "true"})
@@ -56,6 +59,7 @@ def test_network_encryption_is_refused_unless_allowed(tmp_path):
     # already runs, so the conf does not become JVM system properties that later sessions would inherit)
     from pyspark import SparkContext
 
+    stop_shared_spark()  # the session a module before this one handed on
     SparkContext._ensure_initialized()
     session = local_session("local[2]", app_name="crypto-test",
                             conf={"spark.ui.enabled": "false", "spark.network.crypto.enabled": "true",
@@ -191,31 +195,6 @@ def test_the_wait_for_executors_follows_sparks_own_wait_and_is_at_least_a_minute
     assert executor_wait_seconds({"spark.scheduler.maxRegisteredResourcesWaitingTime": "10s"}) == 60
     with pytest.raises(ConfigError, match="spark.scheduler.maxRegisteredResourcesWaitingTime: '10 parsecs'"):
         executor_wait_seconds({"spark.scheduler.maxRegisteredResourcesWaitingTime": "10 parsecs"})
-
-
-@pytest.mark.slow
-def test_training_runs_with_python_worker_reuse_off(tmp_path):
-    """A real 2-worker run with spark.python.worker.reuse=false (reuse on, Spark's default, is what
-    test_train_e2e runs): TensorFlow lives in a child process of each task, so neither is required."""
-    import json
-    import subprocess
-    import sys
-
-    from data_util import small_layout
-    from spark_imagenet.dataset.sharding import shard
-
-    tree = small_layout(tmp_path / "kaggle")  # 4 classes x 6 train, 3 val each
-    shard(tree, tmp_path / "bucket", train_shards=2, val_shards=1, processes=1, progress=False)
-    results = tmp_path / "r.json"
-    p = subprocess.run([sys.executable, "-m", "spark_imagenet", "train", str(tmp_path / "bucket"), "--workers", "2",
-                        "--master", "local[2]", "--epochs", "1", "--batch-size", "4", "--image-size", "72",
-                        "--width", "0.25", "--cache", str(tmp_path / "cache"), "--results", str(results),
-                        "--conf", "spark.python.worker.reuse=false", "--conf", "spark.ui.enabled=false"],
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    out = json.loads(results.read_text())
-    assert out["workers"] == 2 and [w["rank"] for w in out["per_worker"]] == [0, 1]
-    assert out["val"]["images"] == 12
 
 
 def test_a_local_output_for_a_cluster_master_is_refused_unless_every_host_mounts_it():

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from session_util import stop_shared_spark
+
 from child_util import worker_env as child_env
 from spark_imagenet.training.task.child import (SPARE_FOLDER_PREFIX, ChildFolder, finish_child, spares_enabled,
                                                start_child)
@@ -208,6 +210,7 @@ def _session(**conf):
     from spark_imagenet.training.driver.spark_session import local_session
 
     SparkContext._ensure_initialized()  # this module's settings do not become the JVM's for later modules
+    stop_shared_spark()  # a session of its own, not the one the module before handed on
     return local_session("local[2]", app_name="spark-imagenet-spare-tests",
                          conf={"spark.ui.enabled": "false", **conf})
 

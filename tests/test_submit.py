@@ -71,8 +71,11 @@ def test_scripts_check_their_arguments_before_starting_spark(dataset):
 
 @pytest.mark.slow
 def test_local_sh_trains_through_spark_submit(dataset, tmp_path):
+    """With spark.python.worker.reuse=false (reuse on, Spark's default, is what test_train_e2e runs): TensorFlow
+    lives in a child process of each task, so neither is required."""
     results = tmp_path / "r.json"
-    p = run_script("local.sh", str(dataset), *TRAIN, "--results", str(results), MASTER="local[2]")
+    p = run_script("local.sh", str(dataset), *TRAIN, "--results", str(results), MASTER="local[2]",
+                   SPARK_SUBMIT_OPTS_EXTRA="--conf spark.python.worker.reuse=false")
     assert p.returncode == 0, p.stderr[-4000:]
     r = json.loads(results.read_text())
     assert r["workers"] == 2 and r["config"]["master"] == "local[2]" and r["val"]["images"] == 12
