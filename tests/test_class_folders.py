@@ -219,21 +219,21 @@ def test_the_command_line_detects_a_class_tree_and_reads_a_labels_file(tmp_path)
 
 
 @pytest.mark.slow
-def test_train_on_a_class_folder_dataset(tmp_path):
-    """class-folder tree -> `spark-imagenet shard` -> `spark-imagenet train` on local[2] (the tiny settings of
-    tests/test_preflight.py)."""
+def test_train_on_a_class_folder_dataset(spark, tmp_path):
+    """class-folder tree -> `spark-imagenet shard` -> train() on the tests' local[2] session (the tiny settings
+    of tests/test_preflight.py; the command line's train is test_cli's)."""
+    from spark_imagenet.training.driver.launch import train
+    from spark_imagenet.training.job.config import TrainConfig
+
     root = class_tree(tmp_path / "t" / "train", {"tulip": 12, "rose": 12, "daisy": 12})
     class_tree(tmp_path / "t" / "val", {"tulip": 2, "rose": 2, "daisy": 2}, start=200)
     out = tmp_path / "shards"
     p = cli("shard", str(root.parent), "--out", str(out), "--train-shards", "4", "--val-shards", "2", "--no-progress")
     assert p.returncode == 0, p.stderr
-    results = tmp_path / "results.json"
-    p = cli("train", str(out), "--workers", "2", "--master", "local[2]", "--epochs", "1", "--batch-size", "4",
-            "--image-size", "72", "--width", "0.25", "--cache", str(tmp_path / "cache"), "--results", str(results),
-            "--conf", "spark.python.worker.reuse=false", "--conf", "spark.ui.enabled=false", timeout=900)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    out_json = json.loads(results.read_text())
-    assert out_json["workers"] == 2 and out_json["val"]["images"] == 6
+    result = train(spark, str(out), TrainConfig(workers=2, epochs=1, batch_size=4, image_size=72, width=0.25,
+                                                cache=tmp_path / "cache"))
+    assert result["workers"] == 2 and result["val"]["images"] == 6
+    assert [c["wnid"] for c in json.loads((out / "manifest.json").read_text())["classes"]] == ["daisy", "rose", "tulip"]
 
 
 def test_a_path_that_is_no_folder_names_every_kind(tmp_path):

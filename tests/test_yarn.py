@@ -51,7 +51,21 @@ def run_yarn_sh(env: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def yarn(tmp_path_factory):
+def packing(shipped, tmp_path_factory):
+    """yarn.sh packing the environment (``PACK_ONLY=1``) in the background while the cluster starts (both take
+    a core for most of a minute); yields the running ``subprocess.Popen`` (stdout and stderr as text)."""
+    python, _dataset = shipped
+    env = yarn_env(None, python, tmp_path_factory.mktemp("pack"), PACK_ONLY="1")
+    proc = subprocess.Popen(["bash", str(YARN_SH)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=REPO)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def yarn(tmp_path_factory, packing):
     """A running MiniYARNCluster (one NodeManager) on a MiniDFSCluster; yields (YarnCluster, work folder)."""
     work = tmp_path_factory.mktemp("yarn")
     with contextlib.ExitStack() as stack:
@@ -63,15 +77,14 @@ def yarn(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def env_in_hdfs(yarn, shipped) -> str:
-    """The environment packed by yarn.sh (``PACK_ONLY=1``), uploaded once into the cluster's HDFS,
-    world-readable as HDFS makes files by default; its hdfs:// URL."""
+def env_in_hdfs(yarn, packing) -> str:
+    """The environment packed by yarn.sh (``PACK_ONLY=1``: :func:`packing`), uploaded once into the cluster's
+    HDFS, world-readable as HDFS makes files by default; its hdfs:// URL."""
     from spark_imagenet.storage import open_storage
 
     cluster, work = yarn
-    python, _dataset = shipped
-    p = run_yarn_sh(yarn_env(None, python, work, PACK_ONLY="1"))
-    assert p.returncode == 0 and p.stdout.strip() == str(CACHE / "yarn-env.tar.gz"), p.stdout + p.stderr
+    out, err = packing.communicate(timeout=JOB_TIMEOUT_S)
+    assert packing.returncode == 0 and out.strip() == str(CACHE / "yarn-env.tar.gz"), out + err
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HADOOP_USER_NAME", getpass.getuser())  # the NameNode's user: HDFS's superuser here
         open_storage(f"webhdfs://127.0.0.1:{cluster.webhdfs_port}/apps/spark-imagenet").put_file(

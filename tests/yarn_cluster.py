@@ -27,7 +27,7 @@ RESOLVE_TIMEOUT_S = 900
 START_TIMEOUT_S = 180
 #: How long a launcher may take to stop its cluster before it is killed: a graceful stop took 21 s, most of it
 #: threads waiting out their sleeps; by teardown the jobs are over, and a job's containers end with its driver.
-STOP_TIMEOUT_S = 5
+STOP_TIMEOUT_S = 1
 #: Where the tests keep what outlives one run: the virtualenv to ship and its packed archive.
 CACHE = Path(os.environ.get("SPARK_IMAGENET_TEST_CACHE", Path.home() / ".cache" / "spark-imagenet-tests"))
 
