@@ -29,7 +29,7 @@ Training:
 
 Errors (:mod:`spark_imagenet.errors`): :class:`SparkImagenetError`, the base of every error raised on
 purpose, and its subclasses :class:`ConfigError`, :class:`LayoutError`, :class:`ArchiveError`,
-:class:`ImageError`, :class:`DataError`, :class:`ManifestError`, :class:`StorageError`,
+:class:`ImageError`, :class:`ImageTooLarge`, :class:`DataError`, :class:`ManifestError`, :class:`StorageError`,
 :class:`AccessError`, :class:`IntegrityError`, :class:`PreconditionFailed`, :class:`EnvironmentSetupError`,
 :class:`TrainingError`, :class:`WorkerLost`, :class:`PeerFailed` and :class:`DownloadError`.
 
@@ -53,6 +53,7 @@ from spark_imagenet.errors import (
     DownloadError,
     EnvironmentSetupError,
     ImageError,
+    ImageTooLarge,
     IntegrityError,
     LayoutError,
     ManifestError,
@@ -112,7 +113,8 @@ __all__ = [
     "shard", "open_labels", "shard_dataframe", "predict_dataframe", "inspect", "train", "run_demo", "Result",
     "Manifest", "open_storage", "TrainConfig", "ScalingConfig", "DataConfig", "RecipeConfig", "RunConfig",
     "TrackingConfig",
-    "SparkImagenetError", "ConfigError", "LayoutError", "ArchiveError", "ImageError", "DataError",
+    "SparkImagenetError", "ConfigError", "LayoutError", "ArchiveError", "ImageError", "ImageTooLarge",
+    "DataError",
     "ManifestError", "StorageError", "AccessError", "IntegrityError", "PreconditionFailed",
     "EnvironmentSetupError", "TrainingError", "WorkerLost", "PeerFailed", "DownloadError",
 ]

@@ -64,6 +64,23 @@ class ConfigError(SparkImagenetError):
     configuration) has a value that cannot work."""
 
 
+class ImageTooLarge(ConfigError):
+    """An image has more pixels than the limit (``--max-image-pixels``; the check is
+    :func:`spark_imagenet.dataset.pixels.open_image`).
+
+    Args:
+        message: the whole message: the file, its size, the limit and what to do.
+        name: the file, as messages name it ("" when rebuilt from a message alone).
+        reason: the message without the name (a shard build's list names the file its own way); the message
+            when not given.
+    """
+
+    def __init__(self, message: str, *, name: str = "", reason: str = ""):
+        super().__init__(message)
+        self.name = name
+        self.reason = reason or message
+
+
 class EnvironmentSetupError(SparkImagenetError):
     """Something the job needs from the machine is missing (Java, a
     package, an interpreter)."""

@@ -19,7 +19,7 @@ from typing import IO, Iterator
 
 from PIL import Image
 
-from spark_imagenet.errors import ConfigError
+from spark_imagenet.errors import ConfigError, ImageTooLarge
 
 #: The default limit, in pixels (width x height): 100 megapixels.
 DEFAULT_MAX_PIXELS = 100_000_000
@@ -28,20 +28,6 @@ OPTION = "--max-image-pixels"
 
 #: Held while ``PIL.Image.MAX_IMAGE_PIXELS`` is lifted for one open, so two threads never restore it wrongly.
 _PILLOW_LIMIT = threading.Lock()
-
-
-class ImageTooLarge(ConfigError):
-    """An image has more pixels than the limit (:data:`DEFAULT_MAX_PIXELS` unless set).
-
-    Args:
-        name: the file, as messages name it.
-        reason: what is wrong and what to do, without the name (a shard build's list names the file its own way).
-    """
-
-    def __init__(self, name: str, reason: str):
-        super().__init__(f"{name}: {reason}")
-        self.name = name
-        self.reason = reason
 
 
 def check_max_pixels(value: object, where: str = "max_image_pixels") -> int:
@@ -63,10 +49,14 @@ def check_max_pixels(value: object, where: str = "max_image_pixels") -> int:
     return value
 
 
+def _too_large(name: str, reason: str) -> ImageTooLarge:
+    """The error naming ``name``, for ``reason`` (what is wrong and what to do)."""
+    return ImageTooLarge(f"{name}: {reason}", name=name, reason=reason)
+
+
 def too_large(name: str, width: int, height: int, max_pixels: int) -> ImageTooLarge:
     """The error for an image of ``width`` x ``height`` pixels above ``max_pixels`` (one line, naming ``name``)."""
-    return ImageTooLarge(
-        name, f"{width} x {height} pixels ({width * height / 1e6:.1f} megapixels) is above the limit of "
+    return _too_large(name, f"{width} x {height} pixels ({width * height / 1e6:.1f} megapixels) is above the limit of "
         f"{max_pixels / 1e6:g} megapixels; resize the image, or raise the limit with {OPTION} "
         f"(max_image_pixels= in Python) where there is memory to decode it (about 4 bytes a pixel, several "
         "copies)")
@@ -103,4 +93,4 @@ def open_image(source: str | IO[bytes], name: str, max_pixels: int = DEFAULT_MAX
         try:
             yield image
         except Image.DecompressionBombError as e:  # a GIF frame or a crop Pillow checks itself, above its limit
-            raise ImageTooLarge(name, f"{e}; resize the image") from None
+            raise _too_large(name, f"{e}; resize the image") from None
