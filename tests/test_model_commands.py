@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 import tempfile
 
 import pytest
@@ -61,7 +62,7 @@ def test_the_copy_exists_inside_the_block_only(run_folder, tmpdir_for_copies):
     assert copies(tmpdir_for_copies) == [] and not os.path.exists(local)
 
 
-def test_predict_success_leaves_no_copy(run_folder, image, tmpdir_for_copies, capsys):
+def test_predict_success_leaves_no_copy(run_folder, image, tmpdir_for_copies, capsys, monkeypatch):
     assert predict.main([str(run_folder), str(image), "--json"]) == 0
     (result,) = json.loads(capsys.readouterr().out)
     assert result["file"] == str(image) and len(result["top"]) == 2
@@ -84,6 +85,12 @@ def test_predict_success_leaves_no_copy(run_folder, image, tmpdir_for_copies, ca
     assert truncated.startswith(f"spark-imagenet: warning: {folder / 'truncated.jpg'}: not an image that can be read "
                                 "(image file is truncated") and truncated.endswith("; not predicted"), truncated
     assert copies(tmpdir_for_copies) == []
+    # a reader that leaves early (`| head -1`): exit 1, no BrokenPipeError traceback
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w") as closed, monkeypatch.context() as m:
+        m.setattr(sys, "stdout", closed)
+        assert predict.main([str(run_folder), str(image)]) == 1
 
 
 def test_load_model_success_leaves_no_copy(run_folder, tmpdir_for_copies):
@@ -130,7 +137,7 @@ def test_predict_refuses_a_non_image_before_fetching_the_model(tmp_path, tmpdir_
                    "100 megapixels; resize the image, or raise the limit with --max-image-pixels (max_image_pixels= "
                    "in Python) where there is memory to decode it (about 4 bytes a pixel, several copies)\n")
     assert predict.main([str(tmp_path / "no-model"), str(bomb), "--max-image-pixels", "1000"]) == 2
-    assert "above the limit of 0.001 megapixels" in capsys.readouterr().err
+    assert "above the limit of 1,000 pixels;" in capsys.readouterr().err
 
 
 def test_predict_refuses_top_0(run_folder, image, capsys):

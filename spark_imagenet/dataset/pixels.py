@@ -49,6 +49,11 @@ def check_max_pixels(value: object, where: str = "max_image_pixels") -> int:
     return value
 
 
+def _limit(max_pixels: int) -> str:
+    """The limit for messages: ``100 megapixels``, or ``5,000 pixels`` below a megapixel."""
+    return f"{max_pixels / 1e6:g} megapixels" if max_pixels >= 1_000_000 else f"{max_pixels:,} pixels"
+
+
 def _too_large(name: str, reason: str) -> ImageTooLarge:
     """The error naming ``name``, for ``reason`` (what is wrong and what to do)."""
     return ImageTooLarge(f"{name}: {reason}", name=name, reason=reason)
@@ -57,7 +62,7 @@ def _too_large(name: str, reason: str) -> ImageTooLarge:
 def too_large(name: str, width: int, height: int, max_pixels: int) -> ImageTooLarge:
     """The error for an image of ``width`` x ``height`` pixels above ``max_pixels`` (one line, naming ``name``)."""
     return _too_large(name, f"{width} x {height} pixels ({width * height / 1e6:.1f} megapixels) is above the limit of "
-        f"{max_pixels / 1e6:g} megapixels; resize the image, or raise the limit with {OPTION} "
+        f"{_limit(max_pixels)}; resize the image, or raise the limit with {OPTION} "
         f"(max_image_pixels= in Python) where there is memory to decode it (about 4 bytes a pixel, several "
         "copies)")
 

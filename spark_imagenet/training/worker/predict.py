@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -147,7 +148,23 @@ def main(argv: list[str] | None = None) -> int:
     except SparkImagenetError as e:
         print(f"spark-imagenet: error: {e}", file=sys.stderr)
         return 2
-    if args.json:
+    try:
+        _print_results(results, args.json)
+    except BrokenPipeError:  # the reader left (`| head`): nothing more to say to it, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    for e in found.unusable:
+        print(f"spark-imagenet: warning: {e}; not predicted", file=sys.stderr)
+    return 1 if found.unusable else 0
+
+
+def _print_results(results: list[dict], as_json: bool) -> None:
+    """Print :func:`predict`'s answers on standard output: JSON, or each file with its top classes.
+
+    Raises:
+        BrokenPipeError: the reader of standard output closed it.
+    """
+    if as_json:
         print(json.dumps(results, indent=1))
     else:
         for r in results:
@@ -156,9 +173,6 @@ def main(argv: list[str] | None = None) -> int:
                 name = "" if c["name"] in ("", c["wnid"]) else f"  {c['name']}"  # a class folder's name is its wnid
                 print(f"  {rank}. {c['probability']:7.2%}  {c['wnid']}{name}")
     sys.stdout.flush()
-    for e in found.unusable:
-        print(f"spark-imagenet: warning: {e}; not predicted", file=sys.stderr)
-    return 1 if found.unusable else 0
 
 
 if __name__ == "__main__":
