@@ -129,6 +129,7 @@ def test_a_connect_session_has_no_spark_context_and_is_checked_through_its_conf(
     assert "--workers 3 needs 3 barrier task slots" in str(e.value) and "local[2]" in str(e.value)
 
 
+@pytest.mark.lanes  # also on the Spark 4.1 and 4.2 lanes (.ci/run)
 @pytest.mark.slow
 def test_train_through_connect(log_lines, remote, connect_url, dataset, tmp_path):
     from spark_imagenet.training.driver.launch import train
@@ -332,6 +333,7 @@ def _image_table(path: Path, bad: bool = False) -> Path:
     return path
 
 
+@pytest.mark.lanes  # also on the Spark 4.1 and 4.2 lanes (.ci/run)
 def test_shard_dataframe_through_connect_equals_the_classic_sessions(connect_url, tmp_path):
     """The same table sharded by the command line through the Connect server and on a classic local[2] session:
     the same dataset id and byte-identical shards (one DataFrame-API job for both)."""
@@ -368,6 +370,7 @@ def test_shard_dataframe_in_a_connect_session_reports_bad_images_as_our_error(re
     assert sum(s.examples for s in manifest.splits.values()) == 24
 
 
+@pytest.mark.lanes  # also on the Spark 4.1 and 4.2 lanes (.ci/run)
 def test_predict_dataframe_through_connect_equals_the_classic_answers(remote, tmp_path):
     """predict_dataframe in a Spark Connect session (its pandas UDF run by the server's Python workers): the
     SavedModel's answers for generated JPEGs and a PNG, and a bad image's reason in its row."""
