@@ -8,8 +8,8 @@ leaves it); the master listens on the bridge's address, which the driver uses to
     with two_host_cluster(folder) as (master_url, addresses):
         ...   # a driver with SPARK_LOCAL_IP = DRIVER_ADDRESS submits to master_url
 
-Also the plain helpers of a standalone cluster: :func:`free_port` (and :func:`free_ports`), :func:`spark_class` (the installed
-pyspark's ``bin/spark-class``) and :func:`alive_workers` (from the master's web UI).
+Also the plain helpers of a standalone cluster: :func:`free_port` (and :func:`free_ports`), :func:`spark_class`
+(the installed pyspark's ``bin/spark-class``) and :func:`alive_workers` (from the master's web UI).
 """
 
 from __future__ import annotations
