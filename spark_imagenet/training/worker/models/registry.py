@@ -137,12 +137,6 @@ def import_builder(builder: str, model: str | None = None) -> Callable[[int, int
     return found
 
 
-#: The public trackers of Keras 3's failure under MultiWorkerMirroredStrategy (named in the refusal's message).
-KERAS3_TRACKERS = "keras-team/keras#20585, tensorflow/tensorflow#72388"
-#: The section of docs/design.md that states the position (named in the refusal's message).
-KERAS3_SECTION = "Keras 3: our position and what a move would take"
-
-
 def _is_keras3_model(obj: object) -> bool:
     """Whether ``obj`` is a Keras 3 ``keras.Model`` (checked by class, without importing Keras 3)."""
     return any(c.__name__ == "Model" and c.__module__.split(".")[0] == "keras" for c in type(obj).__mro__)
@@ -168,8 +162,9 @@ def check_built_model(name: str, model: object, num_classes: int, image_size: in
         raise ConfigError(
             f"model (--model) {name!r} returned {kind} {type(model).__module__}.{type(model).__name__}, not a "
             "tf_keras.Model: MultiWorkerMirroredStrategy trains only Keras 2 models (Keras 3's fit fails under it: "
-            f"{KERAS3_TRACKERS}; docs/design.md, '{KERAS3_SECTION}'); build it with Keras 2, "
-            "`import tf_keras as keras` (the tf-keras package), instead of `import keras`")
+            "keras-team/keras#20585, tensorflow/tensorflow#72388; "
+            "docs/design.md, 'Keras 3: our position and what a move would take'); "
+            "build it with Keras 2, `import tf_keras as keras` (the tf-keras package), instead of `import keras`")
     got_in = _shape(model, "input_shape")
     if got_in != expected_in:
         raise ConfigError(f"model (--model) {name!r}: the model's input shape is {got_in}, but the job feeds "
