@@ -8,8 +8,8 @@ leaves it); the master listens on the bridge's address, which the driver uses to
     with two_host_cluster(folder) as (master_url, addresses):
         ...   # a driver with SPARK_LOCAL_IP = DRIVER_ADDRESS submits to master_url
 
-Also the plain helpers of a standalone cluster: :func:`free_port`, :func:`spark_class` (the installed
-pyspark's ``bin/spark-class``) and :func:`alive_workers` (from the master's web UI).
+Also the plain helpers of a standalone cluster: :func:`free_port` (and :func:`free_ports`), :func:`spark_class`
+(the installed pyspark's ``bin/spark-class``) and :func:`alive_workers` (from the master's web UI).
 """
 
 from __future__ import annotations
@@ -41,6 +41,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free localhost TCP ports (bound together on port 0, then released)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def spark_class() -> str:

@@ -13,14 +13,36 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 jobs = pytest.importorskip("databricks.sdk.service.jobs", reason="databricks-sdk is not installed (the test extra)")
 
-JOB_FILE = Path(__file__).resolve().parent.parent / "submit" / "databricks-job.json"
+REPO = Path(__file__).resolve().parent.parent
+JOB_FILE = REPO / "submit" / "databricks-job.json"
 SERVERLESS_FILE = JOB_FILE.with_name("databricks-serverless-job.json")
+
+#: The Spark and Python of each Databricks Runtime major a job file may name (Databricks' release notes: 18 LTS is
+#: Apache Spark 4.1.0 on Python 3.12).
+RUNTIMES = {"18": ("4.1", "3.12")}
+#: The Python of each serverless environment version (version 4: Python 3.12, Databricks Connect 17).
+SERVERLESS_PYTHON = {"4": "3.12"}
+
+
+def _project() -> dict:
+    """``[project]`` of pyproject.toml: what the wheel declares."""
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def _requirement(project: dict, name: str) -> Requirement:
+    """The wheel's requirement on ``name``."""
+    (found,) = [r for r in map(Requirement, project["dependencies"]) if r.name == name]
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +119,31 @@ def test_parameters_are_a_valid_train_command(task):
     assert config.master is None  # the cluster's own session decides
 
 
+def test_cluster_names_an_lts_runtime_whose_spark_and_python_our_ranges_accept(job, task):
+    key = task["new_cluster"]["spark_version"]
+    # Databricks' key of a major's LTS ML runtime on GPUs (18 LTS: "18.x-gpu-ml-scala2.13"; a feature release is
+    # "MAJOR.MINOR.x-...")
+    found = re.fullmatch(r"(\d+)\.x-gpu-ml-scala2\.13", key)
+    assert found, key
+    spark, python = RUNTIMES[found.group(1)]
+    project = _project()
+    assert SpecifierSet(project["requires-python"]).contains(f"{python}.0"), (python, project["requires-python"])
+    assert _requirement(project, "pyspark").specifier.contains(f"{spark}.0"), spark
+    assert f"Databricks Runtime {found.group(1)} LTS ML, GPU ({key}: Spark {spark}, Python {python})" in (
+        job["description"])
+
+
+def test_serverless_environment_has_a_python_our_range_accepts(serverless):
+    (environment,) = serverless["environments"]
+    version = environment["spec"]["environment_version"]
+    python = SERVERLESS_PYTHON[version]
+    assert SpecifierSet(_project()["requires-python"]).contains(f"{python}.0")
+    assert f"serverless environment version {version} (Python {python})" in serverless["description"]
+
+
 def test_cluster_is_set_up_for_barrier_training_on_gpus(task):
     cluster = task["new_cluster"]
     assert "-gpu-ml-" in cluster["spark_version"]
-    # the wheel depends on pyspark>=4: a runtime with Spark 4 (Databricks Runtime 17.x), never an older one
-    assert int(cluster["spark_version"].split(".")[0]) >= 17
     conf = cluster["spark_conf"]
     assert all(isinstance(v, str) for v in conf.values())  # the API takes strings only
     assert conf["spark.dynamicAllocation.enabled"] == "false"  # barrier stages refuse dynamic allocation
@@ -160,3 +202,71 @@ def test_serverless_parameters_are_a_valid_train_command_without_a_master(server
     assert config.workers == 2
     assert config.master is None  # the job's own (Spark Connect) session decides
     assert config.results.startswith("/Volumes/")
+
+
+# ------------------------------------------------------------ installing the wheel on the runtime
+#: What Databricks Runtime 18 LTS ML brings that the wheel also requires, as pip sees it (name -> version). pyspark is
+#: the runtime's Spark, 4.1.0; py4j the version pyspark 4.1 pins. numpy, pandas and pyarrow: Runtime 18's own list
+#: was not reachable here, so these are 17.3 LTS's (its release notes' Python libraries, GPU ML and standard alike),
+#: the closest LTS, assumed unchanged; replace them with 18's when they are at hand.
+RUNTIME_18_PINS = {"pyspark": "4.1.0", "py4j": "0.10.9.9", "numpy": "2.1.3", "pandas": "2.2.3", "pyarrow": "19.0.1"}
+
+
+def _python_312() -> str | None:
+    """A Python 3.12 interpreter (Runtime 18's Python): ``python3.12`` on PATH, or pyenv's 3.12; None when there
+    is none."""
+    import shutil
+    import subprocess
+
+    found = shutil.which("python3.12")
+    pyenv = shutil.which("pyenv")
+    if pyenv:  # a pyenv shim runs only the versions selected: ask pyenv for an installed 3.12 itself
+        versions = subprocess.run([pyenv, "versions", "--bare"], capture_output=True, text=True).stdout.split()
+        version = next((v for v in versions if v.startswith("3.12")), None)
+        prefix = version and subprocess.run([pyenv, "prefix", version], capture_output=True, text=True).stdout.strip()
+        found = f"{prefix}/bin/python3.12" if prefix else None
+    return found if found and Path(found).exists() else None
+
+
+def _runtime_env(folder: Path, python: str, pins: dict[str, str]) -> Path:
+    """A bare Python 3.12 virtualenv (no pip) in ``folder`` holding one stub distribution per pin (a
+    ``NAME-VERSION.dist-info`` with METADATA only: what pip reads of an installed package); returns its python."""
+    import subprocess
+
+    subprocess.run([python, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=60)
+    (site,) = folder.glob("lib/python3.*/site-packages")
+    for name, version in pins.items():
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "INSTALLER").write_text("pip\n")
+    return folder / "bin" / "python"
+
+
+@pytest.mark.slow
+def test_installing_the_wheel_on_runtime_18_keeps_its_spark_and_data_libraries(tmp_path):
+    """pip's resolver plan (``pip install --dry-run --report``) for the wheel's requirements, in an environment that
+    holds what Runtime 18 LTS ML pins: pyspark, py4j, numpy, pandas and pyarrow are kept as they are (the wheel's
+    ranges accept them), so installing the wheel does not replace the runtime's Spark or its data libraries.
+
+    The requirements are read from pyproject.toml's ``[project] dependencies``, which is what the wheel's METADATA
+    declares (no build needed). Needs Python 3.12 and PyPI (the plan reads the candidates' metadata)."""
+    import subprocess
+    import sys
+
+    python = _python_312()
+    if python is None:
+        pytest.skip("no Python 3.12 here (Databricks Runtime 18's Python): install it, e.g. `pyenv install 3.12`")
+    runtime = _runtime_env(tmp_path / "runtime", python, RUNTIME_18_PINS)
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("\n".join(_project()["dependencies"]) + "\n")
+    report = tmp_path / "report.json"
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", str(runtime), "install", "--dry-run", "--quiet",
+                        "--disable-pip-version-check", "--report", str(report), "-r", str(requirements)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"pip could not plan the install:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    planned = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+               for item in json.loads(report.read_text())["install"]}
+    replaced = {name: f"{RUNTIME_18_PINS[name]} -> {planned[name]}" for name in RUNTIME_18_PINS if name in planned}
+    assert replaced == {}, f"installing the wheel would replace the runtime's own packages: {replaced}"
+    assert planned["tensorflow"].startswith("2.21.") and planned["tf-keras"].startswith("2.21.")  # it brings its own

@@ -370,10 +370,31 @@ def test_user_builder_module_missing_in_the_worker():
         build_model("nosuch_pkg.models:build", 5, 40)
 
 
-def test_user_builder_of_keras3_gets_its_own_message():
+def test_user_builder_of_keras3_is_refused_in_one_line_that_reaches_the_driver():
+    """A builder written with ``import keras`` (Keras 3) is refused where its result is first in hand, in one line
+    saying why and how to build it; the line travels to the driver as the worker's other errors do (its Failure,
+    completed by the barrier task, read back from Spark's error text) and is raised there as a ConfigError."""
+    from spark_imagenet.training.job.outcome import Failure
+    from spark_imagenet.training.task.barrier_task import process_failure
+    from spark_imagenet.training.worker.main import failure_of
+
     pytest.importorskip("keras", minversion="3")
-    with pytest.raises(ConfigError, match=r"returned a Keras 3 model .*build it with Keras 2: `import tf_keras"):
+    with pytest.raises(ConfigError) as info:
         build_model("user_model:keras3_model", 5, 40)
+    message = str(info.value)
+    assert message.startswith("model (--model) 'user_model:keras3_model' returned a Keras 3 model keras.")
+    assert "MultiWorkerMirroredStrategy trains only Keras 2 models" in message
+    assert "keras-team/keras#20585, tensorflow/tensorflow#72388" in message
+    assert "docs/design.md, 'Keras 3: our position and what a move would take'" in message
+    assert message.endswith("`import tf_keras as keras` (the tf-keras package), instead of `import keras`")
+    assert "\n" not in message
+    line = f"worker rank 1 failed while building the model: ConfigError: {message}"
+    failure = process_failure(failure_of(info.value, "building the model", 1), 1, [line], 1, "h1", "worker.main")
+    raised = Failure.find(f"org.apache.spark.SparkException: Job aborted ...\n{failure.to_error()}").as_error()
+    assert type(raised) is ConfigError
+    assert str(raised).splitlines()[0] == (f"rank 1 on h1: the TensorFlow process (worker.main) exited with code 1 "
+                                           f"while building the model: ConfigError: {message}; its last 1 output "
+                                           "line(s):")
 
 
 def test_the_tensorflow_child_gets_the_tasks_extra_path(tmp_path, monkeypatch):

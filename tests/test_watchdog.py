@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster_util import free_ports
 from spark_imagenet.training.worker import watchdog as wd
 from spark_imagenet.training.worker.watchdog import ALL_ANSWER, EXIT_STEP_TIMEOUT, NO_ANSWER, StepWatchdog
 
@@ -281,17 +281,6 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _steps(path: Path) -> int:
     return path.read_text().count("STEP ") if path.exists() else 0
 
@@ -303,7 +292,7 @@ def test_two_workers_one_stopped_or_stuck(tmp_path, case):
     is ended by its watchdog (exit 3) with one line that names rank 1, or says every peer answers."""
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    ports = _free_ports(2)
+    ports = free_ports(2)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1", PYTHONPATH=str(REPO))
     # rank 1 has no watchdog when stuck: its own would end it, and rank 0 would see a dead peer instead
     args = {0: ("10", "-1"), 1: ("0", "5") if case == "stuck" else ("10", "-1")}

@@ -152,20 +152,19 @@ def check_built_model(name: str, model: object, num_classes: int, image_size: in
         image_size: the input side S the job feeds (float32 ``[B, S, S, 3]``).
 
     Raises:
-        ConfigError: ``model`` is not a ``tf_keras.Model`` (a Keras 3 ``keras.Model`` gets its own message: build
-            it with ``tf_keras``), or its input shape is not ``(None, S, S, 3)``, or its output shape is not
-            ``(None, num_classes)``; the message names ``--model``.
+        ConfigError: ``model`` is not a ``tf_keras.Model`` (one line saying why, naming a Keras 3 model as such,
+            and how to build it with ``tf_keras``), or its input shape is not ``(None, S, S, 3)``, or its output
+            shape is not ``(None, num_classes)``; the message names ``--model``.
     """
     expected_in, expected_out = (None, image_size, image_size, 3), (None, num_classes)
     if not isinstance(model, keras.Model):
-        if _is_keras3_model(model):
-            raise ConfigError(
-                f"model (--model) {name!r} returned a Keras 3 model ({type(model).__module__}."
-                f"{type(model).__name__}): Keras 3 does not train under MultiWorkerMirroredStrategy; build it "
-                "with Keras 2: `import tf_keras as keras` (the tf-keras package) instead of `import keras` or "
-                "`tf.keras`")
-        raise ConfigError(f"model (--model) {name!r} returned a {type(model).__module__}.{type(model).__name__}, "
-                          "not a tf_keras.Model; return the model (built with `import tf_keras as keras`)")
+        kind = "a Keras 3 model" if _is_keras3_model(model) else "a"
+        raise ConfigError(
+            f"model (--model) {name!r} returned {kind} {type(model).__module__}.{type(model).__name__}, not a "
+            "tf_keras.Model: MultiWorkerMirroredStrategy trains only Keras 2 models (Keras 3's fit fails under it: "
+            "keras-team/keras#20585, tensorflow/tensorflow#72388; "
+            "docs/design.md, 'Keras 3: our position and what a move would take'); "
+            "build it with Keras 2, `import tf_keras as keras` (the tf-keras package), instead of `import keras`")
     got_in = _shape(model, "input_shape")
     if got_in != expected_in:
         raise ConfigError(f"model (--model) {name!r}: the model's input shape is {got_in}, but the job feeds "
