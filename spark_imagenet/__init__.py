@@ -27,6 +27,13 @@ Training:
   ``serving/`` model of a training run's ``--output`` (:mod:`spark_imagenet.training.driver.batch_predict`).
 * :func:`run_demo`: the built-in default (generate, shard, train), returning its :class:`Result`.
 
+Spark ML (:mod:`spark_imagenet.ml`):
+
+* :class:`ImageClassifier`: a ``pyspark.ml`` Estimator whose ``fit(df)`` shards a labelled DataFrame of
+  images and trains on it (:func:`shard_dataframe`, then :func:`train`), a stage of a ``Pipeline``.
+* :class:`ImageClassifierModel`: what it returns, a training run's ``--output`` folder whose ``transform(df)``
+  adds :func:`predict_dataframe`'s column.
+
 Errors (:mod:`spark_imagenet.errors`): :class:`SparkImagenetError`, the base of every error raised on
 purpose, and its subclasses :class:`ConfigError`, :class:`LayoutError`, :class:`ArchiveError`,
 :class:`ImageError`, :class:`ImageTooLarge`, :class:`DataError`, :class:`ManifestError`, :class:`StorageError`,
@@ -36,7 +43,7 @@ purpose, and its subclasses :class:`ConfigError`, :class:`LayoutError`, :class:`
 Subpackages, lowest layer first (a layer imports only from the layers below it):
 :mod:`.storage` (URL-addressed storage), :mod:`.source` (the Kaggle download),
 :mod:`.dataset` (shards and manifest), :mod:`.training` (driver, barrier tasks,
-TensorFlow worker process), :mod:`.demo`, and the command line (:mod:`.cli`).
+TensorFlow worker process), :mod:`.demo` and :mod:`.ml` (the Spark ML stages), and the command line (:mod:`.cli`).
 TensorFlow is only imported inside the TensorFlow worker process
 (:mod:`spark_imagenet.training.worker.main`), never by the driver.
 """
@@ -71,6 +78,7 @@ if TYPE_CHECKING:  # what __getattr__ gives, for editors and type checkers
     from spark_imagenet.dataset.report import inspect
     from spark_imagenet.dataset.sharding import shard
     from spark_imagenet.demo import run_demo
+    from spark_imagenet.ml import ImageClassifier, ImageClassifierModel
     from spark_imagenet.source import open_labels
     from spark_imagenet.storage import open_storage
     from spark_imagenet.training.driver.batch_predict import predict_dataframe
@@ -105,6 +113,8 @@ _LAZY = {
     "RecipeConfig": ("spark_imagenet.training.job.sections", "RecipeConfig"),
     "RunConfig": ("spark_imagenet.training.job.sections", "RunConfig"),
     "TrackingConfig": ("spark_imagenet.training.job.sections", "TrackingConfig"),
+    "ImageClassifier": ("spark_imagenet.ml", "ImageClassifier"),
+    "ImageClassifierModel": ("spark_imagenet.ml", "ImageClassifierModel"),
 }
 
 #: Every public name, written out so that type checkers read it (``_LAZY``'s names, then the errors).
@@ -112,7 +122,7 @@ __all__ = [
     "__version__",
     "shard", "open_labels", "shard_dataframe", "predict_dataframe", "inspect", "train", "run_demo", "Result",
     "Manifest", "open_storage", "TrainConfig", "ScalingConfig", "DataConfig", "RecipeConfig", "RunConfig",
-    "TrackingConfig",
+    "TrackingConfig", "ImageClassifier", "ImageClassifierModel",
     "SparkImagenetError", "ConfigError", "LayoutError", "ArchiveError", "ImageError", "ImageTooLarge",
     "DataError",
     "ManifestError", "StorageError", "AccessError", "IntegrityError", "PreconditionFailed",
