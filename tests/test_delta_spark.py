@@ -24,8 +24,8 @@ def _skip_reason() -> str | None:
 
     repository = Path.home() / ".m2" / "repository"
     if find_delta_jars(pyspark.__version__, installed_delta_spark() or "", repository) is None:
-        return f"Delta's jars for pyspark {pyspark.__version__} are not in {repository}: mvn -q -f tests/delta/pom.xml " \
-               "dependency:resolve"
+        return (f"Delta's jars for pyspark {pyspark.__version__} are not in {repository}: mvn -q -f "
+                "tests/delta/pom.xml dependency:resolve")
     return None
 
 

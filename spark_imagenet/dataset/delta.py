@@ -29,8 +29,8 @@ PLAIN_READER_FEATURES = frozenset({"deletionVectors", "timestampNtz", "v2Checkpo
 #: The column that joins each row of the delta-rs read to its file's partition values.
 _FILE_COLUMN = "__spark_imagenet_delta_file"
 #: What to install for the connector, said in every refusal.
-CONNECTOR_HINT = ("delta-spark with its jars (io.delta:delta-spark_<spark major.minor>_2.13 and io.delta:delta-storage; "
-                  "spark-imagenet finds them in ~/.m2) on a Spark it supports (pyspark <= 4.2)")
+CONNECTOR_HINT = ("delta-spark with its jars (io.delta:delta-spark_<spark major.minor>_2.13 and "
+                  "io.delta:delta-storage; spark-imagenet finds them in ~/.m2) on a Spark it supports (pyspark <= 4.2)")
 
 
 def read_delta(spark: Any, path: str, version: int | None = None) -> Any:

@@ -67,8 +67,8 @@ def add_shard_arguments(p: argparse.ArgumentParser) -> None:
                    "it, and read, checked and written by the executors (the source where every executor reads it); "
                    "a SOURCE URL is a folder of class folders read by Spark, as --table URL --format binaryFile")
     p.add_argument("--conf", type=conf_pair, action="append", default=None, metavar="KEY=VALUE",
-                   help="extra Spark setting of the Spark job (--table, --master), repeatable: e.g. spark.jars=A.jar,B.jar "
-                   "(as for train)")
+                   help="extra Spark setting of the Spark job (--table, --master), repeatable: e.g. "
+                   "spark.jars=A.jar,B.jar (as for train)")
     p.add_argument("--out", required=True, help=f"where the dataset goes: {url_forms()}")
     p.add_argument("--train-shards", type=positive_int, help="number of train shards (default: ~128 MiB each, >= 16)")
     p.add_argument("--val-shards", type=positive_int, help="number of val shards (default: ~128 MiB each, >= 4)")

@@ -53,12 +53,13 @@ def build_parser() -> ArgumentParser:
     """The options of ``spark-imagenet predict MODEL_URL --source URL|--table NAME --out URL``."""
     p = ArgumentParser(prog="spark-imagenet predict",
                        description="the top classes of every image of a folder, a labels file or a table, as a "
-                       "Spark job, written as Parquet or Delta (the other form, predict MODEL_URL IMAGE..., scores files "
-                       "on this machine)")
+                       "Spark job, written as Parquet or Delta (the other form, predict MODEL_URL IMAGE..., scores "
+                       "files on this machine)")
     p.add_argument("model", help="the --output folder of a training run (holding serving/ and labels.json)")
     p.add_argument("--source", help="a folder of images or of class folders (a path or URL Spark reads), or a "
                    "labels file (.csv, .jsonl, .parquet: path,label; its images in any store)")
-    p.add_argument("--table", help="a table of images: a catalog table name, or Parquet files or a Delta table (--format; a path or URL)")
+    p.add_argument("--table", help="a table of images: a catalog table name, or Parquet files or a Delta table "
+                   "(--format; a path or URL)")
     p.add_argument("--format", choices=("parquet", "delta"), help="--table's files' format (default: parquet "
                    "for a path, none for a table name)")
     p.add_argument("--image-column", default="content", help="--table's column of encoded image bytes "
@@ -253,8 +254,8 @@ def _set_conf(spark: Any, values: dict[str, str | None]) -> dict[str, str | None
 def report(result: dict[str, Any], key: str) -> None:
     """Print the counts and where the output went (stdout); warn once about the images without a prediction
     (stderr)."""
-    print(f"predict: {result['images']} images, {result['errors']} errors -> {result['out']} ({result['format']}: {key}, "
-          f"{', '.join(FIELDS)})")
+    print(f"predict: {result['images']} images, {result['errors']} errors -> {result['out']} "
+          f"({result['format']}: {key}, {', '.join(FIELDS)})")
     if result["errors"]:
         named = "; ".join(f"{k} ({e})" for k, e in result["failed"])
         more = result["errors"] - len(result["failed"])
