@@ -145,3 +145,17 @@ def test_table_version_and_conf_go_with_a_table(tmp_path, capsys, monkeypatch):
     ]:
         assert main(["shard", *args, "--out", str(tmp_path / "o")]) == 2
         assert message in capsys.readouterr().err, args
+
+
+def test_a_delta_output_without_the_connector_is_parquet_made_a_table_by_deltalake(spark, tmp_path):
+    """What ``predict --out-format delta`` writes on a Spark without Delta's connector, read back as Delta."""
+    from deltalake import DeltaTable
+
+    from spark_imagenet.dataset.delta import read_delta, write_delta
+
+    df = spark.createDataFrame([("a.jpg", [3, 1]), ("b.jpg", [0, 2])], "name string, class_ids array<int>")
+    write_delta(df, str(tmp_path / "scores"))
+    assert sorted(r["name"] for r in DeltaTable(str(tmp_path / "scores")).to_pyarrow_table().to_pylist()) == [
+        "a.jpg", "b.jpg"]
+    assert sorted(tuple(r) for r in read_delta(spark, str(tmp_path / "scores")).collect()) == [
+        ("a.jpg", [3, 1]), ("b.jpg", [0, 2])]
