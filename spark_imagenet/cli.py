@@ -83,6 +83,7 @@ def _shard_table(args: argparse.Namespace) -> int:
     ``--table URL --format binaryFile``): read the table with Spark and shard it as a Spark job
     (:func:`spark_imagenet.dataset.dataframe.shard_dataframe`; the options: :mod:`spark_imagenet.dataset.shard_options`)."""
     from spark_imagenet.dataset.dataframe import DEFAULT_VAL_FRACTION, shard_dataframe
+    from spark_imagenet.dataset.delta_jars import delta_session_conf
     from spark_imagenet.dataset.shard_options import check_shard_arguments, is_url
     from spark_imagenet.dataset.tables import check_table_path, read_table
     from spark_imagenet.training.driver.spark_session import session_for
@@ -94,9 +95,12 @@ def _shard_table(args: argparse.Namespace) -> int:
         args.table, args.format, args.source = args.source, "binaryFile", None
     columns = [args.image_column, args.label_column or "label", args.split_column, args.name_column]
     check_table_path(args.table, args.format, [c for c in columns if c])
-    spark = session_for(args.master, os.cpu_count() or 1, app_name="spark-imagenet shard",
+    conf = dict(args.conf or [])
+    if args.format == "delta":
+        conf.update(delta_session_conf(conf, args.master))
+    spark = session_for(args.master, os.cpu_count() or 1, conf, app_name="spark-imagenet shard",
                         warn_oversubscription=False)
-    df = read_table(spark, args.table, args.format)
+    df = read_table(spark, args.table, args.format, args.table_version)
     split = args.split_column or _default_split(df, args.format)
     shard_dataframe(df, args.out, args.image_column, args.label_column or "label", split, name_col=args.name_column,
                     val_fraction=args.val_fraction or DEFAULT_VAL_FRACTION, seed=args.seed,
@@ -139,7 +143,7 @@ def _shard_source(args: argparse.Namespace) -> int:
         dataset = open_chosen_source(args).list_images(num_classes=args.classes, class_list=args.class_list,
                                                        per_class=args.per_class, seed=args.seed,
                                                        progress=not args.no_progress)
-    spark = session_for(args.master, os.cpu_count() or 1, app_name="spark-imagenet shard",
+    spark = session_for(args.master, os.cpu_count() or 1, dict(args.conf or []), app_name="spark-imagenet shard",
                         warn_oversubscription=False)
     if plan is not None:
         shard_zip_job(spark, plan, args.out, **options)

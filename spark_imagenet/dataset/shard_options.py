@@ -18,7 +18,7 @@ import argparse
 from typing import Any
 from urllib.parse import urlparse
 
-from spark_imagenet.arguments import positive_int
+from spark_imagenet.arguments import conf_pair, nonnegative_int, positive_int
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, OPTION as PIXELS_OPTION
 from spark_imagenet.dataset.tables import FORMATS as TABLE_FORMATS
@@ -51,6 +51,9 @@ def add_shard_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=TABLE_FORMATS,
                    help="read --table as files of this format; binaryFile: a folder of class folders, the label from "
                    "each file's folder, train/val from a train/ or val/ folder on the path")
+    p.add_argument("--table-version", type=nonnegative_int, metavar="N",
+                   help="with --format delta: read the table as of its version N (Delta's versionAsOf; default: the "
+                   "latest)")
     p.add_argument("--path-column", metavar="NAME", help="the labels file's image column (default: path, else url)")
     p.add_argument("--label-column", metavar="NAME", help="the label column of --labels or --table: class names or ids "
                    "0..K-1 (default: label)")
@@ -63,6 +66,9 @@ def add_shard_arguments(p: argparse.ArgumentParser) -> None:
                    "local[all cores]). SOURCE or --labels FILE with --master: the images are chosen here as without "
                    "it, and read, checked and written by the executors (the source where every executor reads it); "
                    "a SOURCE URL is a folder of class folders read by Spark, as --table URL --format binaryFile")
+    p.add_argument("--conf", type=conf_pair, action="append", default=None, metavar="KEY=VALUE",
+                   help="extra Spark setting of the Spark job (--table, --master), repeatable: e.g. "
+                   "spark.jars=A.jar,B.jar (as for train)")
     p.add_argument("--out", required=True, help=f"where the dataset goes: {url_forms()}")
     p.add_argument("--train-shards", type=positive_int, help="number of train shards (default: ~128 MiB each, >= 16)")
     p.add_argument("--val-shards", type=positive_int, help="number of val shards (default: ~128 MiB each, >= 4)")
@@ -100,6 +106,7 @@ _ONLY_WITH = (
     ("--label-column", ("labels", "table"), "--labels FILE or --table"),
     ("--split-column", ("labels", "table"), "--labels FILE or --table"),
     ("--format", ("table",), "--table"),
+    ("--table-version", ("table",), "--table"),
     ("--image-column", ("table",), "--table"),
     ("--name-column", ("table",), "--table"),
     ("--master", ("table", "source", "labels"), "--table, SOURCE or --labels FILE"),
@@ -128,6 +135,10 @@ def check_shard_arguments(args: argparse.Namespace) -> None:
         value = getattr(args, option[2:].replace("-", "_"))
         if kind not in kinds and value is not None and not (option == "--image-column" and value == "content"):
             raise ConfigError(f"{option}: only with {words}")
+    if kind in ("source", "labels") and args.master is None and args.conf:
+        raise ConfigError("--conf: only with --table or --master (the settings of a Spark job)")
+    if args.table_version is not None and args.format != "delta":
+        raise ConfigError("--table-version: only with --format delta (a Delta table's version)")
     if kind in ("source", "labels") and args.master is not None:
         _check_source_job(args)
 

@@ -4,6 +4,8 @@ takes (``spark-imagenet shard --table``).
 * ``read_table(spark, "catalog.schema.images")``: a table of the session's catalog (any format the session
   reads: Parquet, Delta where the cluster has Delta, ...);
 * ``read_table(spark, "s3://b/images.parquet", "parquet")``: files read with that data source;
+* ``read_table(spark, "s3://b/images", "delta", version=3)``: a Delta table, at a version
+  (:func:`spark_imagenet.dataset.delta.read_delta`);
 * ``read_table(spark, "hdfs:///photos", "binaryFile")``: every file under the folder, one row each (``path``,
   ``modificationTime``, ``length``, ``content``), plus ``label``, the name of the file's folder, and ``split``,
   ``train`` or ``val`` when the path has such a folder (``photos/train/cat/1.jpg``), else null (then
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
+from spark_imagenet.dataset.delta_jars import DELTA_SESSION_SETTINGS
 from spark_imagenet.errors import ConfigError, spark_reason
 from spark_imagenet.source.labelled import IMAGE_EXTENSIONS
 
@@ -108,37 +111,50 @@ def _check_parquet(table: str, path: Path, columns: Sequence[str]) -> None:
                           "--split-column / --name-column")
 
 
-def read_table(spark: Any, table: str, fmt: str | None = None) -> Any:
+def read_table(spark: Any, table: str, fmt: str | None = None, version: int | None = None) -> Any:
     """The DataFrame of a table name, or of files read with a data source.
 
     Args:
         spark: a SparkSession.
         table: a table name of the session's catalog (``fmt`` None), or a path or URL the executors read.
         fmt: ``"parquet"``, ``"binaryFile"`` (label from the folder name, split from a train/val folder) or
-            ``"delta"`` (needs Delta Lake's jars in the session), or None for a table name.
+            ``"delta"`` (Delta's connector when the session has it, else ``deltalake``:
+            :func:`spark_imagenet.dataset.delta.read_delta`), or None for a table name.
+        version: a Delta table's version to read (``--table-version``; Delta's ``versionAsOf``), or None for the
+            latest; only with ``"delta"``.
 
     Returns:
         pyspark.sql.DataFrame
 
     Raises:
-        ConfigError: an unknown format, or Spark cannot read the table or path (its reason, and what to check).
+        ConfigError: an unknown format, a version for another format, or Spark cannot read the table or path (its
+            reason, and what to check).
     """
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"--format {fmt}: choose one of {', '.join(FORMATS)} (or no --format for a table name)")
+    if version is not None and fmt != "delta":
+        raise ConfigError(f"--table-version {version}: only for a Delta table (--format delta)")
     try:
         if fmt is None:
             return spark.table(table)
         if fmt == "binaryFile":
             return image_folder(spark, table)
+        if fmt == "delta":
+            from spark_imagenet.dataset.delta import read_delta
+
+            return read_delta(spark, table, version)
         return spark.read.format(fmt).load(table)
     except ConfigError:
         raise
     except Exception as e:  # Py4J / AnalysisException: only its reason is worth showing
         what = f"the table {table}" if fmt is None else f"{table} as {fmt}"
-        hint = {None: "check the name (catalog.schema.table) or give a path with --format",
-                "delta": "Delta needs its jars in the session (delta-spark, or a Databricks cluster)"}.get(
-                    fmt, "check the path and that the executors can read it")
-        raise ConfigError(f"cannot read {what}: {spark_reason(e)}; {hint}") from None
+        reason = spark_reason(e)
+        hint = "check the name (catalog.schema.table) or give a path with --format" if fmt is None else (
+            "check the path and that the executors can read it")
+        if "DELTA_CONFIGURE_SPARK_SESSION" in reason:
+            hint = "a session with Delta's jars also needs " + " and ".join(
+                f"--conf {k}={v}" for k, v in DELTA_SESSION_SETTINGS.items())
+        raise ConfigError(f"cannot read {what}: {reason}; {hint}") from None
 
 
 def image_folder(spark: Any, root: str) -> Any:

@@ -1,12 +1,12 @@
 """``spark-imagenet predict MODEL_URL --source URL|--table NAME --out URL``: batch inference as a Spark job,
-written as Parquet.
+written as Parquet (or a Delta table: ``--out-format delta``).
 
 Runs on the Spark driver (the command line's process). The images become a DataFrame through the readers
 the ``shard`` command uses: a folder (a flat folder of images or a class-folder tree, any path or URL Spark
 reads) with binaryFile (:func:`spark_imagenet.dataset.tables.images_under`); a labels file (any store) through
 its source, read by the executors (:func:`spark_imagenet.dataset.source_job.image_rows`); a table
 (:func:`spark_imagenet.dataset.tables.read_table`). :func:`~spark_imagenet.training.driver.batch_predict.
-predict_dataframe` scores them, and the Parquet at ``--out`` holds one row per image: the key (``path``, or
+predict_dataframe` scores them, and the table at ``--out`` holds one row per image: the key (``path``, or
 ``--id-column``), ``class_ids``, ``wnids``, ``names``, ``probabilities`` and ``error``. The command prints
 the counts and where they went; images without a prediction are counted and named in one warning.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from spark_imagenet.arguments import ArgumentParser, conf_pair, positive_int
+from spark_imagenet.arguments import ArgumentParser, conf_pair, nonnegative_int, positive_int
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, OPTION as PIXELS_OPTION
 from spark_imagenet.errors import ConfigError, spark_reason
 from spark_imagenet.training.driver.batch_predict import DEFAULT_BATCH, check_model, model_location
@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: The options that choose this form of ``predict`` (the other is ``predict MODEL IMAGE...``).
 SPARK_FORM_OPTIONS = ("--source", "--table")
+#: The formats ``--out-format`` writes.
+OUT_FORMATS = ("parquet", "delta")
 #: The output's columns after the key.
 FIELDS = ("class_ids", "wnids", "names", "probabilities", "error")
 #: Images without a prediction named in the warning.
@@ -51,19 +53,25 @@ def build_parser() -> ArgumentParser:
     """The options of ``spark-imagenet predict MODEL_URL --source URL|--table NAME --out URL``."""
     p = ArgumentParser(prog="spark-imagenet predict",
                        description="the top classes of every image of a folder, a labels file or a table, as a "
-                       "Spark job, written as Parquet (the other form, predict MODEL_URL IMAGE..., scores files "
-                       "on this machine)")
+                       "Spark job, written as Parquet or Delta (the other form, predict MODEL_URL IMAGE..., scores "
+                       "files on this machine)")
     p.add_argument("model", help="the --output folder of a training run (holding serving/ and labels.json)")
     p.add_argument("--source", help="a folder of images or of class folders (a path or URL Spark reads), or a "
                    "labels file (.csv, .jsonl, .parquet: path,label; its images in any store)")
-    p.add_argument("--table", help="a table of images: a catalog table name, or Parquet files (a path or URL)")
+    p.add_argument("--table", help="a table of images: a catalog table name, or Parquet files or a Delta table "
+                   "(--format; a path or URL)")
     p.add_argument("--format", choices=("parquet", "delta"), help="--table's files' format (default: parquet "
                    "for a path, none for a table name)")
     p.add_argument("--image-column", default="content", help="--table's column of encoded image bytes "
                    "(default content)")
+    p.add_argument("--table-version", type=nonnegative_int, metavar="N",
+                   help="with --format delta: score the table as of its version N (default: the latest)")
     p.add_argument("--id-column", help="--table's column that names each image in the output (default path)")
-    p.add_argument("--out", required=True, help="where the Parquet output goes (a folder, created; a path or "
-                   "URL Spark writes)")
+    p.add_argument("--out", required=True, help="where the output goes (a folder, created; a path or URL Spark "
+                   "writes)")
+    p.add_argument("--out-format", choices=OUT_FORMATS, default="parquet",
+                   help="the output's format: parquet (default) or delta (a Delta table: with Delta's connector, "
+                   "else Parquet made a Delta table by deltalake)")
     p.add_argument("--overwrite", action="store_true", help="replace what is at --out")
     p.add_argument("--top", type=positive_int, default=5, help="classes per image (default 5)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH,
@@ -88,7 +96,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("give one of --source URL (a folder or a labels file) and --table NAME (a table), "
                           + ("not both" if args.source is not None else "to say which images to score"))
     if args.source is not None:
-        given = [o for o, v in (("--format", args.format), ("--id-column", args.id_column)) if v is not None]
+        given = [o for o, v in (("--format", args.format), ("--id-column", args.id_column),
+                                ("--table-version", args.table_version)) if v is not None]
         if given or args.image_column != "content":
             raise ConfigError(f"{', '.join(given) or '--image-column'} goes with --table, not --source (a "
                               "--source's rows are named by their path)")
@@ -97,6 +106,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         if local and not path.exists():
             raise ConfigError(f"--source {args.source}: no such folder or file (give a folder of images, a "
                               "class-folder tree, or a labels file)")
+    if args.table_version is not None and args.format != "delta":
+        raise ConfigError("--table-version: only with --format delta (a Delta table's version)")
     check_model(model_location(args.model))
     check_out(args.out, args.overwrite)
 
@@ -112,7 +123,7 @@ def check_out(out: str, overwrite: bool) -> None:
         return
     path = Path(urlparse(out).path if out.startswith("file://") else out).expanduser().absolute()
     if path.is_file():
-        raise ConfigError(f"--out {out} is a file: give a folder for the Parquet output (it is created)")
+        raise ConfigError(f"--out {out} is a file: give a folder for the output (it is created)")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise ConfigError(f"--out {out} is a folder with files in it: give a new folder, or --overwrite to "
                           "replace them")
@@ -174,7 +185,7 @@ def table_rows(spark: Any, args: argparse.Namespace) -> tuple[Any, str]:
     if fmt == "parquet" and "://" not in args.table and not os.path.exists(os.path.expanduser(args.table)):
         raise ConfigError(f"--table {args.table}: no such file or folder (give Parquet files, or a table name)")
     where = os.path.abspath(os.path.expanduser(args.table)) if fmt and "://" not in args.table else args.table
-    df = read_table(spark, where, fmt)
+    df = read_table(spark, where, fmt, args.table_version)
     key = args.id_column or "path"
     if key not in df.columns:
         raise ConfigError(f"--id-column {key}: the table {args.table} has no such column (columns: "
@@ -184,16 +195,19 @@ def table_rows(spark: Any, args: argparse.Namespace) -> tuple[Any, str]:
 
 def run_predict_job(spark: Any, df: Any, key: str, args: argparse.Namespace) -> dict[str, Any]:
     """Score ``df`` with :func:`predict_dataframe`, write ``key`` and the prediction's fields to ``--out`` as
-    Parquet, and count what was written.
+    Parquet or a Delta table (``--out-format``; :func:`spark_imagenet.dataset.delta.write_delta`), and count what
+    was written.
 
     Returns:
         dict: ``{"images", "errors", "out", "failed": [(key, error), ...]}`` (at most :data:`NAMED_ERRORS`).
 
     Raises:
-        ConfigError: the image column is wrong (:func:`predict_dataframe`), or Spark cannot write ``--out``.
+        ConfigError: the image column is wrong (:func:`predict_dataframe`), Spark cannot write ``--out``, or no
+            writer of Delta is here (:func:`~spark_imagenet.dataset.delta.write_delta`).
     """
     from pyspark.sql import functions as F
 
+    from spark_imagenet.dataset.delta import read_delta, write_delta
     from spark_imagenet.training.driver.batch_predict import predict_dataframe
 
     out = os.path.abspath(os.path.expanduser(args.out)) if "://" not in args.out else args.out
@@ -202,7 +216,12 @@ def run_predict_job(spark: Any, df: Any, key: str, args: argparse.Namespace) -> 
     table = scored.select(F.col(key).alias(key), *[F.col(f"prediction.{f}").alias(f) for f in FIELDS])
     before = _set_conf(spark, ARROW_BATCH_CONF)
     try:
-        table.write.mode("overwrite").parquet(out)
+        if args.out_format == "delta":
+            write_delta(table, out)
+        else:
+            table.write.mode("overwrite").parquet(out)
+    except ConfigError:
+        raise
     except Exception as e:
         reason = spark_reason(e) if type(e).__module__.startswith(("py4j", "pyspark")) else ""
         if not any(s in reason for s in ("Permission denied", "No FileSystem for scheme", "Mkdirs failed")):
@@ -210,12 +229,13 @@ def run_predict_job(spark: Any, df: Any, key: str, args: argparse.Namespace) -> 
         raise ConfigError(f"--out {args.out}: Spark could not write the output there ({reason[:300]})") from None
     finally:
         _set_conf(spark, before)
-    written = spark.read.parquet(out)
+    written = read_delta(spark, out) if args.out_format == "delta" else spark.read.parquet(out)
     counts = written.agg(F.count(F.lit(1)).alias("images"),
                          F.count(F.col("error")).alias("errors")).collect()[0]
     failed = [(r[0], r[1]) for r in written.where(F.col("error").isNotNull()).select(key, "error")
               .orderBy(key).limit(NAMED_ERRORS).collect()]
-    return {"images": int(counts["images"]), "errors": int(counts["errors"]), "out": out, "failed": failed}
+    return {"images": int(counts["images"]), "errors": int(counts["errors"]), "out": out, "failed": failed,
+            "format": "Delta" if args.out_format == "delta" else "Parquet"}
 
 
 def _set_conf(spark: Any, values: dict[str, str | None]) -> dict[str, str | None]:
@@ -234,8 +254,8 @@ def _set_conf(spark: Any, values: dict[str, str | None]) -> dict[str, str | None
 def report(result: dict[str, Any], key: str) -> None:
     """Print the counts and where the output went (stdout); warn once about the images without a prediction
     (stderr)."""
-    print(f"predict: {result['images']} images, {result['errors']} errors -> {result['out']} (Parquet: {key}, "
-          f"{', '.join(FIELDS)})")
+    print(f"predict: {result['images']} images, {result['errors']} errors -> {result['out']} "
+          f"({result['format']}: {key}, {', '.join(FIELDS)})")
     if result["errors"]:
         named = "; ".join(f"{k} ({e})" for k, e in result["failed"])
         more = result["errors"] - len(result["failed"])
@@ -249,12 +269,16 @@ def main(argv: Sequence[str]) -> int:
     Raises:
         SparkImagenetError: a mistake in the options, the model, the images or ``--out`` (one message).
     """
+    from spark_imagenet.dataset.delta_jars import delta_session_conf
     from spark_imagenet.training.driver.console import stopped_at_end
     from spark_imagenet.training.driver.spark_session import session_for
 
     args = build_parser().parse_args(list(argv))
     check_arguments(args)
-    spark = session_for(args.master, os.cpu_count() or 1, dict(args.conf), app_name="spark-imagenet predict",
+    conf = dict(args.conf)
+    if "delta" in (args.format, args.out_format):
+        conf.update(delta_session_conf(conf, args.master))
+    spark = session_for(args.master, os.cpu_count() or 1, conf, app_name="spark-imagenet predict",
                         warn_oversubscription=False)
     with stopped_at_end(spark):
         df, key = (source_rows(spark, args.source), "path") if args.source is not None else table_rows(spark, args)
