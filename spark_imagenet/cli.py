@@ -31,6 +31,10 @@ Errors the user can fix (:class:`~spark_imagenet.errors.SparkImagenetError`)
 are printed as one message without a traceback, exit status 2; an option error
 is that message and one line pointing at ``--help`` (:mod:`spark_imagenet.arguments`).
 
+pyspark is the optional extra ``spark``: ``demo``, ``train``, ``shard --table|--master`` and ``predict
+--source|--table`` say it is missing in one line before reading anything
+(:func:`~spark_imagenet.training.driver.spark_session.require_pyspark`); the other commands need none.
+
 The package's log lines are shown by :func:`spark_imagenet.logs.console` while a command runs: plain lines, the
 training job's on stdout, the data commands' progress on stderr.
 """
@@ -50,6 +54,7 @@ from spark_imagenet.demo import DEMO_TRAIN_DEFAULTS
 from spark_imagenet.errors import ConfigError, SparkImagenetError, spark_reason
 from spark_imagenet.logs import console
 from spark_imagenet.training.driver.console import ignore_sigint, start_session, stopped_at_end
+from spark_imagenet.training.driver.spark_session import require_pyspark
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +94,7 @@ def _shard_table(args: argparse.Namespace) -> int:
     from spark_imagenet.training.driver.spark_session import session_for
 
     check_shard_arguments(args)
+    require_pyspark()  # a Spark job: without pyspark, say so before the sources and tables are read
     if args.table is None and not is_url(args.source or ""):
         return _shard_source(args)
     if args.source is not None:  # a URL: a class-folder tree read by Spark
@@ -283,6 +289,7 @@ def _train(args: argparse.Namespace) -> int:
         return _check_for_master(config, url, args.check_for_master)
     if url is None:
         raise ConfigError("no dataset URL: give it as the first argument of train (or as url in the job file)")
+    require_pyspark()  # before the dataset is read: the job cannot run without it
     job = plan_job(url, config)  # a dataset, setting or master mistake is reported before Spark starts
     spark = start_session(config, "train")
     with stopped_at_end(spark):
@@ -304,6 +311,7 @@ def _demo(args: argparse.Namespace) -> int:
         return 0
     from spark_imagenet.training.driver.preflight import check_before_spark
 
+    require_pyspark()
     check_before_spark(config, None).raise_if_problems()  # before the JVM; the demo's plan checks them again
     # the demo's own local[4] on a small machine is by design: warn only about --workers the user gave
     spark = start_session(config, "demo", warn_oversubscription=args.workers is not None)

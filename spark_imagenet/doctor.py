@@ -4,7 +4,8 @@
 ``PROBLEM`` (a problem's line says what to change), in this order:
 
 * versions: Python, Java (:func:`~spark_imagenet.training.driver.spark_session.check_java`),
-  Spark (``pyspark.__version__``), TensorFlow and tf-keras, and the GPUs
+  Spark (``pyspark.__version__`` and its folder, or its absence with the fix: it is the optional extra
+  ``spark``), TensorFlow and tf-keras, and the GPUs
   TensorFlow sees (asked in a child Python, so the doctor itself never
   imports TensorFlow), and ``nvidia-smi``'s GPU list where it is installed;
 * the GPU mapping rule: what ``CUDA_VISIBLE_DEVICES`` a task that Spark
@@ -21,7 +22,7 @@
   allocation, barrier slots, reach of a local dataset from the executors, encryption, GPU settings for
   ``--gpus-per-worker``; under Connect a ``warn not checked`` line names what Connect cannot check) for the
   given ``--workers`` (else for as many workers as there are slots); each finding is printed under its
-  check's name, and the session is stopped;
+  check's name, and the session is stopped (not run, one ``PROBLEM preflight`` line, without Java or pyspark);
 * with a dataset URL: whether its manifest is readable, and its train shards
   enough for ``--workers``.
 
@@ -88,8 +89,13 @@ class Report:
         self.out(f"PROBLEM  {what}: {detail}")
 
 
-def check_versions(report: Report) -> bool:
-    """Python, Java, Spark, TensorFlow, tf-keras and the GPUs; returns whether Java is usable."""
+def check_versions(report: Report) -> list[str]:
+    """Python, Java, Spark, TensorFlow, tf-keras and the GPUs.
+
+    Returns:
+        list[str]: what a Spark session started here lacks, by the name of its line (``java``, ``spark``); empty
+        when Java and pyspark are usable.
+    """
     report.ok("python", f"{platform.python_version()} ({sys.executable})")
     from spark_imagenet.training.driver.spark_session import check_java, find_java
 
@@ -101,15 +107,24 @@ def check_versions(report: Report) -> bool:
         java_ok = True
     except SparkImagenetError as e:
         report.problem("java", str(e))
-    try:
-        import pyspark
-
-        report.ok("spark", f"pyspark {pyspark.__version__}")
-    except ImportError as e:
-        report.problem("spark", f"pyspark cannot be imported ({e}): pip install 'pyspark>=4'")
+    spark_ok = check_spark(report)
     _check_tensorflow(report)
     _check_nvidia_smi(report)
-    return java_ok
+    return [name for name, usable in (("java", java_ok), ("spark", spark_ok)) if not usable]
+
+
+def check_spark(report: Report) -> bool:
+    """pyspark's version and folder (a Spark platform's own, or one installed with the extra ``spark``), or its
+    absence with the fix (:func:`~spark_imagenet.training.driver.spark_session.require_pyspark`); returns whether pyspark imports."""
+    from spark_imagenet.training.driver.spark_session import require_pyspark
+
+    try:
+        pyspark = require_pyspark()
+    except SparkImagenetError as e:
+        report.problem("spark", str(e))
+        return False
+    report.ok("spark", f"pyspark {pyspark.__version__} ({Path(pyspark.__file__).parent})")
+    return True
 
 
 def tensorflow_probe() -> dict:
@@ -354,13 +369,14 @@ def run_doctor(*, master: str | None = None, conf: Sequence[tuple[str, str]] = (
         int: 0 when no check found a problem, else 1.
     """
     report = Report(out)
-    java_ok = check_versions(report)
+    lacking = check_versions(report)
     check_gpu_mapping(report)
     check_credentials(report, url)
-    if java_ok:
+    if not lacking:
         check_master(report, master, conf, workers, allow_unencrypted, gpus_per_worker, url)
     else:
-        report.problem("preflight", "not run: Spark needs Java (see the java line)")
+        needs = " and ".join({"java": "Java", "spark": "pyspark"}[name] for name in lacking)
+        report.problem("preflight", f"not run: Spark needs {needs} (see the {' and '.join(lacking)} line)")
     if url is not None:
         check_dataset(report, url, workers)
     report.out(f"{report.problems} problem(s) found" if report.problems else "no problems found")

@@ -117,6 +117,35 @@ def test_bad_input_messages(tree, tmp_path):
     assert p.returncode == 2 and "argument --train-shards: 0 must be at least 1" in p.stderr
 
 
+#: The one line every command that needs Spark says where pyspark (the extra ``spark``) is not installed.
+NO_PYSPARK = ("spark-imagenet: error: pyspark is not installed: pip install '.[spark]' in the project's folder (or "
+              "'spark-imagenet[spark]' from a package index); a Spark platform such as Databricks, EMR or Dataproc "
+              "brings its own pyspark: run spark-imagenet with that platform's Python\n")
+
+
+def without_pyspark(folder) -> dict:
+    """The environment of a Python (and of the Pythons it starts) in which ``import pyspark`` (and py4j) fails as
+    where neither is installed: a ``sitecustomize`` in ``folder``, first on PYTHONPATH, marks both missing."""
+    (folder / "sitecustomize.py").write_text('import sys\nsys.modules.update({"pyspark": None, "py4j": None})\n')
+    return {"PYTHONPATH": os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def test_without_pyspark_a_spark_command_says_how_to_install_it_and_the_others_work(tree, tmp_path):
+    env = without_pyspark(tmp_path)
+    for args in (("demo",), ("train", str(tmp_path / "no-dataset"), "--workers", "2"),
+                 ("shard", str(tree), "--out", str(tmp_path / "a"), "--master", "local[2]"),
+                 ("shard", "--table", str(tmp_path / "t"), "--format", "parquet", "--out", str(tmp_path / "b")),
+                 ("predict", str(tmp_path / "no-model"), "--source", str(tree), "--out", str(tmp_path / "c"))):
+        p = cli(*args, env=env, timeout=120)
+        assert (p.returncode, p.stderr) == (2, NO_PYSPARK), (args, p.stderr)  # before any input is read
+    p = cli("shard", str(tree), "--out", str(tmp_path / "shards"), "--no-progress", env=env, timeout=120)
+    assert p.returncode == 0 and "wrote 36 examples" in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-c", "import spark_imagenet as s; print(s.shard.__name__); s.ImageClassifier"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    assert p.stdout == "shard\n" and p.stderr.splitlines()[-1] == (
+        "spark_imagenet.errors.EnvironmentSetupError: " + NO_PYSPARK.removeprefix("spark-imagenet: error: ").strip())
+
+
 @pytest.mark.parametrize("args, command", [
     (("train", "x", "--epochs", "x"), "spark-imagenet train"),
     (("train", "x", "--no-such-option"), "spark-imagenet train"),

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bucket_util import make_bucket
-from spark_imagenet.doctor import Report, check_gpu_mapping, check_master, credential_sources
+from spark_imagenet.doctor import Report, check_gpu_mapping, check_master, check_spark, credential_sources
 
 #: Written into the fake credential files: must never appear in the doctor's output.
 SECRET = "do-not-print-this-private-key-0123456789"
@@ -110,6 +110,19 @@ def test_credential_sources_name_the_source_and_never_read_it(tmp_path):
     assert missing == [f"GOOGLE_APPLICATION_CREDENTIALS={tmp_path / 'nope.json'} (PROBLEM: no such file; its content "
                        "is not read)"]
     assert credential_sources({"CLOUDSDK_CONFIG": str(tmp_path)}) == []
+
+
+def test_the_spark_line_names_pyspark_and_its_folder_or_says_how_to_install_it(monkeypatch):
+    import pyspark
+
+    lines: list[str] = []
+    report = Report(lines.append)
+    assert check_spark(report) and report.problems == 0
+    assert lines == [f"ok       spark: pyspark {pyspark.__version__} ({os.path.dirname(pyspark.__file__)})"]
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # `import pyspark` fails as where it is not installed
+    assert not check_spark(report) and report.problems == 1
+    assert lines[1].startswith("PROBLEM  spark: pyspark is not installed: pip install '.[spark]' in the project's")
+    assert "a Spark platform such as Databricks, EMR or Dataproc brings its own pyspark" in lines[1]
 
 
 def test_the_gpu_mapping_through_an_existing_cuda_visible_devices():

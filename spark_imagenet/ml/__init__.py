@@ -9,8 +9,16 @@
 
 Driver-side code: it imports PySpark (``pyspark.ml``), never TensorFlow. A layer above ``training`` and
 ``dataset``, beside ``demo`` (docs/design.md, 'A Spark ML estimator').
+
+Raises:
+    EnvironmentSetupError: on import, when pyspark is not installed (the optional extra ``spark``:
+        :func:`~spark_imagenet.training.driver.spark_session.require_pyspark`).
 """
 
-from spark_imagenet.ml.classifier import ImageClassifier, ImageClassifierModel
+from spark_imagenet.training.driver.spark_session import require_pyspark
+
+require_pyspark()  # before pyspark.ml is imported: one line instead of a ModuleNotFoundError
+
+from spark_imagenet.ml.classifier import ImageClassifier, ImageClassifierModel  # noqa: E402
 
 __all__ = ["ImageClassifier", "ImageClassifierModel"]

@@ -28,6 +28,7 @@ from spark_imagenet.arguments import ArgumentParser, conf_pair, nonnegative_int,
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, OPTION as PIXELS_OPTION
 from spark_imagenet.errors import ConfigError, spark_reason
 from spark_imagenet.training.driver.batch_predict import DEFAULT_BATCH, check_model, model_location
+from spark_imagenet.training.driver.spark_session import require_pyspark
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +275,7 @@ def main(argv: Sequence[str]) -> int:
     from spark_imagenet.training.driver.spark_session import session_for
 
     args = build_parser().parse_args(list(argv))
+    require_pyspark()  # a Spark job: said before the model and the options are checked
     check_arguments(args)
     conf = dict(args.conf)
     if "delta" in (args.format, args.out_format):

@@ -10,7 +10,10 @@ started here logs through the package's quiet log4j2 configuration unless the
 user configures logging (:func:`quiet_logging_conf`).
 
 Nothing here imports pyspark at module import time: the CLI can print a
-clear Java error even where importing pyspark would be slow.
+clear Java error even where importing pyspark would be slow, and a missing
+pyspark (the optional extra ``spark``) is one message
+(:func:`require_pyspark`, the first check of
+:func:`session_for` and :func:`local_session`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,34 @@ _INSTALL_HINT = (
 # `java -version` prints e.g. `openjdk version "17.0.15" 2025-04-15`,
 # `java version "1.8.0_292"` or `openjdk version "21" 2023-09-19` on stderr.
 _VERSION_RE = re.compile(r'version\s+"([^"]+)"')
+
+
+def require_pyspark():
+    """The ``pyspark`` package, or one clear error where it cannot be imported.
+
+    pyspark is the optional extra ``spark`` (pyproject.toml), not a requirement of the wheel: a Spark platform
+    (Databricks, EMR, Dataproc) puts its own pyspark on the interpreter's path, often where pip does not see it,
+    and a pyspark from PyPI beside it would shadow it (docs/design.md, 'Databricks: the runtime the jobs name, and
+    what installing the wheel changes'). Every place that first needs pyspark calls this: starting a session, the
+    commands that run a Spark job, :mod:`spark_imagenet.ml`, ``doctor``. A function of the driver's: the
+    TensorFlow worker and the job contract never import pyspark (pyproject.toml's import-linter contracts).
+
+    Returns:
+        module: ``pyspark``.
+
+    Raises:
+        EnvironmentSetupError: pyspark is not installed, or importing it fails (a module it needs, e.g. py4j, is
+            missing); the message says how to install it, and that a Spark platform's own Python has it.
+    """
+    try:
+        import pyspark
+    except ImportError as e:
+        missing = getattr(e, "name", None) or ""
+        what = "pyspark is not installed" if missing.split(".")[0] == "pyspark" else f"pyspark cannot be imported ({e})"
+        raise EnvironmentSetupError(f"{what}: {install_hint('spark')}; a Spark platform such as Databricks, EMR or "
+                                    "Dataproc brings its own pyspark: run spark-imagenet with that platform's "
+                                    "Python") from None
+    return pyspark
 
 
 def parse_java_version(text: str) -> tuple[int, str]:
@@ -212,7 +243,7 @@ def quiet_logging_conf(conf: Mapping[str, Any] | None = None) -> dict[str, str]:
         return {}
     if any("log4j" in env.get(name, "") for name in _JVM_OPTION_VARIABLES):
         return {}
-    import pyspark
+    pyspark = require_pyspark()
     from pyspark import SparkContext
 
     if SparkContext._active_spark_context is not None:
@@ -315,8 +346,10 @@ def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
         pyspark.sql.SparkSession
 
     Raises:
-        EnvironmentSetupError: Java missing or too old.
+        EnvironmentSetupError: pyspark not installed (:func:`require_pyspark`), Java
+            missing or too old.
     """
+    require_pyspark()
     check_java()
     conf = dict(conf or {})
     if runs_on_this_host(master):
@@ -515,12 +548,13 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
         pyspark.sql.SparkSession
 
     Raises:
-        EnvironmentSetupError: Java missing or too old (only checked when this
-            process starts the JVM itself).
+        EnvironmentSetupError: pyspark not installed (:func:`require_pyspark`: the
+            first check); Java missing or too old (only checked when this process starts the JVM itself).
         ConfigError: a ``master`` given under ``spark-submit`` (whose own
             ``--master`` decides); ``yarn`` without its configuration
             (:func:`~spark_imagenet.training.driver.preflight.check_yarn_conf`).
     """
+    require_pyspark()
     # spark-submit passes its JVM's port; a Databricks cluster's Python (a job's wheel task) runs beside its own
     # session and says so with DATABRICKS_RUNTIME_VERSION: either way, use that session, never a local one.
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ or "DATABRICKS_RUNTIME_VERSION" in os.environ
