@@ -1,6 +1,8 @@
 # Shared by the submit/*.sh scripts (sourced, not run): find spark-submit and the driver program.
 # SPARK_SUBMIT: the spark-submit to use (default: the one on PATH, else the one inside the installed pyspark).
-# PYTHON: the Python that has spark-imagenet installed (default: python3 on PATH).
+# PYTHON: the Python that has spark-imagenet installed (default: python3 on PATH): `pip install .` where the
+#   cluster's own spark-submit is on PATH (its Spark gives the driver and the executors their pyspark), else
+#   `pip install '.[spark]'` (pyspark, whose spark-submit is then used).
 
 PYTHON="${PYTHON:-python3}"
 if ! PYTHON_EXE="$("$PYTHON" -c 'import sys; print(sys.executable)' 2>/dev/null)"; then
@@ -9,13 +11,18 @@ if ! PYTHON_EXE="$("$PYTHON" -c 'import sys; print(sys.executable)' 2>/dev/null)
 fi
 # PYTHONSAFEPATH (Python 3.11+): a checkout in the current folder must not shadow the installed package.
 if ! DRIVER="$(PYTHONSAFEPATH=1 "$PYTHON_EXE" -m spark_imagenet.submit --path 2>/dev/null)"; then
-    echo "$(basename "$0"): spark-imagenet is not installed for $PYTHON (pip install . in a virtualenv, then activate it, or set PYTHON)" >&2
+    echo "$(basename "$0"): spark-imagenet is not installed for $PYTHON (pip install '.[spark]' in a virtualenv, or" \
+         "pip install . where the cluster's spark-submit is on PATH; then activate it, or set PYTHON)" >&2
     exit 2
 fi
 if [ -z "${SPARK_SUBMIT:-}" ]; then
     SPARK_SUBMIT="$(command -v spark-submit || true)"
     if [ -z "$SPARK_SUBMIT" ]; then
-        SPARK_SUBMIT="$("$PYTHON" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit"))')"
+        if ! SPARK_SUBMIT="$("$PYTHON_EXE" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit"))' 2>/dev/null)"; then
+            echo "$(basename "$0"): no spark-submit: none on PATH, and no pyspark for $PYTHON. Put the cluster's" \
+                 "spark-submit on PATH (or set SPARK_SUBMIT), or pip install '.[spark]' into that Python" >&2
+            exit 2
+        fi
     fi
 fi
 # The Python workers run the same interpreter as the driver (a virtualenv's packages).

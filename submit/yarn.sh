@@ -17,6 +17,9 @@
 #   and every later job starts from that copy, instead of each job uploading and unpacking its own.
 # PYTHON_PREFIX: where the virtualenv's base Python lives on the cluster's hosts, if not where it lives
 #   here (venv-pack --python-prefix): venv-pack ships the packages, not the interpreter.
+# The virtualenv needs no pyspark of its own where the cluster's spark-submit is on PATH (pip install
+#   'spark-imagenet[yarn]'): Spark puts its own pyspark.zip and py4j on the containers' PYTHONPATH. Without
+#   one, install 'spark-imagenet[spark,yarn]': its pyspark's spark-submit submits the job.
 # Executors: one per worker (--workers, or the job file's workers), one barrier task each.
 # Everything after URL goes to the job unchanged; SPARK_SUBMIT_OPTS_EXTRA adds spark-submit options (split on
 # spaces: no option value with a space in it).
@@ -31,7 +34,8 @@ pack_env() {
     venv="$("$PYTHON" -c 'import sys; print(sys.prefix if sys.prefix != sys.base_prefix else "")')"
     if [ -z "$venv" ]; then
         echo "yarn.sh: $PYTHON is not a virtualenv; yarn.sh ships one (python3 -m venv ENV; ENV/bin/pip install" \
-             "'spark-imagenet[yarn]'), or give a packed environment with ENV_ARCHIVE=FILE PACK=0" >&2
+             "'spark-imagenet[yarn]', or '[spark,yarn]' where no spark-submit is on PATH), or give a packed" \
+             "environment with ENV_ARCHIVE=FILE PACK=0" >&2
         exit 2
     fi
     case "$DRIVER" in

@@ -167,7 +167,7 @@ def shippable_python() -> str:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if not stamp.exists() or stamp.read_text() != digest:
         pip = [str(python), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, f"{REPO}[yarn]"], check=True, cwd="/")
+        subprocess.run([*pip, f"{REPO}[spark,yarn]"], check=True, cwd="/")  # its pyspark: Spark's jars, spark-submit
         # The same version number again: pip keeps the old copy unless told.
         subprocess.run([*pip, "--no-deps", "--force-reinstall", str(REPO)], check=True, cwd="/")
         stamp.write_text(digest)
