@@ -13,16 +13,34 @@ from session_util import shared_spark, stop_shared_spark
 _NEXT_TAKES_SPARK: dict[str, bool] = {}
 
 
+#: Fixtures that hand a test a Spark session or cluster (the ``spark`` marker's tests).
+SPARK_FIXTURES = frozenset({"spark", "remote", "connect_url", "two_hosts"})
+#: Words of a test module's source that say its tests drive Spark themselves.
+SPARK_WORDS = ("pyspark", "module_spark", "local_session", "shared_spark")
+
+
+def _drives_spark(item, sources: dict[str, str]) -> bool:
+    """Whether a test takes a Spark fixture or sits in a module that drives Spark itself."""
+    module = str(item.path)
+    if module not in sources:
+        sources[module] = item.path.read_text() if item.path.suffix == ".py" else ""
+    return bool(SPARK_FIXTURES & set(item.fixturenames)) or any(w in sources[module] for w in SPARK_WORDS)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Note, in run order, which modules are followed by one that takes ``spark`` (see :func:`spark`)."""
+    """Mark the tests that drive Spark ``spark`` (what the Spark 4.2 lane runs of the fast tier: .ci/run), and note,
+    in run order, which modules are followed by one that takes the ``spark`` fixture (see :func:`spark`)."""
     modules: list[str] = []
     takes: dict[str, bool] = {}
+    sources: dict[str, str] = {}
     for item in items:
         module = str(item.path)
         if module not in takes:
             modules.append(module)
             takes[module] = False
         takes[module] = takes[module] or "spark" in item.fixturenames
+        if _drives_spark(item, sources):
+            item.add_marker(pytest.mark.spark)
     _NEXT_TAKES_SPARK.clear()
     _NEXT_TAKES_SPARK.update({m: takes[n] for m, n in zip(modules, modules[1:])})
 

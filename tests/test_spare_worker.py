@@ -173,7 +173,8 @@ def test_a_dead_task_ends_its_waiting_preloaded_child_and_removes_its_folder(tmp
         task.send_signal(signal.SIGKILL)
         task.wait(30)
         assert _wait_until(lambda: not _alive(child), 90), "the waiting child outlived its task"
-        assert _wait_until(lambda: list(tmpdir.iterdir()) == [], 90), "the spare's folder was left behind"
+        # 300 s: a bound, not a speed (a CI lane at nice 19 beside a busy main lane once needed more than 90)
+        assert _wait_until(lambda: list(tmpdir.iterdir()) == [], 300), f"left behind: {list(tmpdir.iterdir())}"
     finally:
         if task.poll() is None:
             task.kill()

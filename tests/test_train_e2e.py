@@ -188,7 +188,6 @@ def _check_output(out: Path, result: dict, epochs: int, first_lr: float | None =
     assert model.output_shape == (None, 4) and model.input_shape == (None, 72, 72, 3)
 
 
-@pytest.mark.lanes  # also on the Spark 4.1 and 4.2 lanes (.ci/run)
 def test_output_holds_the_model_labels_results_and_tensorboard_logs(log_lines, spark, bucket, tmp_path):
     """--output holds the model, labels, results and TensorBoard logs, which `evaluate` and `predict` read; with
     --lr-schedule cosine --warmup-epochs 1 --lr-scaling linear, the learning rate the chief logs to TensorBoard
