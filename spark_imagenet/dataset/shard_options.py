@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 from spark_imagenet.arguments import conf_pair, nonnegative_int, positive_int
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, OPTION as PIXELS_OPTION
-from spark_imagenet.dataset.tables import FORMATS as TABLE_FORMATS
+from spark_imagenet.dataset.tables import FORMATS as TABLE_FORMATS, check_table_version
 from spark_imagenet.storage import store_schemes, url_forms
 
 
@@ -137,8 +137,7 @@ def check_shard_arguments(args: argparse.Namespace) -> None:
             raise ConfigError(f"{option}: only with {words}")
     if kind in ("source", "labels") and args.master is None and args.conf:
         raise ConfigError("--conf: only with --table or --master (the settings of a Spark job)")
-    if args.table_version is not None and args.format != "delta":
-        raise ConfigError("--table-version: only with --format delta (a Delta table's version)")
+    check_table_version(args.table_version, args.format)
     if kind in ("source", "labels") and args.master is not None:
         _check_source_job(args)
 

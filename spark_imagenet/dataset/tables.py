@@ -111,6 +111,16 @@ def _check_parquet(table: str, path: Path, columns: Sequence[str]) -> None:
                           "--split-column / --name-column")
 
 
+def check_table_version(version: int | None, fmt: str | None) -> None:
+    """Refuse a table version (``--table-version``) for anything but a Delta table.
+
+    Raises:
+        ConfigError: ``version`` is given and ``fmt`` is not ``"delta"``.
+    """
+    if version is not None and fmt != "delta":
+        raise ConfigError("--table-version: only with --format delta (a Delta table's version)")
+
+
 def read_table(spark: Any, table: str, fmt: str | None = None, version: int | None = None) -> Any:
     """The DataFrame of a table name, or of files read with a data source.
 
@@ -132,8 +142,7 @@ def read_table(spark: Any, table: str, fmt: str | None = None, version: int | No
     """
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"--format {fmt}: choose one of {', '.join(FORMATS)} (or no --format for a table name)")
-    if version is not None and fmt != "delta":
-        raise ConfigError(f"--table-version {version}: only for a Delta table (--format delta)")
+    check_table_version(version, fmt)
     try:
         if fmt is None:
             return spark.table(table)

@@ -107,8 +107,9 @@ def check_arguments(args: argparse.Namespace) -> None:
         if local and not path.exists():
             raise ConfigError(f"--source {args.source}: no such folder or file (give a folder of images, a "
                               "class-folder tree, or a labels file)")
-    if args.table_version is not None and args.format != "delta":
-        raise ConfigError("--table-version: only with --format delta (a Delta table's version)")
+    from spark_imagenet.dataset.tables import check_table_version
+
+    check_table_version(args.table_version, args.format)
     check_model(model_location(args.model))
     check_out(args.out, args.overwrite)
 
