@@ -65,6 +65,11 @@ def find_delta_jars(spark_version: str, delta_version: str, repository: Path) ->
     return jars if all(j.is_file() for j in jars) else None
 
 
+def _listed(conf: Mapping[str, str], key: str) -> list[str]:
+    """The comma-separated entries of setting ``key`` in ``conf`` (none when it is not set)."""
+    return [entry.strip() for entry in str(conf.get(key, "")).split(",") if entry.strip()]
+
+
 def names_delta_jars(conf: Mapping[str, str], submit_args: str = "") -> bool:
     """Whether the user already gave Delta's connector: a ``spark.jars``/``spark.jars.packages`` value of
     ``conf``, or ``PYSPARK_SUBMIT_ARGS`` (``submit_args``: ``--jars``, ``--packages``, ``--conf``), names it."""
@@ -81,7 +86,7 @@ def with_delta_settings(conf: Mapping[str, str]) -> dict[str, str]:
     """
     added: dict[str, str] = {}
     key, extension = "spark.sql.extensions", DELTA_SESSION_SETTINGS["spark.sql.extensions"]
-    theirs = [e.strip() for e in str(conf.get(key, "")).split(",") if e.strip()]
+    theirs = _listed(conf, key)
     if extension not in theirs:
         added[key] = ",".join([*theirs, extension])
     catalog = "spark.sql.catalog.spark_catalog"
@@ -111,13 +116,11 @@ def delta_jar_settings(conf: Mapping[str, str], spark_version: str, delta_versio
     jars = find_delta_jars(spark_version, delta_version, repository)
     if jars is not None:
         logger.info(f"delta: Delta's jars from the local Maven repository: {', '.join(map(str, jars))}")
-        theirs = [j for j in str(conf.get("spark.jars", "")).split(",") if j.strip()]
-        return {"spark.jars": ",".join([*theirs, *map(str, jars)])}
+        return {"spark.jars": ",".join([*_listed(conf, "spark.jars"), *map(str, jars)])}
     coordinates = delta_coordinates(spark_version, delta_version)
     logger.info(f"delta: Delta's jars are not in {repository}: Spark downloads them (spark.jars.packages "
                 f"{','.join(coordinates)}; or: mvn dependency:copy -Dartifact=COORDINATE for each)")
-    theirs = [p for p in str(conf.get("spark.jars.packages", "")).split(",") if p.strip()]
-    return {"spark.jars.packages": ",".join([*theirs, *coordinates])}
+    return {"spark.jars.packages": ",".join([*_listed(conf, "spark.jars.packages"), *coordinates])}
 
 
 def delta_session_conf(conf: Mapping[str, str], master: str | None = None,
