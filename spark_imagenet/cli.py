@@ -89,7 +89,7 @@ def _shard_table(args: argparse.Namespace) -> int:
     (:func:`spark_imagenet.dataset.dataframe.shard_dataframe`; the options: :mod:`spark_imagenet.dataset.shard_options`)."""
     from spark_imagenet.dataset.dataframe import DEFAULT_VAL_FRACTION, shard_dataframe
     from spark_imagenet.dataset.delta_jars import delta_session_conf
-    from spark_imagenet.dataset.shard_options import check_shard_arguments, is_url
+    from spark_imagenet.dataset.shard_options import check_shard_arguments, form_arguments, is_url
     from spark_imagenet.dataset.tables import check_table_path, read_table
     from spark_imagenet.training.driver.spark_session import session_for
 
@@ -112,7 +112,7 @@ def _shard_table(args: argparse.Namespace) -> int:
                     val_fraction=args.val_fraction or DEFAULT_VAL_FRACTION, seed=args.seed,
                     train_shards=args.train_shards, val_shards=args.val_shards, verify=args.verify,
                     on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress,
-                    max_image_pixels=args.max_image_pixels)
+                    max_image_pixels=args.max_image_pixels, **form_arguments(args))
     return 0
 
 
@@ -132,7 +132,7 @@ def _default_split(df, fmt: str | None) -> str | None:
 def _shard_source(args: argparse.Namespace) -> int:
     """``spark-imagenet shard SOURCE|--labels FILE --master M``: choose the images here, shard them as a Spark
     job (:func:`spark_imagenet.dataset.source_job.shard_source_job`)."""
-    from spark_imagenet.dataset.shard_options import open_chosen_source
+    from spark_imagenet.dataset.shard_options import form_arguments, open_chosen_source
     from spark_imagenet.dataset.source_job import shard_source_job, shard_zip_job
     from spark_imagenet.source.zip_archive import is_zip_source
     from spark_imagenet.source.zip_plan import plan_kaggle_zip
@@ -140,7 +140,7 @@ def _shard_source(args: argparse.Namespace) -> int:
 
     options = dict(train_shards=args.train_shards, val_shards=args.val_shards, seed=args.seed, verify=args.verify,
                    on_corrupt=args.on_corrupt, overwrite=args.overwrite, progress=not args.no_progress,
-                   max_image_pixels=args.max_image_pixels)
+                   max_image_pixels=args.max_image_pixels, **form_arguments(args))
     plan, dataset = None, None
     if args.labels is None and args.per_class is None and is_zip_source(args.source):
         # The zip's members are never all held here (docs/design.md, 'Sharding a DataFrame as a Spark job').

@@ -490,7 +490,7 @@ def test_each_shard_is_one_partition_of_the_job(spark):
     another idles), and sorts each partition by (shard, order, name, label)."""
     from pyspark.sql import functions as F
 
-    from spark_imagenet.dataset.dataframe import shard_partitions
+    from spark_imagenet.dataset.dataframe_task import shard_partitions
 
     table = spark.range(4000).select((F.col("id") % 37).cast("int").alias("shard"), F.xxhash64("id").alias("order"),
                                      F.col("id").cast("string").alias("name"), F.lit("a").alias("label"))

@@ -10,11 +10,11 @@ What a build does:
    column leaves it open (``val_fraction``), its shard in the split, and its place in the shard, so the same
    rows make the same shards however the DataFrame is partitioned; identical images share a shard and sort
    next to each other (:func:`keyed_table`);
-3. one Spark task per shard (:func:`shard_partitions`: ``repartition`` on a key that puts shard ``s`` in
-   partition ``s``, ``sortWithinPartitions``, then ``mapInArrow`` of
+3. one Spark task per shard (:func:`~spark_imagenet.dataset.dataframe_task.shard_partitions`: ``repartition``
+   on a key that puts shard ``s`` in partition ``s``, ``sortWithinPartitions``, then ``mapInArrow`` of
    :class:`~spark_imagenet.dataset.dataframe_task.ShardTask`; DataFrame API only, so classic and Spark Connect
-   sessions run the same job): checks, repairs and encodes each image with
-   the local builder's functions, writes the shard, uploads it verified under a name unique to the task
+   sessions run the same job): checks, repairs (and scales, for ``resize``/``max_side``) and encodes each image
+   with the local builder's functions, writes the shard, uploads it verified under a name unique to the task
    attempt, and returns its :class:`~spark_imagenet.dataset.manifest.ShardInfo`, quality tally and duplicates;
 4. the driver keeps one attempt per shard, writes ``quality-report.json``, commits ``manifest.json`` last
    (:mod:`spark_imagenet.dataset.dataframe_commit`) and deletes every other object the run wrote.
@@ -41,7 +41,8 @@ import uuid
 from typing import Any, Iterator
 
 from spark_imagenet.dataset.dataframe_commit import Build, commit_build, delete_run
-from spark_imagenet.dataset.dataframe_task import RESULT_SCHEMA, ShardResult, ShardTask
+from spark_imagenet.dataset.dataframe_task import RESULT_SCHEMA, ShardResult, ShardTask, shard_partitions
+from spark_imagenet.dataset.image_form import ORIGINAL, ImageForm, image_form
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
 from spark_imagenet.dataset.duplicates import Duplicate
@@ -119,8 +120,9 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
                     split_col: str | None = None, *, name_col: str | None = None,
                     val_fraction: float = DEFAULT_VAL_FRACTION, seed: int = 0, train_shards: int | None = None,
                     val_shards: int | None = None, verify: str = "decode", on_corrupt: str = "error",
-                    overwrite: bool = False, progress: bool = True,
-                    max_image_pixels: int = DEFAULT_MAX_PIXELS) -> Manifest:
+                    overwrite: bool = False, progress: bool = True, max_image_pixels: int = DEFAULT_MAX_PIXELS,
+                    resize: int | None = None, max_side: int | None = None,
+                    jpeg_quality: int | None = None) -> Manifest:
     """Build TFRecord shards and ``manifest.json`` from a Spark DataFrame, as a Spark job (see the module doc).
 
     Args:
@@ -153,6 +155,9 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
         progress: log a progress line every 10 s while the job runs.
         max_image_pixels: the most pixels (width x height) an image may have; a larger one is unusable, found
             from its header before it is decoded (:mod:`spark_imagenet.dataset.pixels`).
+        resize, max_side, jpeg_quality: how the images are stored (``--resize N``: N x N, the shorter side scaled to
+            N, the centre kept; ``--max-side N``; their JPEG quality; None, None, None: as the rows hold them), as
+            :func:`spark_imagenet.dataset.sharding.shard`'s (:mod:`spark_imagenet.dataset.image_form`).
 
     Returns:
         Manifest: the committed manifest (the one already at ``out`` when it holds this same dataset).
@@ -177,13 +182,14 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
     """
     _check_options(val_fraction, verify, on_corrupt, train_shards, val_shards)
     check_max_pixels(max_image_pixels)
+    form = image_form(resize, max_side, jpeg_quality)
     df, split_col = labelled_by_folder(df, label_col, split_col)
     columns = check_columns(df, image_col, label_col, split_col, name_col)
     auto = train_shards is None or val_shards is None
     found = survey(df, columns, with_bytes=auto)
     counts = shard_counts(found, val_fraction, train_shards, val_shards)
     source = {"kind": "dataframe", "columns": dataclasses.asdict(columns), "seed": seed, "val_fraction": val_fraction}
-    job = JobSettings(seed, val_fraction, verify, on_corrupt, overwrite, progress, max_image_pixels)
+    job = JobSettings(seed, val_fraction, verify, on_corrupt, overwrite, progress, max_image_pixels, form)
     return build_shards(df, columns, found, counts, out, job, source)
 
 
@@ -198,6 +204,7 @@ class JobSettings:
     overwrite: bool
     progress: bool
     max_pixels: int = DEFAULT_MAX_PIXELS
+    form: ImageForm = ORIGINAL
 
 
 def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], out: str, job: JobSettings,
@@ -231,7 +238,7 @@ def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, in
             storage.remove_empty_root()
         raise
     build = Build(storage, dest, run, found.manifest_classes(), counts, tuple(results), job.verify, job.on_corrupt,
-                  job.overwrite, source, across)
+                  job.overwrite, source, across, job.form)
     try:
         return commit_build(build)  # on a failure before its commit, it deletes the run's objects itself
     except BaseException:
@@ -454,37 +461,6 @@ def keyed_table(df: Any, columns: Columns, counts: tuple[int, int], seed: int, v
                      name.alias("name"), label.alias("label"), image.alias("image"))
 
 
-def partition_keys(spark: Any, partitions: int) -> list[int]:
-    """For each partition ``p`` of ``partitions``, a long whose Spark hash partitioning
-    (``repartition(partitions, key)``: Murmur3 with seed 42, modulo ``partitions``) is ``p``: the smallest such
-    among the first ``64 * partitions`` numbers, found by one small Spark query (the same hash the shuffle uses,
-    so no copy of it here).
-
-    Raises:
-        RuntimeError: some partition has no key among them (about e^-64 per partition; never seen).
-    """
-    from pyspark.sql import functions as F
-
-    found = (spark.range(64 * partitions).groupBy(F.pmod(F.hash("id"), F.lit(partitions)).alias("p"))
-             .agg(F.min("id").alias("key")).collect())
-    keys = {row["p"]: row["key"] for row in found}
-    if len(keys) < partitions:
-        raise RuntimeError(f"no partition key found for {partitions - len(keys)} of {partitions} partitions")
-    return [keys[p] for p in range(partitions)]
-
-
-def shard_partitions(table: Any, total: int) -> Any:
-    """``table`` (:func:`keyed_table`) in ``total`` partitions, partition ``s`` holding exactly shard ``s``'s rows
-    sorted by ``(shard, order, name, label)``. A repartition with a number is kept as it is by adaptive query
-    execution (only repartitions without one are coalesced)."""
-    from pyspark.sql import functions as F
-
-    keys = partition_keys(table.sparkSession, total)
-    key = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col("shard") + F.lit(1)).cast("long")
-    return (table.withColumn("_key", key).repartition(total, "_key")
-            .sortWithinPartitions("shard", "order", "name", "label").drop("_key"))
-
-
 #: Spark settings for the job's Arrow batches: rows handed to a task's Python worker per batch, and their
 #: bytes (the default is 10,000 rows, which for images of ~110 KB is over a gigabyte per batch).
 ARROW_BATCH_CONF = {"spark.sql.execution.arrow.maxRecordsPerBatch": "256",
@@ -527,7 +503,7 @@ def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], 
     spark = df.sparkSession
     accumulators = None if is_connect(df) else tuple(spark.sparkContext.accumulator(0) for _ in range(4))
     task = ShardTask(storage, run, counts[0], counts[1], found.classes, columns.integer_labels, job.verify,
-                     job.on_corrupt, accumulators, bool(columns.split), max_pixels=job.max_pixels)
+                     job.on_corrupt, accumulators, bool(columns.split), max_pixels=job.max_pixels, form=job.form)
     logger.info(f"sharding {sum(found.rows.values())} rows of {len(found.classes)} classes into {counts[0]} train + "
                 f"{counts[1]} val shards as a Spark job ({total} tasks) to {storage.url}")
     if accumulators is None and job.progress:

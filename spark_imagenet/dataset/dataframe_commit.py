@@ -24,6 +24,7 @@ from typing import Any, Iterable
 
 from spark_imagenet.dataset.dataframe_task import ShardResult
 from spark_imagenet.dataset.duplicates import Duplicate, Duplicates
+from spark_imagenet.dataset.image_form import ORIGINAL, ImageForm
 from spark_imagenet.dataset.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, SplitInfo
 from spark_imagenet.dataset.naming import of_run
 from spark_imagenet.dataset.quality import CATEGORIES
@@ -54,6 +55,7 @@ class Build:
         source: the manifest's ``source`` (what was read).
         across: groups of copies in both splits that a split column made (none without one; the tasks cannot
             see them: :mod:`spark_imagenet.dataset.split_copies`).
+        form: how the images are stored (:mod:`spark_imagenet.dataset.image_form`).
     """
 
     storage: Storage
@@ -67,6 +69,7 @@ class Build:
     overwrite: bool
     source: dict[str, Any]
     across: tuple[Duplicate, ...] = ()
+    form: ImageForm = ORIGINAL
 
 
 def delete_run(storage: Storage, run: str, keep: Iterable[str] = ()) -> int:
@@ -92,13 +95,17 @@ def delete_run(storage: Storage, run: str, keep: Iterable[str] = ()) -> int:
     return gone
 
 
-def fingerprint(classes: tuple[str, ...], splits: dict[str, SplitInfo], on_corrupt: str) -> str:
-    """The dataset id of a DataFrame build: SHA-256 (first 16 bytes, hex) of the format version, the class names
-    and per shard its examples, size and CRC32C, in shard order. Equal ids mean byte-identical shards (the
-    object names, which carry the run and attempt, are left out)."""
+def fingerprint(classes: tuple[str, ...], splits: dict[str, SplitInfo], on_corrupt: str,
+                form: ImageForm = ORIGINAL) -> str:
+    """The dataset id of a DataFrame build: SHA-256 (first 16 bytes, hex) of the format version, the class names,
+    the stored form (unless ``original``: ids of earlier builds stay) and per shard its examples, size and CRC32C,
+    in shard order. Equal ids mean byte-identical shards of the same form (the object names, which carry the run
+    and attempt, are left out; a ``--max-side`` above every image's size stores the same bytes, another form)."""
     h = hashlib.sha256(f"spark-imagenet/{FORMAT_VERSION}\ndataframe\n".encode())
     if on_corrupt != "error":
         h.update(f"on-corrupt {on_corrupt}\n".encode())
+    if form != ORIGINAL:
+        h.update(f"form {form.label}\n".encode())
     for i, name in enumerate(classes):
         h.update(f"class {i} {name}\n".encode())
     for split, info in splits.items():
@@ -250,7 +257,7 @@ def _manifest(build: Build) -> Manifest:
     _check_results(build, ordered)
     splits = {split: SplitInfo(tuple(r.info for r in results if r.info is not None))
               for split, results in ordered.items()}
-    dataset_id = fingerprint(tuple(c.wnid for c in build.classes), splits, build.on_corrupt)
+    dataset_id = fingerprint(tuple(c.wnid for c in build.classes), splits, build.on_corrupt, build.form)
     report = quality_report(build, ordered, dataset_id)
     return Manifest(
         dataset_id=dataset_id,
@@ -262,4 +269,5 @@ def _manifest(build: Build) -> Manifest:
                    "on_corrupt": build.on_corrupt, "quality": quality_totals(report),
                    "duplicates": report["duplicate_totals"]["groups"]},
         feature_keys=FEATURE_KEYS,
+        image_form=build.form,
     )

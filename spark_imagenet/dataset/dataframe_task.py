@@ -1,7 +1,7 @@
 """The executor side of :func:`spark_imagenet.dataset.dataframe.shard_dataframe`: one Spark task writes one shard.
 
-A task gets the rows of its shard sorted by ``(shard, order hash, name, label)`` (``repartition`` on a key
-that sends shard ``s`` to partition ``s``, then ``sortWithinPartitions``; the task reads them as Arrow batches
+A task gets the rows of its shard sorted by ``(shard, order hash, name, label)`` (:func:`shard_partitions`:
+``repartition`` on a key that sends shard ``s`` to partition ``s``, then ``sortWithinPartitions``; the task reads them as Arrow batches
 through ``mapInArrow``, which classic and Spark Connect sessions both offer), so the shard's bytes depend only
 on the rows, never on the order Spark delivers them in. Each image is checked and encoded by the functions the
 local builder uses (:func:`~spark_imagenet.dataset.shard_writer.check_image`,
@@ -25,6 +25,7 @@ import tempfile
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from spark_imagenet.dataset.duplicates import Duplicate, digest
+from spark_imagenet.dataset.image_form import ORIGINAL, ImageForm
 from spark_imagenet.dataset.manifest import ShardInfo
 from spark_imagenet.dataset.naming import attempt_shard_name
 from spark_imagenet.dataset.report import Quality, note
@@ -52,6 +53,37 @@ INDEX_BATCH_ROWS = 4096
 
 #: One row as the task reads it: ``(shard, order hash, name, label, image bytes)``.
 Row = tuple[int, int, str, Any, bytes]
+
+
+def partition_keys(spark: Any, partitions: int) -> list[int]:
+    """For each partition ``p`` of ``partitions``, a long whose Spark hash partitioning
+    (``repartition(partitions, key)``: Murmur3 with seed 42, modulo ``partitions``) is ``p``: the smallest such
+    among the first ``64 * partitions`` numbers, found by one small Spark query (the same hash the shuffle uses,
+    so no copy of it here).
+
+    Raises:
+        RuntimeError: some partition has no key among them (about e^-64 per partition; never seen).
+    """
+    from pyspark.sql import functions as F
+
+    found = (spark.range(64 * partitions).groupBy(F.pmod(F.hash("id"), F.lit(partitions)).alias("p"))
+             .agg(F.min("id").alias("key")).collect())
+    keys = {row["p"]: row["key"] for row in found}
+    if len(keys) < partitions:
+        raise RuntimeError(f"no partition key found for {partitions - len(keys)} of {partitions} partitions")
+    return [keys[p] for p in range(partitions)]
+
+
+def shard_partitions(table: Any, total: int) -> Any:
+    """``table`` (:func:`keyed_table`) in ``total`` partitions, partition ``s`` holding exactly shard ``s``'s rows
+    sorted by ``(shard, order, name, label)``. A repartition with a number is kept as it is by adaptive query
+    execution (only repartitions without one are coalesced)."""
+    from pyspark.sql import functions as F
+
+    keys = partition_keys(table.sparkSession, total)
+    key = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col("shard") + F.lit(1)).cast("long")
+    return (table.withColumn("_key", key).repartition(total, "_key")
+            .sortWithinPartitions("shard", "order", "name", "label").drop("_key"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +133,7 @@ class ShardTask:
         verify: ``"decode"`` or ``"header"`` (:func:`spark_imagenet.dataset.quality.classify`).
         on_corrupt: ``"error"`` (a bad image stops the shard; nothing is uploaded) or ``"skip"``.
         max_pixels: the pixel limit (:mod:`spark_imagenet.dataset.pixels`): a larger image is unusable.
+        form: how the images are stored (:mod:`spark_imagenet.dataset.image_form`).
         progress: Spark accumulators ``(shards, images, bytes, bad)`` the driver's progress line reads, or None
             (a Spark Connect session has none).
         index: also return one index row per usable image (see :data:`RESULT_SCHEMA`).
@@ -120,6 +153,7 @@ class ShardTask:
     index: bool = False
     after_upload: Callable[[str], None] | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
+    form: ImageForm = ORIGINAL
 
     def place(self, shard: int) -> tuple[str, int, int]:
         """``(split, index, count)`` of shard ``shard``."""
@@ -241,7 +275,8 @@ class _ShardWriter:
         cls = self._task.classes[label]
         self.images += 1
         self.image_bytes += len(data)
-        stored, height, width, finding = check_image(data, name, self._task.verify, self._task.max_pixels)
+        stored, height, width, finding = check_image(data, name, self._task.verify, self._task.max_pixels,
+                                                     self._task.form)
         if stored is not None:  # an unusable image is left out, reported as such, and not compared
             self._note_duplicate(order, digest(data), name, cls)
             if self._index is not None:

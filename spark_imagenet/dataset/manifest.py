@@ -15,6 +15,7 @@ Format (``format_version`` 1)::
       "created": "2026-11-30T10:00:00+00:00",
       "label_base": 0,
       "image_format": "JPEG",
+      "image_form": "original" | "resize 256 q90" | "max-side 320 q90",
       "feature_keys": [...],
       "source": {...}, "selection": {...},
       "classes": [{"id": 0, "wnid": "n01440764", "names": ["tench", "Tinca tinca"]}, ...],
@@ -25,6 +26,10 @@ Format (``format_version`` 1)::
       },
       "totals": {"examples": N, "bytes": B, "shards": S}
     }
+
+``image_form`` (how the images are stored: :mod:`spark_imagenet.dataset.image_form`) came later within version
+1: a manifest without it reads as ``original``, and readers that predate it ignore it (either form trains and
+evaluates alike).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import dataclasses
 import json
 from typing import Any
 
-from spark_imagenet.errors import ManifestError, SparkImagenetError
+from spark_imagenet.dataset.image_form import ORIGINAL, ImageForm
+from spark_imagenet.errors import ConfigError, ManifestError, SparkImagenetError
 from spark_imagenet.source.synset import SynsetClass
 from spark_imagenet.storage import Storage
 from spark_imagenet.storage.envelope import Envelope
@@ -114,6 +120,8 @@ class Manifest:
         source: free-form description of where the images came from.
         selection: the class/per-class/seed selection that was applied.
         feature_keys: the ``tf.train.Example`` feature keys in every record.
+        image_form: how the images are stored: as the sources hold them, or scaled
+            (:class:`~spark_imagenet.dataset.image_form.ImageForm`).
     """
 
     dataset_id: str
@@ -123,6 +131,7 @@ class Manifest:
     source: dict[str, Any] = dataclasses.field(default_factory=dict)
     selection: dict[str, Any] = dataclasses.field(default_factory=dict)
     feature_keys: tuple[str, ...] = ()
+    image_form: ImageForm = ORIGINAL
 
     @property
     def num_classes(self) -> int:
@@ -137,6 +146,7 @@ class Manifest:
             "created": self.created,
             "label_base": LABEL_BASE,
             "image_format": "JPEG",
+            "image_form": self.image_form.label,
             "feature_keys": list(self.feature_keys),
             "source": self.source,
             "selection": self.selection,
@@ -163,7 +173,7 @@ class Manifest:
 
         Raises:
             ManifestError: wrong format or version, label base other than 0,
-                class ids not 0..K-1, or totals that do not add up.
+                class ids not 0..K-1, totals that do not add up, or an unknown ``image_form``.
         """
         def bad(msg: str) -> ManifestError:
             return ManifestError(f"{where}: {msg}")
@@ -184,7 +194,8 @@ class Manifest:
                 )
                 for name, split in data["splits"].items()
             }
-        except (KeyError, TypeError, ValueError) as e:
+            form = ImageForm.parse(str(data.get("image_form", "original")))
+        except (KeyError, TypeError, ValueError, ConfigError) as e:
             raise bad(f"malformed entry ({type(e).__name__}: {e})") from e
         if [c.id for c in classes] != list(range(len(classes))):
             raise bad("class ids must be 0..K-1 in order")
@@ -200,6 +211,7 @@ class Manifest:
             source=dict(data.get("source", {})),
             selection=dict(data.get("selection", {})),
             feature_keys=tuple(data.get("feature_keys", ())),
+            image_form=form,
         )
 
     @classmethod

@@ -51,7 +51,10 @@ that applies, and :attr:`Finding.reason` names every problem found:
     no orientation to apply, decodes.
 
 Repaired files are re-encoded with Pillow as baseline JPEG, quality 95
-(:data:`REPAIR_QUALITY`), 4:2:0 chroma subsampling, without EXIF.
+(:data:`REPAIR_QUALITY`), 4:2:0 chroma subsampling, without EXIF. A dataset
+stored in another form (``shard --resize N``, ``--max-side N``:
+:mod:`spark_imagenet.dataset.image_form`) re-encodes the images it scales the
+same way, in the same call (:func:`repair`), at its own JPEG quality.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ import numpy as np
 
 from PIL import Image, ImageOps
 
+from spark_imagenet.dataset.image_form import ORIGINAL, ImageForm
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, ImageTooLarge, open_image
 
 #: Categories, most serious first (see the module docstring).
@@ -288,18 +292,27 @@ def _to_8bit(im: Image.Image) -> Image.Image:
     return Image.fromarray(a.astype(np.uint8), "L")
 
 
-def repair(data: bytes, finding: Finding, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[bytes, int, int]:
-    """Re-encode a file that needs it as an upright RGB JPEG.
+def repair(data: bytes, finding: Finding, max_pixels: int = DEFAULT_MAX_PIXELS,
+           form: ImageForm = ORIGINAL) -> tuple[bytes, int, int]:
+    """The bytes to store for a usable file: the file itself, or an upright RGB JPEG re-encoded from it (the one
+    re-encode of the package).
+
+    A file is re-encoded when it needs a repair (:attr:`Finding.needs_repair`) or when ``form`` gives it another
+    size (:meth:`~spark_imagenet.dataset.image_form.ImageForm.target`); then the EXIF orientation is applied,
+    16/32-bit values scaled to 8 bits, the colours converted to RGB (CMYK as Adobe-inverted, grayscale to three
+    equal channels, alpha dropped), the image scaled (Lanczos; a JPEG first decoded at the smallest DCT scale
+    that keeps at least twice the target size) and saved as a baseline 4:2:0 JPEG without EXIF, of quality
+    ``form.quality`` (:data:`REPAIR_QUALITY` for ``original``).
 
     Args:
         data: the file's bytes.
         finding: its :func:`classify` result.
         max_pixels: the pixel limit :func:`classify` applied (the image is opened under it again).
+        form: how the dataset stores images (:mod:`spark_imagenet.dataset.image_form`).
 
     Returns:
-        tuple[bytes, int, int]: ``(jpeg, height, width)``. For a finding that
-        needs no repair, ``data`` itself (not decoded) and the size of the
-        finding.
+        tuple[bytes, int, int]: ``(jpeg, height, width)``, the height and width in pixels. ``data`` itself (not
+        decoded) and the finding's size when the file needs neither a repair nor another size.
 
     Raises:
         ValueError: the finding is of an unusable file (``empty``, ``corrupt``).
@@ -308,16 +321,25 @@ def repair(data: bytes, finding: Finding, max_pixels: int = DEFAULT_MAX_PIXELS) 
     """
     if not finding.usable:
         raise ValueError(f"{finding.name}: {finding.category} files cannot be repaired ({finding.reason})")
-    if not finding.needs_repair:
+    turned = 5 <= finding.orientation <= 8  # a quarter turn: width and height swap
+    upright = (finding.height, finding.width) if turned else (finding.width, finding.height)
+    target = form.target(*upright)
+    if not finding.needs_repair and target is None:
         return data, finding.height, finding.width
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with open_image(io.BytesIO(data), finding.name, max_pixels) as im:
+            if target is not None:  # the JPEG decoded at a reduced DCT scale, still >= twice the target
+                scale = max(target[0] / upright[0], target[1] / upright[1])
+                im.draft(None, (int(finding.width * scale * 2), int(finding.height * scale * 2)))
             im.load()  # first frame of an animation
             # the orientation classify found applied (it found none in a damaged EXIF block); 16/32-bit scaled
-            upright = _to_8bit(ImageOps.exif_transpose(im) if 2 <= finding.orientation <= 8 else im)
+            rgb = _to_8bit(ImageOps.exif_transpose(im) if 2 <= finding.orientation <= 8 else im)
             # CMYK (Adobe-inverted, as Pillow reads it), P, LA, RGBA...; an RGB image as it is (no second copy)
-            rgb = upright if upright.mode == "RGB" else upright.convert("RGB")
+            rgb = rgb if rgb.mode == "RGB" else rgb.convert("RGB")
+            if target is not None:
+                rgb = rgb.resize(target, Image.Resampling.LANCZOS, box=form.crop_box(rgb.width, rgb.height))
             out = io.BytesIO()
-            rgb.save(out, "JPEG", quality=REPAIR_QUALITY, subsampling="4:2:0")  # no exif=: the tag is dropped
+            quality = REPAIR_QUALITY if form.kind == "original" else form.quality
+            rgb.save(out, "JPEG", quality=quality, subsampling="4:2:0")  # no exif=: the tag is dropped
     return out.getvalue(), rgb.height, rgb.width

@@ -155,13 +155,15 @@ def format_summary(manifest: Manifest, url: str = "") -> str:
         url: the bucket URL to show in the first line.
 
     Returns:
-        str: several lines: dataset id, classes (first few wnids), and per
+        str: several lines: dataset id, how the images are stored (``original``, ``resize 256 q90``), classes
+        (first few wnids), and per
         split the shard count, examples, bytes and min/max examples per shard.
     """
     lines = [
         f"dataset {url}".rstrip(),
         f"  id        {manifest.dataset_id}",
         f"  created   {manifest.created}",
+        f"  images    {manifest.image_form.label}",
         f"  classes   {manifest.num_classes} (label base 0): "
         + ", ".join(f"{c.id}={c.wnid}" for c in manifest.classes[:5])
         + (" ..." if manifest.num_classes > 5 else ""),

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from spark_imagenet.arguments import conf_pair, nonnegative_int, positive_int
 from spark_imagenet.errors import ConfigError
+from spark_imagenet.dataset.image_form import DEFAULT_JPEG_QUALITY, image_form
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, OPTION as PIXELS_OPTION
 from spark_imagenet.dataset.tables import FORMATS as TABLE_FORMATS, check_table_version
 from spark_imagenet.storage import store_schemes, url_forms
@@ -95,6 +96,16 @@ def add_shard_arguments(p: argparse.ArgumentParser) -> None:
                    help="the largest image accepted, in pixels (width x height; default "
                    f"{DEFAULT_MAX_PIXELS:,}): a larger one is refused from its header, before it is decoded, as an "
                    "unusable image (--on-corrupt)")
+    p.add_argument("--resize", type=int, metavar="N",
+                   help="store every image as N x N pixels: the shorter side scaled to N (smaller images up), the "
+                   "centre square kept; 256: the AlexNet paper's form (smaller shards, faster input pipeline). "
+                   "Default: as the source holds it")
+    p.add_argument("--max-side", type=int, metavar="N",
+                   help="store every image with its longer side at most N pixels, the aspect ratio kept (smaller "
+                   "images as they are). Not with --resize")
+    p.add_argument("--jpeg-quality", type=int, metavar="Q",
+                   help=f"JPEG quality 1-100 of the images --resize or --max-side re-encodes (default "
+                   f"{DEFAULT_JPEG_QUALITY})")
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset already at --out")
     p.add_argument("--transfers", type=positive_int, default=8, help=f"parallel uploads to a bucket --out ({store_schemes()}; default 8)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -118,7 +129,8 @@ _ONLY_WITH = (
 
 
 def check_shard_arguments(args: argparse.Namespace) -> None:
-    """Check that the options name exactly one source, and the column options only with ``--labels``.
+    """Check that the options name exactly one source, the column options only with ``--labels``, and the stored
+    form (``--resize``, ``--max-side``, ``--jpeg-quality``: :func:`~spark_imagenet.dataset.image_form.image_form`).
 
     Raises:
         ConfigError: they do not (what to give).
@@ -138,8 +150,15 @@ def check_shard_arguments(args: argparse.Namespace) -> None:
     if kind in ("source", "labels") and args.master is None and args.conf:
         raise ConfigError("--conf: only with --table or --master (the settings of a Spark job)")
     check_table_version(args.table_version, args.format)
+    image_form(**form_arguments(args))
     if kind in ("source", "labels") and args.master is not None:
         _check_source_job(args)
+
+
+def form_arguments(args: argparse.Namespace) -> dict[str, int | None]:
+    """The keywords of the stored form the options give (``resize``, ``max_side``, ``jpeg_quality``), for every
+    sharding function (:func:`~spark_imagenet.dataset.sharding.shard`, ``shard_dataframe``, the source jobs)."""
+    return {"resize": args.resize, "max_side": args.max_side, "jpeg_quality": args.jpeg_quality}
 
 
 def is_url(text: str) -> bool:
@@ -206,4 +225,5 @@ def run_shard(args: argparse.Namespace) -> None:
         transfers=args.transfers,
         progress=not args.no_progress,
         max_image_pixels=args.max_image_pixels,
+        **form_arguments(args),
     )

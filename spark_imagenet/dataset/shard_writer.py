@@ -1,7 +1,8 @@
 """Writing one shard, in the worker processes of :func:`spark_imagenet.dataset.sharding.shard`.
 
 Every image is checked first (:func:`check_image`,
-:mod:`spark_imagenet.dataset.quality`): stored byte for byte, or repaired, or
+:mod:`spark_imagenet.dataset.quality`): stored byte for byte, or repaired or
+scaled to the dataset's form (:mod:`spark_imagenet.dataset.image_form`), or
 (unusable) failing the shard or left out. A random-access source: each worker
 reads its shard's images itself and writes the shard (:func:`write_shard`). A
 stream source: the main process reads the stream (:func:`stream_images`), the
@@ -11,7 +12,8 @@ the workers then copy every shard's records into plan order
 (:func:`assemble_shard`). Either way the shards are byte for byte the same.
 Where the bytes are in hand, each usable image also gets its digest
 (:func:`spark_imagenet.dataset.duplicates.digest`), for the driver's search for
-identical images.
+identical images. The check and the digest read the source's own bytes, never
+the re-encoded ones.
 
 The functions run in a ``spawn`` pool (module-level, picklable);
 :func:`init_worker` gives each worker the shared count of images checked,
@@ -27,6 +29,7 @@ import os
 from typing import Any
 
 from spark_imagenet.dataset.duplicates import DIGEST_SIZE, NO_DIGEST, DigestTable, digest
+from spark_imagenet.dataset.image_form import ORIGINAL, ImageForm
 from spark_imagenet.dataset.manifest import ShardInfo
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS
 from spark_imagenet.dataset.quality import DECODE_ERRORS, Finding, classify, repair
@@ -37,10 +40,11 @@ from spark_imagenet.source.base import ImageFile, ImageReader, SourceDataset
 from spark_imagenet.storage import crc32c_file
 
 
-def check_image(data: bytes, name: str, verify: str = "decode",
-                max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[bytes | None, int, int, Finding]:
-    """The per-image step of every build path: classify the file and, when
-    it needs it, repair it (see :mod:`spark_imagenet.dataset.quality`).
+def check_image(data: bytes, name: str, verify: str = "decode", max_pixels: int = DEFAULT_MAX_PIXELS,
+                form: ImageForm = ORIGINAL) -> tuple[bytes | None, int, int, Finding]:
+    """The per-image step of every build path: classify the file (its own
+    bytes) and, when it needs it or ``form`` gives it another size, re-encode
+    it (see :mod:`spark_imagenet.dataset.quality`).
 
     Args:
         data: the file's bytes.
@@ -48,10 +52,11 @@ def check_image(data: bytes, name: str, verify: str = "decode",
         verify: ``"decode"`` or ``"header"``, see :func:`spark_imagenet.dataset.quality.classify`.
         max_pixels: the pixel limit (:mod:`spark_imagenet.dataset.pixels`): a larger image is unusable,
             found from its header before it is decoded.
+        form: how the dataset stores images (:mod:`spark_imagenet.dataset.image_form`).
 
     Returns:
         tuple: ``(stored, height, width, finding)``: the bytes to store (the
-        file's own bytes unless it was repaired, then the repaired JPEG) and
+        file's own bytes unless it was repaired or scaled, then the JPEG) and
         their size in pixels; ``stored`` is ``None`` when the file is unusable
         (``finding.category`` ``empty`` or ``corrupt``, also a file that
         Pillow cannot decode for its repair).
@@ -64,7 +69,7 @@ def check_image(data: bytes, name: str, verify: str = "decode",
     if not finding.usable:
         return None, 0, 0, finding
     try:
-        stored, height, width = repair(data, finding, max_pixels)
+        stored, height, width = repair(data, finding, max_pixels, form)
     except DECODE_ERRORS as e:  # decodes at 1/8 scale but not at full size (or verify="header")
         finding = dataclasses.replace(finding, category="corrupt", reason=f"does not decode for repair: {e}")
         return None, 0, 0, finding
@@ -88,6 +93,7 @@ class ShardJob:
     reader: ImageReader | None = None
     on_corrupt: str = "error"
     max_pixels: int = DEFAULT_MAX_PIXELS
+    form: ImageForm = ORIGINAL
 
 
 #: The shared count of images checked (a ``multiprocessing.Value``) in a worker process; None elsewhere.
@@ -154,7 +160,7 @@ def write_shard(job: ShardJob) -> ShardOutcome:
             except (OSError, SparkImagenetError) as e:
                 problems.append(f"{job.reader.where(img)}{READ_FAILED}{getattr(e, 'strerror', None) or e})")
                 continue
-            stored, height, width, finding = check_image(data, img.filename, job.verify, job.max_pixels)
+            stored, height, width, finding = check_image(data, img.filename, job.verify, job.max_pixels, job.form)
             note(quality, k, finding, stored)
             if stored is None:
                 if job.on_corrupt == "error":
@@ -209,15 +215,15 @@ STREAM_BATCH_IMAGES = 32
 STREAM_BATCH_BYTES = 4 * 1024 * 1024
 
 
-def check_and_frame(batch: list[tuple[ImageFile, bytes]], verify: str,
-                    max_pixels: int = DEFAULT_MAX_PIXELS) -> list[tuple[bytes | None, Finding, bytes]]:
+def check_and_frame(batch: list[tuple[ImageFile, bytes]], verify: str, max_pixels: int = DEFAULT_MAX_PIXELS,
+                    form: ImageForm = ORIGINAL) -> list[tuple[bytes | None, Finding, bytes]]:
     """Check (and repair) a batch of images and return, per image, its whole
     TFRecord (framing included), or ``None`` for an unusable image, what
     :func:`check_image` found, and the digest of its bytes (:data:`NO_DIGEST`
     for an unusable one) (in a worker process, for the stream form)."""
     out: list[tuple[bytes | None, Finding, bytes]] = []
     for img, data in batch:
-        stored, height, width, finding = check_image(data, img.filename, verify, max_pixels)
+        stored, height, width, finding = check_image(data, img.filename, verify, max_pixels, form)
         if stored is None:
             out.append((None, finding, NO_DIGEST))
             continue
@@ -300,8 +306,8 @@ class SpillWriter:
 
 
 def stream_images(pool, src: SourceDataset, jobs: list[ShardJob], verify: str, in_flight: int,
-                   counter, bar, digests: DigestTable, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[list[list[tuple[int, int] | None]], list[str],
-                                                              list[Quality]]:
+                  counter, bar, digests: DigestTable, max_pixels: int = DEFAULT_MAX_PIXELS,
+                  form: ImageForm = ORIGINAL) -> tuple[list[list[tuple[int, int] | None]], list[str], list[Quality]]:
     """Pass 2 of the nested-tar form: read the planned images from the stream
     (main process), have ``pool`` check and encode them (:func:`check_and_frame`),
     append each record to its shard's spill file in arrival order.
@@ -316,6 +322,7 @@ def stream_images(pool, src: SourceDataset, jobs: list[ShardJob], verify: str, i
         bar: tqdm bar or ``None``.
         digests: where each image's digest goes (by shard name).
         max_pixels: the pixel limit (:func:`check_image`).
+        form: how the dataset stores images (:func:`check_image`).
 
     Returns:
         tuple: per job the (offset, length) of each planned record in its
@@ -355,7 +362,7 @@ def stream_images(pool, src: SourceDataset, jobs: list[ShardJob], verify: str, i
     places: list[tuple[int, int]] = []
 
     def submit() -> None:
-        waiting.append((pool.apply_async(check_and_frame, (list(batch), verify, max_pixels)), list(places)))
+        waiting.append((pool.apply_async(check_and_frame, (list(batch), verify, max_pixels, form)), list(places)))
         batch.clear()
         places.clear()
         while len(waiting) >= in_flight:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from spark_imagenet.dataset.duplicates import DigestTable, Duplicates
+from spark_imagenet.dataset.image_form import ORIGINAL, ImageForm, image_form
 from spark_imagenet.dataset.manifest import FORMAT_VERSION, Manifest, ShardInfo, SplitInfo
 from spark_imagenet.dataset.naming import PARTIAL_RE, partial_name, shard_name
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
@@ -137,7 +138,7 @@ def plan_shards(
 
 
 def dataset_fingerprint(plan: dict[str, list[tuple[ImageFile, ...]]], source: SourceDataset,
-                        on_corrupt: str = "error") -> str:
+                        on_corrupt: str = "error", form: ImageForm = ORIGINAL) -> str:
     """SHA-256 (hex, first 16 bytes) of what a build would write: the format
     version, the classes, and per shard the file names (relative to the
     Kaggle root, so a directory and the zip it came from give the same id),
@@ -147,10 +148,13 @@ def dataset_fingerprint(plan: dict[str, list[tuple[ImageFile, ...]]], source: So
     adds nothing, so ids of earlier builds stay the same): a skip build leaves
     out the unusable files, which are known only after reading them, so its
     dataset may differ from the planned one, and is never taken for an error
-    build's (which holds every planned file)."""
+    build's (which holds every planned file). So is a stored form other than
+    ``original`` (``--resize``, ``--max-side``, the JPEG quality), likewise."""
     h = hashlib.sha256(f"spark-imagenet/{FORMAT_VERSION}\n".encode())
     if on_corrupt != "error":
         h.update(f"on-corrupt {on_corrupt}\n".encode())
+    if form != ORIGINAL:
+        h.update(f"form {form.label}\n".encode())
     for c in source.classes:
         h.update(f"class {c.id} {c.wnid}\n".encode())
     for split, shards in plan.items():
@@ -179,6 +183,7 @@ def shard(
     transfers: int = DEFAULT_TRANSFERS,
     progress: bool = True,
     max_image_pixels: int = DEFAULT_MAX_PIXELS,
+    resize: int | None = None, max_side: int | None = None, jpeg_quality: int | None = None,
 ) -> Manifest:
     """Build TFRecord shards and ``manifest.json`` from ImageNet in the Kaggle layout, or one's own images.
 
@@ -213,6 +218,9 @@ def shard(
         max_image_pixels: the most pixels (width x height) an image may have (``--max-image-pixels``); a
             larger one is refused from its header before it is decoded, as an unusable file
             (:mod:`spark_imagenet.dataset.pixels`).
+        resize, max_side, jpeg_quality: store the images as N x N pixels (``--resize N``: shorter side to N, up
+            too, centre kept; 256: the paper's form) or with the longer side at most N (``--max-side N``), re-encoded
+            at JPEG quality 1-100 (None: 90; :mod:`spark_imagenet.dataset.image_form`). None: as the source holds them.
 
     Returns:
         Manifest: the manifest that was written (or found, when ``out``
@@ -238,11 +246,12 @@ def shard(
     print(manifest.num_classes, manifest.splits["train"].examples)
     ```
     """
-    options = _Options(verify, on_corrupt, processes, transfers, progress, max_image_pixels)
+    options = _Options(verify, on_corrupt, processes, transfers, progress, max_image_pixels,
+                       image_form(resize, max_side, jpeg_quality))
     src = _open(source, val_fraction).list_images(num_classes=classes, class_list=class_list, per_class=per_class,
                                           seed=seed, progress=progress)
     plan = plan_shards(src, train_shards, val_shards, seed)
-    dataset_id = dataset_fingerprint(plan, src, on_corrupt)
+    dataset_id = dataset_fingerprint(plan, src, on_corrupt, options.form)
     storage = open_storage(out)
     dest = check_destination(storage, dataset_id, overwrite)
     if dest.existing is not None:
@@ -256,8 +265,6 @@ def shard(
         if created_root:
             storage.remove_empty_root()  # "nothing was written" includes the folder itself
         raise
-
-
 
 
 def _open(source: str | os.PathLike | ImageSource, val_fraction: float | None) -> ImageSource:
@@ -283,6 +290,7 @@ class _Options:
     transfers: int
     progress: bool
     max_pixels: int = DEFAULT_MAX_PIXELS
+    form: ImageForm = ORIGINAL
 
     def __post_init__(self) -> None:
         """Refuse values that cannot work.
@@ -375,7 +383,8 @@ def _jobs(src: SourceDataset, plan: dict, staging: Path, dataset_id: str, option
     source = src.source
     return [
         ShardJob(split, k, name, str(staging / partial_name(name, token)), images, options.verify,
-                  source.reader(images) if source.random_access else None, options.on_corrupt, options.max_pixels)
+                  source.reader(images) if source.random_access else None, options.on_corrupt, options.max_pixels,
+                 options.form)
         for split, shards in plan.items()
         for k, images in enumerate(shards)
         for name in [shard_name(split, k, len(shards), dataset_id)]
@@ -466,7 +475,8 @@ def _run_pool(jobs: list[ShardJob], src: SourceDataset, n_proc: int, staging: Pa
         try:
             if streamed:
                 index, problems, stream_quality = stream_images(pool, src, jobs, options.verify, 2 * n_proc,
-                                                                 counter, bar, digests, options.max_pixels)
+                                                                 counter, bar, digests, options.max_pixels,
+                                                                 options.form)
                 quality.update((j.name, q) for j, q in zip(jobs, stream_quality))
                 pending = [] if problems else [pool.apply_async(assemble_shard, (j, index[i]))
                                                for i, j in enumerate(jobs)]
@@ -569,6 +579,7 @@ def _commit(storage: Storage, dest: Destination, src: SourceDataset, plan: dict,
         selection={**src.selection, "train_shards": len(plan["train"]), "val_shards": len(plan["val"]),
                    "verify": options.verify, "on_corrupt": options.on_corrupt, "quality": quality_totals(report)},
         feature_keys=FEATURE_KEYS,
+        image_form=options.form,
     )
     # The report goes first: a manifest is never visible without the report of its build.
     write_quality_report(storage, report)

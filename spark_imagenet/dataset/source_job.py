@@ -27,6 +27,7 @@ import logging
 from typing import Any, Iterator
 
 from spark_imagenet.dataset.dataframe import Columns, JobSettings, Survey, build_shards, shard_counts
+from spark_imagenet.dataset.image_form import image_form
 from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
 from spark_imagenet.errors import ArchiveError, ConfigError, StorageError
@@ -139,8 +140,9 @@ def image_rows(spark: Any, dataset: SourceDataset) -> Any:
 
 def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shards: int | None = None,
                      val_shards: int | None = None, seed: int = 0, verify: str = "decode", on_corrupt: str = "error",
-                     overwrite: bool = False, progress: bool = True,
-                     max_image_pixels: int = DEFAULT_MAX_PIXELS) -> Manifest:
+                     overwrite: bool = False, progress: bool = True, max_image_pixels: int = DEFAULT_MAX_PIXELS,
+                     resize: int | None = None, max_side: int | None = None,
+                     jpeg_quality: int | None = None) -> Manifest:
     """Build the shards and ``manifest.json`` of images chosen from a source, as a Spark job (see the module doc).
 
     Args:
@@ -157,6 +159,8 @@ def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shar
         overwrite: replace a different dataset already at ``out``.
         progress: log a progress line every 10 s.
         max_image_pixels: the pixel limit (:mod:`spark_imagenet.dataset.pixels`): a larger image is unusable.
+        resize, max_side, jpeg_quality: how the images are stored, as :func:`spark_imagenet.dataset.sharding.shard`'s
+            (``--resize``, ``--max-side``, ``--jpeg-quality``: :mod:`spark_imagenet.dataset.image_form`).
 
     Returns:
         Manifest: the committed manifest.
@@ -166,6 +170,8 @@ def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shar
             shard count above the images of its split, or ``out`` holds a different dataset.
         ImageError, StorageError, DataError: as :func:`spark_imagenet.dataset.dataframe.shard_dataframe`.
     """
+    settings = _settings(seed, verify, on_corrupt, overwrite, progress, max_image_pixels, resize, max_side,
+                         jpeg_quality)
     if not dataset.source.random_access:
         raise ConfigError(f"{dataset.root} can only be read in order (the older Kaggle zip, whose images are a "
                           "nested tar.gz): shard it without --master, or extract it first (spark-imagenet extract)")
@@ -176,14 +182,14 @@ def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shar
     logger.info(f"{len(dataset.train)} train and {len(dataset.val)} val images of {len(dataset.classes)} classes "
                 f"chosen from {dataset.root}; the executors read them")
     source = {**dataset.source.describe(), "selection": dataset.selection}
-    return _build(image_rows(spark, dataset), found, out, source, train_shards, val_shards,
-                  JobSettings(seed, 0.0, verify, on_corrupt, overwrite, progress, check_max_pixels(max_image_pixels)))
+    return _build(image_rows(spark, dataset), found, out, source, train_shards, val_shards, settings)
 
 
 def shard_zip_job(spark: Any, plan: ZipPlan, out: str, *, train_shards: int | None = None,
                   val_shards: int | None = None, seed: int = 0, verify: str = "decode", on_corrupt: str = "error",
-                  overwrite: bool = False, progress: bool = True,
-                  max_image_pixels: int = DEFAULT_MAX_PIXELS) -> Manifest:
+                  overwrite: bool = False, progress: bool = True, max_image_pixels: int = DEFAULT_MAX_PIXELS,
+                  resize: int | None = None, max_side: int | None = None,
+                  jpeg_quality: int | None = None) -> Manifest:
     """Build the shards and ``manifest.json`` of a Kaggle zip planned without listing it on the driver
     (:func:`~spark_imagenet.source.zip_plan.plan_kaggle_zip`): each task lists one slice of the zip's
     central directory and reads the chosen members in it (:class:`ListZipSlice`).
@@ -191,8 +197,8 @@ def shard_zip_job(spark: Any, plan: ZipPlan, out: str, *, train_shards: int | No
     Args:
         spark: a classic SparkSession.
         plan: the plan.
-        out, train_shards, val_shards, seed, verify, on_corrupt, overwrite, progress, max_image_pixels: as
-            :func:`shard_source_job`.
+        out, train_shards, val_shards, seed, verify, on_corrupt, overwrite, progress, max_image_pixels, resize,
+            max_side, jpeg_quality: as :func:`shard_source_job`.
 
     Returns:
         Manifest: the committed manifest; its records equal :func:`shard_source_job`'s for the same images.
@@ -201,6 +207,8 @@ def shard_zip_job(spark: Any, plan: ZipPlan, out: str, *, train_shards: int | No
         ConfigError, ImageError, StorageError, DataError: as :func:`shard_source_job`; ArchiveError: a
         member that cannot be read (after Spark's retries).
     """
+    settings = _settings(seed, verify, on_corrupt, overwrite, progress, max_image_pixels, resize, max_side,
+                         jpeg_quality)
     _refuse_connect(spark)
     found = Survey(tuple(c.wnid for c in plan.classes), dict(plan.counts), plan.size, plan.classes)
     choice = plan.choice
@@ -209,8 +217,14 @@ def shard_zip_job(spark: Any, plan: ZipPlan, out: str, *, train_shards: int | No
     source = {**ZipSource(choice.path, choice.prefix).describe(), "selection": plan.selection}
     rows = spark.createDataFrame([(a, b) for a, b in plan.slices], "start long, stop long").repartition(
         len(plan.slices)).mapInArrow(ListZipSlice(spark.sparkContext.broadcast(choice)), ROW_SCHEMA)
-    return _build(rows, found, out, source, train_shards, val_shards,
-                  JobSettings(seed, 0.0, verify, on_corrupt, overwrite, progress, check_max_pixels(max_image_pixels)))
+    return _build(rows, found, out, source, train_shards, val_shards, settings)
+
+
+def _settings(seed: int, verify: str, on_corrupt: str, overwrite: bool, progress: bool, max_image_pixels: int,
+              resize: int | None, max_side: int | None, jpeg_quality: int | None) -> JobSettings:
+    """The job's settings, the pixel limit and the stored form checked (ConfigError naming the bad one)."""
+    return JobSettings(seed, 0.0, verify, on_corrupt, overwrite, progress, check_max_pixels(max_image_pixels),
+                       image_form(resize, max_side, jpeg_quality))
 
 
 def _refuse_connect(spark: Any) -> None:

@@ -101,6 +101,10 @@ SHARD = _from_signature(shard_dataframe, {
     "on_corrupt": ("onCorrupt", "a bad image: error (fit fails, listing them) or skip (left out)"),
     "overwrite": ("overwriteDataset", "replace a different dataset already at datasetPath"),
     "max_image_pixels": ("maxImagePixels", "the most pixels (width x height) an image may have"),
+    "resize": ("resize", "store the images as N x N (shorter side to N, centre kept; 256: the paper's form); "
+                         "None: as the rows hold them"),
+    "max_side": ("maxSide", "store the images with the longer side at most N, aspect kept; None: as they are"),
+    "jpeg_quality": ("jpegQuality", "JPEG quality 1-100 of the images resize/maxSide re-encodes (None: 90)"),
     "seed": ("seed", "also the seed of the shards' split and order in fit()"),
 })
 #: ``predict_dataframe``'s keywords as Params.

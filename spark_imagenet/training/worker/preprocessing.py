@@ -48,6 +48,11 @@ STD_RGB = (58.395, 57.12, 57.375)
 #: Evaluation crop: the central square whose side is this fraction of the
 #: shorter image side (224/256 = 0.875, the reference ResNet evaluation
 #: preprocessing: resize-256-then-crop-224 expressed as a crop fraction).
+#: It holds for every stored form (``shard --resize``, ``--max-side``:
+#: :mod:`spark_imagenet.dataset.image_form`): on shards of the paper's form
+#: (``--resize 256``, every image 256 x 256) it is exactly the paper's centre
+#: 224 x 224 of the 256 x 256 image, the same pixels, resized to the model's
+#: input only when that is not 224.
 CENTER_CROP_FRACTION = 0.875
 
 #: Random crop ("Inception-style" scale augmentation, Szegedy et al. 2015,
