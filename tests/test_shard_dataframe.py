@@ -218,6 +218,22 @@ def test_the_kaggle_tree_sharded_with_master_holds_the_local_paths_images(spark,
         assert manifest.source["sharded_by"] == "spark"
         assert objects(out) == {"manifest.json", "quality-report.json", *(s.name for sp in manifest.splits.values()
                                                                             for s in sp.shards)}
+    # --resize: the same records, every image 24 x 24 (the tree's are 64 x 48), the manifest saying how
+    assert main(["shard", str(tree), "--master", "local[2,2]", "--out", str(tmp_path / "resized"), "--train-shards",
+                 "3", "--val-shards", "1", "--no-progress", "--resize", "24", "--jpeg-quality", "80"]) == 0
+    resized = Manifest.load(__import__("spark_imagenet").open_storage(str(tmp_path / "resized")))
+    assert resized.image_form.label == "resize 24 q80" and resized.source["sharded_by"] == "spark"
+    unhashed = {split: [r[:3] for r in recs] for split, recs in per_class(local_out, local_manifest).items()}
+    assert {split: [r[:3] for r in recs] for split, recs in per_class(tmp_path / "resized", resized).items()} \
+        == unhashed
+    assert {stored_size(r) for recs in records(tmp_path / "resized", resized).values() for r in recs} == {(24, 24)}
+
+
+def stored_size(record: dict) -> tuple[int, int]:
+    """The (width, height) of a record's image, after checking that its header says the same."""
+    with Image.open(io.BytesIO(record["image/encoded"])) as im:
+        assert im.size == (record["image/width"], record["image/height"]) and im.format == "JPEG"
+        return im.size
 
 
 @pytest.mark.slow
@@ -390,9 +406,11 @@ def test_bad_images_fail_the_build_or_are_skipped(spark, tmp_path):
         shard_dataframe(df, str(out), name_col="name", train_shards=1, val_shards=1, val_fraction=0.3, progress=False)
     assert not out.exists() or not list(out.iterdir())  # no shard of any attempt is left
     manifest = shard_dataframe(df, str(out), name_col="name", train_shards=1, val_shards=1, val_fraction=0.3,
-                               on_corrupt="skip", progress=False)
+                               on_corrupt="skip", progress=False, max_side=10)  # and stored at most 10 wide
     assert sum(s.examples for s in manifest.splits.values()) == 18
     assert manifest.selection["quality"]["train"]["skipped"] + manifest.selection["quality"]["val"]["skipped"] == 2
+    assert manifest.image_form.label == "max-side 10 q90"  # the images are 20 x 16: 10 x 8, the check saw those
+    assert {stored_size(r) for recs in records(out, manifest).values() for r in recs} == {(10, 8)}
 
 
 @pytest.mark.slow

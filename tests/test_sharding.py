@@ -47,10 +47,12 @@ def tree(tmp_path):
     return small_layout(tmp_path / "src", num_classes=5, train_per_class=9, val_per_class=3)
 
 
-def test_manifest_lists_every_shard_with_counts_sizes_checksums(tree, tmp_path):
+@pytest.mark.parametrize("form", [{}, {"resize": 32}], ids=["original", "resize"])
+def test_manifest_lists_every_shard_with_counts_sizes_checksums(tree, tmp_path, form):
     out = tmp_path / "bucket"
-    m = build(tree, out)
+    m = build(tree, out, **form)
     data = json.loads((out / MANIFEST_NAME).read_text())
+    assert data["image_form"] == ("resize 32 q90" if form else "original")
     assert data["format_version"] == 1 and data["label_base"] == 0
     assert [c["wnid"] for c in data["classes"]] == [f"n9000000{k}" for k in range(5)]
     assert data["totals"] == {
@@ -66,6 +68,10 @@ def test_manifest_lists_every_shard_with_counts_sizes_checksums(tree, tmp_path):
             assert path.stat().st_size == s["bytes"]
             assert crc32c_file(path) == s["crc32c"]
             assert len(records(path)) == s["examples"]
+            if form:  # every image stored as 32 x 32 (the tree's are 64 x 48), the header saying so
+                for r in records(path):
+                    with Image.open(io.BytesIO(r["image/encoded"])) as im:
+                        assert im.size == (r["image/width"], r["image/height"]) == (32, 32) and im.mode == "RGB"
     # Round trip through the parser and the serializer.
     again = Manifest.load(LocalStorage(out))
     assert again == m and Manifest.loads(m.dumps()) == m
@@ -120,8 +126,9 @@ def test_out_holding_a_different_dataset_is_refused(tree, tmp_path):
     out = tmp_path / "bucket"
     first = build(tree, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(ConfigError, match=r"already holds a different dataset .*--overwrite"):
-        build(tree, out, classes=3)
+    for other in ({"classes": 3}, {"max_side": 4096}):  # another form is another dataset, even of the same bytes
+        with pytest.raises(ConfigError, match=r"already holds a different dataset .*--overwrite"):
+            build(tree, out, **other)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
     replaced = build(tree, out, classes=3, overwrite=True)
     assert replaced.num_classes == 3 and replaced.dataset_id != first.dataset_id
