@@ -220,20 +220,29 @@ def test_the_command_line_detects_a_class_tree_and_reads_a_labels_file(tmp_path)
 
 @pytest.mark.slow
 def test_train_on_a_class_folder_dataset(spark, tmp_path):
-    """class-folder tree -> `spark-imagenet shard` -> train() on the tests' local[2] session (the tiny settings
-    of tests/test_preflight.py; the command line's train is test_cli's)."""
+    """class-folder tree -> `spark-imagenet shard --max-side 16` (smaller than the 24 x 18 images) -> train() on
+    the tests' local[2] session (the tiny settings of tests/test_preflight.py; the command line's train is
+    test_cli's), evaluated on the scaled val shards; then `predict` on ordinary JPEGs of full size."""
     from spark_imagenet.training.driver.launch import train
     from spark_imagenet.training.job.config import TrainConfig
 
     root = class_tree(tmp_path / "t" / "train", {"tulip": 12, "rose": 12, "daisy": 12})
     class_tree(tmp_path / "t" / "val", {"tulip": 2, "rose": 2, "daisy": 2}, start=200)
     out = tmp_path / "shards"
-    p = cli("shard", str(root.parent), "--out", str(out), "--train-shards", "4", "--val-shards", "2", "--no-progress")
+    p = cli("shard", str(root.parent), "--out", str(out), "--train-shards", "4", "--val-shards", "2", "--no-progress",
+            "--max-side", "16")
     assert p.returncode == 0, p.stderr
     result = train(spark, str(out), TrainConfig(workers=2, epochs=1, batch_size=4, image_size=72, width=0.25,
-                                                cache=tmp_path / "cache"))
+                                                cache=tmp_path / "cache", output=str(tmp_path / "run")))
     assert result["workers"] == 2 and result["val"]["images"] == 6
-    assert [c["wnid"] for c in json.loads((out / "manifest.json").read_text())["classes"]] == ["daisy", "rose", "tulip"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [c["wnid"] for c in manifest["classes"]] == ["daisy", "rose", "tulip"]
+    assert manifest["image_form"] == "max-side 16 q90"
+    photos = sorted((tmp_path / "t" / "val").rglob("*.jpg"))[:2]  # as the tree holds them: 24 x 18
+    p = cli("predict", str(tmp_path / "run"), *map(str, photos), "--json", "--top", "1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [r["file"] for r in json.loads(p.stdout)] == [str(photo) for photo in photos]
+    assert all(r["top"][0]["wnid"] in ("daisy", "rose", "tulip") for r in json.loads(p.stdout))
 
 
 def test_a_path_that_is_no_folder_names_every_kind(tmp_path):

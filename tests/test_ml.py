@@ -102,6 +102,11 @@ def test_fit_and_transform_refuse_bad_params_before_reading_the_dataframe(tmp_pa
         ImageClassifier(**SMALL, **paths, valFraction=1.5).fit(None)
     with pytest.raises(ConfigError, match=r"^ImageClassifier param 'onCorrupt': on_corrupt='drop': choose one of"):
         ImageClassifier(**SMALL, **paths, onCorrupt="drop").fit(None)
+    with pytest.raises(ConfigError, match=r"^ImageClassifier param 'jpegQuality': jpeg_quality=80 \(--jpeg-quality\): "
+                                          "only with"):
+        ImageClassifier(**SMALL, **paths, jpegQuality=80).fit(None)
+    with pytest.raises(ConfigError, match=r"^ImageClassifier param 'resize': resize=256 and max_side=320"):
+        ImageClassifier(**SMALL, **paths, resize=256, maxSide=320).fit(None)
     with pytest.raises(ConfigError, match=r"^ImageClassifierModel param 'outputPath' is required"):
         ImageClassifierModel().transform(None)
     with pytest.raises(ConfigError, match=r"^ImageClassifierModel param 'topK': top_k=0: give a whole number"):
