@@ -239,7 +239,7 @@ def test_a_bug_in_the_repair_surfaces_also_with_on_corrupt_skip(tree, tmp_path, 
     import spark_imagenet.dataset.shard_writer as shard_writer
     from spark_imagenet.source.folder import FileReader
 
-    def broken_repair(data, finding, max_pixels):
+    def broken_repair(data, finding, max_pixels, form):
         raise bug
 
     monkeypatch.setattr(shard_writer, "repair", broken_repair)
@@ -260,7 +260,7 @@ def test_a_bug_in_the_repair_surfaces_also_with_on_corrupt_skip(tree, tmp_path, 
 def test_a_decoder_error_in_the_repair_is_a_corrupt_image(monkeypatch, error):
     import spark_imagenet.dataset.shard_writer as shard_writer
 
-    def failing_decode(data, finding, max_pixels):
+    def failing_decode(data, finding, max_pixels, form):
         raise error
 
     monkeypatch.setattr(shard_writer, "repair", failing_decode)
