@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/pipeline.py [--data DIR] [--seconds 3] [--reps 8]
-        [--image-size 224] [--batch-size 64] [--parallel N] [--shards 8] [--max-side N] [--cpus 0,1]
+        [--image-size 224] [--batch-size 64] [--parallel N] [--shards 8] [--max-side N | --forms] [--cpus 0,1]
         [--quick] [--json [FILE]]
     .venv/bin/python benchmarks/pipeline.py --scaling 1,2 [--repeats 2] [--reps 3] [--max-side N]
 
@@ -59,6 +59,12 @@ and, derived, how many such cores one H200 would need: from ASSUMED H200
 training rates (:data:`H200_ASSUMED_IMAGES_PER_S`, docs/projection.md section 2,
 not measured here; benchmarks/gpu.py measures them on a GPU).
 
+``--forms`` (issue 35): in the same run, also the JPEGs stored in the paper's 256 x 256 form and with a longer
+side of at most 320 px, each in its own shards, and the decode ceiling with the scaled decode: one more
+pipeline window per form and one more ceiling window per round; the records (stored bytes per image, pipeline
+images/CPU-s, both as ratios to the originals, and the scaled decode's on/off ratio) are described in
+``benchmarks/forms.py``.
+
 ``--quick`` (under a minute): 128 JPEGs of ``--data`` or, when the shared data
 is absent and no ``--data`` is given, 64 synthetic JPEGs
 (:mod:`spark_imagenet.demo.synthetic`, 500x375 px); batch 32, 1-second windows,
@@ -78,10 +84,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import forms  # noqa: E402
 from common import Report, add_options, machine_busy_seconds, repetitions, shared_data  # noqa: E402
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -122,6 +130,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-side", type=int, default=None,
                    help="re-encode every JPEG with its longer side at most N pixels (Pillow, quality 90) before "
                         "sharding: the 'store shards smaller' lever")
+    p.add_argument("--forms", action="store_true",
+                   help="also measure the JPEGs stored in the forms of issue 35 (resize 256, max-side 320) and the "
+                        "scaled decode, in the same rounds (benchmarks/forms.py)")
     p.add_argument("--cpus", default=None,
                    help="run on these CPUs only, e.g. 0 or 0,1 (sched_setaffinity before TensorFlow starts)")
     p.add_argument("--scaling", default=None, metavar="LIST",
@@ -139,6 +150,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for option in ("seconds", "batch_size", "shards", "image_size", "repeats"):
         if getattr(args, option) <= 0:
             p.error(f"--{option.replace('_', '-')} must be positive, got {getattr(args, option)}")
+    if args.forms and (args.max_side or args.scaling):
+        p.error("--forms stores its own max-side 320 and resize 256 forms beside the originals: leave out "
+                + ("--max-side" if args.max_side else "--scaling"))
     return args
 
 
@@ -149,21 +163,10 @@ def list_jpegs(folder: Path, limit: int | None) -> list[Path]:
 
 
 def jpeg_data(path: Path, max_side: int | None) -> bytes:
-    """The JPEG bytes of ``path``, as stored, or re-encoded (Pillow, quality 90, RGB) with the longer
-    side at most ``max_side`` pixels when the image is larger."""
+    """The JPEG bytes of ``path``, as stored, or in the ``max-side`` form (:func:`forms.stored_form`: the
+    longer side at most ``max_side`` pixels, quality 90) when the image is larger."""
     data = path.read_bytes()
-    if not max_side:
-        return data
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as im:
-        if max(im.size) <= max_side:
-            return data
-        im = im.convert("RGB")
-        im.thumbnail((max_side, max_side), Image.BILINEAR)
-        out = io.BytesIO()
-        im.save(out, format="JPEG", quality=90)
-        return out.getvalue()
+    return forms.stored_form(data, "max-side", max_side) if max_side else data
 
 
 def synthetic_jpegs(count: int, width: int, height: int) -> list[tuple[str, bytes]]:
@@ -290,16 +293,18 @@ def others_text(others: float | None) -> str:
     return "" if others is None else f"  (others used {others:.1f} cores)"
 
 
-def ceiling_dataset(jpeg_bytes: list[bytes], image_size: int, calls: int, batch_size: int):
+def ceiling_dataset(jpeg_bytes: list[bytes], image_size: int, calls: int, batch_size: int,
+                    scaled_decode: bool = False):
     """In-memory JPEGs -> the training pipeline's per-image work, in uint8 batches of ``batch_size`` (so that
-    both sides are read batch by batch: one ``next()`` per image cost the ceiling about 5% of its CPU)."""
+    both sides are read batch by batch: one ``next()`` per image cost the ceiling about 5% of its CPU);
+    ``scaled_decode``: ``train_image``'s, crop windows of at least 2S a side decoded at a reduced DCT scale."""
     import tensorflow as tf
 
     from spark_imagenet.training.worker import pipeline
 
     def work(position, jpeg):  # the crop and flip drawn from (0, position), as the training decoder draws them
         crop_seed = tf.stack([tf.constant(0, tf.int64), 2 * position])
-        return pipeline.train_image(jpeg, image_size, crop_seed, crop_seed + [0, 1])
+        return pipeline.train_image(jpeg, image_size, crop_seed, crop_seed + [0, 1], scaled_decode=scaled_decode)
 
     ds = tf.data.Dataset.from_tensor_slices(jpeg_bytes).repeat().enumerate()
     ds = ds.map(work, num_parallel_calls=calls, deterministic=False)
@@ -310,10 +315,12 @@ def ceiling_dataset(jpeg_bytes: list[bytes], image_size: int, calls: int, batch_
     return ds.with_options(options)
 
 
-def measure(args, parallel: int, images: list[tuple[str, bytes]], files: list[str], say) -> list[dict]:
-    """The alternating rounds (``say`` prints a line). Returns one dict per round: ``ceilings`` (``[calls,
-    images/s, images/CPU-s]`` of each ceiling formulation), ``pipeline`` (``[images/s, images/CPU-s]``) and
-    ``others`` (cores other processes used during the pipeline window, or None)."""
+def measure(args, parallel: int, images: list[tuple[str, bytes]], files: list[str], say,
+            extra: Sequence[Meter] = ()) -> list[dict]:
+    """The alternating rounds (``say`` prints a line), with one window of each ``extra`` meter after the
+    pipeline's. Returns one dict per round: ``ceilings`` (``[calls, images/s, images/CPU-s]`` of each ceiling
+    formulation), ``pipeline`` (``[images/s, images/CPU-s]``), ``others`` (cores other processes used during
+    the pipeline window, or None) and ``extra`` (``[images/s, images/CPU-s]`` by meter name)."""
     from spark_imagenet.training.worker import pipeline
 
     jpeg_bytes = [data for _, data in images]
@@ -322,7 +329,7 @@ def measure(args, parallel: int, images: list[tuple[str, bytes]], files: list[st
                               batch, (CEILING_PREFETCH + 1) * batch + calls)) for calls in (parallel, parallel + 1)]
     ds = pipeline.train_dataset(files, batch, args.image_size, parallel, seed=0)
     train = Meter("pipeline", ds, batch, (pipeline.PREFETCH_BATCHES + 2) * batch + parallel)  # + the one batching
-    meters = [m for _, m in ceilings] + [train]
+    meters = [m for _, m in ceilings] + [train, *extra]
     # One untimed pass fills every shuffle buffer and traces every function.
     for m in meters:
         m.window(0.0, args.warmup + refill_seconds(meters, m))
@@ -339,6 +346,12 @@ def measure(args, parallel: int, images: list[tuple[str, bytes]], files: list[st
         say(f"round {r + 1}: {train.name:20s} {rate:7.1f} images/s  {cpu_rate:7.1f} images/CPU-s"
             + others_text(others) + f"  ratio to the round's better ceiling {rate / best:.3f} "
             f"(per CPU-s {cpu_rate / best_cpu:.3f})")
+        row["extra"] = {}
+        for m in extra:
+            m_rate, m_cpu, m_others = m.window(args.seconds, max(args.window_warmup, refill_seconds(meters, m)))
+            say(f"round {r + 1}: {m.name:20s} {m_rate:7.1f} images/s  {m_cpu:7.1f} images/CPU-s"
+                + others_text(m_others))
+            row["extra"][m.name] = [m_rate, m_cpu]
         rows.append(dict(row, pipeline=[rate, cpu_rate], others=others))
     return rows
 
@@ -408,12 +421,42 @@ def run_benchmark(args) -> int:
                f"(+{args.warmup:g} s warm-up), TensorFlow {tf.__version__}")
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
         files = write_shards(images, sizes, Path(tmp), args.shards)
-        rows = measure(args, parallel, images, files, report.say)
+        extra, stored_mb = form_meters(args, parallel, images, files, Path(tmp)) if args.forms else ([], {})
+        rows = measure(args, parallel, images, files, report.say, extra)
     result = record_rounds(report, rows, params)
+    if args.forms:
+        forms.record_forms(report, rows, stored_mb, params, parallel,
+                           forms.windows_by_ratio([d for _, d in images], args.image_size))
     if args.summary_json is not None:  # a --scaling child: the parent reads the rounds
         args.summary_json.write_text(json.dumps(dict(result, cpus=cpus, parallel=parallel, params=params)))
     report.close()
     return 0
+
+
+def form_meters(args, parallel: int, images: list[tuple[str, bytes]], files: list[str], tmp: Path
+                ) -> tuple[list[Meter], dict[str, float]]:
+    """--forms: the meters of the training pipeline on each form's shards (written under ``tmp``) and of the
+    ceiling with the scaled decode (``parallel`` calls); and each form's shard MB per image, originals too."""
+    from spark_imagenet.training.worker import pipeline
+
+    def mb_per_image(paths: list[str]) -> float:
+        return sum(os.path.getsize(p) for p in paths) / len(images) / 1e6
+
+    batch = args.batch_size
+    stored_mb = {"original": mb_per_image(files)}
+    meters = []
+    for kind, size in forms.FORMS:
+        name = forms.label(kind, size)
+        stored = forms.form_images(images, kind, size)
+        (tmp / name).mkdir()
+        paths = write_shards(stored, image_sizes(stored), tmp / name, args.shards)
+        stored_mb[name] = mb_per_image(paths)
+        meters.append(Meter(f"pipeline ({name})", pipeline.train_dataset(paths, batch, args.image_size, parallel,
+                                                                         seed=0),
+                            batch, (pipeline.PREFETCH_BATCHES + 2) * batch + parallel))
+    scaled = ceiling_dataset([d for _, d in images], args.image_size, parallel, batch, scaled_decode=True)
+    meters.append(Meter("ceiling (scaled decode)", scaled, batch, (CEILING_PREFETCH + 1) * batch + parallel))
+    return meters, stored_mb
 
 
 def child_argv(args, n: int, reps: int, summary: Path) -> list[str]:

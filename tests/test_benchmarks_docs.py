@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from common import PRE_QUIET_RECORD_KEYS, RECORD_KEYS  # noqa: E402
 
 #: The scripts that are tools of the others, not benchmarks.
-HELPERS = {"common.py", "throttle_proxy.py"}
+HELPERS = {"common.py", "forms.py", "throttle_proxy.py"}
 
 
 def scripts() -> list[Path]:

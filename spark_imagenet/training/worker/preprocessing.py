@@ -8,8 +8,9 @@ evaluation view to single files):
   bytes) and ``image/class/label`` (0-based class id) of the
   ``tf.train.Example`` s written by :mod:`spark_imagenet.dataset.sharding`;
 * the training view (:func:`train_image`: random crop window chosen from the
-  JPEG header, only that window decoded, bilinear resize to ``[S, S, 3]``
-  uint8, optional flip; all draws stateless) and the evaluation view
+  JPEG header, only that window decoded (:func:`decode_window`; on request
+  at a reduced DCT scale where the window is at least twice S), bilinear
+  resize to ``[S, S, 3]`` uint8, optional flip; all draws stateless) and the evaluation view
   (:func:`eval_image`: central crop of :data:`CENTER_CROP_FRACTION` of the
   shorter side);
 * AlexNet's PCA colour noise (:func:`lighting_shift`);
@@ -78,6 +79,11 @@ LIGHTING_EIGVEC = (
 #: Attempts of ``sample_distorted_bounding_box`` before it falls back to the
 #: whole image (10, as in the reference ResNet preprocessing).
 CROP_MAX_ATTEMPTS = 10
+
+#: The DCT scales libjpeg decodes at (``ratio`` of ``tf.io.decode_and_crop_jpeg``): an image of ``h x w``
+#: pixels decodes to ``ceil(h / r) x ceil(w / r)``, each pixel computed from the DCT coefficients of an
+#: ``r x r`` block (close to its average; docs/design.md, 'Decoding at a reduced scale').
+DECODE_RATIOS = (1, 2, 4, 8)
 
 #: Random-number algorithm of the stateless draws of the training pipeline
 #: (file order, per-epoch and per-record seeds, colour noise): fixed, so that
@@ -197,9 +203,75 @@ def center_crop_window(shape: tf.Tensor) -> tf.Tensor:
 
 
 
+def decode_ratio(window: tf.Tensor, image_size: int) -> tf.Tensor:
+    """The DCT scale to decode a crop window at: the largest that leaves it at least S pixels a side.
+
+    Args:
+        window: int32 [4] ``(offset_y, offset_x, height, width)`` in pixels of the stored image.
+        image_size: S, the side the crop is resized to, in pixels.
+
+    Returns:
+        tf.Tensor: int32 scalar, the index in :data:`DECODE_RATIOS` of the largest ratio ``r`` with
+        ``height >= r * S`` and ``width >= r * S`` (0, ratio 1, when the window's shorter side is under 2S).
+    """
+    fits = [tf.minimum(window[2], window[3]) >= r * image_size for r in DECODE_RATIOS[1:]]
+    return tf.add_n([tf.cast(f, tf.int32) for f in fits])
+
+
+def scaled_window(window: tf.Tensor, ratio: int) -> tf.Tensor:
+    """A crop window in the coordinates of the image decoded at ``1 / ratio`` scale.
+
+    Args:
+        window: int32 [4] ``(offset_y, offset_x, height, width)`` in pixels of the stored image.
+        ratio: one of :data:`DECODE_RATIOS`.
+
+    Returns:
+        tf.Tensor: int32 [4], the window's edges divided by ``ratio`` and rounded to the nearest pixel
+        (halves up), as ``(offset_y, offset_x, height, width)`` of the scaled image (the coordinates
+        ``tf.io.decode_and_crop_jpeg`` takes with that ``ratio``). Each edge moves by at most half a
+        scaled pixel (``ratio / 2`` stored pixels); the window stays inside the scaled image and its sides
+        are at least ``floor(side / ratio)``.
+    """
+    if ratio == 1:
+        return window
+    start = (2 * window[:2] + ratio) // (2 * ratio)
+    end = (2 * (window[:2] + window[2:]) + ratio) // (2 * ratio)
+    return tf.concat([start, end - start], axis=0)
+
+
+def decode_window(jpeg: tf.Tensor, window: tf.Tensor, image_size: int, scaled: bool = False) -> tf.Tensor:
+    """Decode only a crop window of a JPEG; with ``scaled``, at the smallest DCT scale that keeps S pixels a side.
+
+    Decoding at a reduced scale saves the inverse DCT and colour conversion of the pixels left out, not the
+    entropy decoding of the window's rows, which dominates for ImageNet photos: it did not pay on them at 224 px
+    (docs/design.md, 'Decoding at a reduced scale'), so nothing turns it on by default.
+
+    Args:
+        jpeg: string scalar, the JPEG bytes.
+        window: int32 [4] ``(offset_y, offset_x, height, width)`` in pixels of the stored image.
+        image_size: S, the side the crop will be resized to, in pixels.
+        scaled: decode at the ratio of :func:`decode_ratio` (libjpeg's DCT scaling: fewer pixels to compute
+            where the window is at least 2S a side); False (the default): at full scale.
+
+    Returns:
+        tf.Tensor: uint8 ``[h, w, 3]``, the window's pixels: ``[height, width, 3]`` at full scale, else the
+        :func:`scaled_window` of it, at least ``[S, S, 3]`` (never decoded below the output size).
+    """
+    if not scaled:
+        return tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
+
+    def at(ratio: int):
+        return lambda: tf.image.decode_and_crop_jpeg(jpeg, scaled_window(window, ratio), channels=3, ratio=ratio)
+
+    return tf.switch_case(decode_ratio(window, image_size), [at(r) for r in DECODE_RATIOS])
+
+
 def train_image(jpeg: tf.Tensor, image_size: int, crop_seed: tf.Tensor, flip_seed: tf.Tensor | None,
-                area_range: tuple[float, float] = CROP_AREA_RANGE) -> tf.Tensor:
+                area_range: tuple[float, float] = CROP_AREA_RANGE, scaled_decode: bool = False) -> tf.Tensor:
     """The training view of one image: random crop, resize, random flip.
+
+    The crop window is drawn from the JPEG header's shape alone, so ``scaled_decode`` changes how precisely
+    its pixels are decoded, never which window is taken.
 
     Args:
         jpeg: string scalar, the JPEG bytes.
@@ -207,13 +279,15 @@ def train_image(jpeg: tf.Tensor, image_size: int, crop_seed: tf.Tensor, flip_see
         crop_seed: int64 [2], stateless seed of the crop window (:func:`random_crop_window`).
         flip_seed: int64 [2], stateless seed of the horizontal flip, or ``None`` for no flip.
         area_range: ``(lo, hi)``, the crop's area as fractions of the image's.
+        scaled_decode: decode windows of at least 2S a side at a reduced DCT scale (:func:`decode_window`);
+            False (the default, what the pipeline does): at full scale. On: the same window, reduced by the
+            decoder to about ``r x r`` block averages before the bilinear resize.
 
     Returns:
         tf.Tensor: uint8 ``[S, S, 3]``, a pure function of the arguments.
     """
     window = random_crop_window(tf.io.extract_jpeg_shape(jpeg), stateless_seed=crop_seed, area_range=area_range)
-    image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
-    image = _resize_uint8(image, image_size)
+    image = _resize_uint8(decode_window(jpeg, window, image_size, scaled_decode), image_size)
     if flip_seed is None:
         return image
     return tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
