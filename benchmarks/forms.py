@@ -22,7 +22,6 @@ This module is Pillow and arithmetic; pipeline.py does the TensorFlow side.
 
 from __future__ import annotations
 
-import io
 from typing import Sequence
 
 #: The re-encoded forms, beside the original: (kind, size in pixels), as ``shard --KIND SIZE`` names them.
@@ -39,10 +38,9 @@ def label(kind: str, size: int) -> str:
 
 
 def stored_form(data: bytes, kind: str, size: int, quality: int = QUALITY) -> bytes:
-    """The JPEG bytes a dataset of this form stores for ``data``.
-
-    TODO(issue 35): replace by the sharder's own re-encode (``shard --resize N`` / ``--max-side N``) once it
-    lands; until then this mirrors it with Pillow.
+    """The JPEG bytes a dataset of this form stores for ``data``: ``shard --KIND SIZE --jpeg-quality QUALITY``'s
+    own re-encode (:func:`spark_imagenet.dataset.quality.repair`), so the benchmark measures what the sharder
+    writes.
 
     Args:
         data: a JPEG file's bytes.
@@ -52,26 +50,14 @@ def stored_form(data: bytes, kind: str, size: int, quality: int = QUALITY) -> by
         quality: JPEG quality of the re-encode (1-100).
 
     Returns:
-        bytes: an RGB JPEG (4:2:0; decoded at the smallest DCT scale that keeps twice the target size, then
-        Lanczos scaling), or ``data`` itself when the form keeps it as it is (already
-        ``N x N``, or a longer side within ``N``).
+        bytes: an RGB JPEG, or ``data`` itself when the form keeps it as it is (already ``N x N``, or a longer
+        side within ``N``).
     """
-    from PIL import Image
+    from spark_imagenet.dataset.image_form import image_form
+    from spark_imagenet.dataset.quality import classify, repair
 
-    with Image.open(io.BytesIO(data)) as im:
-        width, height = im.size
-        if ((width, height) == (size, size)) if kind == "resize" else (max(width, height) <= size):
-            return data
-        scale = size / (min(width, height) if kind == "resize" else max(width, height))
-        target = (size, size) if kind == "resize" else (max(1, round(width * scale)), max(1, round(height * scale)))
-        im.draft("RGB", (int(width * scale * 2), int(height * scale * 2)))  # DCT-scaled, still >= twice the target
-        rgb = im.convert("RGB")
-        side = min(rgb.size)
-        box = None if kind != "resize" else ((rgb.width - side) / 2, (rgb.height - side) / 2,
-                                             (rgb.width + side) / 2, (rgb.height + side) / 2)
-        out = io.BytesIO()
-        rgb.resize(target, Image.Resampling.LANCZOS, box=box).save(out, "JPEG", quality=quality, subsampling="4:2:0")
-        return out.getvalue()
+    form = image_form(**{kind.replace("-", "_"): size}, jpeg_quality=quality)
+    return repair(data, classify(data), form=form)[0]
 
 
 def form_images(images: Sequence[tuple[str, bytes]], kind: str, size: int) -> list[tuple[str, bytes]]:
