@@ -217,7 +217,6 @@ def test_an_unknown_table_and_a_missing_id_column_are_named(spark, tmp_path):
     assert key == "key" and df.count() == 1
 
 
-@pytest.mark.lanes  # also on the Spark 4.1 and 4.2 lanes (.ci/run)
 @pytest.mark.slow
 @requires_shared(ILSVRC_MINI)
 def test_predict_dataframe_on_local_2(spark, run_folder, images):

@@ -172,7 +172,7 @@ def test_a_model_saves_its_folder_by_reference_and_loads(spark, tmp_path):
 
 # ---------------------------------------------------------------------------------- end to end
 @pytest.mark.slow
-@pytest.mark.lanes
+@pytest.mark.lanes  # the Spark 4.1 and 4.2 lanes' shard_dataframe, barrier training and predict_dataframe
 def test_a_pipeline_fits_transforms_like_predict_dataframe_and_saves_and_loads(spark, tmp_path):
     """Pipeline([ImageClassifier]).fit(df) on local[2] (shard_dataframe, then two barrier workers for one epoch),
     its transform against predict_dataframe on the same --output, and the fitted pipeline saved and loaded."""

@@ -73,7 +73,6 @@ def after_upload(monkeypatch, hook) -> None:
     monkeypatch.setattr(dataframe, "ShardTask", functools.partial(ShardTask, after_upload=hook))
 
 
-@pytest.mark.lanes  # also on the Spark 4.1 and 4.2 lanes (.ci/run)
 @pytest.mark.slow
 def test_a_parquet_table_written_by_spark(spark, tmp_path, log_lines):
     data = rows()
