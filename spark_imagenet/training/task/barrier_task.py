@@ -300,7 +300,7 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, extra_env: Mapping[str, str
     code, tail = finish_child(held.proc, f"[rank {rank}] ", folder=folder, shown=shown)
     if code == EXIT_PRELOAD_ENDED:
         logger.info("that TensorFlow process had ended before its go; starting a new one")
-        held = start_preloaded(held.env, spec.child_module, folder.prefix)
+        held = start_preloaded(held.env, spec.child_module, folder.prefix, owner=held.owner)
         code, tail = finish_child(held.proc, f"[rank {rank}] ", folder=folder, shown=shown)
     outcome = got.get("outcome")
     if code != 0 or not isinstance(outcome, WorkerResult):
@@ -343,6 +343,7 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     rank = ctx.partitionId()
     host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
     spares = spares_enabled(spec.config, os.environ)
+    owner = os.getppid()  # the executor's PySpark daemon (or its JVM): the host's fork server lives as long
     # PySpark's forked workers have Python's default SIGINT handler: a terminal's Ctrl-C that reaches
     # them (workers started without the daemon share the JVM's process group) would crash the task;
     # the driver cancels the job instead.
@@ -359,9 +360,9 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
                                      spec.config.gpus_per_worker)
                     env = preload_env(os.environ, gpus, task_path=sys.path)  # --py-files reach the child
                 # TensorFlow's import overlaps the staging and the rendezvous
-                held = take_preloaded(env, spec.child_module, rank, spares)
-                if spares:  # the next job's, importing on CPU time this one leaves
-                    start_spare_early(env, spec.child_module)
+                held = take_preloaded(env, spec.child_module, rank, spares, owner)
+                if spares:  # the next job's, forked while this one runs
+                    start_spare_early(env, spec.child_module, owner)
                 with failing_as(STAGE_STAGING, rank, host):
                     train_files, val_files = _stage(spec, rank)
             except SparkImagenetError as e:
@@ -377,7 +378,7 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
             if meeting is not None:
                 meeting.close()
         if spares and held is not None:  # not after a failure: the exception has left already
-            leave_spare(held.env, spec.child_module)
+            leave_spare(held.env, spec.child_module, owner)
     yield dataclasses.replace(result, python=sys.executable).to_line()
 
 

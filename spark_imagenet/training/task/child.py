@@ -13,19 +13,24 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 from typing import Callable, Mapping, Sequence
 
-from spark_imagenet.training.job import priority
+from spark_imagenet.training.job import forking, priority
 from spark_imagenet.training.job.config import TrainConfig
+from spark_imagenet.training.job.forking import set_death_signal
 from spark_imagenet.training.job.gpus import is_cpu_startup_line
-from spark_imagenet.training.task.supervisor import EXIT_SUPERVISOR_FAILED, set_death_signal
+from spark_imagenet.training.task.supervisor import EXIT_SUPERVISOR_FAILED
 
 #: The module that runs the child, ends it and removes its folder when the task dies.
 SUPERVISOR_MODULE = "spark_imagenet.training.task.supervisor"
+#: The module of the host's TensorFlow fork server (:func:`fork_server`).
+FORK_SERVER_MODULE = "spark_imagenet.training.worker.forkserver"
 #: Lines of child output kept for the error message of a failed rank.
 TAIL_LINES = 40
 #: Seconds to wait for the supervisor after asking it to stop (it stops at once).
@@ -120,7 +125,8 @@ def _echo(raw: bytes, prefix: str, tail: collections.deque, out,
 
 
 def start_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None,
-                folder_prefix: str | None = None, preload: bool = False, idle: bool = False) -> subprocess.Popen:
+                folder_prefix: str | None = None, preload: bool = False, idle: bool = False,
+                fork_server: str | None = None) -> subprocess.Popen:
     """Start the supervisor of a child (:mod:`spark_imagenet.training.task.supervisor`) in a new session.
 
     The supervisor gets ``PR_SET_PDEATHSIG`` = SIGTERM, bound to the calling thread (start it from the
@@ -131,6 +137,8 @@ def start_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = N
         folder_prefix: the name prefix of the child's temporary folder (:class:`ChildFolder`), or None.
         preload: start the child at once, before its inputs are written; it waits for its go (``--preload``).
         idle: start the supervisor, and so its child, under ``SCHED_IDLE`` (a spare started while a job runs).
+        fork_server: with ``preload``, the name of the fork server (:func:`fork_server`) that forks the child
+            (``argv`` is then ``[python, "-m", its module, ARG...]``), instead of the supervisor starting it.
 
     Returns:
         The supervisor's ``Popen`` (stdin and stdout pipes, stderr merged into stdout).
@@ -138,6 +146,7 @@ def start_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None = N
     command = [sys.executable, "-m", SUPERVISOR_MODULE, "--parent", str(os.getpid())]
     command += ["--folder", folder_prefix] if folder_prefix is not None else []
     command += ["--preload"] if preload else []
+    command += ["--fork-server", fork_server] if fork_server is not None else []
     return subprocess.Popen(
         command + ["--", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=dict(env), cwd=cwd, start_new_session=True,
@@ -227,6 +236,7 @@ class Preloaded:
         key: what it was started with (:func:`preload_key`); a task takes only a process of its own key.
         spare: started by an earlier task, for the next one in this Python worker.
         idle: started under ``SCHED_IDLE`` (until a task takes it and wakes it).
+        owner: the pid its fork server lives as long as (:func:`fork_server`).
     """
 
     proc: subprocess.Popen
@@ -234,6 +244,7 @@ class Preloaded:
     key: tuple
     spare: bool = False
     idle: bool = False
+    owner: int = 0
 
 
 #: This Python worker's spare (PySpark reuses its Python workers from task to task): at most one.
@@ -245,15 +256,66 @@ def preload_key(env: Mapping[str, str], child_module: str) -> tuple:
     return sys.executable, child_module, tuple(sorted(env.items()))
 
 
+#: This process's fork servers it started: name -> the server's Popen (kept, and reaped once ended).
+_SERVERS: dict[str, subprocess.Popen] = {}
+
+
+def fork_server(env: Mapping[str, str], child_module: str, owner: int) -> str:
+    """The name of this host's TensorFlow fork server for ``env`` and ``child_module`` that lives as long as
+    ``owner``; started here, detached, when none listens (docs/design.md, 'One TensorFlow import per host: the
+    fork server').
+
+    The name's socket is bound here and handed to the new server (``--listen-fd``): binding it is the lock, so
+    tasks starting at once on one host start one server, and a task's request waits in its listen queue until
+    the server has imported TensorFlow.
+
+    Args:
+        env: the environment the forked processes need (:func:`preload_env`); the server is started with it.
+        child_module: the module each fork runs (the TensorFlow worker's).
+        owner: the pid the server lives as long as: a barrier task passes its executor's PySpark daemon (its
+            parent), so the server outlives the Python worker that started it.
+
+    Returns:
+        str: the server's name (:func:`~spark_imagenet.training.job.forking.server_name`).
+
+    Raises:
+        OSError: the socket could not be made (not ``EADDRINUSE``: a server already listens), or the server
+            could not be started.
+    """
+    name = forking.server_name(owner, preload_key(env, child_module))
+    for known, server in list(_SERVERS.items()):
+        if server.poll() is not None:
+            del _SERVERS[known]
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            listener.bind(forking.address(name))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return name
+            raise
+        listener.listen(64)
+        _SERVERS[name] = subprocess.Popen(
+            [sys.executable, "-m", FORK_SERVER_MODULE, "--listen-fd", str(listener.fileno()), "--owner", str(owner),
+             "--module", child_module], env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, pass_fds=(listener.fileno(),))
+    finally:
+        listener.close()
+    return name
+
+
 def start_preloaded(env: Mapping[str, str], child_module: str, folder_prefix: str, spare: bool = False,
-                    idle: bool = False) -> Preloaded:
+                    idle: bool = False, owner: int | None = None) -> Preloaded:
     """Start ``python -m child_module --preload {folder}/environ.json {folder}/worker.json {folder}/result.json``
-    under its supervisor (``--preload``; ``idle``: under ``SCHED_IDLE``), from the calling thread (its death
-    signal is bound to it)."""
+    under its supervisor (``--preload``; ``idle``: the supervisor under ``SCHED_IDLE``), from the calling thread
+    (its death signal is bound to it); the process is forked by the host's fork server for ``env`` and
+    ``child_module`` (:func:`fork_server`, of ``owner``: default this process)."""
+    owner = os.getpid() if owner is None else owner
     argv = [sys.executable, "-m", child_module, "--preload", "{folder}/environ.json", "{folder}/worker.json",
             "{folder}/result.json"]
-    return Preloaded(start_child(argv, env, None, folder_prefix, preload=True, idle=idle), dict(env),
-                     preload_key(env, child_module), spare, idle)
+    server = fork_server(env, child_module, owner)
+    return Preloaded(start_child(argv, env, None, folder_prefix, preload=True, idle=idle, fork_server=server),
+                     dict(env), preload_key(env, child_module), spare, idle, owner)
 
 
 def spares_enabled(config: TrainConfig, base: Mapping[str, str]) -> bool:
@@ -275,20 +337,22 @@ def _woken(spare: Preloaded) -> bool:
     return True
 
 
-def take_preloaded(env: Mapping[str, str], child_module: str, rank: int, use_spare: bool) -> Preloaded:
+def take_preloaded(env: Mapping[str, str], child_module: str, rank: int, use_spare: bool,
+                   owner: int | None = None) -> Preloaded:
     """This task's TensorFlow process: this Python worker's spare when ``use_spare``, it still runs, its key
     matches ``env`` and ``child_module`` and it could be woken from ``SCHED_IDLE``; else a new one (folder
-    ``spark-imagenet-rank<R>-``). A spare not taken is ended."""
+    ``spark-imagenet-rank<R>-``, forked by the fork server of ``owner``: :func:`start_preloaded`). A spare not
+    taken is ended."""
     key = preload_key(env, child_module)
     while _SPARE:
         spare = _SPARE.pop()
         if use_spare and spare.key == key and spare.proc.poll() is None and _woken(spare):
             return spare
         end_child(spare.proc)
-    return start_preloaded(env, child_module, f"spark-imagenet-rank{rank}-")
+    return start_preloaded(env, child_module, f"spark-imagenet-rank{rank}-", owner=owner)
 
 
-def start_spare_early(env: Mapping[str, str], child_module: str) -> bool:
+def start_spare_early(env: Mapping[str, str], child_module: str, owner: int | None = None) -> bool:
     """Start the spare for the next task of this Python worker now, while this task's job runs, under
     ``SCHED_IDLE`` (its import then takes only CPU time the job leaves): only where this process may wake it
     again (:func:`~spark_imagenet.training.job.priority.idle_reversible`). Call it from the task's own thread.
@@ -299,11 +363,11 @@ def start_spare_early(env: Mapping[str, str], child_module: str) -> bool:
     if not priority.idle_reversible():
         return False
     drop_spare()
-    _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True, idle=True))
+    _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True, idle=True, owner=owner))
     return True
 
 
-def leave_spare(env: Mapping[str, str], child_module: str) -> None:
+def leave_spare(env: Mapping[str, str], child_module: str, owner: int | None = None) -> None:
     """Leave a spare for the next task of this Python worker: keep the one :func:`start_spare_early` started
     if it still runs and has this key, else end any other and start one (under ``SCHED_IDLE`` where it can be
     woken again). Call it from the task's own thread once its TensorFlow process has ended."""
@@ -312,7 +376,7 @@ def leave_spare(env: Mapping[str, str], child_module: str) -> None:
         return
     drop_spare()
     idle = priority.idle_reversible()
-    _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True, idle=idle))
+    _SPARE.append(start_preloaded(env, child_module, SPARE_FOLDER_PREFIX, spare=True, idle=idle, owner=owner))
 
 
 def drop_spare() -> None:

@@ -58,8 +58,8 @@ import sys
 import tempfile
 from typing import Sequence
 
-#: Linux prctl(2) option: signal sent to this process when its parent thread dies.
-PR_SET_PDEATHSIG = 1
+from spark_imagenet.training.job.forking import ForkedChild, set_death_signal
+
 #: Exit status when the supervisor itself fails (usage, no folder, or the child cannot start).
 EXIT_SUPERVISOR_FAILED = 125
 #: Exit status with ``--preload`` when the child had already ended before its go (the task starts another).
@@ -70,31 +70,16 @@ class _Terminated(BaseException):
     """Raised by the SIGTERM handler: the task is gone, clean up now."""
 
 
-def set_death_signal(sig: int, parent_pid: int | None = None) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent thread dies (no-op elsewhere).
-
-    Args:
-        sig: the signal (``signal.SIGKILL``, ``signal.SIGTERM``).
-        parent_pid: when given, exit at once (status 1) if the parent is
-            already not this pid (it died before the request took effect).
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if parent_pid is not None and os.getppid() != parent_pid:
-        os._exit(1)
-
-
 def _on_sigterm(_signum, _frame) -> None:
     raise _Terminated()
 
 
-def _parse(argv: Sequence[str]) -> tuple[int, str | None, bool, list[str]]:
-    """``(parent_pid, folder_prefix or None, preload, child_argv)`` of the command line.
+def _parse(argv: Sequence[str]) -> tuple[int, str | None, bool, list[str], str | None]:
+    """``(parent_pid, folder_prefix or None, preload, child_argv, fork_server or None)`` of the command line.
 
     Raises:
-        ValueError: not ``--parent PID [--folder PREFIX [--preload]] -- ARGV...`` with a non-empty ARGV.
+        ValueError: not ``--parent PID [--folder PREFIX [--preload [--fork-server NAME]]] -- ARGV...`` with a
+            non-empty ARGV.
     """
     args = list(argv)
     if "--" not in args:
@@ -104,10 +89,10 @@ def _parse(argv: Sequence[str]) -> tuple[int, str | None, bool, list[str]]:
     preload = "--preload" in options
     options = [o for o in options if o != "--preload"]
     values = dict(zip(options[::2], options[1::2]))
-    if (len(options) % 2 or set(values) - {"--parent", "--folder"} or "--parent" not in values or not child
-            or (preload and "--folder" not in values)):
-        raise ValueError("usage: --parent PID [--folder PREFIX [--preload]] -- ARGV...")
-    return int(values["--parent"]), values.get("--folder"), preload, child
+    if (len(options) % 2 or set(values) - {"--parent", "--folder", "--fork-server"} or "--parent" not in values
+            or not child or (preload and "--folder" not in values) or ("--fork-server" in values and not preload)):
+        raise ValueError("usage: --parent PID [--folder PREFIX [--preload [--fork-server NAME]]] -- ARGV...")
+    return int(values["--parent"]), values.get("--folder"), preload, child, values.get("--fork-server")
 
 
 def _await_start(folder: str) -> bool:
@@ -140,20 +125,27 @@ def _exit_like(code: int) -> None:
     os._exit(code)
 
 
-def _start_child(argv: list[str], env: dict, cwd: str | None, state: dict, stdin) -> bool:
-    """Start the child (``PR_SET_PDEATHSIG`` = SIGKILL) into ``state["child"]``; False (with one stderr line)
-    when it cannot start."""
+def _start_child(argv: list[str], env: dict, cwd: str | None, state: dict, stdin, fork_server: str | None = None
+                 ) -> bool:
+    """Start the child (``PR_SET_PDEATHSIG`` = SIGKILL) into ``state["child"]``, or have ``fork_server`` fork it
+    (a :class:`~spark_imagenet.training.job.forking.ForkedChild`: its stdin a pipe, in ``cwd``); False (with one
+    stderr line) when it cannot start."""
     me = os.getpid()
     try:
-        state["child"] = subprocess.Popen(argv, stdin=stdin, env=env, cwd=cwd,
-                                          preexec_fn=lambda: set_death_signal(signal.SIGKILL, me))
+        if fork_server is not None:
+            assert cwd is not None and stdin == subprocess.PIPE
+            state["child"] = ForkedChild.start(fork_server, argv, cwd)
+        else:
+            state["child"] = subprocess.Popen(argv, stdin=stdin, env=env, cwd=cwd,
+                                              preexec_fn=lambda: set_death_signal(signal.SIGKILL, me))
     except OSError as e:
-        print(f"supervisor: cannot start {argv[0]!r}: {e}", file=sys.stderr, flush=True)
+        where = f"through the TensorFlow fork server {fork_server!r}" if fork_server else ""
+        print(f"supervisor: cannot start {argv[0]!r}{where}: {e}", file=sys.stderr, flush=True)
         return False
     return True
 
 
-def _go(child: subprocess.Popen) -> bool:
+def _go(child: subprocess.Popen | ForkedChild) -> bool:
     """Forward the task's ``run`` to a preloaded child's stdin and close it; False (with one stderr line) when
     the child has already ended (it waited for its go, so that is not the job's failure)."""
     code = child.poll()
@@ -167,7 +159,8 @@ def _go(child: subprocess.Popen) -> bool:
     return True
 
 
-def _run(prefix: str | None, argv: list[str], state: dict, preload: bool = False) -> int:
+def _run(prefix: str | None, argv: list[str], state: dict, preload: bool = False, fork_server: str | None = None
+         ) -> int:
     """Steps 2-4 of the protocol; return the child's exit code (negative: its killing signal)."""
     env = dict(os.environ)
     cwd = None
@@ -182,7 +175,7 @@ def _run(prefix: str | None, argv: list[str], state: dict, preload: bool = False
         if preload:
             sys.stdout.write(f"folder {cwd}\n")
             sys.stdout.flush()
-            if not _start_child(argv, env, cwd, state, subprocess.PIPE):
+            if not _start_child(argv, env, cwd, state, subprocess.PIPE, fork_server):
                 return EXIT_SUPERVISOR_FAILED
             if sys.stdin.buffer.readline().strip() != b"run":
                 return 1
@@ -229,12 +222,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         try:
-            parent, prefix, preload, child = _parse(sys.argv[1:] if argv is None else argv)
+            parent, prefix, preload, child, fork_server = _parse(sys.argv[1:] if argv is None else argv)
         except ValueError as e:
             print(f"supervisor: {e}", file=sys.stderr, flush=True)
             os._exit(EXIT_SUPERVISOR_FAILED)
         if os.getppid() == parent:
-            code = _run(prefix, child, state, preload)
+            code = _run(prefix, child, state, preload, fork_server)
     except _Terminated:
         pass
     finally:
