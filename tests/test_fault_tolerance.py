@@ -1,7 +1,7 @@
 """Lost workers on local[2]: checkpoints and resume after a SIGKILL, a worker lost at start-up, a stopped worker.
 
-The faults are real: the test finds a rank's TensorFlow worker process by its command line and ``TF_CONFIG``
-and sends it SIGKILL or SIGSTOP from outside, as a dying machine or a stuck process would.
+The faults are real: the test finds a rank's TensorFlow worker process (a fork of the host's fork server) by the
+worker spec in its folder and sends it SIGKILL or SIGSTOP from outside, as a dying machine or a stuck process would.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from spark_imagenet.training.job.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 
-WORKER_MODULE = "spark_imagenet.training.worker.main"
+FORK_SERVER_MODULE = b"spark_imagenet.training.worker.forkserver"
 # 4 classes x 20 train images, 2 workers of batch 4: 10 steps per epoch, long enough to be killed inside
 # a warm-up and cosine schedule: equal weights after a resume also show the schedule continued at the right step
 SMALL = {"batch_size": 4, "image_size": 72, "width": 0.25, "learning_rate": 0.01, "epochs": 3,
@@ -48,11 +48,24 @@ def _parent(pid: int) -> int:
         return 0
 
 
+def _fork_server_owner(pid: int) -> int | None:
+    """The ``--owner`` of ``pid`` when it is a TensorFlow fork server (the executor it lives as long as), else None."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if cmdline[1:3] != [b"-m", FORK_SERVER_MODULE] or b"--owner" not in cmdline:
+        return None
+    return int(cmdline[cmdline.index(b"--owner") + 1])
+
+
 def _ours(pid: int) -> bool:
-    """Whether ``pid`` descends from this test process (its Spark JVM's workers do; nobody else's do)."""
+    """Whether ``pid`` descends from this test process (its Spark JVM's workers do; nobody else's do), a fork
+    server counting as a child of the executor it serves (it outlives the Python worker that started it)."""
     me = os.getpid()
     for _ in range(64):
-        pid = _parent(pid)
+        owner = _fork_server_owner(pid)
+        pid = owner if owner is not None else _parent(pid)
         if pid == me:
             return True
         if pid <= 1:
@@ -61,34 +74,22 @@ def _ours(pid: int) -> bool:
 
 
 def worker_pids(rank: int) -> list[int]:
-    """The pids of this test session's TensorFlow worker processes of ``rank`` (by command line, TF_CONFIG's task
-    index and ancestry: other jobs on the machine are never touched)."""
+    """The pids of this test session's TensorFlow worker processes of ``rank``: forks of a fork server of ours whose
+    folder (their working folder) holds a worker spec of ``rank`` (a fork's command line and environment are its
+    server's; other jobs on the machine are never touched)."""
     found = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or not _ours(int(entry.name)):
+        if not entry.name.isdigit() or _fork_server_owner(_parent(int(entry.name))) is None:
             continue
-        try:
-            cmdline = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-            if cmdline[1:3] != [b"-m", WORKER_MODULE.encode()]:  # the process itself, not its supervisor
-                continue
-            environ = dict(kv.split(b"=", 1) for kv in Path(entry.path, "environ").read_bytes().split(b"\0")
-                           if b"=" in kv)
-        except OSError:
-            continue
-        tf_config = json.loads(environ.get(b"TF_CONFIG", b"{}") or b"{}")
-        if tf_config.get("task", {}).get("index") == rank or _spec_rank(cmdline) == rank:
+        if _ours(int(entry.name)) and _spec_rank(int(entry.name)) == rank:
             found.append(int(entry.name))
     return found
 
 
-def _spec_rank(cmdline: list[bytes]) -> int | None:
-    """The rank in the WORKER_SPEC_JSON of a ``--preload`` worker's command line (its TF_CONFIG comes after its
-    start, through ENV_JSON, so its /proc environ lacks it), or None (not written yet, or no such argument)."""
-    args = [a for a in cmdline if a]
-    if b"--preload" not in args or len(args) < 3:
-        return None
+def _spec_rank(pid: int) -> int | None:
+    """The rank in the ``worker.json`` of ``pid``'s working folder (its task's folder), or None (not written yet)."""
     try:
-        return json.loads(Path(os.fsdecode(args[-2])).read_text()).get("rank")
+        return json.loads(Path(f"/proc/{pid}/cwd/worker.json").read_text()).get("rank")
     except (OSError, ValueError, AttributeError):
         return None
 

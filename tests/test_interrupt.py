@@ -76,6 +76,19 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+SUPERVISOR = "spark_imagenet.training.task.supervisor"
+FORK_SERVER = "spark_imagenet.training.worker.forkserver"
+
+
+def _folder(pid: int) -> str:
+    """The name of ``pid``'s working folder when it is a task's folder (``spark-imagenet-...``), else ``""``."""
+    try:
+        name = os.path.basename(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return ""
+    return name if name.startswith(("spark-imagenet-rank", "spark-imagenet-spare-")) else ""
+
+
 def _run_processes(sid: int, marker: str) -> dict[int, str]:
     """Live (not zombie) processes of the run: in session ``sid`` or with ``marker`` in their environment."""
     needle = f"{MARKER_VAR}={marker}".encode()
@@ -175,13 +188,17 @@ def _interrupted_demo(tmp_path: Path) -> None:
                                or proc.poll() is not None, 900, 0.5)
         assert training and proc.poll() is None, "the demo did not start training:\n" + "\n".join(out.snapshot()[-40:])
         running = _run_processes(sid, marker)
-        # each task's own TensorFlow process, and the spare it started for a next job (under SCHED_IDLE)
-        spares = [c for c in running.values() if "spark-imagenet-spare-" in c]
-        programs = [c.split(" -- ")[0].split()[1:3] for c in running.values() if c not in spares]
-        workers = [p for p in programs if p == ["-m", "spark_imagenet.training.worker.main"]]
-        supervisors = [p for p in programs if p == ["-m", "spark_imagenet.training.task.supervisor"]]
-        assert len(workers) == 2 and len(supervisors) == 2, f"the marker does not find the run's processes: {running}"
-        assert len(spares) in (0, 4), running  # a supervisor and its worker per task, when spares start early
+        # each task's supervisor and the spare supervisor it started for a next job; the host's fork server and
+        # its forks (a fork's command line is the server's): each task's TensorFlow process and each spare's
+        supervisors = [c for c in running.values() if c.split(" -- ")[0].split()[1:3] == ["-m", SUPERVISOR]]
+        spares = [c for c in supervisors if "spark-imagenet-spare-" in c]
+        forked = {p: _folder(p) for p, c in running.items() if c.split()[1:3] == ["-m", FORK_SERVER]}
+        servers = [p for p, folder in forked.items() if not folder]
+        workers = [p for p, folder in forked.items() if folder.startswith("spark-imagenet-rank")]
+        assert len(servers) == 1 and len(workers) == 2 and len(supervisors) - len(spares) == 2, \
+            f"the marker does not find the run's processes: {running}"
+        assert len(spares) in (0, 2), running  # a spare supervisor per task, when spares start early
+        assert len(forked) == 1 + len(workers) + len(spares), running  # the server, then one fork each
         assert len(_rank_folders(tmpdir)) == 2
 
         assert not _ignores_sigint(proc.pid), "the driver ignores Ctrl-C while it trains"

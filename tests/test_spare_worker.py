@@ -81,6 +81,62 @@ def _spares_of(task_pid: int) -> list[int]:
             if "spark_imagenet.training.task.supervisor" in cmd and f"--folder {SPARE_FOLDER_PREFIX}" in cmd]
 
 
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+def _fork_servers(owners: set[int]) -> list[int]:
+    """Pids of the live TensorFlow fork servers (not their forks, whose command line is theirs) that live as long as
+    one of ``owners``."""
+    found = []
+    for name in os.listdir("/proc"):
+        words = _cmd(int(name)).split() if name.isdigit() else []
+        if (words[1:3] == ["-m", "spark_imagenet.training.worker.forkserver"] and "--owner" in words
+                and int(words[words.index("--owner") + 1]) in owners and _alive(int(name))
+                and "spark_imagenet.training.worker.forkserver" not in _cmd(_parent(int(name)))):
+            found.append(int(name))
+    return sorted(found)
+
+
+def _cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _links(pid: int) -> set[str]:
+    """What the file descriptors of ``pid`` point at (``pipe:[N]`` for a pipe)."""
+    try:
+        return {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:
+        return set()
+
+
+def _forked_for(supervisor: int) -> list[int]:
+    """The TensorFlow process of ``supervisor``: the fork server's child (not the supervisor's: a fork's command line
+    is its server's) whose stdin is the pipe that the supervisor holds the other end of."""
+    held = {link for link in _links(supervisor) if link.startswith("pipe:")}
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stdin = os.readlink(f"/proc/{name}/fd/0")
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                forked = b"spark_imagenet.training.worker.forkserver" in f.read()
+        except OSError:
+            continue
+        if forked and stdin in held and _alive(int(name)):
+            found.append(int(name))
+    return found
+
+
 # ------------------------------------------------------------------ environments
 def test_child_env_is_the_preload_env_plus_the_job_env():
     base = {"PATH": "/bin", "TF_CONFIG": "stale", "CUDA_VISIBLE_DEVICES": "3,5,7"}
@@ -245,6 +301,9 @@ def test_jobs_of_one_session_take_the_spares_of_the_last(bucket, tmp_path):
         assert _wait_until(lambda: all(len(_spares_of(t)) == 1 for t in tasks), 60), [_children(t) for t in tasks]
         spares = {t: _spares_of(t)[0] for t in tasks}
         seen += spares.values()
+        servers = _fork_servers({_parent(t) for t in tasks})
+        assert len(servers) == 1, servers  # one TensorFlow import for the executor: both tasks' processes forked
+        seen += servers
         if priority.idle_reversible():  # started during the job, under SCHED_IDLE until a task takes it
             assert {os.sched_getscheduler(s) for s in spares.values()} == {os.SCHED_IDLE}
 
@@ -260,7 +319,7 @@ def test_jobs_of_one_session_take_the_spares_of_the_last(bucket, tmp_path):
         victim = _spares_of(victim_task)[0]
         seen += [_spares_of(t)[0] for t in taken]
         def worker_of(supervisor: int) -> list[int]:
-            return [p for p, cmd in _children(supervisor).items() if "spark_imagenet.training.worker.main" in cmd]
+            return _forked_for(supervisor)
 
         assert _wait_until(lambda: len(worker_of(victim)) == 1, 60), _children(victim)
         workers = worker_of(victim)
@@ -281,6 +340,9 @@ def test_jobs_of_one_session_take_the_spares_of_the_last(bucket, tmp_path):
         seen += [_spares_of(t)[0] for t in third]
         fourth = _job(spark, bucket)
         assert [r["tf_process"]["spare"] for r in fourth] == [False, False]
+        more = _fork_servers({_parent(r["tf_process"]["task_pid"]) for r in fourth})
+        assert len(more) == 2 and servers[0] in more, more  # another environment: a server of its own
+        seen += more
 
         # spares off: none taken (the ones left are ended), none left
         fifth = _job(spark, bucket, spare_worker=False)

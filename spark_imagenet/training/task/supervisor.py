@@ -2,7 +2,8 @@
 
 Usage (started by :func:`spark_imagenet.training.task.child.start_child`)::
 
-    python -m spark_imagenet.training.task.supervisor --parent PID [--folder PREFIX [--preload]] -- ARGV...
+    python -m spark_imagenet.training.task.supervisor --parent PID [--folder PREFIX [--preload [--fork-server NAME]]]
+        -- ARGV...
 
 It runs ARGV as its child and ends it, and removes the task's temporary
 folder, however the task ends: PySpark SIGKILLs the Python worker of a
@@ -40,6 +41,15 @@ after the start, and which closes when the task ends or dies):
    waits for the end of stdin (the task has read the child's results from the
    folder, or died), removes the folder, and exits as the child did: with its
    exit code, or killed by the same signal.
+
+With ``--fork-server NAME`` (how a barrier task starts its TensorFlow process) the child of step 3 is not
+started by ``exec``: the host's fork server NAME forks it from a process that has imported TensorFlow
+(:mod:`spark_imagenet.training.worker.forkserver`; docs/design.md, 'One TensorFlow import per host: the fork
+server'). The supervisor hands the server the child's stdin pipe and its own stdout over the server's socket and
+holds a :class:`~spark_imagenet.training.job.forking.ForkedChild`: the server reports the child's pid and exit
+status, kills it on the supervisor's word, and kills it when the supervisor's connection ends (the supervisor
+died), so the steps above hold unchanged. The child's command line and environment in ``/proc`` are the
+server's; its working folder is the task's folder.
 
 On SIGTERM, or a parent that is already gone, at any step: it SIGKILLs the
 child, waits for it, removes the folder and exits with 128 + 15. Exit status
