@@ -216,9 +216,24 @@ def _descendants(root: int) -> dict[int, str]:
 
 
 def _tensorflow_workers() -> list[int]:
-    """The TensorFlow worker processes below the server (not their supervisors, whose command line holds theirs)."""
-    return [pid for pid, cmd in _descendants(SERVER["pid"]).items()
-            if cmd.split(" -- ")[0].split()[1:3] == ["-m", "spark_imagenet.training.worker.main"]]
+    """The training TensorFlow processes of the server's executors: forks of a TensorFlow fork server whose owner
+    (``--owner``, the executor's PySpark daemon) is below the server, working in a rank's folder (not a spare's).
+    A fork's command line is its fork server's, and the fork server may have outlived the Python worker that
+    started it (docs/design.md, 'One TensorFlow import per host: the fork server')."""
+    below = set(_descendants(SERVER["pid"])) | {SERVER["pid"]}
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            server = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+            folder = os.path.basename(os.readlink(entry / "cwd"))
+        except (OSError, ValueError):
+            continue
+        if (words[1:3] == server[1:3] == [b"-m", b"spark_imagenet.training.worker.forkserver"]
+                and int(server[server.index(b"--owner") + 1]) in below and folder.startswith("spark-imagenet-rank")):
+            found.append(int(entry.name))
+    return found
 
 
 def _wait_until(condition, timeout: float) -> bool:
