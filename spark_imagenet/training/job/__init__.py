@@ -7,7 +7,8 @@ back (:mod:`.outcome`: results and failures, typed), the learning-rate schedule 
 shards each rank reads (:mod:`.assignment`), the checkpoint folder (:mod:`.checkpoints`, its meta
 :mod:`.checkpoint_meta`) and the ``--output`` folder (:mod:`.outputs`), model names and recipes
 (:mod:`.model_specs`, :mod:`.alexnet_layers`), the Spark master URL (:mod:`.master`), GPU addresses
-(:mod:`.gpus`), the log channel's protocol (:mod:`.logchannel`) and Ctrl-C handling (:mod:`.interrupts`).
+(:mod:`.gpus`), the log channel's protocol (:mod:`.logchannel`), the TensorFlow fork server's protocol
+(:mod:`.forking`) and Ctrl-C handling (:mod:`.interrupts`).
 
 Nothing here imports TensorFlow or PySpark, nor the process folders ``driver``, ``task`` and ``worker``.
 """

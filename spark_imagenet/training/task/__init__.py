@@ -8,7 +8,8 @@
 * :mod:`.logsender`: the task's side of the log channel to the driver's console.
 * :mod:`.staging`: fetch one rank's shards into the host's verified cache.
 * :mod:`.rendezvous`: ranks and ``host:port`` of every worker, ``TF_CONFIG``.
-* :mod:`.supervisor`: the small process between the task and the TensorFlow worker (dies with its parent).
+* :mod:`.supervisor`: the small process between the task and the TensorFlow worker (dies with its parent), which
+  has the host's TensorFlow fork server (:mod:`spark_imagenet.training.worker.forkserver`) fork the worker.
 
 May import :mod:`spark_imagenet.training.job`; never TensorFlow, never the driver's modules.
 """

@@ -15,7 +15,8 @@
    downloads, so the probed ports are released only just before TensorFlow
    binds them, and all workers start TensorFlow within moments of each other;
 3. gives its go to ``python -m spark_imagenet.training.worker.main --preload ENV_JSON WORKER_SPEC_JSON
-   RESULT_JSON``, a fresh child process that no other job used (TensorFlow's collective ops can
+   RESULT_JSON``, a fresh child process that no other job used, forked by the host's TensorFlow fork server
+   from a process that imported TensorFlow and started nothing of it (TensorFlow's collective ops can
    be configured once per process, and PySpark reuses its Python workers: tensorflow#34568),
    started with TF_USE_LEGACY_KERAS=1 and the task's GPUs (all of them, :func:`task_gpus`) in
    its environment (:func:`preload_env`; set here, inside the executor: the driver's environment

@@ -1,7 +1,8 @@
 """A barrier task's child process (the TensorFlow worker) under its supervisor, and the spare a task leaves.
 
 :func:`start_child` starts the supervisor (:mod:`spark_imagenet.training.task.supervisor`) in a session of its
-own, bound to the task by ``PR_SET_PDEATHSIG``; :func:`finish_child` gives the child its inputs (a
+own, bound to the task by ``PR_SET_PDEATHSIG``; a TensorFlow worker is forked by the host's fork server
+(:func:`fork_server`, :func:`start_preloaded`); :func:`finish_child` gives the child its inputs (a
 :class:`ChildFolder`) and its go, echoes its output line by line with a prefix, and collects its results;
 :func:`end_child` ends it. A task starts its TensorFlow process early (:func:`take_preloaded`) and may leave a
 spare for the next task of its Python worker (:func:`leave_spare`; docs/design.md, 'Starting TensorFlow early,

@@ -9,6 +9,8 @@
 * :mod:`.model_state` (the ``tf.train.Checkpoint`` of model, optimizer and dropout generators; the folder
   store is :mod:`spark_imagenet.training.job.checkpoints`), :mod:`.keras_schedule`, :mod:`.optimizers`,
   :mod:`.watchdog`: the training loop's parts.
+* :mod:`.forkserver`: the host's TensorFlow fork server: imports TensorFlow once and forks each task's worker
+  process from that state (``python -m spark_imagenet.training.worker.forkserver``).
 * :mod:`.native_log`: TensorFlow's import-time log lines at the level asked for, once each.
 * :mod:`.tf_internals`: every private TensorFlow and tf-keras API the package uses, behind small shims, with
   the TensorFlow version each was checked against.

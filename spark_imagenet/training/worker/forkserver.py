@@ -15,7 +15,9 @@ request's stdin and stdout, in its folder, in a session of its own, dying with t
 children it still has, when its owner ends (the executor's PySpark daemon: every task of the executor is gone).
 docs/design.md, 'One TensorFlow import per host: the fork server'.
 
-Its own stdout and stderr are ``/dev/null``: a failed import is written to each requester's stdout instead.
+MODULE must do its work under ``if __name__ == "__main__":`` (the server imports it; each child runs it again as
+``__main__``, its imports already done). Its own stdout and stderr are ``/dev/null``: a failed import is written
+to each requester's stdout instead.
 """
 
 from __future__ import annotations
