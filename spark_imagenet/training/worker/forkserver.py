@@ -61,12 +61,13 @@ def os_threads() -> int:
     return 1
 
 
-def _run_child(module: str, request: ForkRequest, fds: list[int], close: list) -> None:
-    """In a fresh fork: become the requested process and run ``module`` as ``__main__``; never returns."""
+def _run_child(module: str, request: ForkRequest, fds: list[int], close: list, server: int) -> None:
+    """In a fresh fork of ``server`` (its pid): become the requested process and run ``module`` as ``__main__``;
+    never returns."""
     code = 1
     try:
         os.setsid()
-        set_death_signal(signal.SIGKILL)
+        set_death_signal(signal.SIGKILL, server)  # exits at once if the server is already gone
         for thing in close:  # the server's sockets, selector and pidfds: no other task's ends stay open here
             with contextlib.suppress(OSError):
                 thing.close() if hasattr(thing, "close") else os.close(thing)
@@ -157,9 +158,10 @@ class ForkServer:
             return
         close = [self.selector, self.listener, self.owner, conn]
         close += [thing for client, pidfd in self.children.values() for thing in (client, pidfd) if thing is not None]
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _run_child(self.module, request, fds, close)
+            _run_child(self.module, request, fds, close, server)
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
