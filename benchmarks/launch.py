@@ -12,9 +12,10 @@ per worker, 1 epoch, on the same TFRecord shards of a small synthetic Kaggle tre
 
 * **ours**: :func:`spark_imagenet.training.driver.launch.train` (what ``spark-imagenet train`` runs): driver checks,
   one barrier stage; each task starts its TensorFlow worker process (``spark_imagenet.training.worker.main
-  --preload``, or takes the spare an earlier task of its Python worker left), stages its shards into a fresh
-  shard cache and meets the other task meanwhile, then gives the process its go; after training it also
-  evaluates the validation images (``val_images`` in the params) and leaves a spare for the next job.
+  --preload``, forked by the host's TensorFlow fork server, which the first job's first task starts and which
+  imports TensorFlow once; or takes the spare an earlier task of its Python worker left), stages its shards
+  into a fresh shard cache and meets the other task meanwhile, then gives the process its go; after training it
+  also evaluates the validation images (``val_images`` in the params) and leaves a spare for the next job.
 * **peer**: spark-tensorflow-distributor 1.0.0, ``MirroredStrategyRunner(num_slots=2, local_mode=False,
   use_gpu=False).run(fn)``: its tasks import TensorFlow in the reused PySpark Python worker itself and run
   ``fn`` inside their own strategy scope. ``fn`` (:func:`train_fn`) builds our model (models registry,
@@ -51,7 +52,8 @@ constructor), the models' ``build_model`` (registry) and ``compile_model`` (comp
 wraps those functions to write one line each; it changes nothing they do. Each event of a job is taken on
 the last process to reach it, the TensorFlow workers' events only from the processes that trained in that
 job (not from a spare started for the next one; a spare's import finished before the call is not in the
-job). The breakdown records order a variant's events by their median time and give, per repetition, the
+job), so the fork server's import, in a process that never trains, is in no job's breakdown: a cold job shows it
+as the gap before ``strategy start``. The breakdown records order a variant's events by their median time and give, per repetition, the
 gap from the latest earlier event to each event (0 where it overlapped the one before), so the gaps add up
 to the call-to-first-step time.
 
@@ -256,8 +258,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="folder for the temporary dataset, caches and probe files (default: a new temporary "
                         "folder); what this run writes there is removed at the end")
     p.add_argument("--warm-pause", type=float, default=0.0, metavar="S",
-                   help="seconds between the cold and the warm job of a driver (default: 0, back to back; ours' "
-                        "spare TensorFlow process for the next job is then still starting)")
+                   help="seconds between the cold and the warm job of a driver (default: 0, back to back)")
     p.add_argument("--variants", default=None,
                    help="comma-separated subset of ours,peer,plain, with ours (default: all three; with --quick "
                         "ours,plain, which keeps it under a minute)")
