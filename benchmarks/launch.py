@@ -53,9 +53,9 @@ wraps those functions to write one line each; it changes nothing they do. Each e
 the last process to reach it, the TensorFlow workers' events only from the processes that trained in that
 job (not from a spare started for the next one; a spare's import finished before the call is not in the
 job), so the fork server's import, in a process that never trains, is in no job's breakdown: a cold job shows it
-as the gap before ``strategy start``. The breakdown records order a variant's events by their median time and give, per repetition, the
-gap from the latest earlier event to each event (0 where it overlapped the one before), so the gaps add up
-to the call-to-first-step time.
+as the gap before ``strategy start``. The breakdown records order a variant's events by their median time and
+give, per repetition, the gap from the latest earlier event to each event (0 where it overlapped the one
+before), so the gaps add up to the call-to-first-step time.
 
 A loaded shared machine skews the comparison: with the kernel's autogroup scheduling
 (``/proc/sys/kernel/sched_autogroup_enabled``) every session gets an equal share of the CPUs, and ours'
