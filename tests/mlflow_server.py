@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -36,7 +37,10 @@ class MlflowServer:
         self.proc = subprocess.Popen(
             [mlflow_cli, "server", "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
              "--default-artifact-root", str(work / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port),
-             "--workers", "1"], stdout=self.log, stderr=subprocess.STDOUT)
+             "--workers", "1"], stdout=self.log, stderr=subprocess.STDOUT,
+            # no job runner: MLflow 3's server otherwise starts eight more processes (huey consumers for its
+            # prompt-optimization jobs, about 6 CPU-s of imports each) that no tracking call uses
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         if not wait_for_http(f"{self.uri}/health", self.proc, 120):
             self.stop()
             raise RuntimeError(f"mlflow server did not start (see {self.log.name})")
