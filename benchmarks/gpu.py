@@ -63,7 +63,7 @@ reports how many were timed), so that a slow input pipeline cannot use up the ma
 ``--dry-run`` (also ``--quick``, which runs AlexNet alone unless ``--models`` is given) runs the same code
 on the CPU at a tiny size (AlexNet at 67 px and width 0.25, ResNet-50 at 32 px, batch 4, 3 timed steps
 after 1 warm-up, 32 small synthetic JPEGs sharded in both forms), same keys and lines: about a minute of CPU
-time on 2 cores, most of it ResNet-50's XLA compilation (``--models alexnet``: about 20 s)::
+time on 2 cores, most of it ResNet-50's XLA compilation (``--models alexnet``: about 15 s)::
 
     python benchmarks/gpu.py --dry-run
 
