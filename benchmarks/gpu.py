@@ -4,7 +4,7 @@ Usage (from the repository root; the package need not be installed, its dependen
 
     python benchmarks/gpu.py [--models alexnet,resnet50] [--modes synthetic,real] [--steps 100]
         [--warmup 10] [--batch-size 256] [--image-size 224] [--precision mixed_bfloat16] [--no-xla]
-        [--data DIR] [--jpegs 1024] [--parallel N] [--out FILE] [--dry-run | --quick] [--reps 5] [--json [FILE]]
+        [--data DIR ...] [--jpegs 1024] [--parallel N] [--out FILE] [--dry-run | --quick] [--reps 5] [--json [FILE]]
 
 For each model (built with :func:`spark_imagenet.training.worker.models.registry.build_model` under the Keras
 mixed-precision policy ``--precision``, compiled with the project's ``compile_model``) it runs, in this order:
@@ -13,10 +13,17 @@ mixed-precision policy ``--precision``, compiled with the project's ``compile_mo
   training step again and again: no input pipeline, no host-to-device copy. This is the model's ceiling.
 * **real**: batches from :func:`spark_imagenet.training.worker.pipeline.train_dataset` (random crop, decode, flip,
   resize on the host's CPU cores, ``--parallel`` decode calls; uint8 batches, normalized by the training step on
-  the GPU) over the TFRecord shards of
-  ``--data``, or, without ``--data``, over ``--jpegs`` synthetic JPEGs (``spark_imagenet.demo.synthetic``,
-  500x375 px by default, about ImageNet's mean size) written as shards into a temporary folder first (a
-  GPU machine may have no dataset and no network).
+  the GPU), once per stored image form (issue 35; ``form`` in every line and record):
+
+  - without ``--data``: ``--jpegs`` synthetic JPEGs (``spark_imagenet.demo.synthetic``, 500x375 px by default,
+    about ImageNet's mean size) drawn into a class-folder tree in a temporary folder (a GPU machine may have no
+    dataset and no network), then sharded twice by the package's own
+    :func:`spark_imagenet.dataset.sharding.shard`: as they are (``original``) and with ``resize=256`` (the paper's
+    256 x 256 form, ``resize 256 q90``: what ``spark-imagenet shard --resize 256`` stores);
+  - with ``--data DIR`` (repeatable): the TFRecord shards of each folder, its form read from its
+    ``manifest.json`` (``unknown`` without one). For real photos in both forms, build the shards twice with
+    ``spark-imagenet shard SOURCE DIR`` and ``spark-imagenet shard SOURCE DIR256 --resize 256``, then give
+    ``--data DIR --data DIR256``.
 
 The training step is the model's own ``train_step`` (forward, loss, backward, SGD update, metrics) in one
 ``tf.function``, compiled with XLA (``jit_compile=True``) unless ``--no-xla``. The first ``--warmup`` steps
@@ -24,38 +31,39 @@ of each (model, mode) are run untimed (XLA compilation, pipeline start-up, buffe
 ``--steps`` steps are timed one by one, each ended by reading its loss back to the host (so a step's time
 is its whole time on the device, and the next step starts on an idle device).
 
-Printed: one JSON line per (model, mode) on stdout (on stderr instead with ``--json`` to stdout; also written
+Printed: one JSON line per (model, mode, form) on stdout (on stderr instead with ``--json`` to stdout; also written
 to ``--out``, default ``$OUT/gpu.jsonl`` when ``$OUT`` is set), with the keys of :data:`KEYS`:
 
 * ``images_per_s``: ``steps * batch / wall time of the timed steps``.
 * ``step_ms_median`` / ``step_ms_p90``: per-step wall time, fetching the batch included.
 * ``input_wait_share``: the share of the timed wall time spent in the input iterator's ``next()``, i.e.
   waiting for the pipeline while the device sat idle (0 for synthetic).
-* ``input_bound_share``: ``1 - real images/s / synthetic images/s`` of the same model (null on synthetic
-  lines, or when synthetic was not run): everything the real input costs, the wait above plus the
+* ``input_bound_share``: ``1 - real images/s / synthetic images/s`` of the same model and form (null on
+  synthetic lines, or when synthetic was not run): everything the real input costs, the wait above plus the
   host-to-device copy of the uint8 batch (``B*S*S*3`` bytes, 39 MB at B=256, S=224) and its normalization
   in the step, which the synthetic mode does not do.
 * ``first_step_s``: the first (warm-up) step's wall time: tracing, XLA compilation, pipeline start.
 * ``batch``, ``image_size``, ``width``, ``num_classes``, ``params``, ``precision``, ``xla``, ``device``
   (the GPU's name, else the CPU's), ``tf_version``, ``steps``, ``warmup``, ``parallel`` (decode calls;
   null on synthetic lines), ``cpu_count``, ``data`` (``"synthetic-jpeg"``, the ``--data`` folder, or null),
-  ``dry_run``.
+  ``form`` (the stored image form of the real line's shards, as the manifest names it: ``original``,
+  ``resize 256 q90``; null on synthetic lines), ``dry_run``.
 
 On one NVIDIA H200 with about 16 CPU cores (TensorFlow 2.21 with CUDA, ``pip install
 "tensorflow[and-cuda]==2.21.*" "tf-keras==2.21.*"``, plus this repository's dependencies), the prepared run,
-expected to take 2 to 4 minutes (TensorFlow start, 1024 JPEGs drawn on 16 cores, two XLA compilations, 4 x 110
-steps), held to 5 by ``timeout``; each line is written (and flushed) as soon as it is measured, so a run cut
-short keeps the lines before::
+expected to take 2 to 4 minutes (TensorFlow start, 1024 JPEGs drawn and sharded twice on 16 cores, the XLA
+compilations, 6 x 110 steps), held to 5 by ``timeout``; each line is written (and flushed) as soon as it is
+measured, so a run cut short keeps the lines before::
 
     timeout 300 python benchmarks/gpu.py --steps 100 --warmup 10 --out "${OUT:-.}/gpu.jsonl"
 
-``--budget-s`` (default 30 s) ends a (model, mode)'s timed steps early if they run past it (``steps`` then
+``--budget-s`` (default 30 s) ends a line's timed steps early if they run past it (``steps`` then
 reports how many were timed), so that a slow input pipeline cannot use up the machine's time.
 
 ``--dry-run`` (also ``--quick``, which runs AlexNet alone unless ``--models`` is given) runs the same code
 on the CPU at a tiny size (AlexNet at 67 px and width 0.25, ResNet-50 at 32 px, batch 4, 3 timed steps
-after 1 warm-up, 32 small synthetic JPEGs), same keys: about a minute of CPU time on 2 cores, most of it
-ResNet-50's XLA compilation (``--models alexnet``: about 15 s)::
+after 1 warm-up, 32 small synthetic JPEGs sharded in both forms), same keys and lines: about a minute of CPU
+time on 2 cores, most of it ResNet-50's XLA compilation (``--models alexnet``: about 15 s)::
 
     python benchmarks/gpu.py --dry-run
 
@@ -64,15 +72,18 @@ Without ``--dry-run`` (or ``--allow-cpu``) the script refuses to run when Tensor
 ``--json [FILE]`` also writes the records of benchmarks/common.py (one JSON object per line, to FILE or to
 stdout), per (model, mode): ``MODEL MODE: images/s`` over ``--reps`` windows of consecutive timed steps
 (default 5; with ``--quick`` 2; fewer when fewer steps were timed), ``MODEL MODE: step ms`` over the timed
-steps, on real lines ``MODEL real: input wait %`` per window; and per model, derived, ``MODEL: input-bound
-share`` (``100 * input_bound_share``, in %) where both modes ran. The human summary lines go to stderr.
+steps, on real lines ``MODEL real (FORM): input wait %`` per window (real lines' names end with their form:
+``alexnet real (resize 256 q90): images/s``); and per model and form, derived, ``MODEL: input-bound share (FORM)``
+(``100 * input_bound_share``, in %) where both modes ran; every record's params hold ``form``. The human
+summary lines go to stderr.
 
-Results: docs/projection.md (GPU numbers pending until a GPU run records them there).
+Results: docs/projection.md (its GPU side is PyTorch's on one H200, a ceiling; no TensorFlow GPU run is recorded).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import multiprocessing
@@ -92,17 +103,21 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from common import Report, add_options, repetitions  # noqa: E402  (benchmarks/common.py, beside this script)
-from spark_imagenet.errors import ConfigError  # noqa: E402  (TensorFlow-free)
+from spark_imagenet.errors import ConfigError, SparkImagenetError  # noqa: E402  (TensorFlow-free)
 from spark_imagenet.training.job import model_specs  # noqa: E402  (TensorFlow-free)
 
 #: The keys of every JSON line, in order.
 KEYS = (
-    "model", "mode", "images_per_s", "step_ms_median", "step_ms_p90", "input_wait_share", "input_bound_share",
+    "model", "mode", "form", "images_per_s", "step_ms_median", "step_ms_p90", "input_wait_share", "input_bound_share",
     "first_step_s", "batch", "image_size", "width", "num_classes", "params", "precision", "xla", "device",
     "tf_version", "steps", "warmup", "parallel", "cpu_count", "data", "dry_run",
 )
 MODELS = tuple(model_specs.MODELS)
 MODES = ("synthetic", "real")
+#: The stored forms the real mode shards its synthetic JPEGs in (``shard(resize=...)``; None: the originals).
+RESIZE_FORMS = (None, 256)
+#: Classes of the synthetic JPEGs (at most; each gets at least 2 images, one or more drawn for validation).
+SYNTHETIC_CLASSES = 8
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 #: --dry-run sizes: each model at its smallest input side (AlexNet's layer arithmetic needs 67 px,
 #: ``tf_keras.applications.ResNet50`` accepts 32).
@@ -128,8 +143,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-classes", type=int, default=1000, help="logits (default: %(default)s)")
     p.add_argument("--precision", default="mixed_bfloat16", choices=PRECISIONS, help="(default: %(default)s)")
     p.add_argument("--no-xla", dest="xla", action="store_false", help="no jit_compile of the training step")
-    p.add_argument("--data", type=Path, default=None, help="folder of TFRecord shards (default: synthetic JPEGs)")
-    p.add_argument("--jpegs", type=int, default=None, help="synthetic JPEGs to write without --data (default: 1024)")
+    p.add_argument("--data", type=Path, action="append", default=None,
+                   help="folder of TFRecord shards built by `spark-imagenet shard` (its form from its manifest); "
+                        "repeat it for each form, e.g. --data DIR --data DIR256 (DIR256 built with --resize 256) "
+                        "(default: synthetic JPEGs sharded here as they are and with --resize 256)")
+    p.add_argument("--jpegs", type=int, default=None, help="synthetic JPEGs to draw without --data (default: 1024)")
     p.add_argument("--parallel", type=int, default=None, help="decode calls of the pipeline (default: CPU count)")
     p.add_argument("--budget-s", type=float, default=None, help="wall limit of the timed steps (default: 30)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON lines here (default: $OUT/gpu.jsonl)")
@@ -144,7 +162,8 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the defaults (``--dry-run``'s or the GPU run's) and check the options.
 
     Raises:
-        ConfigError: an unknown model or mode, a count below 1, or a ``--data`` folder that does not exist.
+        ConfigError: an unknown model or mode, a count below 1 (``--jpegs``: 2), or a ``--data`` folder that does
+            not exist.
     """
     if args.models is None:  # --quick alone: AlexNet only (ResNet-50's XLA compilation on a CPU takes a minute)
         args.models = "alexnet" if getattr(args, "quick", False) and not args.dry_run else ",".join(MODELS)
@@ -160,17 +179,20 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         bad = [v for v in given if v not in known]
         if bad or not given:
             raise ConfigError(f"{option}: {', '.join(bad) or 'nothing given'}; choose from {', '.join(known)}")
-    for option in ("steps", "batch_size", "jpegs", "num_classes"):
+    for option in ("steps", "batch_size", "num_classes"):
         if getattr(args, option) < 1:
             raise ConfigError(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
+    if args.jpegs < 2:
+        raise ConfigError(f"--jpegs must be at least 2 (the sharding draws one for validation), got {args.jpegs}")
     if args.warmup < 1:
         raise ConfigError(f"--warmup must be at least 1 (the first step compiles), got {args.warmup}")
     if args.image_size is not None and args.image_size < max(DRY_RUN_IMAGE_SIZE[m] for m in args.models):
         raise ConfigError(f"--image-size {args.image_size} is below what {', '.join(args.models)} accept "
                           f"(AlexNet >= {DRY_RUN_IMAGE_SIZE['alexnet']}, "
                           f"ResNet-50 >= {DRY_RUN_IMAGE_SIZE['resnet50']})")
-    if args.data is not None and not args.data.is_dir():
-        raise ConfigError(f"--data {args.data}: no such folder (give a folder of TFRecord shards)")
+    for folder in args.data or ():
+        if not folder.is_dir():
+            raise ConfigError(f"--data {folder}: no such folder (give a folder of TFRecord shards)")
     if args.out is None and os.environ.get("OUT"):
         args.out = Path(os.environ["OUT"]) / "gpu.jsonl"
     return args
@@ -186,46 +208,95 @@ def image_size_of(args: argparse.Namespace, model: str) -> int:
 # --------------------------------------------------------------------------- shards
 
 
-def _draw_jpeg(job: tuple[int, int, int, int, int]) -> tuple[bytes, int, int, int]:
-    """One synthetic JPEG: ``(index, label, classes, width, height) -> (bytes, label, width, height)``."""
+@dataclasses.dataclass(frozen=True)
+class ShardSet:
+    """The TFRecord shards of one stored image form, as the real lines read them.
+
+    Attributes:
+        form: the form's label, as the manifest records it (``original``, ``resize 256 q90``; ``unknown`` for a
+            ``--data`` folder without ``manifest.json``).
+        files: the training shards' paths.
+        data: where they come from: ``"synthetic-jpeg"`` or the ``--data`` folder.
+    """
+
+    form: str
+    files: tuple[str, ...]
+    data: str
+
+
+def _draw_jpeg(job: tuple[int, int, int, int, int]) -> bytes:
+    """One synthetic JPEG (quality 90): ``(index, label, classes, width, height) -> bytes``."""
     from spark_imagenet.demo.synthetic import draw_image
 
     index, label, classes, width, height = job
     out = io.BytesIO()
     draw_image(label, classes, random.Random(index), width, height).save(out, "JPEG", quality=90)
-    return out.getvalue(), label, width, height
+    return out.getvalue()
 
 
-def write_synthetic_shards(folder: Path, count: int, size: tuple[int, int], num_classes: int,
-                           shards: int = 8) -> list[str]:
-    """Write ``count`` synthetic JPEGs as TFRecord shards in ``folder``.
+def draw_images(folder: Path, count: int, size: tuple[int, int], num_classes: int) -> Path:
+    """Draw ``count`` synthetic JPEGs into a class-folder tree ``folder/images/classKK/*.JPEG`` (what
+    :func:`spark_imagenet.source.open_source` reads as one's own images).
 
-    Each image is a class texture of :mod:`spark_imagenet.demo.synthetic` of ``size = (width, height)``
-    pixels, JPEG quality 90, label ``index % num_classes`` (so labels fit a model of ``num_classes``
-    logits), stored with the record format of :mod:`spark_imagenet.dataset.sharding` (written by the
-    TensorFlow-free :mod:`spark_imagenet.dataset.tfrecord`), round-robin into ``shards`` files named
-    ``train-KKKKK-of-NNNNN.tfrecord``. Drawn in a process pool of all CPU cores.
+    Each image is a class texture of :mod:`spark_imagenet.demo.synthetic` of ``size = (width, height)`` pixels,
+    JPEG quality 90, in class ``index % K`` with K = min(:data:`SYNTHETIC_CLASSES`, ``num_classes``,
+    ``count // 2``) (so every class has two images or more, the sharding draws validation images from each,
+    and the labels fit a model of ``num_classes`` logits). Drawn in a process pool of all CPU cores (at most 16).
 
     Returns:
-        list[str]: the shard paths.
+        Path: the tree's root.
     """
-    from spark_imagenet.dataset.tfrecord import encode_example, write_record
+    classes = max(1, min(SYNTHETIC_CLASSES, num_classes, count // 2))
+    jobs = [(i, i % classes, classes, size[0], size[1]) for i in range(count)]
+    root = folder / "images"
+    for label in range(classes):
+        (root / f"class{label:02d}").mkdir(parents=True)
+    with multiprocessing.get_context("spawn").Pool(min(os.cpu_count() or 1, 16)) as pool:
+        for (i, label, *_), data in zip(jobs, pool.imap(_draw_jpeg, jobs, chunksize=8)):
+            (root / f"class{label:02d}" / f"synthetic_{i:06d}.JPEG").write_bytes(data)
+    return root
 
-    shards = max(1, min(shards, count))
-    jobs = [(i, i % num_classes, max(num_classes, 2), size[0], size[1]) for i in range(count)]
-    paths = [folder / f"train-{k:05d}-of-{shards:05d}.tfrecord" for k in range(shards)]
-    handles = [open(p, "wb") for p in paths]
-    try:
-        with multiprocessing.get_context("spawn").Pool(min(os.cpu_count() or 1, 16)) as pool:
-            for i, (data, label, width, height) in enumerate(pool.imap(_draw_jpeg, jobs, chunksize=8)):
-                write_record(handles[i % shards], encode_example({
-                    "image/encoded": data, "image/format": b"JPEG", "image/class/label": label,
-                    "image/class/synset": f"n9{label:07d}", "image/height": height, "image/width": width,
-                    "image/filename": f"synthetic_{i:06d}.JPEG"}))
-    finally:
-        for h in handles:
-            h.close()
-    return [str(p) for p in paths]
+
+def shard_forms(images: Path, folder: Path) -> list[ShardSet]:
+    """Shard the class-folder tree ``images`` once per form of :data:`RESIZE_FORMS` with the package's own
+    :func:`spark_imagenet.dataset.sharding.shard` (all cores, at most 16; automatic shard counts) into
+    ``folder/original`` and ``folder/resize-256``.
+
+    Returns:
+        list[ShardSet]: per form, in :data:`RESIZE_FORMS` order, its label (from the manifest) and train shards.
+    """
+    from spark_imagenet.dataset.sharding import shard
+
+    sets = []
+    for resize in RESIZE_FORMS:
+        out = folder / (f"resize-{resize}" if resize else "original")
+        manifest = shard(images, out, resize=resize, processes=min(os.cpu_count() or 1, 16), progress=False)
+        sets.append(ShardSet(manifest.image_form.label, tuple(shard_files(out)), "synthetic-jpeg"))
+    return sets
+
+
+def data_shard_sets(folders: list[Path]) -> list[ShardSet]:
+    """The shards of each ``--data`` folder, with its form from its ``manifest.json``.
+
+    Raises:
+        ConfigError: a folder without shards (:func:`shard_files`), an unreadable manifest, or two folders of
+            the same form (their lines and records would have the same names).
+    """
+    from spark_imagenet.dataset.manifest import Manifest
+
+    sets: list[ShardSet] = []
+    for folder in folders:
+        path = folder / "manifest.json"
+        try:
+            form = Manifest.loads(path.read_text(), where=str(path)).image_form.label if path.is_file() else "unknown"
+        except (OSError, SparkImagenetError) as exc:
+            raise ConfigError(f"--data {folder}: {exc}") from None
+        same = [s.data for s in sets if s.form == form]
+        if same:
+            raise ConfigError(f"--data {folder} and --data {same[0]} both hold the form {form!r}: give one folder "
+                              "per form")
+        sets.append(ShardSet(form, tuple(shard_files(folder)), str(folder)))
+    return sets
 
 
 def shard_files(folder: Path) -> list[str]:
@@ -338,18 +409,18 @@ def pipeline_batches(files: list[str], batch: int, image_size: int, parallel: in
     return lambda: next(iterator)
 
 
-def bench_model(args: argparse.Namespace, name: str, files: list[str] | None,
+def bench_model(args: argparse.Namespace, name: str, shard_sets: list[ShardSet],
                 common: dict) -> list[tuple[dict, list[float], list[float]]]:
-    """Build, compile and time model ``name`` in each of ``args.modes``.
+    """Build, compile and time model ``name`` in each of ``args.modes`` (``real``: once per shard set).
 
     Args:
         args: the resolved options (:func:`parse_args`).
         name: ``"alexnet"`` or ``"resnet50"``.
-        files: the shards for the ``real`` mode (None when it is not run).
+        shard_sets: the shards of each stored form for the ``real`` mode (empty when it is not run).
         common: the keys shared by every line (device, versions, ...).
 
     Returns:
-        list: per mode, ``(row, step_s, wait_s)``: the row with the keys of :data:`KEYS`, and per timed step
+        list: per line, ``(row, step_s, wait_s)``: the row with the keys of :data:`KEYS`, and per timed step
         its wall time and the part spent waiting for the batch, in seconds (:func:`timed_steps`).
     """
     import tensorflow as tf
@@ -370,22 +441,23 @@ def bench_model(args: argparse.Namespace, name: str, files: list[str] | None,
                           jit_compile=args.xla)
     step = make_step(model, args.xla)
     rows, synthetic_rate = [], None
-    for mode in args.modes:
-        if mode == "synthetic":
+    runs = [(mode, shards) for mode in args.modes for shards in (shard_sets if mode == "real" else [None])]
+    for mode, shards in runs:
+        if shards is None:
             batches = synthetic_batches(tf, args.batch_size, image_size, args.num_classes)
         else:
-            batches = pipeline_batches(files, args.batch_size, image_size, args.parallel)
+            batches = pipeline_batches(list(shards.files), args.batch_size, image_size, args.parallel)
         first, step_s, wait_s = timed_steps(step, batches, args.steps, args.warmup, args.budget_s)
         row = dict(common, model=name, mode=mode, first_step_s=round(first, 3), batch=args.batch_size,
                    image_size=image_size, width=width, num_classes=args.num_classes, params=model.count_params(),
                    **summarize(step_s, wait_s, args.batch_size))
-        if mode == "synthetic":
+        if shards is None:
             synthetic_rate = row["images_per_s"]
-            row.update(input_wait_share=0.0, input_bound_share=None, parallel=None, data=None)
+            row.update(input_wait_share=0.0, input_bound_share=None, parallel=None, data=None, form=None)
         else:
             bound = None if synthetic_rate is None else round(1.0 - row["images_per_s"] / synthetic_rate, 4)
-            row.update(input_bound_share=bound, parallel=default_parallel(args.parallel),
-                       data=str(args.data) if args.data is not None else "synthetic-jpeg")
+            row.update(input_bound_share=bound, parallel=default_parallel(args.parallel), data=shards.data,
+                       form=shards.form)
         rows.append(({key: row[key] for key in KEYS}, step_s, wait_s))
     keras.mixed_precision.set_global_policy("float32")
     return rows
@@ -422,7 +494,7 @@ def record_mode(report: Report, row: dict, step_s: list[float], wait_s: list[flo
     params = {key: row[key] for key in KEYS if key not in ("images_per_s", "step_ms_median", "step_ms_p90",
                                                           "input_wait_share", "input_bound_share", "params")}
     params["model_params"] = row["params"]
-    label = f"{row['model']} {row['mode']}"
+    label = f"{row['model']} {row['mode']}" + (f" ({row['form']})" if row["form"] is not None else "")
     step_windows = windows(step_s, reps)
     wait_windows = windows(wait_s, reps)
     report.add(f"{label}: images/s", "images/s", [len(w) * row["batch"] / sum(w) for w in step_windows],
@@ -435,27 +507,28 @@ def record_mode(report: Report, row: dict, step_s: list[float], wait_s: list[flo
 
 
 def record_model(report: Report, results: list[tuple[dict, list[float], list[float]]], reps: int) -> None:
-    """The records of one model's modes, then (derived) its input-bound share where both modes ran."""
+    """The records of one model's lines, then (derived) its input-bound share per form where both modes ran."""
     for row, step_s, wait_s in results:
         record_mode(report, row, step_s, wait_s, reps)
-    real = [row for row, _, _ in results if row["mode"] == "real" and row["input_bound_share"] is not None]
-    if real:
-        row = real[0]
-        report.derived(f"{row['model']}: input-bound share", "%", 100 * row["input_bound_share"],
-                       formula="100 * (1 - real images/s / synthetic images/s), images/s over all timed steps",
-                       alternative="synthetic: the batch already on the device (the model's ceiling)",
-                       **{k: row[k] for k in ("batch", "image_size", "precision", "xla", "device", "parallel",
-                                              "data")})
+    for row, _, _ in results:
+        if row["mode"] == "real" and row["input_bound_share"] is not None:
+            report.derived(f"{row['model']}: input-bound share ({row['form']})", "%", 100 * row["input_bound_share"],
+                           formula="100 * (1 - real images/s / synthetic images/s), images/s over all timed steps",
+                           alternative="synthetic: the batch already on the device (the model's ceiling)",
+                           **{k: row[k] for k in ("batch", "image_size", "precision", "xla", "device", "parallel",
+                                                  "data", "form")})
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the shards if needed, start TensorFlow, and time every (model, mode) (module docstring).
+    """Start TensorFlow, write the shards of both forms if needed, and time every (model, mode, form) (module
+    docstring).
 
     Returns:
         int: 0.
 
     Raises:
-        ConfigError: no GPU visible without ``--dry-run``/``--allow-cpu``, or ``--data`` without shards.
+        ConfigError: no GPU visible without ``--dry-run``/``--allow-cpu``, or a bad ``--data`` folder
+            (:func:`data_shard_sets`).
     """
     if args.dry_run:
         os.environ["CUDA_VISIBLE_DEVICES"] = "-1"  # the dry run is a CPU run, also on a GPU machine
@@ -466,12 +539,13 @@ def run(args: argparse.Namespace) -> int:
                           "(pip install 'tensorflow[and-cuda]'), or run with --dry-run (tiny, on the CPU) "
                           "or --allow-cpu (full sizes on the CPU)")
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
-        files = None
+        shard_sets = []
         if "real" in args.modes:
-            if args.data is not None:
-                files = shard_files(args.data)
+            if args.data:
+                shard_sets = data_shard_sets(args.data)
             else:
-                files = write_synthetic_shards(Path(tmp), args.jpegs, args.jpeg_size, args.num_classes)
+                images = draw_images(Path(tmp), args.jpegs, args.jpeg_size, args.num_classes)
+                shard_sets = shard_forms(images, Path(tmp) / "shards")
         common = {"precision": args.precision, "xla": bool(args.xla), "device": device_name(tf),
                   "tf_version": tf.__version__, "warmup": args.warmup, "cpu_count": os.cpu_count(),
                   "dry_run": bool(args.dry_run)}
@@ -482,7 +556,7 @@ def run(args: argparse.Namespace) -> int:
         rows_stream = rows_stream_of(args.json)
         with open(args.out, "w") if args.out is not None else _no_file() as out:
             for name in args.models:
-                results = bench_model(args, name, files, common)
+                results = bench_model(args, name, shard_sets, common)
                 for row, _, _ in results:
                     emit(row, out, rows_stream)
                 record_model(report, results, repetitions(args))

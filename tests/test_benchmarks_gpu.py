@@ -25,9 +25,12 @@ from bench_util import check_records, read_records
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu.py"
 
+#: The real lines' stored forms, in order: the synthetic JPEGs sharded by the package as they are and with
+#: ``resize=256`` (the paper's 256 x 256 form at the default JPEG quality).
+FORMS = ["original", "resize 256 q90"]
 #: Every JSON line carries exactly these keys (the script's KEYS, spelled out so a renamed key fails here).
 EXPECTED_KEYS = {
-    "model", "mode", "images_per_s", "step_ms_median", "step_ms_p90", "input_wait_share", "input_bound_share",
+    "model", "mode", "form", "images_per_s", "step_ms_median", "step_ms_p90", "input_wait_share", "input_bound_share",
     "first_step_s", "batch", "image_size", "width", "num_classes", "params", "precision", "xla", "device",
     "tf_version", "steps", "warmup", "parallel", "cpu_count", "data", "dry_run",
 }
@@ -62,7 +65,8 @@ def dry_run(tmp_path_factory) -> DryRun:
 def test_dry_run_prints_one_json_line_per_mode_with_every_key(dry_run):
     lines = [line for line in dry_run.proc.stdout.splitlines() if line.strip()]
     rows = [json.loads(line) for line in lines]  # every line is JSON
-    assert [(r["model"], r["mode"]) for r in rows] == [("alexnet", "synthetic"), ("alexnet", "real")]
+    assert [(r["model"], r["mode"], r["form"]) for r in rows] == [("alexnet", "synthetic", None),
+                                                              *[("alexnet", "real", f) for f in FORMS]]
     for row in rows:
         assert set(row) == EXPECTED_KEYS
         assert row["images_per_s"] > 0 and row["step_ms_median"] > 0 and row["step_ms_p90"] > 0
@@ -73,27 +77,35 @@ def test_dry_run_prints_one_json_line_per_mode_with_every_key(dry_run):
         assert row["tf_version"] == metadata.version("tensorflow")
         assert row["device"].startswith("CPU")
         assert row["params"] > 1_000_000
-    synthetic, real = rows
+    synthetic, *reals = rows
     assert synthetic["input_wait_share"] == 0.0 and synthetic["input_bound_share"] is None
     assert synthetic["parallel"] is None and synthetic["data"] is None
-    assert isinstance(real["input_bound_share"], float) and real["parallel"] >= 1
-    assert real["data"] == "synthetic-jpeg"
+    for real in reals:
+        assert isinstance(real["input_bound_share"], float) and real["parallel"] >= 1
+        assert real["data"] == "synthetic-jpeg"
     assert dry_run.out.read_text().splitlines() == lines  # --out holds the same lines
 
 
 @pytest.mark.slow
 def test_json_writes_the_harness_records_and_out_keeps_the_rows(dry_run):
-    expected = {"alexnet synthetic: images/s", "alexnet synthetic: step ms", "alexnet real: images/s",
-                "alexnet real: step ms", "alexnet real: input wait %", "alexnet: input-bound share"}
+    expected = {"alexnet synthetic: images/s", "alexnet synthetic: step ms"}
+    for form in FORMS:
+        expected |= {f"alexnet real ({form}): images/s", f"alexnet real ({form}): step ms",
+                     f"alexnet real ({form}): input wait %", f"alexnet: input-bound share ({form})"}
     by_name = check_records(read_records(dry_run.records), "gpu", expected)
     assert set(by_name) == expected
-    assert by_name["alexnet: input-bound share"]["kind"] == "derived"
-    assert by_name["alexnet real: images/s"]["reps"] == 2  # --quick's (= --dry-run's): 2 windows of the 3 timed steps
-    assert by_name["alexnet real: step ms"]["reps"] == 3  # one value per timed step
-    params = by_name["alexnet real: images/s"]["params"]
-    assert (params["model"], params["mode"], params["batch"], params["dry_run"]) == ("alexnet", "real", 4, True)
+    assert by_name["alexnet synthetic: images/s"]["params"]["form"] is None
+    for form in FORMS:
+        assert by_name[f"alexnet: input-bound share ({form})"]["kind"] == "derived"
+        assert by_name[f"alexnet: input-bound share ({form})"]["params"]["form"] == form
+        assert by_name[f"alexnet real ({form}): images/s"]["reps"] == 2  # --quick's: 2 windows of the 3 timed steps
+        assert by_name[f"alexnet real ({form}): step ms"]["reps"] == 3  # one value per timed step
+        params = by_name[f"alexnet real ({form}): images/s"]["params"]
+        assert (params["model"], params["mode"], params["form"], params["batch"], params["dry_run"]) == \
+            ("alexnet", "real", form, 4, True)
     rows = [json.loads(line) for line in dry_run.out.read_text().splitlines()]  # --out: the rows of KEYS, as before
-    assert [(r["model"], r["mode"]) for r in rows] == [("alexnet", "synthetic"), ("alexnet", "real")]
+    assert [(r["model"], r["mode"], r["form"]) for r in rows] == [("alexnet", "synthetic", None),
+                                                              *[("alexnet", "real", f) for f in FORMS]]
     assert all(set(r) == EXPECTED_KEYS and r["dry_run"] is True for r in rows)
 
 
@@ -113,9 +125,20 @@ def test_without_a_gpu_a_full_run_is_refused_with_what_to_do():
     assert "TensorFlow sees no GPU" in proc.stderr and "--dry-run" in proc.stderr
 
 
-def test_bad_options_are_one_line_naming_the_option(tmp_path):
+def test_bad_options_are_one_line_naming_the_option(tmp_path, monkeypatch):
     proc = _run("--models", "vgg", timeout=120)
     assert proc.returncode == 2 and "--models: vgg" in proc.stderr and "alexnet, resnet50" in proc.stderr
     assert "Traceback" not in proc.stderr
     proc = _run("--data", str(tmp_path / "missing"), timeout=120)
     assert proc.returncode == 2 and "--data" in proc.stderr and "no such folder" in proc.stderr
+    proc = _run("--jpegs", "1", timeout=120)
+    assert proc.returncode == 2 and "--jpegs must be at least 2" in proc.stderr
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # importing gpu.py sets TensorFlow's variables
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    gpu = importlib.import_module("gpu")
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:  # shards without a manifest: both of the form "unknown"
+        folder.mkdir()
+        (folder / "train-00000-of-00001.tfrecord").write_bytes(b"")
+    with pytest.raises(gpu.ConfigError, match=r"^--data .*b and --data .*a both hold the form 'unknown': give one"):
+        gpu.data_shard_sets(folders)
