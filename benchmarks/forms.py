@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from spark_imagenet.dataset.image_form import DEFAULT_JPEG_QUALITY
+
 #: The re-encoded forms, beside the original: (kind, size in pixels), as ``shard --KIND SIZE`` names them.
 FORMS = (("resize", 256), ("max-side", 320))
 #: The JPEG quality of re-encoded images (``shard``'s default ``--jpeg-quality``).
-QUALITY = 90
+QUALITY = DEFAULT_JPEG_QUALITY
 #: Issue 35's goals for the 256 form against the originals: stored bytes at most, pipeline images/CPU-s at least.
 GOALS = {"resize 256": {"bytes": 0.4, "images/CPU-s": 2.0}}
 
