@@ -50,10 +50,16 @@ if __name__ == "__main__":
 '''
 
 
+#: The stand-in worker's module.
+WORKER = "fake_tf.worker"
+
+
 @pytest.fixture()
 def fake(tmp_path):
     """``(environment, owner)``: the stand-in module on PYTHONPATH, and an owner process the test ends."""
-    (tmp_path / "fake_tf_worker.py").write_text(FAKE_WORKER)
+    (tmp_path / "fake_tf").mkdir()  # a module in a package, as the real worker is (runpy warns of such a rerun)
+    (tmp_path / "fake_tf" / "__init__.py").write_text("")
+    (tmp_path / "fake_tf" / "worker.py").write_text(FAKE_WORKER)
     (tmp_path / "fake_tensorflow.py").write_text(FAKE_TENSORFLOW)
     env = dict(os.environ, TMPDIR=str(tmp_path), FAKE_LOG=str(tmp_path),
                PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
@@ -104,7 +110,7 @@ def _run(env, owner, code: int | None = None) -> tuple[int, list[str]]:
         if code is not None:
             Path(folder, "code.txt").write_text(str(code))
 
-    held = start_preloaded(env, "fake_tf_worker", "spark-imagenet-rank0-", owner=owner)
+    held = start_preloaded(env, WORKER, "spark-imagenet-rank0-", owner=owner)
     return finish_child(held.proc, "", out=io.StringIO(), folder=ChildFolder("unused", prepare, lambda f: None))
 
 
@@ -114,7 +120,7 @@ def test_one_import_serves_every_fork_and_each_fork_runs_the_module_in_its_folde
     imports = (tmp_path / "imports").read_text().split()
     assert len(imports) == 1 and _servers(owner) == [int(imports[0])]  # the server imported; the forks did not
     assert [code for code, _ in results] == [0, 3]  # each fork's exit status, through its supervisor
-    for _, (first, go) in results:
+    for _, (first, go) in results:  # and nothing else: no warning of runpy's about rerunning an imported module
         words = first.split()
         assert words[0] == "pid" and int(words[1]) != int(imports[0])
         assert words[2:] == ["threads", "1", "folder", words[5], "tmpdir", "True", "args", "--preload"]
@@ -125,7 +131,7 @@ def test_one_import_serves_every_fork_and_each_fork_runs_the_module_in_its_folde
 def test_a_fork_killed_before_or_after_its_go_is_reported_as_before_and_dies_with_its_supervisor(fake, tmp_path):
     env, owner = fake
     for sleep in (False, True):
-        held = start_preloaded(env, "fake_tf_worker", "spark-imagenet-rank0-", owner=owner)
+        held = start_preloaded(env, WORKER, "spark-imagenet-rank0-", owner=owner)
         forked: list[int] = []
 
         def prepare(folder: str, sleep=sleep, held=held) -> None:
@@ -148,7 +154,7 @@ def test_a_fork_killed_before_or_after_its_go_is_reported_as_before_and_dies_wit
                                shown=shown)
         assert code == (-signal.SIGKILL if sleep else EXIT_PRELOAD_ENDED)
 
-    held = start_preloaded(env, "fake_tf_worker", "spark-imagenet-rank1-", owner=owner)
+    held = start_preloaded(env, WORKER, "spark-imagenet-rank1-", owner=owner)
     assert held.proc.stdout.readline().startswith(b"folder ")
     pid = int(held.proc.stdout.readline().split()[1])
     held.proc.kill()  # the supervisor dies by SIGKILL (no clean-up of its own): the server ends its fork
@@ -159,7 +165,7 @@ def test_a_fork_killed_before_or_after_its_go_is_reported_as_before_and_dies_wit
 
 def test_the_server_ends_with_its_owner_and_takes_its_forks(fake):
     env, owner = fake
-    held = start_preloaded(env, "fake_tf_worker", "spark-imagenet-spare-", owner=owner)
+    held = start_preloaded(env, WORKER, "spark-imagenet-spare-", owner=owner)
 
     def prepare(folder: str) -> None:
         pid = int(held.proc.stdout.readline().split()[1])
@@ -175,7 +181,7 @@ def test_the_server_ends_with_its_owner_and_takes_its_forks(fake):
 def test_tasks_starting_at_once_start_one_server(fake):
     env, owner = fake
     names: list[str] = []
-    threads = [threading.Thread(target=lambda: names.append(fork_server(env, "fake_tf_worker", owner)))
+    threads = [threading.Thread(target=lambda: names.append(fork_server(env, WORKER, owner)))
                for _ in range(4)]
     for t in threads:
         t.start()
@@ -188,11 +194,11 @@ def test_tasks_starting_at_once_start_one_server(fake):
 
 def test_a_failed_import_is_one_line_for_every_requester(fake, tmp_path):
     env, owner = fake
-    (tmp_path / "fake_tf_worker.py").write_text("raise ImportError('no TensorFlow here')\n")
+    (tmp_path / "fake_tf" / "worker.py").write_text("raise ImportError('no TensorFlow here')\n")
     for _ in range(2):
         code, lines = _run(env, owner)
         # as for a fresh process whose import failed: exit status 1, or, when that came before the go, the
         # supervisor's 126 and its line (the task then tries a new one, once)
-        assert lines[0] == "the TensorFlow fork server could not import fake_tf_worker: ImportError: no TensorFlow here"
+        assert lines[0] == "the TensorFlow fork server could not import fake_tf.worker: ImportError: no TensorFlow here"
         assert (code, lines[1:]) in ((1, []), (EXIT_PRELOAD_ENDED,
                                                ["supervisor: the preloaded process exited with code 1 before its go"]))

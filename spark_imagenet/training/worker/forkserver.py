@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import runpy
 import selectors
 import signal
@@ -33,6 +34,7 @@ import struct
 import sys
 import tempfile
 import threading
+import warnings
 
 from spark_imagenet.training.job.forking import MAX_REQUEST, ForkRequest, set_death_signal
 
@@ -81,6 +83,9 @@ def _run_child(module: str, request: ForkRequest, fds: list[int], close: list, s
         os.environ["TMPDIR"] = request.cwd  # TensorFlow's temporary files (autograph's modules) go with the folder
         tempfile.tempdir = None
         sys.argv = [module, *request.argv[3:]]
+        # the server imported the module; running it again as __main__ is the point, not a mistake to warn of
+        warnings.filterwarnings("ignore", message=re.escape(f"'{module}' found in sys.modules"),
+                                category=RuntimeWarning)
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
