@@ -12,6 +12,8 @@
 * :mod:`.forkserver`: the host's TensorFlow fork server: imports TensorFlow once and forks each task's worker
   process from that state (``python -m spark_imagenet.training.worker.forkserver``).
 * :mod:`.native_log`: TensorFlow's import-time log lines at the level asked for, once each.
+* :mod:`.import_hooks`: code around a module's first import (the native log's filter), and pandas left out of
+  tf_keras's import.
 * :mod:`.tf_internals`: every private TensorFlow and tf-keras API the package uses, behind small shims, with
   the TensorFlow version each was checked against.
 * :mod:`.evaluate`, :mod:`.predict`: the ``evaluate`` and ``predict`` commands (run in a child Python).
@@ -33,6 +35,7 @@ for _name, _value in tensorflow_environment({}).items():
     os.environ.setdefault(_name, _value)  # defaults: what the process was started with wins
 del _name, _value
 
-from spark_imagenet.training.worker import native_log  # noqa: E402  (after the environment above)
+from spark_imagenet.training.worker import import_hooks, native_log  # noqa: E402  (after the environment above)
 
 native_log.install()
+import_hooks.leave_out_pandas()

@@ -24,8 +24,6 @@ TensorFlow's CUDA start-up lines (:func:`spark_imagenet.training.job.gpus.is_cpu
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import importlib.util
 import os
 import re
 import sys
@@ -33,6 +31,7 @@ import tempfile
 from typing import Iterator
 
 from spark_imagenet.training.job.gpus import is_cpu_startup_line
+from spark_imagenet.training.worker.import_hooks import around_first_import
 
 #: absl's line prefix: severity letter, date, time, thread id, ``file:line]``.
 _ABSL_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ ([^\]]+\] .*)$")
@@ -118,29 +117,6 @@ def filtered_stderr(cpu_only: bool = False) -> Iterator[None]:
                 sys.stderr.flush()
 
 
-class _FilteredTensorFlowImport(importlib.abc.MetaPathFinder):
-    """Finds ``tensorflow`` once, with the normal finders, and runs its module code under :func:`filtered_stderr`."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "tensorflow":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader, exec_module = spec.loader, spec.loader.exec_module
-
-        def filtered_exec_module(module):
-            try:
-                with filtered_stderr():
-                    exec_module(module)
-            finally:
-                del loader.exec_module  # back to the class's method
-
-        loader.exec_module = filtered_exec_module
-        return spec
-
-
 def install() -> bool:
     """Filter the native log lines of this process's first ``import tensorflow`` (see the module docstring).
 
@@ -148,7 +124,4 @@ def install() -> bool:
         bool: True when the filter is in place for the first import; False when TensorFlow is already
         imported (nothing to do) or the filter is already installed.
     """
-    if "tensorflow" in sys.modules or any(isinstance(f, _FilteredTensorFlowImport) for f in sys.meta_path):
-        return False
-    sys.meta_path.insert(0, _FilteredTensorFlowImport())
-    return True
+    return around_first_import("tensorflow", filtered_stderr)
