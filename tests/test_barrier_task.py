@@ -38,7 +38,7 @@ def test_cuda_visible_devices_mapping():
 
 def test_child_env():
     tf_config = build_tf_config(["h:1", "h:2"], 1)
-    base = {"PATH": "/bin", "PYTHONPATH": "/x", "CUDA_VISIBLE_DEVICES": "4,6"}
+    base = {"PATH": "/bin", "PYTHONPATH": "/x:/spark/jars/spark-core_2.13-4.3.0.jar", "CUDA_VISIBLE_DEVICES": "4,6"}
     env = child_env(base, tf_config, ["1"], local_workers=2)
     assert json.loads(env["TF_CONFIG"]) == tf_config
     assert env["TF_USE_LEGACY_KERAS"] == "1" and env["TF_CPP_MIN_LOG_LEVEL"] == "2"
@@ -48,8 +48,8 @@ def test_child_env():
 
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(spark_imagenet.__file__)))
     assert os.path.isfile(os.path.join(pkg_parent, "spark_imagenet", "__init__.py"))  # the folder above the package
-    assert env["PYTHONPATH"].split(os.pathsep) == [pkg_parent, "/x"]
-    assert base == {"PATH": "/bin", "PYTHONPATH": "/x", "CUDA_VISIBLE_DEVICES": "4,6"}  # not modified
+    assert env["PYTHONPATH"].split(os.pathsep) == [pkg_parent, "/x"]  # PySpark's jar left out
+    assert base["PYTHONPATH"] == "/x:/spark/jars/spark-core_2.13-4.3.0.jar"  # not modified
     # no GPU resource: CUDA_VISIBLE_DEVICES untouched, co-located workers share GPU memory politely
     env = child_env({"TF_CPP_MIN_LOG_LEVEL": "0"}, tf_config, None, local_workers=2)
     assert "CUDA_VISIBLE_DEVICES" not in env and env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"

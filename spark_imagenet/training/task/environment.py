@@ -79,7 +79,8 @@ def preload_env(base: Mapping[str, str], gpu_addresses: Sequence[str] | None,
         (:func:`~spark_imagenet.training.job.tf_process.tensorflow_environment`: TF_USE_LEGACY_KERAS=1,
         TF_CPP_MIN_LOG_LEVEL=2 unless set), PYTHONUNBUFFERED=1,
         CUDA_VISIBLE_DEVICES from ``gpu_addresses`` (:func:`cuda_visible_devices`), and this package's folder
-        first on PYTHONPATH, so ``python -m`` finds it even when it is not installed.
+        first on PYTHONPATH, so ``python -m`` finds it even when it is not installed; PYTHONPATH's ``.jar``
+        entries are left out.
 
     Raises:
         ConfigError: see :func:`cuda_visible_devices`.
@@ -92,7 +93,9 @@ def preload_env(base: Mapping[str, str], gpu_addresses: Sequence[str] | None,
     import spark_imagenet
 
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(spark_imagenet.__file__)))
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # not the Java archives PySpark puts on PYTHONPATH (spark-core's, without a Python file): Python's zip
+    # importer would read their directories into every TensorFlow process (7 MB for spark-core's 6,000 entries)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not p.endswith(".jar")]
     paths = [package_parent] + [p for p in paths if p != package_parent]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in _task_only_paths(task_path) if p not in paths])
     return env
