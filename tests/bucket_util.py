@@ -11,8 +11,9 @@ from spark_imagenet.source.synset import SynsetClass
 from spark_imagenet.storage import LocalStorage, crc32c_file
 
 
-def make_bucket(root: Path, train: int = 4, val: int = 1, corrupt: str | None = None) -> Path:
-    """Shard files of random bytes and a valid manifest (enough for everything before TensorFlow)."""
+def make_bucket(root: Path, train: int = 4, val: int = 1, corrupt: str | None = None, image_form=None) -> Path:
+    """Shard files of random bytes and a valid manifest (enough for everything before TensorFlow); its
+    ``image_form`` when given (an ImageForm), else original."""
     rng = random.Random(0)
     storage = LocalStorage(root)
     splits = {}
@@ -25,7 +26,8 @@ def make_bucket(root: Path, train: int = 4, val: int = 1, corrupt: str | None = 
             shards.append(ShardInfo(name, 5, len(data), crc32c_file(root / name)))
         splits[split] = SplitInfo(tuple(shards))
     Manifest(dataset_id="fake-" + root.name, created="", classes=(SynsetClass(0, "n0", ("a",)),
-             SynsetClass(1, "n1", ("b",))), splits=splits).save(storage)
+             SynsetClass(1, "n1", ("b",))), splits=splits,
+             **({"image_form": image_form} if image_form is not None else {})).save(storage)
     if corrupt:
         data = bytearray((root / corrupt).read_bytes())
         data[0] ^= 0xFF

@@ -107,6 +107,21 @@ def test_the_plan_finds_the_resume_point_once_and_says_settings_without_effect(t
             in caplog.text)
 
 
+def test_the_plan_warns_of_images_stored_smaller_than_the_training_size(tmp_path, caplog):
+    from spark_imagenet.dataset.image_form import image_form
+    from spark_imagenet.training.driver.launch import plan_job
+
+    caplog.set_level(logging.WARNING)
+    small = str(make_bucket(tmp_path / "b", image_form=image_form(max_side=96)))
+    plan_job(small, TrainConfig(workers=2, image_size=96))
+    plan_job(str(make_bucket(tmp_path / "c", image_form=image_form(resize=256))), TrainConfig(workers=2))
+    assert "image" not in caplog.text  # 96 px on 96, the paper's 256 on the default 224: nothing to say
+    plan_job(small, TrainConfig(workers=2, image_size=128))
+    assert ("warning: the dataset stores its images as 'max-side 96 q90' (at most 96 px a side), smaller than "
+            "--image-size 128: every crop is scaled up; shard the sources again with --max-side 128 or more, or "
+            "train at --image-size 96 or less") in caplog.text
+
+
 def test_a_plan_of_a_cluster_master_checks_reach_after_its_manifest(tmp_path):
     from spark_imagenet.training.driver.launch import plan_job
 

@@ -44,8 +44,10 @@ def stored(data: bytes, form: ImageForm) -> tuple[bytes, Image.Image]:
 # ------------------------------------------------------------------ the settings
 @pytest.mark.parametrize("given, message", [
     (dict(resize=256, max_side=320), r"^resize=256 and max_side=320 \(--resize, --max-side\): give one of the two"),
-    (dict(resize=0), r"^resize=0 \(--resize\): give the size in pixels as a whole number from 1 to 8192"),
-    (dict(max_side=-3), r"^max_side=-3 \(--max-side\): give the size in pixels"),
+    (dict(resize=0), r"^resize=0 \(--resize\): give the size in pixels as a whole number from 16 to 8192 "
+                     r"\(e\.g\. --resize 256, the paper's form\)$"),
+    (dict(max_side=-3), r"^max_side=-3 \(--max-side\): give the size in pixels .* \(e\.g\. --max-side 320\)$"),
+    (dict(max_side=1), r"^max_side=1 \(--max-side\): give the size in pixels as a whole number from 16"),
     (dict(max_side=10_000), r"^max_side=10000 \(--max-side\): give the size"),
     (dict(resize=256.0), r"^resize=256.0 \(--resize\): give the size"),
     (dict(resize=256, jpeg_quality=0), r"^jpeg_quality=0 \(--jpeg-quality\): give a JPEG quality from 1 to 100"),

@@ -197,7 +197,7 @@ def per_class(folder: Path, manifest: Manifest) -> dict[str, list[tuple]]:
 
 
 @pytest.mark.slow
-def test_the_kaggle_tree_sharded_with_master_holds_the_local_paths_images(spark, tree, local_ds, tmp_path):
+def test_the_kaggle_tree_sharded_with_master_holds_the_local_paths_images(spark, tree, local_ds, tmp_path, capsys):
     """``shard SOURCE --master``, the Kaggle folder and its zip: the images chosen here as without --master, read
     and written by the executors: per split and class the same records as the local builder's (shard assignment
     and order differ); a second run over the same source leaves the committed dataset as it is."""
@@ -226,6 +226,12 @@ def test_the_kaggle_tree_sharded_with_master_holds_the_local_paths_images(spark,
     assert {split: [r[:3] for r in recs] for split, recs in per_class(tmp_path / "resized", resized).items()} \
         == unhashed
     assert {stored_size(r) for recs in records(tmp_path / "resized", resized).values() for r in recs} == {(24, 24)}
+    # another form into that folder: refused before the job (no image read), naming both forms
+    assert main(["shard", str(tree), "--master", "local[2,2]", "--out", str(tmp_path / "resized"), "--no-progress",
+                 "--max-side", "32"]) == 2
+    assert ("already holds a dataset of images stored as 'resize 24 q80' (id " + resized.dataset_id) in \
+        capsys.readouterr().err
+    assert Manifest.load(__import__("spark_imagenet").open_storage(str(tmp_path / "resized"))) == resized
 
 
 def stored_size(record: dict) -> tuple[int, int]:
@@ -405,11 +411,11 @@ def test_bad_images_fail_the_build_or_are_skipped(spark, tmp_path):
         shard_dataframe(df, str(out), name_col="name", train_shards=1, val_shards=1, val_fraction=0.3, progress=False)
     assert not out.exists() or not list(out.iterdir())  # no shard of any attempt is left
     manifest = shard_dataframe(df, str(out), name_col="name", train_shards=1, val_shards=1, val_fraction=0.3,
-                               on_corrupt="skip", progress=False, max_side=10)  # and stored at most 10 wide
+                               on_corrupt="skip", progress=False, max_side=16)  # and stored at most 16 wide
     assert sum(s.examples for s in manifest.splits.values()) == 18
     assert manifest.selection["quality"]["train"]["skipped"] + manifest.selection["quality"]["val"]["skipped"] == 2
-    assert manifest.image_form.label == "max-side 10 q90"  # the images are 20 x 16: 10 x 8, the check saw those
-    assert {stored_size(r) for recs in records(out, manifest).values() for r in recs} == {(10, 8)}
+    assert manifest.image_form.label == "max-side 16 q90"  # the images are 20 x 16: 16 x 13, the check saw those
+    assert {stored_size(r) for recs in records(out, manifest).values() for r in recs} == {(16, 13)}
 
 
 @pytest.mark.slow

@@ -227,7 +227,7 @@ def build_shards(df: Any, columns: Columns, found: Survey, counts: tuple[int, in
         ConfigError, DataError, ImageError, StorageError: as :func:`shard_dataframe`.
     """
     storage = open_storage(out)
-    dest = _destination(storage, job.overwrite)
+    dest = _destination(storage, job.overwrite, job.form)
     created_root = not storage.root_exists()
     run = uuid.uuid4().hex[:8]
     try:
@@ -425,16 +425,23 @@ def shard_counts(found: Survey, val_fraction: float, train_shards: int | None,
     return counts[0], counts[1]
 
 
-def _destination(storage: Any, overwrite: bool) -> Destination:
-    """What ``out`` holds before the job: other files refused unless ``overwrite``; an unreadable manifest too.
-    A dataset there is compared with this one once its id is known (:func:`commit_build`)."""
-    from spark_imagenet.dataset.manifest import MANIFEST_NAME
+def _destination(storage: Any, overwrite: bool, form: ImageForm) -> Destination:
+    """What ``out`` holds before the job: other files refused unless ``overwrite``; an unreadable manifest too,
+    and a dataset of another image form (this build's id cannot be its id). Any other dataset there is compared
+    with this one once its id is known (:func:`commit_build`)."""
+    from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
 
     if storage.exists(MANIFEST_NAME):
         dest = check_destination(storage, "", True)
         if dest.replaced == "(unreadable manifest)" and not overwrite:
             raise ConfigError(f"{storage.url} holds an unreadable {MANIFEST_NAME}; choose another destination or pass "
                               "overwrite=True (--overwrite)")
+        prior = None if overwrite or dest.replaced == "(unreadable manifest)" else Manifest.load(storage)
+        if prior is not None and prior.image_form != form:
+            raise ConfigError(f"{storage.url} already holds a dataset of images stored as '{prior.image_form.label}' "
+                              f"(id {prior.dataset_id}, built {prior.created}); this build stores them as "
+                              f"'{form.label}': choose another destination, or pass overwrite=True (--overwrite) to "
+                              "replace it")
         return dest
     return check_destination(storage, "", overwrite)
 

@@ -231,8 +231,8 @@ def commit_build(build: Build) -> Manifest:
             delete_run(build.storage, build.run)
             return prior
         if prior is not None and prior.dataset_id != manifest.dataset_id and not build.overwrite:
-            raise ConfigError(f"{build.storage.url} already holds a different dataset (id {prior.dataset_id}, built "
-                              f"{prior.created}); choose another destination, or pass overwrite=True (--overwrite) "
+            raise ConfigError(f"{build.storage.url} already holds a different dataset (id {prior.dataset_id}, images "
+                              f"stored as '{prior.image_form.label}', built {prior.created}); choose another destination, or pass overwrite=True (--overwrite) "
                               "to replace it. This run's shards were removed again")
         _log_report(build, report := quality_report(build, _ordered(build), manifest.dataset_id))
         write_quality_report(build.storage, report)

@@ -33,6 +33,8 @@ KINDS = ("original", "resize", "max-side")
 DEFAULT_JPEG_QUALITY = 90
 #: The largest ``--resize`` / ``--max-side`` accepted, in pixels (above it nothing is gained over the originals).
 MAX_SIZE = 8192
+#: The smallest, in pixels: below it a photo keeps too little to classify (tests store 16 px images).
+MIN_SIZE = 16
 #: A label of a re-encoded form, as :attr:`ImageForm.label` writes it.
 _LABEL = re.compile(r"(resize|max-side) ([0-9]+) q([0-9]+)")
 
@@ -109,11 +111,12 @@ class ImageForm:
 ORIGINAL = ImageForm()
 
 
-def _size(value: object, where: str) -> int:
-    """``value`` as a size in pixels, checked; ``where`` names the setting (``resize=... (--resize)``)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
-        raise ConfigError(f"{where}: give the size in pixels as a whole number from 1 to {MAX_SIZE} (the paper's "
-                          "form: --resize 256)")
+def _size(value: object, name: str, example: str) -> int:
+    """``value`` as a size in pixels, checked; ``name`` is the setting's keyword (``max_side``), ``example`` a
+    typical use of its option."""
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_SIZE <= value <= MAX_SIZE:
+        raise ConfigError(f"{name}={value!r} (--{name.replace('_', '-')}): give the size in pixels as a whole number "
+                          f"from {MIN_SIZE} to {MAX_SIZE} (e.g. {example})")
     return value
 
 
@@ -131,7 +134,7 @@ def image_form(resize: int | None = None, max_side: int | None = None,
         ImageForm: :data:`ORIGINAL` when neither ``resize`` nor ``max_side`` is given.
 
     Raises:
-        ConfigError: both sizes, a size that is not a whole number from 1 to :data:`MAX_SIZE`, a quality that is
+        ConfigError: both sizes, a size that is not a whole number from :data:`MIN_SIZE` to :data:`MAX_SIZE`, a quality that is
             not one from 1 to 100, or a quality without a size; one line naming the setting (``resize=0
             (--resize): ...``, the form a Param's message is made from).
     """
@@ -149,5 +152,5 @@ def image_form(resize: int | None = None, max_side: int | None = None,
         return ORIGINAL
     quality = DEFAULT_JPEG_QUALITY if jpeg_quality is None else jpeg_quality
     if resize is not None:
-        return ImageForm("resize", _size(resize, f"resize={resize!r} (--resize)"), quality)
-    return ImageForm("max-side", _size(max_side, f"max_side={max_side!r} (--max-side)"), quality)
+        return ImageForm("resize", _size(resize, "resize", "--resize 256, the paper's form"), quality)
+    return ImageForm("max-side", _size(max_side, "max_side", "--max-side 320"), quality)

@@ -153,7 +153,8 @@ def check_destination(storage: Storage, dataset_id: str, overwrite: bool, option
         if not overwrite:
             raise ConfigError(
                 f"{option} {storage.url} already holds a different dataset (id {existing.dataset_id}, "
-                f"{existing.num_classes} classes, {existing.splits['train'].examples} train images, built "
+                f"{existing.num_classes} classes, {existing.splits['train'].examples} train images stored as "
+                f"'{existing.image_form.label}', built "
                 f"{existing.created}); choose another {option}, or pass --overwrite to replace it"
             )
         return Destination(None, generation, objects, replaced=existing.dataset_id)

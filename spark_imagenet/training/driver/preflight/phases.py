@@ -137,8 +137,8 @@ def check_plan(job: JobPlan) -> tuple[JobPlan, Findings]:
         latest complete checkpoint, which the tracker and the first launch use), and ``dataset shards``
         (a :class:`~spark_imagenet.errors.ManifestError` for a shard missing or changed in the store),
         ``resume`` (a checkpoint this job cannot resume from), ``tracking``, the reach of the job's dataset and
-        folders from the master it names (:func:`check_reach`), ``min workers`` and
-        ``checkpoint every`` (warnings for settings without effect).
+        folders from the master it names (:func:`check_reach`), ``image form`` (a warning: images stored smaller
+        than ``--image-size``), ``min workers`` and ``checkpoint every`` (warnings for settings without effect).
 
     Raises:
         StorageError: a folder cannot be listed or a checkpoint's record read.
@@ -155,11 +155,24 @@ def check_plan(job: JobPlan) -> tuple[JobPlan, Findings]:
         *check_tracking(job),
         *check_reach(config, job.url),
         _useless_min_workers(config),
+        _stored_smaller(config, job.manifest),
         Finding.warning("checkpoint every", "--checkpoint-every has no effect without --checkpoint-dir: no "
                                             "checkpoint is kept")
         if config.checkpoint_every and config.checkpoint_dir is None else None,
     ])
     return dataclasses.replace(job, resume=resume), found
+
+
+def _stored_smaller(config: TrainConfig, manifest) -> Finding | None:
+    """A warning when the dataset stores its images smaller than ``--image-size`` (``shard --resize N`` or
+    ``--max-side N`` with N below it): every crop would be scaled up."""
+    form = manifest.image_form
+    if form.kind == "original" or form.size >= config.image_size:
+        return None
+    return Finding.warning("image form", f"the dataset stores its images as '{form.label}' (at most {form.size} px "
+                                         f"a side), smaller than --image-size {config.image_size}: every crop is "
+                                         f"scaled up; shard the sources again with --{form.kind} "
+                                         f"{config.image_size} or more, or train at --image-size {form.size} or less")
 
 
 def _useless_min_workers(config: TrainConfig) -> Finding | None:
