@@ -17,6 +17,17 @@ _NEXT_TAKES_SPARK: dict[str, bool] = {}
 SPARK_FIXTURES = frozenset({"spark", "remote", "connect_url", "two_hosts"})
 #: Words of a test module's source that say its tests drive Spark themselves.
 SPARK_WORDS = ("pyspark", "module_spark", "local_session", "shared_spark")
+#: The test modules marked ``part2``: .ci/run's main lane runs the slow tier in two pytest processes side by side,
+#: ``-m "slow and not part2"`` and ``-m "slow and part2"``, each about half of its minutes (measured per module;
+#: docs/design.md, 'The Spark lanes'). A module is in one part whole; so are the modules that share a session's
+#: cluster or server: the network-namespace cluster (batch_predict, shard_dataframe, submit: part 1), YARN and
+#: HDFS, the MLflow server (fault_tolerance, mlflow), the Connect server (connect) (part 2).
+PART2 = frozenset({
+    "test_yarn.py", "test_hdfs.py", "test_connect.py", "test_fault_tolerance.py", "test_mlflow.py",
+    "test_benchmarks_launch.py", "test_worker.py", "test_compile.py", "test_benchmarks_pipeline.py",
+    "test_benchmarks_scale.py", "test_watchdog.py", "test_spare_worker.py", "test_train_real.py", "test_elastic.py",
+    "test_ml.py",
+})
 
 
 def _drives_spark(item, sources: dict[str, str]) -> bool:
@@ -28,8 +39,9 @@ def _drives_spark(item, sources: dict[str, str]) -> bool:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Mark the tests that drive Spark ``spark`` (what the Spark 4.2 lane runs of the fast tier: .ci/run), and note,
-    in run order, which modules are followed by one that takes the ``spark`` fixture (see :func:`spark`)."""
+    """Mark the tests that drive Spark ``spark`` (what the Spark 4.2 lane runs of the fast tier: .ci/run) and those
+    of :data:`PART2` ``part2``, and note, in run order, which modules are followed by one that takes the ``spark``
+    fixture (see :func:`spark`)."""
     modules: list[str] = []
     takes: dict[str, bool] = {}
     sources: dict[str, str] = {}
@@ -41,6 +53,8 @@ def pytest_collection_modifyitems(session, config, items):
         takes[module] = takes[module] or "spark" in item.fixturenames
         if _drives_spark(item, sources):
             item.add_marker(pytest.mark.spark)
+        if item.path.name in PART2:
+            item.add_marker(pytest.mark.part2)
     _NEXT_TAKES_SPARK.clear()
     _NEXT_TAKES_SPARK.update({m: takes[n] for m, n in zip(modules, modules[1:])})
 
