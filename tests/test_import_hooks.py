@@ -1,4 +1,4 @@
-"""spark_imagenet.training.worker.import_hooks: code around a module's first import; pandas left out of tf_keras."""
+"""spark_imagenet.training.worker.import_hooks: code around a module's import; pandas left out of tf_keras."""
 
 from __future__ import annotations
 
@@ -10,29 +10,38 @@ import textwrap
 import pytest
 
 from data_util import REPO
-from spark_imagenet.training.worker.import_hooks import around_first_import, hidden
+from spark_imagenet.training.worker.import_hooks import around_import, hidden
+
+#: A module that imports ``toy_optional`` optionally, as tf_keras's data adapters import pandas.
+OPTIONAL_USER = """
+try:
+    import toy_optional
+except ImportError:
+    toy_optional = None
+"""
 
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    """Two fresh modules on sys.path: ``toy_optional`` (imports nothing) and ``toy_user``, which imports it
-    optionally, as tf_keras imports pandas. Both are forgotten again after the test."""
+    """Fresh modules on sys.path: ``toy_optional``, ``toy_user`` (imports it optionally) and the package
+    ``toy_pkg`` whose submodule ``toy_pkg.lazy`` does the same, imported after the package. All forgotten again
+    after the test, with any hook left."""
     (tmp_path / "toy_optional.py").write_text("VALUE = 7\n")
-    (tmp_path / "toy_user.py").write_text(textwrap.dedent("""
-        try:
-            import toy_optional
-        except ImportError:
-            toy_optional = None
-    """))
+    (tmp_path / "toy_user.py").write_text(OPTIONAL_USER)
+    (tmp_path / "toy_pkg").mkdir()
+    (tmp_path / "toy_pkg" / "__init__.py").write_text("")
+    (tmp_path / "toy_pkg" / "lazy.py").write_text(OPTIONAL_USER)
     monkeypatch.syspath_prepend(str(tmp_path))
-    yield
-    for name in ("toy_optional", "toy_user"):
+    hooks = list(sys.meta_path)
+    yield tmp_path
+    sys.meta_path[:] = hooks
+    for name in ("toy_optional", "toy_user", "toy_pkg", "toy_pkg.lazy"):
         sys.modules.pop(name, None)
 
 
 def test_a_hidden_module_is_left_out_of_that_import_only(toy):
-    assert around_first_import("toy_user", lambda: hidden("toy_optional"))
-    assert not around_first_import("toy_user", lambda: hidden("toy_optional"))  # one hook per module
+    assert around_import("toy_user", lambda: hidden("toy_optional"))
+    assert not around_import("toy_user", lambda: hidden("toy_optional"))  # one hook per module
     import toy_user
 
     assert toy_user.toy_optional is None and "toy_optional" not in sys.modules
@@ -42,10 +51,21 @@ def test_a_hidden_module_is_left_out_of_that_import_only(toy):
     assert toy_optional.VALUE == 7
 
 
+def test_with_submodules_a_module_imported_later_is_covered_too(toy):
+    assert around_import("toy_pkg", lambda: hidden("toy_optional"), submodules=True)
+    import toy_pkg  # noqa: F401
+    import toy_optional  # between the package's imports: as always
+
+    del sys.modules["toy_optional"]
+    import toy_pkg.lazy
+
+    assert toy_pkg.lazy.toy_optional is None and "toy_optional" not in sys.modules
+
+
 def test_a_module_already_imported_is_not_hidden(toy):
     import toy_optional
 
-    assert around_first_import("toy_user", lambda: hidden("toy_optional"))
+    assert around_import("toy_user", lambda: hidden("toy_optional"))
     import toy_user
 
     assert toy_user.toy_optional is toy_optional
@@ -54,13 +74,13 @@ def test_a_module_already_imported_is_not_hidden(toy):
 def test_an_imported_module_gets_no_hook(toy):
     import toy_user  # noqa: F401
 
-    assert not around_first_import("toy_user", lambda: hidden("toy_optional"))
+    assert not around_import("toy_user", lambda: hidden("toy_optional"))
 
 
-def test_a_failing_import_leaves_nothing_hidden(toy, tmp_path):
-    (tmp_path / "toy_user.py").write_text("import toy_optional\nraise RuntimeError('broken module')\n")
-    around_first_import("toy_user", lambda: hidden("toy_optional"))
-    with pytest.raises(ImportError):  # the hidden module's import fails first
+def test_a_failing_import_leaves_nothing_hidden(toy):
+    (toy / "toy_user.py").write_text("import toy_optional\n")
+    around_import("toy_user", lambda: hidden("toy_optional"))
+    with pytest.raises(ImportError):  # the hidden module's import fails, so the module's does
         import toy_user  # noqa: F401
     assert "toy_optional" not in sys.modules
     import toy_optional

@@ -31,7 +31,7 @@ import tempfile
 from typing import Iterator
 
 from spark_imagenet.training.job.gpus import is_cpu_startup_line
-from spark_imagenet.training.worker.import_hooks import around_first_import
+from spark_imagenet.training.worker.import_hooks import around_import
 
 #: absl's line prefix: severity letter, date, time, thread id, ``file:line]``.
 _ABSL_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ ([^\]]+\] .*)$")
@@ -124,4 +124,4 @@ def install() -> bool:
         bool: True when the filter is in place for the first import; False when TensorFlow is already
         imported (nothing to do) or the filter is already installed.
     """
-    return around_first_import("tensorflow", filtered_stderr)
+    return around_import("tensorflow", filtered_stderr)
