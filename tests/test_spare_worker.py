@@ -20,7 +20,6 @@ import io
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -284,15 +283,16 @@ def _job(spark, root: Path, **settings) -> list[dict]:
     return [r.to_json() for r in sorted(records, key=lambda r: r.rank)]
 
 
-def _spare_folders() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob(f"{SPARE_FOLDER_PREFIX}*")}
+def _spare_folders(root: Path) -> set[str]:
+    return {p.name for p in root.glob(f"{SPARE_FOLDER_PREFIX}*")}
 
 
 @pytest.mark.slow
 @linux_only
 def test_jobs_of_one_session_take_the_spares_of_the_last(bucket, tmp_path):
-    folders_before = _spare_folders()
-    spark = _session()
+    tmpdir = tmp_path / "tmp"  # the executors' TMPDIR: the spares' folders of this session's jobs, and no others'
+    tmpdir.mkdir()
+    spark = _session(**{"spark.executorEnv.TMPDIR": str(tmpdir)})
     seen: list[int] = []
     try:
         first = _job(spark, bucket)
@@ -300,6 +300,7 @@ def test_jobs_of_one_session_take_the_spares_of_the_last(bucket, tmp_path):
         tasks = [r["tf_process"]["task_pid"] for r in first]
         assert _wait_until(lambda: all(len(_spares_of(t)) == 1 for t in tasks), 60), [_children(t) for t in tasks]
         spares = {t: _spares_of(t)[0] for t in tasks}
+        assert _wait_until(lambda: len(_spare_folders(tmpdir)) == 2, 30)  # the spares' folders, in its TMPDIR
         seen += spares.values()
         servers = _fork_servers({_parent(t) for t in tasks})
         assert len(servers) == 1, servers  # one TensorFlow import for the executor: both tasks' processes forked
@@ -352,7 +353,7 @@ def test_jobs_of_one_session_take_the_spares_of_the_last(bucket, tmp_path):
     finally:
         spark.stop()
     assert _wait_until(lambda: not any(_alive(p) for p in seen), 60), [p for p in seen if _alive(p)]
-    assert _wait_until(lambda: _spare_folders() <= folders_before, 60), _spare_folders() - folders_before
+    assert _wait_until(lambda: not _spare_folders(tmpdir), 60), _spare_folders(tmpdir)
 
 
 @pytest.mark.slow
