@@ -232,8 +232,9 @@ def commit_build(build: Build) -> Manifest:
             return prior
         if prior is not None and prior.dataset_id != manifest.dataset_id and not build.overwrite:
             raise ConfigError(f"{build.storage.url} already holds a different dataset (id {prior.dataset_id}, images "
-                              f"stored as '{prior.image_form.label}', built {prior.created}); choose another destination, or pass overwrite=True (--overwrite) "
-                              "to replace it. This run's shards were removed again")
+                              f"stored as '{prior.image_form.label}', built {prior.created}); choose another "
+                              "destination, or pass overwrite=True (--overwrite) to replace it. This run's shards were "
+                              "removed again")
         _log_report(build, report := quality_report(build, _ordered(build), manifest.dataset_id))
         write_quality_report(build.storage, report)
         committed = commit_manifest(build.storage, manifest, build.dest.generation)

@@ -134,9 +134,9 @@ def image_form(resize: int | None = None, max_side: int | None = None,
         ImageForm: :data:`ORIGINAL` when neither ``resize`` nor ``max_side`` is given.
 
     Raises:
-        ConfigError: both sizes, a size that is not a whole number from :data:`MIN_SIZE` to :data:`MAX_SIZE`, a quality that is
-            not one from 1 to 100, or a quality without a size; one line naming the setting (``resize=0
-            (--resize): ...``, the form a Param's message is made from).
+        ConfigError: both sizes, a size that is not a whole number from :data:`MIN_SIZE` to :data:`MAX_SIZE`, a
+            quality that is not one from 1 to 100, or a quality without a size; one line naming the setting
+            (``resize=0 (--resize): ...``, the form a Param's message is made from).
     """
     if resize is not None and max_side is not None:
         raise ConfigError(f"resize={resize} and max_side={max_side} (--resize, --max-side): give one of the two "

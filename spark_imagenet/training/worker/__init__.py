@@ -12,8 +12,8 @@
 * :mod:`.forkserver`: the host's TensorFlow fork server: imports TensorFlow once and forks each task's worker
   process from that state (``python -m spark_imagenet.training.worker.forkserver``).
 * :mod:`.native_log`: TensorFlow's import-time log lines at the level asked for, once each.
-* :mod:`.import_hooks`: code around a module's first import (the native log's filter), and pandas left out of
-  tf_keras's import.
+* :mod:`.import_hooks`: code run around a module's import (the native log's filter around TensorFlow's), and
+  pandas left out of tf_keras's modules.
 * :mod:`.tf_internals`: every private TensorFlow and tf-keras API the package uses, behind small shims, with
   the TensorFlow version each was checked against.
 * :mod:`.evaluate`, :mod:`.predict`: the ``evaluate`` and ``predict`` commands (run in a child Python).
