@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/launch.py [--reps 5] [--root DIR] [--warm-pause S] [--json [FILE]]
+    .venv/bin/python benchmarks/launch.py [--reps 5] [--root DIR] [--json [FILE]]
     .venv/bin/python benchmarks/launch.py --quick        # 1 repetition of the tiniest job, ours and plain
     .venv/bin/python benchmarks/launch.py --quick --variants ours,peer,plain   # with the peer too
 
@@ -13,9 +13,9 @@ per worker, 1 epoch, on the same TFRecord shards of a small synthetic Kaggle tre
 * **ours**: :func:`spark_imagenet.training.driver.launch.train` (what ``spark-imagenet train`` runs): driver checks,
   one barrier stage; each task starts its TensorFlow worker process (``spark_imagenet.training.worker.main
   --preload``, forked by the host's TensorFlow fork server, which the first job's first task starts and which
-  imports TensorFlow once; or takes the spare an earlier task of its Python worker left), stages its shards
-  into a fresh shard cache and meets the other task meanwhile, then gives the process its go; after training it
-  also evaluates the validation images (``val_images`` in the params) and leaves a spare for the next job.
+  imports TensorFlow once), stages its shards into a fresh shard cache and meets the other task meanwhile, then
+  gives the process its go; after training it also evaluates the validation images (``val_images`` in the
+  params).
 * **peer**: spark-tensorflow-distributor 1.0.0, ``MirroredStrategyRunner(num_slots=2, local_mode=False,
   use_gpu=False).run(fn)``: its tasks import TensorFlow in the reused PySpark Python worker itself and run
   ``fn`` inside their own strategy scope. ``fn`` (:func:`train_fn`) builds our model (models registry,
@@ -28,9 +28,7 @@ per worker, 1 epoch, on the same TFRecord shards of a small synthetic Kaggle tre
 
 Cold and warm: each repetition of ours and of the peer is a fresh driver process (a child of this script:
 new SparkSession, JVM and Python workers) that runs the job twice: the first job is **cold**, the second
-(same session) **warm**, right after the first (``--warm-pause S`` waits S seconds between them: ours' spare
-for the next job, started when the first job ends, has then finished importing TensorFlow). The
-SparkSession start itself is timed apart and is in neither. The plain processes
+(same session) **warm**, right after the first. The SparkSession start itself is timed apart and is in neither. The plain processes
 are fresh each time, so plain has one kind, compared with both. Repetitions alternate the order of the
 variants (ours, peer, plain, then plain, peer, ours, ...) so drifting load hits them alike.
 
@@ -45,21 +43,20 @@ The markers (``time.time()`` on one machine, all processes):
 
 The probe: a ``sitecustomize.py`` written into the run's folder, put on ``PYTHONPATH`` of every child and
 active only with ``SPARK_IMAGENET_LAUNCH_PROBE`` set; every Python process of a job (driver, PySpark
-workers, supervisors, TensorFlow workers) appends timestamped events to one file: interpreter start,
+workers, the fork server, TensorFlow workers) appends timestamped events to one file: interpreter start,
 ``import tensorflow`` start and end, MultiWorkerMirroredStrategy's set-up (its ``CollectiveAllReduceExtended``
 constructor), the models' ``build_model`` (registry) and ``compile_model`` (compile), ours' task functions (``_stage``,
 ``rendezvous``, ``_run_worker``) and the watchdog callback's fit / first batch / evaluation hooks. It only
 wraps those functions to write one line each; it changes nothing they do. Each event of a job is taken on
 the last process to reach it, the TensorFlow workers' events only from the processes that trained in that
-job (not from a spare started for the next one; a spare's import finished before the call is not in the
-job), so the fork server's import, in a process that never trains, is in no job's breakdown: a cold job shows it
+job, so the fork server's import, in a process that never trains, is in no job's breakdown: a cold job shows it
 as the gap before ``strategy start``. The breakdown records order a variant's events by their median time and
 give, per repetition, the gap from the latest earlier event to each event (0 where it overlapped the one
 before), so the gaps add up to the call-to-first-step time.
 
 A loaded shared machine skews the comparison: with the kernel's autogroup scheduling
 (``/proc/sys/kernel/sched_autogroup_enabled``) every session gets an equal share of the CPUs, and ours'
-supervisor starts each TensorFlow process in a session of its own (so do the plain workers here), while the
+fork server runs each TensorFlow process in a session of its own (so do the plain workers here), while the
 peer imports and trains inside PySpark's Python workers, in the driver's session. Under load the peer then
 gets less CPU than ours; on a quiet machine this plays no part. Each record's params hold the 1-minute load
 after each repetition.
@@ -120,7 +117,7 @@ EVENTS = ("call", "planned", "checked", "submitted", "task started", "shards sta
           "strategy start", "strategy created", "model build start", "model built", "model compiled", "datasets start",
           "datasets built", "fit called", "fit start", "first step", "training done", "evaluation done", "returned")
 #: Events of the TensorFlow worker processes: counted only from the processes that trained in the job (that
-#: reached its first step), not from a spare started for the next job.
+#: reached its first step), not from the fork server (which imports TensorFlow and never trains).
 WORKER_EVENTS = {"worker python start", "tensorflow import start", "tensorflow imported", "strategy start",
                  "strategy created", "model build start", "model built", "model compiled", "datasets start",
                  "datasets built", "fit called", "fit start", "first step", "training done", "evaluation done"}
@@ -257,8 +254,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--root", type=Path, default=None,
                    help="folder for the temporary dataset, caches and probe files (default: a new temporary "
                         "folder); what this run writes there is removed at the end")
-    p.add_argument("--warm-pause", type=float, default=0.0, metavar="S",
-                   help="seconds between the cold and the warm job of a driver (default: 0, back to back)")
     p.add_argument("--variants", default=None,
                    help="comma-separated subset of ours,peer,plain, with ours (default: all three; with --quick "
                         "ours,plain, which keeps it under a minute)")
@@ -274,8 +269,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown or "ours" not in chosen:
         p.error(f"--variants {args.variants}: give ours and any of peer, plain (comma-separated)")
     args.variants = [v for v in VARIANTS if v in chosen]
-    if args.warm_pause < 0:
-        p.error(f"--warm-pause {args.warm_pause}: give 0 or more seconds")
     return args
 
 
@@ -389,8 +382,8 @@ def train_config(size: dict[str, Any], cache: Path | None):
 def read_marks(path: Path, start: float, end: float) -> dict[str, float]:
     """The latest time of each event in ``[start, end]``, relative to ``start``. Events of TensorFlow worker
     processes (:data:`WORKER_EVENTS`; a ``python start`` there is ``worker python start``) count only from the
-    processes that reached the job's first step; an event before the call (a spare's import finished before
-    the job) is not in the job's breakdown."""
+    processes that reached the job's first step; an event before the call (the fork server's import, done
+    before a warm job) is not in the job's breakdown."""
     marks = []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
@@ -455,7 +448,7 @@ def run_plain(job_file: Path, marks: Path) -> dict[str, Any]:
     procs = []
     for rank in range(WORKERS):
         env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}})}
-        # a session of its own, as ours' supervisor gives its TensorFlow worker: with the kernel's autogroup
+        # a session of its own, as ours' fork server gives its TensorFlow worker: with the kernel's autogroup
         # scheduling a loaded machine then shares the CPUs between them as between ours' workers
         procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--_worker", str(job_file)],
                                       env=env, start_new_session=True))
@@ -492,8 +485,6 @@ def child(args) -> int:
         out["session_s"] = time.time() - t
         try:
             for n in range(2):  # cold, then warm in the same session
-                if n:
-                    time.sleep(job["warm_pause_s"])
                 out["jobs"].append(run_ours(spark, job, marks, probe) if args._child == "ours"
                                    else run_peer(job["fn"], marks))
         finally:
@@ -523,14 +514,13 @@ class ChildFailed(Exception):
     """A child run failed; the message says which and shows its last output lines."""
 
 
-def run_child(variant: str, rep: int, run: Path, dataset: Path, size: dict[str, Any], fn: dict[str, Any],
-              warm_pause: float = 0.0) -> dict[str, Any]:
+def run_child(variant: str, rep: int, run: Path, dataset: Path, size: dict[str, Any], fn: dict[str, Any]
+              ) -> dict[str, Any]:
     """Run one ``--_child VARIANT`` in a folder of its own (marks, job file, a fresh shard cache); its result."""
     folder = run / f"{variant}-{rep}"
     folder.mkdir()
     marks = folder / "marks.jsonl"
-    job = {"dataset": str(dataset), "size": size, "cache": str(folder / "cache"), "fn": {**fn, "marks": str(marks)},
-           "warm_pause_s": warm_pause}
+    job = {"dataset": str(dataset), "size": size, "cache": str(folder / "cache"), "fn": {**fn, "marks": str(marks)}}
     (folder / "job.json").write_text(json.dumps(job))
     argv = [sys.executable, str(Path(__file__).resolve()), "--_child", variant, "--_job", str(folder / "job.json")]
     try:
@@ -643,7 +633,6 @@ def job_params(args, size: dict[str, Any], fn: dict[str, Any], variants: list[st
             "image_size": SETTINGS["image_size"], "batch_size_per_worker": size["batch_size"], "epochs": 1,
             "steps": fn["steps"], "train_images": size["classes"] * size["train_per_class"],
             "val_images": fn["val_images"], "ours_evaluates_val": True, "variants": variants,
-            "warm_pause_s": args.warm_pause,
             "order": "repetitions alternate " + ",".join(variants) + " / " + ",".join(reversed(variants)),
             "peer": "spark-tensorflow-distributor 1.0.0 MirroredStrategyRunner(num_slots=2, local_mode=False, "
                     "use_gpu=False)", "plain": "2 subprocesses with hand-written TF_CONFIG (localhost ports)"}
@@ -678,7 +667,7 @@ def run_benchmark(args) -> int:
         for rep in range(reps):
             for variant in variants if rep % 2 == 0 else variants[::-1]:
                 t = time.monotonic()
-                results[variant].append(run_child(variant, rep, run, dataset, size, fn, args.warm_pause))
+                results[variant].append(run_child(variant, rep, run, dataset, size, fn))
                 report.say(f"  repetition {rep + 1}: {variant} done in {time.monotonic() - t:.1f} s")
         params = job_params(args, size, fn, variants)
         series = record_times(report, results, params)

@@ -25,7 +25,7 @@ SPARK_WORDS = ("pyspark", "module_spark", "local_session", "shared_spark")
 PART2 = frozenset({
     "test_yarn.py", "test_hdfs.py", "test_connect.py", "test_fault_tolerance.py", "test_mlflow.py",
     "test_benchmarks_launch.py", "test_worker.py", "test_compile.py", "test_benchmarks_pipeline.py",
-    "test_benchmarks_scale.py", "test_watchdog.py", "test_spare_worker.py", "test_train_real.py", "test_elastic.py",
+    "test_benchmarks_scale.py", "test_watchdog.py", "test_train_real.py", "test_elastic.py",
     "test_ml.py",
 })
 
@@ -64,8 +64,8 @@ def spark(request):
     """A real ``local[2]`` SparkSession for the tests of a module, handed on to the next module when that one
     takes it too.
 
-    Consecutive modules share one SparkContext, so its Python workers (and the spare TensorFlow processes of
-    their last job) carry over; it is stopped after the last of a run of such modules, before a module that
+    Consecutive modules share one SparkContext, so its Python workers (and the host's TensorFlow fork server)
+    carry over; it is stopped after the last of a run of such modules, before a module that
     starts a session of its own (another master or settings). A module whose test stops it gets a new one in
     the next module. Later SparkContexts start in the same JVM (PySpark keeps its gateway), much cheaper than
     a JVM start on this 2-core machine. Note: the conf of the session that launches the JVM becomes JVM

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from spark_imagenet.training.job.outcome import Failure
-from child_util import run_child, worker_env as child_env
+from child_util import WORKER, fake_worker, run_child, worker_env as child_env
 from spark_imagenet.training.task.child import CpuStartupFilter
 from spark_imagenet.training.task.environment import cuda_visible_devices
 from spark_imagenet.errors import ConfigError
@@ -74,13 +74,20 @@ def test_child_env_lets_python_m_find_the_package(tmp_path):
 
 
 # ------------------------------------------------------------ child output
-def test_run_child_streams_prefixed_lines_and_keeps_the_tail(tmp_path):
+@pytest.fixture()
+def fake(tmp_path):
+    """``(environment, owner)`` of the stand-in TensorFlow worker (tests/child_util.py)."""
+    with fake_worker(tmp_path) as got:
+        yield got
+
+
+def test_run_child_streams_prefixed_lines_and_keeps_the_tail(fake):
     code = ("import sys\n"
             "for i in range(50): print('line', i)\n"
             "print('to stderr', file=sys.stderr)\n"
             "sys.exit(3)\n")
     out = io.StringIO()
-    rc, tail = run_child([sys.executable, "-c", code], dict(os.environ), str(tmp_path), "[rank 1] ", out=out)
+    rc, tail = run_child(*fake, "[rank 1] ", code, out=out)
     assert rc == 3
     echoed = out.getvalue().splitlines()
     assert echoed[0] == "[rank 1] line 0" and echoed[-1] == "[rank 1] to stderr" and len(echoed) == 51
@@ -97,12 +104,11 @@ TF_CPU_STARTUP = [
 ]
 
 
-def test_cpu_startup_lines_become_one_notice_in_the_echo_and_the_tail(tmp_path):
+def test_cpu_startup_lines_become_one_notice_in_the_echo_and_the_tail(fake):
     lines = ["strategy: waiting", *TF_CPU_STARTUP, *TF_CPU_STARTUP, "Epoch 1/1: 3 steps", "Traceback (most recent"]
-    code = "import sys\nfor line in sys.argv[1:]: print(line)\nsys.exit(1)\n"
+    code = f"import sys\nfor line in {lines!r}: print(line)\nsys.exit(1)\n"
     out, shown = io.StringIO(), CpuStartupFilter()
-    rc, tail = run_child([sys.executable, "-c", code, *lines], dict(os.environ), str(tmp_path), "[rank 0] ", out=out,
-                         shown=shown)
+    rc, tail = run_child(*fake, "[rank 0] ", code, out=out, shown=shown)
     shown_lines = ["strategy: waiting", CpuStartupFilter.NOTICE, "Epoch 1/1: 3 steps", "Traceback (most recent"]
     assert rc == 1 and tail == shown_lines  # a failure's message quotes what was shown: no cuInit line
     assert out.getvalue().splitlines() == ["[rank 0] strategy: waiting", f"[rank 0] {CpuStartupFilter.NOTICE}",
@@ -128,56 +134,78 @@ def _dies_within(pid: int, seconds: float) -> bool:
     return True
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
-def test_child_dies_when_the_task_process_is_killed(tmp_path):
-    pid_file = tmp_path / "grandchild.pid"
-    # the "task": runs a child that writes its pid and sleeps; then we SIGKILL the task
-    child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
-    task_code = (
-        "import os, sys\n"
-        "from spark_imagenet.training.task.child import finish_child, start_child\n"
-        f"finish_child(start_child([sys.executable, '-c', {child_code!r}], dict(os.environ), '.'), '[t] ')\n"
-    )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    task = subprocess.Popen([sys.executable, "-c", task_code], env=env, cwd=tmp_path)
+def _wait_until_gone(path: str, seconds: float) -> bool:
+    """Poll every 0.1 s until ``path`` is gone; False if it is still there after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+#: A task's body (``python -c`` with the stand-in worker's environment): its TensorFlow process sleeps.
+TASK_CODE = r"""
+import os, sys
+from pathlib import Path
+from spark_imagenet.training.task.child import finish_child, start_preloaded
+
+def prepare(folder):
+    Path(folder, "sleep.txt").write_text("")
+    Path(sys.argv[1], "folder.txt").write_text(folder)
+
+held = start_preloaded(dict(os.environ), "fake_tf.worker", 0)
+finish_child(held, "[t] ", prepare, lambda folder: None)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract sockets, /proc")
+def test_child_dies_and_its_folder_goes_when_the_task_process_is_killed(fake, tmp_path):
+    env, _owner = fake
+    task = subprocess.Popen([sys.executable, "-c", TASK_CODE, str(tmp_path)], env=env, cwd=tmp_path)
     try:
-        for _ in range(300):
-            if pid_file.exists() and pid_file.read_text():
-                break
+        deadline = time.monotonic() + 60
+        while not ((tmp_path / "folder.txt").exists() and os.path.exists(os.path.join(
+                (tmp_path / "folder.txt").read_text(), "pid.txt"))) and time.monotonic() < deadline:
             time.sleep(0.1)
-        grandchild = int(pid_file.read_text())
+        folder = (tmp_path / "folder.txt").read_text()
+        grandchild = int(open(os.path.join(folder, "pid.txt")).read())
         assert _alive(grandchild)
-        task.send_signal(signal.SIGKILL)
+        task.send_signal(signal.SIGKILL)  # as PySpark ends a cancelled task's Python worker
         task.wait(30)
         assert _dies_within(grandchild, 10), "the child outlived its task process"
+        assert _wait_until_gone(folder, 10), "the child's folder outlived its task process"
     finally:
         if task.poll() is None:
             task.kill()
-        if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 @pytest.mark.slow
-def test_child_of_a_killed_barrier_task_dies(spark, tmp_path):
-    # rank 0 runs a child that would sleep for 5 minutes; rank 1 fails once that child is up.
+def test_child_of_a_killed_barrier_task_dies(spark, fake, tmp_path):
+    # rank 0 runs a child that would sleep for 2 minutes; rank 1 fails once that child is up.
     # Spark then kills rank 0's task (and its Python worker): the child must not outlive it.
-    pid_file = tmp_path / "child.pid"
-    child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    env, _owner = fake
+    folder_file, pid_file = tmp_path / "folder.txt", tmp_path / "child.pid"
 
     def task(_):
         import os
-        import sys
         import time
+        from pathlib import Path
 
         from pyspark import BarrierTaskContext
 
-        from spark_imagenet.training.task.child import finish_child, start_child
+        from spark_imagenet.training.task.child import finish_child, start_preloaded
+
+        def prepare(folder):
+            Path(folder, "sleep.txt").write_text("")
+            folder_file.write_text(folder)
 
         if BarrierTaskContext.get().partitionId() == 0:
-            finish_child(start_child([sys.executable, "-c", child_code], dict(os.environ), str(tmp_path)), "[rank 0] ")
+            finish_child(start_preloaded(env, WORKER, 0), "[rank 0] ", prepare, lambda folder: None)
         else:
             for _ in range(600):
-                if pid_file.exists() and pid_file.read_text():
+                if folder_file.exists() and os.path.exists(os.path.join(folder_file.read_text(), "pid.txt")):
+                    pid_file.write_text(Path(folder_file.read_text(), "pid.txt").read_text())
                     break
                 time.sleep(0.1)
             raise RuntimeError("rank 1 fails on purpose")
@@ -188,6 +216,7 @@ def test_child_of_a_killed_barrier_task_dies(spark, tmp_path):
     child = int(pid_file.read_text())
     try:
         assert _dies_within(child, 60), "the TensorFlow-side child outlived its killed barrier task"
+        assert _wait_until_gone(folder_file.read_text(), 60), "the child's folder outlived its killed barrier task"
     finally:
         if _alive(child):
             os.kill(child, signal.SIGKILL)

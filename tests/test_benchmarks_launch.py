@@ -82,7 +82,7 @@ def test_probe_records_the_interpreter_start_and_wraps_hooked_functions(tmp_path
 
 def test_read_marks_keeps_the_latest_event_of_the_window_from_the_processes_that_trained(tmp_path):
     path = tmp_path / "marks.jsonl"
-    lines = [{"t": 99.0, "pid": 3, "event": "tensorflow imported"},  # before the call (a spare ready in advance)
+    lines = [{"t": 99.0, "pid": 3, "event": "tensorflow imported"},  # before the call: not in the job
              {"t": 101.0, "pid": 1, "event": "planned"},  # the driver
              {"t": 101.5, "pid": 2, "event": "task started"},  # a task
              {"t": 102.0, "pid": 3, "event": "python start", "cmd": "python -m spark_imagenet.training.worker.main"},
@@ -90,7 +90,7 @@ def test_read_marks_keeps_the_latest_event_of_the_window_from_the_processes_that
              {"t": 103.0, "pid": 4, "event": "tensorflow imported"},
              {"t": 104.0, "pid": 3, "event": "first step"}, {"t": 105.0, "pid": 4, "event": "first step"},
              {"t": 106.0, "pid": 5, "event": "python start", "cmd": "python -m spark_imagenet.training.worker.main"},
-             {"t": 107.0, "pid": 5, "event": "tensorflow imported"},  # a spare for the next job: not counted
+             {"t": 107.0, "pid": 5, "event": "tensorflow imported"},  # a process that did not train: not counted
              {"t": 111.0, "pid": 4, "event": "training done"}]  # after the window
     path.write_text("".join(json.dumps(m) + "\n" for m in lines) + "not json\n")
     assert launch.read_marks(path, 100.0, 110.0) == {"planned": 1.0, "task started": 1.5, "worker python start": 2.5,

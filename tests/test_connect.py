@@ -217,7 +217,7 @@ def _descendants(root: int) -> dict[int, str]:
 
 def _tensorflow_workers() -> list[int]:
     """The training TensorFlow processes of the server's executors: forks of a TensorFlow fork server whose owner
-    (``--owner``, the executor's PySpark daemon) is below the server, working in a rank's folder (not a spare's).
+    (``--owner``, the executor's PySpark daemon) is below the server, working in a rank's folder.
     A fork's command line is its fork server's, and the fork server may have outlived the Python worker that
     started it (docs/design.md, 'One TensorFlow import per host: the fork server')."""
     below = set(_descendants(SERVER["pid"])) | {SERVER["pid"]}
@@ -248,15 +248,11 @@ def _wait_until(condition, timeout: float) -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ctrl_c_interrupts_the_connect_job_and_its_tensorflow_workers(connect_url, dataset, tmp_path):
-    """Ctrl-C of the CLI: exit 130 with one line, and the server's TensorFlow workers end (spark.interruptTag).
-
-    The job runs with --no-spare-worker, so it takes none of the spares earlier jobs left in the server's Python
-    workers and leaves none: its own TensorFlow processes are the new ones, and those must end. (Spares stay
-    until Spark reaps their idle Python worker, a minute later: not this job's.)"""
+    """Ctrl-C of the CLI: exit 130 with one line, and the server's TensorFlow workers end (spark.interruptTag)."""
     import signal
 
     cli = Path(sys.executable).with_name("spark-imagenet")
-    args = [*SMALL_ARGS[:2], "--epochs", "500", *SMALL_ARGS[4:], "--no-spare-worker"]
+    args = [*SMALL_ARGS[:2], "--epochs", "500", *SMALL_ARGS[4:]]
     env = _clean_env()
     before = set(_tensorflow_workers())
     proc = subprocess.Popen([str(cli), "train", str(dataset), "--master", connect_url, *args], env=env,
@@ -275,7 +271,7 @@ def test_ctrl_c_interrupts_the_connect_job_and_its_tensorflow_workers(connect_ur
         assert "Traceback" not in output, output[-3000:]
         left = lambda: job & set(_tensorflow_workers())  # noqa: E731
         assert _wait_until(lambda: not left(), 120), f"left running: {left()}"
-        assert not set(_tensorflow_workers()) - before, "the job left a spare"
+        assert not set(_tensorflow_workers()) - before, "the job left a TensorFlow process"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

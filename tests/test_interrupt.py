@@ -16,13 +16,15 @@ a terminal's Ctrl-C does. They assert:
   first Ctrl-C's doing: one Ctrl-C is enough;
 * within a bounded wait, no process remains that belongs to the run: none in
   its session, and none carrying the run's unique marker in its environment
-  (the supervisors and TensorFlow processes run in sessions of their own; the
-  marker is checked to find them while training runs);
+  (the fork server and the TensorFlow processes run in sessions of their own; the
+  marker is checked to find them while training runs), and per rank only the
+  task's PySpark Python worker and its TensorFlow process ran besides the driver
+  and the host's fork server;
 * no ``spark-imagenet-rank*`` folder is left under the run's ``TMPDIR``.
 
-The fast tests check the same cleanup for one child run by
-:func:`spark_imagenet.training.task.barrier_task.run_child` whose task process is
-SIGKILLed, as PySpark kills the Python worker of a cancelled task.
+The fast tests check the same cleanup for one child run as the barrier task runs it
+(:mod:`spark_imagenet.training.task.child`, with the stand-in worker of tests/child_util.py) whose task process
+is SIGKILLed, as PySpark kills the Python worker of a cancelled task.
 """
 
 from __future__ import annotations
@@ -76,7 +78,6 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-SUPERVISOR = "spark_imagenet.training.task.supervisor"
 FORK_SERVER = "spark_imagenet.training.worker.forkserver"
 
 
@@ -86,7 +87,7 @@ def _folder(pid: int) -> str:
         name = os.path.basename(os.readlink(f"/proc/{pid}/cwd"))
     except OSError:
         return ""
-    return name if name.startswith(("spark-imagenet-rank", "spark-imagenet-spare-")) else ""
+    return name if name.startswith("spark-imagenet-rank") else ""
 
 
 def _run_processes(sid: int, marker: str) -> dict[int, str]:
@@ -188,17 +189,15 @@ def _interrupted_demo(tmp_path: Path) -> None:
                                or proc.poll() is not None, 900, 0.5)
         assert training and proc.poll() is None, "the demo did not start training:\n" + "\n".join(out.snapshot()[-40:])
         running = _run_processes(sid, marker)
-        # each task's supervisor and the spare supervisor it started for a next job; the host's fork server and
-        # its forks (a fork's command line is the server's): each task's TensorFlow process and each spare's
-        supervisors = [c for c in running.values() if c.split(" -- ")[0].split()[1:3] == ["-m", SUPERVISOR]]
-        spares = [c for c in supervisors if "spark-imagenet-spare-" in c]
+        # the host's fork server and its forks (a fork's command line is the server's): each task's TensorFlow
+        # process; nothing else of ours but the driver, its JVM and PySpark's Python workers
         forked = {p: _folder(p) for p, c in running.items() if c.split()[1:3] == ["-m", FORK_SERVER]}
         servers = [p for p, folder in forked.items() if not folder]
         workers = [p for p, folder in forked.items() if folder.startswith("spark-imagenet-rank")]
-        assert len(servers) == 1 and len(workers) == 2 and len(supervisors) - len(spares) == 2, \
-            f"the marker does not find the run's processes: {running}"
-        assert len(spares) in (0, 2), running  # a spare supervisor per task, when spares start early
-        assert len(forked) == 1 + len(workers) + len(spares), running  # the server, then one fork each
+        assert len(servers) == 1 and len(workers) == 2, f"the marker does not find the run's processes: {running}"
+        assert len(forked) == 1 + len(workers), running  # the server, then one fork each
+        ours = [c for c in running.values() if "spark_imagenet" in c and c.split()[1:3] != ["-m", FORK_SERVER]]
+        assert len(ours) == 1 and ours[0].split()[1:4] == ["-m", "spark_imagenet", "demo"], running  # the driver
         assert len(_rank_folders(tmpdir)) == 2
 
         assert not _ignores_sigint(proc.pid), "the driver ignores Ctrl-C while it trains"
@@ -221,7 +220,6 @@ def _interrupted_demo(tmp_path: Path) -> None:
         assert _wait_until(lambda: not _run_processes(sid, marker), 120), \
             f"processes left behind: {_run_processes(sid, marker)}"
         assert _rank_folders(tmpdir) == []
-        assert _wait_until(lambda: not [p for p in tmpdir.rglob("spark-imagenet-spare-*") if p.is_dir()], 60)
     finally:
         if proc.poll() is None:
             os.killpg(sid, signal.SIGKILL)
@@ -241,31 +239,42 @@ def test_ctrl_c_during_training_prints_one_line_and_leaves_nothing_and_a_second_
 # ------------------------------------------------------- one killed task
 TASK_CODE = r"""
 import os, sys
-from spark_imagenet.training.task.child import ChildFolder, finish_child, start_child
+from spark_imagenet.training.task.child import finish_child, start_preloaded
+
+script = ("import os, sys, time\n"
+          "open(os.path.join(os.environ['TMPDIR'], 'scratch.txt'), 'w').write('x')\n"
+          f"open({sys.argv[2]!r}, 'w').write(str(os.getpid()))\n"
+          "time.sleep(300)\n")
 
 def prepare(folder):
     with open(os.path.join(folder, "input.txt"), "w") as f:
         f.write("hello")
+    with open(os.path.join(folder, "script.py"), "w") as f:
+        f.write(script)
     with open(sys.argv[1], "w") as f:
         f.write(folder)
 
-child = ("import os, sys, time\n"
-         "open(os.path.join(os.environ['TMPDIR'], 'scratch.txt'), 'w').write('x')\n"
-         "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
-         "time.sleep(300)\n")
-folder = ChildFolder("spark-imagenet-rank0-", prepare, lambda folder: None)
-finish_child(start_child([sys.executable, "-c", child, sys.argv[2]], dict(os.environ), None, folder.prefix), "[t] ",
-             folder=folder)
+finish_child(start_preloaded(dict(os.environ), "fake_tf.worker", 0), "[t] ", prepare, lambda folder: None)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
-def test_a_killed_task_leaves_no_child_and_no_folder(tmp_path):
+@pytest.fixture()
+def fake(tmp_path):
+    """``(environment, owner)`` of the stand-in TensorFlow worker (tests/child_util.py), in ``tmp_path/fake``."""
+    from child_util import fake_worker
+
+    (tmp_path / "fake").mkdir()
+    with fake_worker(tmp_path / "fake") as got:
+        yield got
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract sockets, /proc")
+def test_a_killed_task_leaves_no_child_and_no_folder(fake, tmp_path):
     """PySpark SIGKILLs the Python worker of a cancelled task: the child dies, its folder goes."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     folder_file, pid_file = tmp_path / "folder", tmp_path / "child.pid"
-    env = dict(os.environ, TMPDIR=str(tmpdir), PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, sys.path)]))
+    env = dict(fake[0], TMPDIR=str(tmpdir))
     task = subprocess.Popen([sys.executable, "-c", TASK_CODE, str(folder_file), str(pid_file)], env=env,
                             cwd=tmp_path, stdout=subprocess.DEVNULL)
     child = None
@@ -274,13 +283,13 @@ def test_a_killed_task_leaves_no_child_and_no_folder(tmp_path):
         child = int(pid_file.read_text())
         folder = Path(folder_file.read_text())
         assert folder.parent == tmpdir and folder.name.startswith("spark-imagenet-rank0-")
-        assert sorted(p.name for p in folder.iterdir()) == ["input.txt", "scratch.txt"]  # TMPDIR is the folder
+        # TMPDIR is the folder (the stand-in's pid.txt besides)
+        assert sorted(p.name for p in folder.iterdir()) == ["input.txt", "pid.txt", "scratch.txt", "script.py"]
         task.send_signal(signal.SIGKILL)
         task.wait(30)
         assert _wait_until(lambda: _gone(child), 30), "the child outlived its task"
         assert _wait_until(lambda: not folder.exists(), 30), "the task's folder was left behind"
         assert _rank_folders(tmpdir) == []
-        assert _wait_until(lambda: not [p for p in tmpdir.rglob("spark-imagenet-spare-*") if p.is_dir()], 60)
     finally:
         if task.poll() is None:
             task.kill()
@@ -289,11 +298,9 @@ def test_a_killed_task_leaves_no_child_and_no_folder(tmp_path):
                 os.kill(child, signal.SIGKILL)
 
 
-def test_run_child_folder_carries_inputs_and_results_and_is_removed(tmp_path, monkeypatch):
+def test_run_child_folder_carries_inputs_and_results_and_is_removed(fake):
     from child_util import run_child
-    from spark_imagenet.training.task.child import ChildFolder
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
     seen: dict[str, str] = {}
 
     def prepare(folder: str) -> None:
@@ -304,21 +311,19 @@ def test_run_child_folder_carries_inputs_and_results_and_is_removed(tmp_path, mo
         seen["result"] = Path(folder, "out.txt").read_text()
 
     code = ("import os, sys\n"
-            "n = int(open(sys.argv[1]).read())\n"
+            "n = int(open('in.txt').read())\n"
             "open('out.txt', 'w').write(str(n + 1))\n"  # the working folder is the task's folder
             "print('tmp', os.environ['TMPDIR'] == os.getcwd())\n")
     out = io.StringIO()
-    rc, tail = run_child([sys.executable, "-c", code, "{folder}/in.txt"], dict(os.environ), None, "[r] ", out=out,
-                         folder=ChildFolder("spark-imagenet-rank3-", prepare, collect))
+    rc, tail = run_child(*fake, "[r] ", code, prepare=prepare, collect=collect, rank=3, out=out)
     assert rc == 0, tail
     assert out.getvalue() == "[r] tmp True\n"
-    assert seen["result"] == "42" and Path(seen["folder"]).parent == tmp_path
+    assert seen["result"] == "42" and Path(seen["folder"]).name.startswith("spark-imagenet-rank3-")
     assert not Path(seen["folder"]).exists()
 
 
-def test_run_child_reports_the_childs_signal(tmp_path):
+def test_run_child_reports_the_childs_signal(fake):
     from child_util import run_child
 
-    rc, _tail = run_child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
-                          dict(os.environ), str(tmp_path), "", out=io.StringIO())
+    rc, _tail = run_child(*fake, "", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", out=io.StringIO())
     assert rc == -signal.SIGKILL

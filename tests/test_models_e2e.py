@@ -61,7 +61,7 @@ def test_user_builder_trains_one_epoch(log_lines, spark, bucket, tmp_path):
     assert out["config"]["width"] == 0.5
     # a builder written with Keras 3 (import keras) is refused where the worker first holds its model, inside the
     # strategy's scope and before training; its one line reaches the driver as a ConfigError, with the TensorFlow
-    # process's last lines after it and no traceback (6 s on 2 cores: the job's spare TensorFlow processes)
+    # process's last lines after it and no traceback
     with pytest.raises(ConfigError) as info:
         train(spark, str(bucket), TrainConfig(workers=2, model="user_model:keras3_model", cache=tmp_path / "cache",
                                               **SMALL))

@@ -20,7 +20,7 @@ def record(rank: int, top1: float = 0.5, **extra) -> TaskResult:
         train_top1=0.4, history={"loss": (2.0, 1.5)}, initial_epoch=0,
         val=ValMetrics(images=30, top1=top1, top5=0.9, loss=1.2), eval_seconds=1.0, params=123, **extra)
     return TaskResult(rank=rank, host=f"10.0.0.{rank + 1}", python="/env/bin/python", worker=worker,
-                      tf_process=TfProcess(spare=False, supervisor_pid=10 + rank, task_pid=20 + rank))
+                      tf_process=TfProcess(pid=10 + rank, task_pid=20 + rank))
 
 
 def test_results_survive_their_json_lines():
@@ -39,7 +39,7 @@ def test_combine_orders_by_rank_and_keeps_each_workers_own_fields(log_lines):
     assert [w.rank for w in per_worker] == [0, 1]
     assert set(per_worker[0].to_json()) == {"rank", "host", "python", "strategy", "all_reduce", "devices",
                                             "train_images", "steps", "images_per_sec", "train_seconds", "tf_process"}
-    assert per_worker[1].images_per_sec == 11.0 and per_worker[1].tf_process.supervisor_pid == 11
+    assert per_worker[1].images_per_sec == 11.0 and per_worker[1].tf_process.pid == 11
     assert val == ValMetrics(images=30, top1=0.5, top5=0.9, loss=1.2) and lines == []
 
 

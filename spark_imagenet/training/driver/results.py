@@ -33,7 +33,7 @@ class WorkerRecord:
         train_images, steps: images and steps it trained in the last launch.
         images_per_sec: its images per second over the timed epochs.
         train_seconds: its whole ``fit``, in seconds.
-        tf_process: which TensorFlow process ran (a spare or one the task started).
+        tf_process: which TensorFlow process ran (its pid and its task's).
     """
 
     rank: int

@@ -270,13 +270,11 @@ class TfProcess:
     """Which TensorFlow process ran a task's worker.
 
     Attributes:
-        spare: it was a spare an earlier task of this Python worker had started.
-        supervisor_pid: its supervisor's process id.
+        pid: the TensorFlow process's id.
         task_pid: the task's (PySpark Python worker's) process id.
     """
 
-    spare: bool
-    supervisor_pid: int
+    pid: int
     task_pid: int
 
 

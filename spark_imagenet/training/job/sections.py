@@ -77,12 +77,6 @@ class ScalingConfig:
             as a mapping or pairs); used like ``master``.
         allow_unencrypted: train although Spark's network encryption or SSL
             is on (TensorFlow's gRPC between workers is plaintext).
-        spare_worker: each task starts a spare TensorFlow process (TensorFlow
-            imported, waiting) that the next task in the same reused PySpark
-            Python worker takes: at the task's start under ``SCHED_IDLE`` where
-            the executor may wake it again, else when the task ends
-            (docs/design.md, 'Starting TensorFlow early, and a spare for the
-            next job'); False: none.
         min_workers: the fewest workers a relaunch after a lost worker may go on with when ``workers`` barrier
             slots are not free within ``regain_timeout`` (the global batch kept); None: always ``workers``.
 
@@ -112,9 +106,6 @@ class ScalingConfig:
     allow_unencrypted: bool = setting(False, kind="bool", option="--allow-unencrypted",
                                       help="train although Spark's network encryption or SSL is on: TensorFlow's "
                                            "gRPC between the workers (gradients, weights) is not encrypted")
-    spare_worker: bool = setting(True, kind="bool", option="--no-spare-worker",
-                                 help="start no spare TensorFlow process (one with TensorFlow imported, holding "
-                                      "its memory) in each reused Spark Python worker for the next job")
 
     def __post_init__(self) -> None:
         validate_fields(self)

@@ -5,9 +5,7 @@
 ``functools.partial``; both are picklable module-level objects). Each task:
 
 0. starts its TensorFlow worker process (step 3) at once, in preload mode: it
-   imports TensorFlow while the task stages and meets its peers, and waits for
-   its go; or takes the spare that an earlier task left in this reused Python
-   worker (docs/design.md, 'Starting TensorFlow early, and a spare for the next job');
+   is ready while the task stages and meets its peers, and waits for its go;
 1. stages its own train shards and its val shards into the host's shard
    cache (:mod:`spark_imagenet.dataset.cache`);
 2. meets the other tasks (:func:`spark_imagenet.training.task.rendezvous.rendezvous`):
@@ -22,31 +20,28 @@
    its environment (:func:`preload_env`; set here, inside the executor: the driver's environment
    does not reach executors on a cluster), and given TF_CONFIG (``--strategy multiworker`` only:
    the one-worker strategies skip the rendezvous and have no cluster) in ENV_JSON (:func:`job_env`).
-   The child runs under a supervisor
-   (:mod:`spark_imagenet.training.task.supervisor`) in a session of its own, with
-   a per-task temporary folder that the supervisor creates and removes: the
-   child's working folder and ``TMPDIR``, holding WORKER_SPEC_JSON (the
-   worker's :class:`~spark_imagenet.training.job.plan.WorkerSpec`), ENV_JSON and RESULT_JSON;
+   The task holds the child's connection to the fork server and a per-task temporary folder that it
+   creates and the server removes: the child's working folder and ``TMPDIR``, holding WORKER_SPEC_JSON (the
+   worker's :class:`~spark_imagenet.training.job.plan.WorkerSpec`), ENV_JSON and RESULT_JSON
+   (:mod:`spark_imagenet.training.task.child`);
 4. streams the child's output line by line to the task's stderr prefixed
    with ``[rank R]`` (the driver console under ``local[N]``, the executor
    log on a cluster), keeping the last lines for the error message; the task's
    own log lines get the same prefix (:func:`spark_imagenet.logs.task_console`);
 5. yields a :class:`~spark_imagenet.training.job.outcome.TaskResult` (the child's
    :class:`~spark_imagenet.training.job.outcome.WorkerResult`, the host, which process ran) as one JSON
-   line, after starting a spare for the next task of this Python worker (unless ``spare_worker`` is off or
-   PySpark does not reuse its Python workers). A failure is raised as the error of a
+   line. A failure is raised as the error of a
    :class:`~spark_imagenet.training.job.outcome.Failure` (the one the child wrote to RESULT_JSON, with the
    exit status and last output lines added; or the task's own, e.g. a shard it could not stage), which the
    driver reads back typed (:meth:`~spark_imagenet.training.job.outcome.Failure.find`).
 
 However the task ends, the child ends with it and the folder is removed:
 PySpark SIGKILLs the Python worker of a cancelled or failed barrier task, so
-no ``finally`` here could clean up; the supervisor gets ``PR_SET_PDEATHSIG``
-= SIGTERM (Linux) and its stdin is a pipe that closes when the task dies;
-either way it SIGKILLs the child and removes the folder. The task ignores
-SIGINT while it runs, and the supervisor and child are in their own session,
-so a Ctrl-C in the driver's terminal reaches neither (the driver cancels the
-job instead: docs/design.md, 'One TensorFlow process per task').
+no ``finally`` here could clean up; the task's connection to the fork server
+closes when the task dies, and the server then SIGKILLs the child and removes
+the folder. The task ignores SIGINT while it runs, and the child is in a
+session of its own, so a Ctrl-C in the driver's terminal reaches neither (the
+driver cancels the job instead: docs/design.md, 'One TensorFlow process per task').
 
 No TensorFlow import here: the Python worker stays light; only the child
 imports TensorFlow.
@@ -76,22 +71,9 @@ from spark_imagenet.training.job.tracking import MODEL_DIR as MLFLOW_MODEL_DIR
 from spark_imagenet.training.job.outcome import Failure, ResumePoint, TaskResult, TfProcess, WorkerResult, read_outcome
 from spark_imagenet.errors import ConfigError, PeerFailed, SparkImagenetError
 from spark_imagenet.logs import task_console
-from spark_imagenet.training.task.child import (
-    ChildFolder,
-    CpuStartupFilter,
-    Preloaded,
-    end_child,
-    exit_description,
-    finish_child,
-    drop_spare,
-    leave_spare,
-    spares_enabled,
-    start_spare_early,
-    start_preloaded,
-    take_preloaded,
-)
+from spark_imagenet.training.task.child import (CpuStartupFilter, Preloaded, end_child, exit_description, finish_child,
+                                               start_preloaded)
 from spark_imagenet.training.task.environment import gpu_sharing_warning, host_cpus, job_env, preload_env, task_gpus
-from spark_imagenet.training.task.supervisor import EXIT_PRELOAD_ENDED
 
 if TYPE_CHECKING:
     from spark_imagenet.training.task.rendezvous import DriverMeeting
@@ -110,6 +92,7 @@ STAGE_STAGING = "staging its shards"
 STAGE_RENDEZVOUS = "meeting its peers"
 STAGE_CHECKPOINT = "fetching the checkpoint to resume from"
 STAGE_OUTPUT = "publishing --output"
+STAGE_START = "starting its TensorFlow process"
 
 
 
@@ -255,11 +238,10 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, extra_env: Mapping[str, str
                 shown: Callable[[str], str | None] | None = None) -> tuple[WorkerResult, TfProcess]:
     """Give the TensorFlow worker process ``held`` its inputs and its go; return its result and which process ran.
 
-    Its folder (``spark-imagenet-rank<R>-*``, or ``spark-imagenet-spare-*`` for a spare, in the task's temporary
-    directory) holds ``environ.json`` (``extra_env``, :func:`job_env`), ``worker.json`` and ``result.json`` and
-    is the child's ``TMPDIR`` (autograph's generated modules); the supervisor removes it however the task ends.
-    A process that had ended before its go (a spare killed while it waited) is replaced by a new one, started
-    at once.
+    Its folder (``spark-imagenet-rank<R>-*`` in the task's temporary directory) holds ``environ.json``
+    (``extra_env``, :func:`job_env`), ``worker.json`` and ``result.json`` and is the child's ``TMPDIR``
+    (autograph's generated modules); the fork server removes it however the task ends. A process that had
+    ended before its go (killed while it waited) is replaced by a new one, once (:func:`finish_child`).
 
     Raises:
         TrainingError, WorkerLost, or the class the worker named: the process failed (the error carries its
@@ -295,14 +277,8 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, extra_env: Mapping[str, str
                         + (f", {mlflow_files} MLflow model file(s))" if (mlflow_files := sum(
                             1 for n in names if n.startswith(MLFLOW_MODEL_DIR + "/"))) else ")"))
 
-    folder = ChildFolder(f"spark-imagenet-rank{rank}-", prepare, collect)
-    logger.info(f"TensorFlow process: {'a spare, started by an earlier task' if held.spare else 'started by this task'}"
-                f" (supervisor pid {held.proc.pid})")
-    code, tail = finish_child(held.proc, f"[rank {rank}] ", folder=folder, shown=shown)
-    if code == EXIT_PRELOAD_ENDED:
-        logger.info("that TensorFlow process had ended before its go; starting a new one")
-        held = start_preloaded(held.env, spec.child_module, folder.prefix, owner=held.owner)
-        code, tail = finish_child(held.proc, f"[rank {rank}] ", folder=folder, shown=shown)
+    with failing_as(STAGE_START, rank, host):
+        code, tail = finish_child(held, f"[rank {rank}] ", prepare, collect, shown=shown)
     outcome = got.get("outcome")
     if code != 0 or not isinstance(outcome, WorkerResult):
         failure = process_failure(outcome, code, tail, rank, host, spec.child_module)
@@ -311,7 +287,7 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, extra_env: Mapping[str, str
             # error) a head start, so that the stage fails with the cause rather than this consequence.
             time.sleep(PEER_CAUSE_GRACE_S)
         raise failure.to_error()
-    return outcome, TfProcess(spare=held.spare, supervisor_pid=held.proc.pid, task_pid=os.getpid())
+    return outcome, TfProcess(pid=held.proc.pid, task_pid=os.getpid())
 
 
 def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
@@ -343,7 +319,6 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
     host = split_host_port(ctx.getTaskInfos()[rank].address)[0]
-    spares = spares_enabled(spec.config, os.environ)
     owner = os.getppid()  # the executor's PySpark daemon (or its JVM): the host's fork server lives as long
     # PySpark's forked workers have Python's default SIGINT handler: a terminal's Ctrl-C that reaches
     # them (workers started without the daemon share the JVM's process group) would crash the task;
@@ -361,25 +336,19 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
                                      spec.config.gpus_per_worker)
                     env = preload_env(os.environ, gpus, task_path=sys.path)  # --py-files reach the child
                 # TensorFlow's import overlaps the staging and the rendezvous
-                held = take_preloaded(env, spec.child_module, rank, spares, owner)
-                if spares:  # the next job's, forked while this one runs
-                    start_spare_early(env, spec.child_module, owner)
+                with failing_as(STAGE_START, rank, host):
+                    held = start_preloaded(env, spec.child_module, rank, owner)
                 with failing_as(STAGE_STAGING, rank, host):
                     train_files, val_files = _stage(spec, rank)
             except SparkImagenetError as e:
                 failed = e
             result = _meet_and_train(ctx, spec, rank, host, failed, held, gpus,
                                      (train_files, val_files) if failed is None else ([], []), meeting)
-        except BaseException:
-            drop_spare()  # none is left after a failed task
-            raise
         finally:
             if held is not None:
-                end_child(held.proc)  # a no-op once it has run
+                end_child(held)  # a no-op once it has run
             if meeting is not None:
                 meeting.close()
-        if spares and held is not None:  # not after a failure: the exception has left already
-            leave_spare(held.env, spec.child_module, owner)
     yield dataclasses.replace(result, python=sys.executable).to_line()
 
 

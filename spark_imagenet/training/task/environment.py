@@ -64,8 +64,7 @@ def cuda_visible_devices(addresses: Sequence[str], existing: str | None) -> str:
 def preload_env(base: Mapping[str, str], gpu_addresses: Sequence[str] | None,
                 task_path: Sequence[str] = ()) -> dict[str, str]:
     """The environment the TensorFlow worker process is started with, before the rendezvous: what TensorFlow
-    reads when it is imported, all known when the task starts (docs/design.md, 'Starting TensorFlow early, and a
-    spare for the next job').
+    reads when it is imported, all known when the task starts.
 
     Args:
         base: the task's environment (``os.environ``).

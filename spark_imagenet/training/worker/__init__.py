@@ -10,7 +10,8 @@
   store is :mod:`spark_imagenet.training.job.checkpoints`), :mod:`.keras_schedule`, :mod:`.optimizers`,
   :mod:`.watchdog`: the training loop's parts.
 * :mod:`.forkserver`: the host's TensorFlow fork server: imports TensorFlow once and forks each task's worker
-  process from that state (``python -m spark_imagenet.training.worker.forkserver``).
+  process from that state (``python -m spark_imagenet.training.worker.forkserver``); kills a worker whose task
+  is gone and removes its folder.
 * :mod:`.native_log`: TensorFlow's import-time log lines at the level asked for, once each.
 * :mod:`.import_hooks`: code run around a module's import (the native log's filter around TensorFlow's), and
   pandas left out of tf_keras's modules.

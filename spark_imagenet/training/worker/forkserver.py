@@ -11,23 +11,27 @@ training modules; no strategy, no device, no op), checks that no Python thread b
 only the forking thread), then serves the protocol of :mod:`spark_imagenet.training.job.forking`: for each
 request it forks a child that runs MODULE as ``__main__`` (as ``python -m MODULE ARG...`` would) with the
 request's stdin and stdout, in its folder, in a session of its own, dying with the server (``PR_SET_PDEATHSIG``
-= SIGKILL); it reaps each child and reports its exit status to the child's client. It ends, SIGKILLing the
-children it still has, when its owner ends (the executor's PySpark daemon: every task of the executor is gone).
-docs/design.md, 'One TensorFlow import per host: the fork server'.
+= SIGKILL); it reaps each child, reports its exit status to the child's client (the barrier task), SIGKILLs a
+child whose client's connection ends, and removes the child's folder once the child is reaped and the
+connection has ended. It ends, SIGKILLing the children it still has and removing their folders, when its owner
+ends (the executor's PySpark daemon: every task of the executor is gone). docs/design.md, 'One TensorFlow import
+per host: the fork server'.
 
 MODULE must do its work under ``if __name__ == "__main__":`` (the server imports it; each child runs it again as
-``__main__``, its imports already done). Its own stdout and stderr are ``/dev/null``: a failed import is written
-to each requester's stdout instead.
+``__main__``, its imports already done). Its own stdout and stderr are ``/dev/null``: a failed import is each
+requester's ``error`` answer instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import os
 import re
 import runpy
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -100,6 +104,17 @@ def _run_child(module: str, request: ForkRequest, fds: list[int], close: list, s
         os._exit(code)
 
 
+@dataclasses.dataclass
+class _Child:
+    """A forked child: its pidfd, its client's connection and folder, and which of the two ends has come."""
+
+    pidfd: int
+    conn: socket.socket
+    folder: str
+    reaped: bool = False
+    client_ended: bool = False
+
+
 class ForkServer:
     """The server's loop (see the module docstring).
 
@@ -115,10 +130,10 @@ class ForkServer:
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ, self._accept)
         self.selector.register(owner, selectors.EVENT_READ, None)
-        self.children: dict[int, tuple[socket.socket | None, int]] = {}  # pid -> (client, pidfd)
+        self.children: dict[int, _Child] = {}  # by pid
 
     def serve(self) -> None:
-        """Serve until the owner ends; then SIGKILL and reap the children left."""
+        """Serve until the owner ends; then SIGKILL and reap the children left and remove their folders."""
         while True:
             for key, _ in self.selector.select():
                 if key.data is None:
@@ -148,36 +163,42 @@ class ForkServer:
         conn.setblocking(False)
         self._fork(conn, request, fds)
 
+    def _refuse(self, conn: socket.socket, request: ForkRequest, fds: list[int], error: str) -> None:
+        """Answer ``error`` for a request that cannot be forked; remove its folder."""
+        for fd in fds:
+            os.close(fd)
+        shutil.rmtree(request.cwd, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            conn.setblocking(True)
+            conn.sendall(f"error {' '.join(error.split())}\n".encode())
+        conn.close()
+
     def _fork(self, conn: socket.socket, request: ForkRequest, fds: list[int]) -> None:
         error = self.error
         if error is None and list(request.argv[1:3]) != ["-m", self.module]:
             error = f"the TensorFlow fork server runs -m {self.module}, not {' '.join(request.argv[1:3])}"
         if error is not None:
-            with contextlib.suppress(OSError):
-                os.write(fds[1], (error + "\n").encode())
-            for fd in fds:
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                conn.sendall(b"exit 1\n")
-            conn.close()
-            return
+            return self._refuse(conn, request, fds, error)
         close = [self.selector, self.listener, self.owner, conn]
-        close += [thing for client, pidfd in self.children.values() for thing in (client, pidfd) if thing is not None]
+        close += [c.conn for c in self.children.values()] + [c.pidfd for c in self.children.values() if not c.reaped]
         server = os.getpid()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            return self._refuse(conn, request, fds, f"the TensorFlow fork server could not fork: {e}")
         if pid == 0:
             _run_child(self.module, request, fds, close, server)
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
-        self.children[pid] = (conn, pidfd)
+        self.children[pid] = _Child(pidfd, conn, request.cwd)
         self.selector.register(pidfd, selectors.EVENT_READ, lambda _fd, pid=pid: self._reap(pid))
         self.selector.register(conn, selectors.EVENT_READ, lambda c, pid=pid: self._client(c, pid))
         with contextlib.suppress(OSError):
             conn.sendall(f"pid {pid}\n".encode())
 
     def _client(self, conn: socket.socket, pid: int) -> None:
-        """A client's ``kill``, or the end of its connection: either way its child is SIGKILLed."""
+        """A client's ``kill``, or the end of its side of the connection: either way its child is SIGKILLed."""
         try:
             data = conn.recv(4096)
         except BlockingIOError:
@@ -186,33 +207,49 @@ class ForkServer:
             data = b""
         if data and b"kill" not in data:
             return
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)  # not reaped yet (its pidfd is still registered): the pid is its own
+        child = self.children[pid]
+        if not child.reaped:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)  # not reaped yet: the pid is its own
         if not data:
             self.selector.unregister(conn)
-            conn.close()
-            self.children[pid] = (None, self.children[pid][1])
+            child.client_ended = True
+            if child.reaped:
+                self._finish(pid)
 
     def _reap(self, pid: int) -> None:
-        """Reap ``pid`` and tell its client how it ended."""
-        client, pidfd = self.children.pop(pid)
+        """Reap ``pid`` and tell its client how it ended; done with it once the client's side has ended too."""
+        child = self.children[pid]
         status = os.waitpid(pid, 0)[1]
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        self.selector.unregister(pidfd)
-        os.close(pidfd)
-        if client is not None:
-            self.selector.unregister(client)
-            with contextlib.suppress(OSError):
-                client.setblocking(True)
-                client.sendall(f"exit {code}\n".encode())
-            client.close()
+        self.selector.unregister(child.pidfd)
+        os.close(child.pidfd)
+        child.reaped = True
+        if child.client_ended:
+            return self._finish(pid)
+        with contextlib.suppress(OSError):
+            child.conn.setblocking(True)
+            child.conn.sendall(f"exit {code}\n".encode())
+            child.conn.setblocking(False)
+
+    def _finish(self, pid: int) -> None:
+        """The child is reaped and its client's side has ended: remove the folder, then close the connection
+        (the client that waits for that knows the folder is gone)."""
+        child = self.children.pop(pid)
+        shutil.rmtree(child.folder, ignore_errors=True)
+        child.conn.close()
 
     def _shut_down(self) -> None:
+        """SIGKILL the children left, reap them, remove their folders and close their connections."""
+        for pid, child in self.children.items():
+            if not child.reaped:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         for pid in list(self.children):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in list(self.children):
-            self._reap(pid)
+            if pid in self.children and not self.children[pid].reaped:
+                self._reap(pid)
+            if pid in self.children:
+                self._finish(pid)
 
 
 def _parse(argv: list[str]) -> tuple[int, int, str]:

@@ -19,8 +19,8 @@ One worker may hold several replicas (one per local GPU).
 Input: WORKER_SPEC_JSON, a :class:`~spark_imagenet.training.job.plan.WorkerSpec`
 (``to_json``); nothing else is read.
 
-With ``--preload ENV_JSON`` (how the barrier task starts it: docs/design.md,
-'Starting TensorFlow early, and a spare for the next job') the process first
+With ``--preload ENV_JSON`` (how the barrier task starts it, through the host's
+fork server: :mod:`spark_imagenet.training.worker.forkserver`) the process first
 imports TensorFlow and this package's training modules (:func:`preload`; no
 strategy, no device, no op), then waits for one line ``run`` on its stdin (its
 go; the end of stdin instead: exit 1 without a word). Only then does it read
@@ -69,7 +69,6 @@ printing ``Timeout`` and its stack, and RESULT_JSON holds the failure written be
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -80,7 +79,6 @@ import tensorflow as tf
 
 from spark_imagenet.errors import SparkImagenetError
 from spark_imagenet.logs import worker_console
-from spark_imagenet.training.job import priority
 from spark_imagenet.training.job.outcome import Failure, LostPeer, describe_lost, write_outcome
 from spark_imagenet.training.job.outputs import LOCAL_OUTPUT_DIR
 from spark_imagenet.training.job.plan import WorkerSpec
@@ -195,8 +193,6 @@ def _await_go(env_path: str) -> bool:
     preload()
     if sys.stdin.readline().strip() != "run":
         return False
-    with contextlib.suppress(OSError):  # a spare started idle: its task woke it, a thread may have been missed
-        priority.wake_threads(os.getpid())
     with open(env_path, encoding="utf-8") as f:
         environ = json.load(f)
     if not isinstance(environ, dict) or not all(isinstance(v, str) for v in environ.values()):

@@ -137,7 +137,7 @@ def _as_written(fn: Callable) -> Callable:
     """``fn``, marked for tf.data to trace as written, without AutoGraph's conversion: no function of this
     pipeline branches or loops on a tensor in Python, and the conversion (parsing and rewriting each
     function's source) was most of a job's dataset set-up: 2.6 to 4.0 s of a warm job's 10 to 12 s on a loaded
-    2-core machine (docs/design.md, 'Starting TensorFlow early, and a spare for the next job')."""
+    2-core machine."""
     return tf.autograph.experimental.do_not_convert(fn)
 
 
