@@ -145,7 +145,7 @@ def test_sections_hold_the_settings_and_the_flat_names_read_them():
     assert c == TrainConfig(workers=4, epochs=9, batch_size=16, output="gs://b/run")
     assert c.replace(epochs=3).recipe.epochs == 3 and c.replace(epochs=3).scaling == c.scaling
     assert c.recipe.learning_rate == 0.01  # the model's recipe fills what is left at None
-    assert [name for name, _ in TrainConfig.settings()][:1] == ["scaling"] and len(TrainConfig.keys()) == 50
+    assert [name for name, _ in TrainConfig.settings()][:1] == ["scaling"] and len(TrainConfig.keys()) == 49
     with pytest.raises(ConfigError, match=r"section 'run' must be a RunConfig \(or a mapping of its settings\), "
                                           r"got ScalingConfig"):
         TrainConfig(workers=1, run=ScalingConfig(workers=1))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -23,7 +22,6 @@ import pytest
 
 from child_util import WORKER, fake_worker, run_child
 from spark_imagenet.errors import TrainingError
-from spark_imagenet.training.job.forking import ForkedChild
 from spark_imagenet.training.task import child
 from spark_imagenet.training.task.child import end_child, finish_child, fork_server, start_preloaded
 
