@@ -81,6 +81,22 @@ def _cmdline(pid: int) -> str:
 FORK_SERVER = "spark_imagenet.training.worker.forkserver"
 
 
+def _kind(cmd: str) -> str:
+    """What a process of the run is, by its command line: the driver (with its JVM and multiprocessing's
+    resource tracker), a PySpark daemon or Python worker (a barrier task), the fork server or a fork of it (a
+    TensorFlow process); else the command line itself."""
+    words = cmd.split()
+    if words[1:3] == ["-m", FORK_SERVER]:
+        return "fork server"
+    if words[1:3] in (["-m", "pyspark.daemon"], ["-m", "pyspark.worker"]):
+        return "PySpark"
+    if words[1:3] == ["-m", "spark_imagenet"]:
+        return "driver"
+    if words and words[0].endswith("/java"):
+        return "JVM"
+    return "resource tracker" if "from multiprocessing.resource_tracker import main" in cmd else cmd
+
+
 def _folder(pid: int) -> str:
     """The name of ``pid``'s working folder when it is a task's folder (``spark-imagenet-...``), else ``""``."""
     try:
@@ -196,8 +212,8 @@ def _interrupted_demo(tmp_path: Path) -> None:
         workers = [p for p, folder in forked.items() if folder.startswith("spark-imagenet-rank")]
         assert len(servers) == 1 and len(workers) == 2, f"the marker does not find the run's processes: {running}"
         assert len(forked) == 1 + len(workers), running  # the server, then one fork each
-        ours = [c for c in running.values() if "spark_imagenet" in c and c.split()[1:3] != ["-m", FORK_SERVER]]
-        assert len(ours) == 1 and ours[0].split()[1:4] == ["-m", "spark_imagenet", "demo"], running  # the driver
+        kinds = {_kind(c) for c in running.values()}
+        assert kinds <= {"driver", "JVM", "resource tracker", "PySpark", "fork server"}, running
         assert len(_rank_folders(tmpdir)) == 2
 
         assert not _ignores_sigint(proc.pid), "the driver ignores Ctrl-C while it trains"
