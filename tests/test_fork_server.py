@@ -148,6 +148,18 @@ def test_a_fork_dies_with_its_task_s_connection(fake):
     end_child(held)
 
 
+def test_a_fork_killed_through_the_server_reports_the_signal(fake):
+    env, owner = fake
+    held = start_preloaded(env, WORKER, 0, owner=owner)
+    try:
+        pid = _pid(held.folder)
+        held.proc.kill()
+        assert held.proc.wait() == -signal.SIGKILL and held.proc.pid == pid and not _alive(pid)
+    finally:
+        end_child(held)
+    assert not Path(held.folder).exists()
+
+
 def test_the_server_ends_with_its_owner_and_takes_its_forks_and_their_folders(fake):
     env, owner = fake
     held = start_preloaded(env, WORKER, 0, owner=owner)
