@@ -424,8 +424,8 @@ def run_ours(spark, job: dict[str, Any], marks: Path, probe) -> dict[str, Any]:
         result = driver.train(spark, job["dataset"], config)
     end = time.time()
     events = read_marks(marks, start, end)
-    return {"events": events, "whole": end - start, "val_images": result["val"]["images"],
-            "steps": result["config"].get("steps_per_epoch")}
+    return {"events": events, "whole": end - start, "val_images": result.val.images,
+            "steps": result.config.get("steps_per_epoch")}
 
 
 def run_peer(job: dict[str, Any], marks: Path) -> dict[str, Any]:

@@ -407,8 +407,8 @@ def train(spark, url: str | os.PathLike, config: TrainConfig) -> Result:
     Returns:
         Result: :class:`~spark_imagenet.training.driver.results.Result`: the per-worker records, the
         validation and training metrics, rank 0's history, the settings, the wall time, the restarts, the last
-        checkpoint and the output folder; ``result.to_json()`` (also ``result["val"]["top1"]``) is the
-        ``--results`` file's form, and ``Result.from_path(output)`` reads it back from ``--output``.
+        checkpoint and the output folder; ``result.to_json()`` is the ``--results`` file's form, and
+        ``Result.from_path(output)`` reads it back from ``--output``.
 
     Raises:
         ConfigError: ``config`` is not a TrainConfig, a bad setting, dynamic allocation, too few

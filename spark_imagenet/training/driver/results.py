@@ -8,7 +8,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from spark_imagenet.errors import ConfigError, TrainingError
 from spark_imagenet.storage.envelope import Envelope
@@ -147,11 +147,11 @@ class TrainMetrics:
 
 
 @dataclasses.dataclass(frozen=True)
-class Result(Mapping[str, Any]):
+class Result:
     """What :func:`~spark_imagenet.training.driver.launch.train` returns.
 
-    A read-only mapping too: ``result["val"]["top1"]`` reads :meth:`to_json`, the form of ``--results`` and of
-    ``results.json`` under ``--output`` (a versioned document, :data:`RESULTS`:
+    Its fields are read as attributes (``result.val.top1``). :meth:`to_json` gives the form of ``--results`` and
+    of ``results.json`` under ``--output`` (a versioned document, :data:`RESULTS`:
     ``{"format": "spark-imagenet-results", "format_version": 1, "workers": ..., "val": {...}, ...}``).
 
     Attributes:
@@ -248,15 +248,6 @@ class Result(Mapping[str, Any]):
             raise ConfigError(f"{url} holds no {RESULTS_FILE}: it is not the --output of a finished training run "
                               "(train writes results.json there when the job ends); give that folder or bucket")
         return cls.from_json(RESULTS.decode(storage.read_bytes(RESULTS_FILE), where), where)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
-
-    def __len__(self) -> int:
-        return len(self.to_json())
 
 
 def _worker_record(data: Mapping[str, Any]) -> WorkerRecord:
