@@ -115,7 +115,7 @@ def test_from_path_reads_back_what_train_returned(tmp_path):
 
     result = _result(tmp_path / "job", checkpoint_dir=str(tmp_path / "ckpt"), crop_area=(0.5, 1.0),
                      lr_schedule="step", lr_boundaries=(1.0,), epochs=2)
-    write_driver_outputs(open_storage(str(tmp_path / "out")), [], result)
+    write_driver_outputs(open_storage(str(tmp_path / "out")), [], result.to_json())
     again = Result.from_path(tmp_path / "out")
     assert again == result and again.per_worker[1].tf_process == result.per_worker[1].tf_process
     assert again.config["crop_area"] == [0.5, 1.0] and again.history == {"loss": (2.0, 1.5)}
