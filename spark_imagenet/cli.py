@@ -251,8 +251,8 @@ def _check_for_master(config, url: str | None, master: str) -> int:
 
     if url is None:
         raise ConfigError("no dataset URL: give it as the first argument (or as url in the job file)")
-    if config.master is not None:
-        raise ConfigError(f"--master {config.master} (or master in the job file): the script submits to {master} "
+    if config.scaling.master is not None:
+        raise ConfigError(f"--master {config.scaling.master} (or master in the job file): the script submits to {master} "
                           "(set its MASTER, or use the script of another platform) and leaves the job's master out")
     # --results is written by the driver spark-submit starts (in a pod, or YARN's application master in cluster
     # mode): that driver checks it, not this machine
@@ -261,7 +261,7 @@ def _check_for_master(config, url: str | None, master: str) -> int:
         from spark_imagenet.dataset.manifest import Manifest
 
         Manifest.load(open_storage(url))
-    print(config.workers)
+    print(config.scaling.workers)
     return 0
 
 

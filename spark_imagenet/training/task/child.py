@@ -322,7 +322,7 @@ def start_preloaded(env: Mapping[str, str], child_module: str, folder_prefix: st
 def spares_enabled(config: TrainConfig, base: Mapping[str, str]) -> bool:
     """Whether a task leaves a spare behind: ``config.spare_worker`` and PySpark reuses this Python worker
     (``spark.python.worker.reuse``, which PySpark passes to its workers as ``SPARK_REUSE_WORKER``)."""
-    return bool(config.spare_worker and base.get("SPARK_REUSE_WORKER"))
+    return bool(config.scaling.spare_worker and base.get("SPARK_REUSE_WORKER"))
 
 
 def _woken(spare: Preloaded) -> bool:
