@@ -360,12 +360,12 @@ def fn_job(dataset: Path, size: dict[str, Any], marks: Path) -> dict[str, Any]:
 
     config = train_config(size, None)
     manifest = Manifest.load(open_storage(str(dataset)))
-    plan = assign(manifest, WORKERS, config.batch_size)
-    return {"model": config.model, "num_classes": manifest.num_classes, "image_size": config.image_size,
-            "width": config.width, "learning_rate": config.learning_rate, "optimizer": config.optimizer,
-            "momentum": config.momentum, "weight_decay": config.weight_decay,
-            "label_smoothing": config.label_smoothing, "batch_size": config.batch_size, "workers": WORKERS,
-            "steps": plan.steps_per_epoch, "parallel": 1, "seed": config.seed, "marks": str(marks),
+    plan = assign(manifest, WORKERS, config.recipe.batch_size)
+    return {"model": config.recipe.model, "num_classes": manifest.num_classes, "image_size": config.recipe.image_size,
+            "width": config.recipe.width, "learning_rate": config.recipe.learning_rate, "optimizer": config.recipe.optimizer,
+            "momentum": config.recipe.momentum, "weight_decay": config.recipe.weight_decay,
+            "label_smoothing": config.recipe.label_smoothing, "batch_size": config.recipe.batch_size, "workers": WORKERS,
+            "steps": plan.steps_per_epoch, "parallel": 1, "seed": config.data.seed, "marks": str(marks),
             "files": [[str(dataset / s.name) for s in w.train_shards] for w in plan.workers],
             "val_images": plan.val_examples_total}
 
@@ -417,8 +417,8 @@ def run_ours(spark, job: dict[str, Any], marks: Path, probe) -> dict[str, Any]:
         result = driver.train(spark, job["dataset"], config)
     end = time.time()
     events = read_marks(marks, start, end)
-    return {"events": events, "whole": end - start, "val_images": result["val"]["images"],
-            "steps": result["config"].get("steps_per_epoch")}
+    return {"events": events, "whole": end - start, "val_images": result.val.images,
+            "steps": result.config.get("steps_per_epoch")}
 
 
 def run_peer(job: dict[str, Any], marks: Path) -> dict[str, Any]:

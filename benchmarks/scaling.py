@@ -132,12 +132,12 @@ def run_jobs(jobs: list[dict]) -> None:
             t0 = time.perf_counter()
             config = TrainConfig.from_mapping({"workers": job["workers"], **job["settings"]}, "benchmarks/scaling.py")
             result = train(spark, job["url"], config)
-            summary = {"images_per_sec": result["images_per_sec"], "wall_seconds": result["wall_seconds"],
+            summary = {"images_per_sec": result.images_per_sec, "wall_seconds": result.wall_seconds,
                        "call_seconds": time.perf_counter() - t0,
-                       "per_worker": [{k: w.get(k) for k in ("rank", "host", "images_per_sec", "steps")}
-                                      for w in result["per_worker"]],
-                       "steps_per_epoch": result["config"]["steps_per_epoch"],
-                       "global_batch_size": result["config"]["global_batch_size"]}
+                       "per_worker": [{k: getattr(w, k) for k in ("rank", "host", "images_per_sec", "steps")}
+                                      for w in result.per_worker],
+                       "steps_per_epoch": result.config["steps_per_epoch"],
+                       "global_batch_size": result.config["global_batch_size"]}
             print(RESULT_TAG + json.dumps(summary), flush=True)
         finally:
             spark.stop()

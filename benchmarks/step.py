@@ -206,7 +206,7 @@ class Ours:
         tf_internals.no_autotune_on_device_datasets()
         self.data = strategy.distribute_datasets_from_function(
             lambda ctx: tf.data.Dataset.from_tensors(batch).repeat())
-        self.watchdog = StepWatchdog(self.spec.config.step_timeout, 0, [])
+        self.watchdog = StepWatchdog(self.spec.config.run.step_timeout, 0, [])
         self.clock = step_clock()
 
     def fit(self, warm: bool = False) -> tuple[float, float]:
@@ -359,11 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     first = worker_spec(size_settings(args.sizes[0], args), 2)
     worker.configure(first)
     strategy, _total, described = worker.build_strategy(first)
-    report.say(f"step: our strategy: {first.config.strategy} ({type(strategy).__name__}), all-reduce "
+    report.say(f"step: our strategy: {first.config.scaling.strategy} ({type(strategy).__name__}), all-reduce "
                f"{described['all_reduce']}, {strategy.num_replicas_in_sync} replica; recipe: lr "
-               f"{first.config.learning_rate:g} {first.config.lr_schedule} (warm-up {first.config.warmup_epochs:.3g} "
-               f"epochs), momentum {first.config.momentum:g}, weight decay {first.config.weight_decay:g}, label "
-               f"smoothing {first.config.label_smoothing:g}; limit of every ratio: 1.0 (no overhead)")
+               f"{first.config.recipe.learning_rate:g} {first.config.recipe.lr_schedule} (warm-up {first.config.recipe.warmup_epochs:.3g} "
+               f"epochs), momentum {first.config.recipe.momentum:g}, weight decay {first.config.recipe.weight_decay:g}, label "
+               f"smoothing {first.config.recipe.label_smoothing:g}; limit of every ratio: 1.0 (no overhead)")
     for name in args.sizes:
         measure_size(report, strategy, name, args, reps)
     report.close()

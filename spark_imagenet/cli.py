@@ -14,7 +14,6 @@ command         function
 ``fetch``       :func:`spark_imagenet.training.task.staging.fetch_rank`
 ``train``       :func:`spark_imagenet.training.driver.launch.plan_job` (checks: ``driver.preflight``), ``run_job``
 ``download``    :func:`spark_imagenet.source.kaggle.download`
-``extract``     :func:`spark_imagenet.source.extract.extract`
 ``doctor``      :func:`spark_imagenet.doctor.run_doctor`
 ``mlflow-log``  :func:`spark_imagenet.training.driver.tracking.send_pending`
 ``evaluate``    ``python -m spark_imagenet.training.worker.evaluate`` in a child Python (TensorFlow)
@@ -214,14 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file", dest="file_name", help="download this one file of the competition instead of the archive")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    p = sub.add_parser("extract", help="unpack the downloaded Kaggle zip (either form, the nested tar.gz too) into a "
-                       "folder, refusing unsafe member names and checking free space first")
-    p.add_argument("zip", help="the downloaded imagenet-object-localization-challenge.zip")
-    p.add_argument("dest", help="folder to unpack into (created if absent)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace files in DIR that differ from the archive although extract did not write them")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
     _add_tensorflow_commands(sub)
     p = sub.add_parser("mlflow-log", help="send a tracked run that its MLflow server could not take (the "
                        "mlflow-pending.json the job wrote) to that server")
@@ -260,8 +251,8 @@ def _check_for_master(config, url: str | None, master: str) -> int:
 
     if url is None:
         raise ConfigError("no dataset URL: give it as the first argument (or as url in the job file)")
-    if config.master is not None:
-        raise ConfigError(f"--master {config.master} (or master in the job file): the script submits to {master} "
+    if config.scaling.master is not None:
+        raise ConfigError(f"--master {config.scaling.master} (or master in the job file): the script submits to {master} "
                           "(set its MASTER, or use the script of another platform) and leaves the job's master out")
     # --results is written by the driver spark-submit starts (in a pod, or YARN's application master in cluster
     # mode): that driver checks it, not this machine
@@ -270,7 +261,7 @@ def _check_for_master(config, url: str | None, master: str) -> int:
         from spark_imagenet.dataset.manifest import Manifest
 
         Manifest.load(open_storage(url))
-    print(config.workers)
+    print(config.scaling.workers)
     return 0
 
 
@@ -410,11 +401,6 @@ def _run_command(argv: Sequence[str] | None) -> int:
 
         path = download(args.competition, args.dest, file_name=args.file_name, progress=not args.no_progress)
         print(path)
-        return 0
-    if args.command == "extract":
-        from spark_imagenet.source.extract import extract
-
-        print(extract(args.zip, args.dest, overwrite=args.overwrite, progress=not args.no_progress))
         return 0
     if args.command == "demo":
         return _demo(args)

@@ -22,8 +22,8 @@ class LayoutError(SparkImagenetError):
 
 class ArchiveError(LayoutError):
     """A zip archive (the Kaggle download) cannot be used: truncated or
-    corrupt, not one of the two Kaggle forms, or holding a member whose name
-    or link would land outside the folder it is extracted to."""
+    corrupt, not one of the two Kaggle forms, or holding link members or
+    members given twice."""
 
 
 class ImageError(SparkImagenetError):

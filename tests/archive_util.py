@@ -1,5 +1,5 @@
 """Test helpers: the Kaggle zip in its two forms, built from a small generated tree, and what the
-tests of the zip, the tar stream and extract share."""
+tests of the zip and the tar stream share."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pytest
 from data_util import small_layout
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.dataset.tfrecord import read_records
-from spark_imagenet.source.extract_dest import WRITTEN_LIST
 from spark_imagenet.source.zip_archive import TAR_MEMBER
 
 
@@ -132,13 +131,6 @@ def kaggle(tmp_path_factory):  # imported by the test modules that use it
         "nested-top": zip_nested_form(tree, base / "nested-top.zip", prefix="top/",
                                       tar_bytes=tar_gz_of(tree, top="./ILSVRC")),
     }
-
-
-def same_tree(a: Path, b: Path) -> None:
-    files_a, files_b = tree_files(a), [p for p in tree_files(b) if p.name != WRITTEN_LIST]
-    assert [p.relative_to(a) for p in files_a] == [p.relative_to(b) for p in files_b]
-    for x, y in zip(files_a, files_b):
-        assert x.read_bytes() == y.read_bytes(), x
 
 
 def valid_zip_with(tmp_path: Path, name: str, extra: dict[str, bytes], **info) -> Path:

@@ -234,7 +234,7 @@ def test_train_on_a_class_folder_dataset(spark, tmp_path):
     assert p.returncode == 0, p.stderr
     result = train(spark, str(out), TrainConfig(workers=2, epochs=1, batch_size=4, image_size=72, width=0.25,
                                                 cache=tmp_path / "cache", output=str(tmp_path / "run")))
-    assert result["workers"] == 2 and result["val"]["images"] == 6
+    assert result.workers == 2 and result.val.images == 6
     manifest = json.loads((out / "manifest.json").read_text())
     assert [c["wnid"] for c in manifest["classes"]] == ["daisy", "rose", "tulip"]
     assert manifest["image_form"] == "max-side 16 q90"

@@ -387,7 +387,7 @@ def test_bf16_xla_lars_label_smoothing_train_end_to_end(log_lines, spark, tmp_pa
     model = keras.models.load_model(str(tmp_path / "out" / "model.keras"), compile=False)
     assert model.get_layer("conv1").compute_dtype == "bfloat16" and model.output.dtype == tf.float32
     assert model.losses == []
-    assert [w["steps"] for w in out["per_worker"]] == [3, 3]  # 24 images / (4 x 2) per step
-    assert math.isfinite(out["train"]["loss"]) and out["train"]["loss"] > 0
-    assert out["val"]["images"] == 12 and math.isfinite(out["val"]["loss"])
-    assert 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1
+    assert [w.steps for w in out.per_worker] == [3, 3]  # 24 images / (4 x 2) per step
+    assert math.isfinite(out.train.loss) and out.train.loss > 0
+    assert out.val.images == 12 and math.isfinite(out.val.loss)
+    assert 0 <= out.val.top1 <= out.val.top5 <= 1

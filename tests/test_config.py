@@ -10,6 +10,7 @@ import pytest
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.training.job.config import (
     ENVELOPE,
+    SECTION_OF,
     DataConfig,
     RecipeConfig,
     RunConfig,
@@ -22,9 +23,9 @@ from spark_imagenet.training.job.jobfile import dump_job, load_job_file, resolve
 # ------------------------------------------------------------------ TrainConfig
 def test_defaults_and_normalisation():
     c = TrainConfig(workers=2, width=1, learning_rate=1, cache=Path("/tmp/c"), conf={"b": "2", "a": True})
-    assert (c.model, c.epochs, c.batch_size, c.image_size, c.seed, c.transfers) == ("alexnet", 1, 32, 224, 0, 8)
-    assert isinstance(c.width, float) and isinstance(c.learning_rate, float)
-    assert c.cache == "/tmp/c" and c.conf == (("a", "true"), ("b", "2")) and c.spark_conf == {"a": "true", "b": "2"}
+    assert (c.recipe.model, c.recipe.epochs, c.recipe.batch_size, c.recipe.image_size, c.data.seed, c.data.transfers) == ("alexnet", 1, 32, 224, 0, 8)
+    assert isinstance(c.recipe.width, float) and isinstance(c.recipe.learning_rate, float)
+    assert c.data.cache == "/tmp/c" and c.scaling.conf == (("a", "true"), ("b", "2")) and c.spark_conf == {"a": "true", "b": "2"}
     assert c.global_batch_size == 64
     with pytest.raises(Exception):
         c.epochs = 3  # frozen
@@ -94,7 +95,7 @@ def test_job_file_round_trip(tmp_path):
 def test_layers_later_wins_and_conf_merges_per_key():
     c = resolve_job([{"workers": 4, "epochs": 10}, {"epochs": 2, "conf": {"a": "1", "b": "1"}},
                      {"epochs": None, "conf": {"b": "2"}}])
-    assert c.workers == 4 and c.epochs == 2 and c.spark_conf == {"a": "1", "b": "2"}
+    assert c.scaling.workers == 4 and c.recipe.epochs == 2 and c.spark_conf == {"a": "1", "b": "2"}
 
 
 @pytest.mark.parametrize("text, fragments", [
@@ -133,15 +134,14 @@ def test_example_job_file_documents_every_key_with_its_default():
     for key in TrainConfig.keys():
         assert f"{key} =" in text or f"[{key}]" in text, key
         if key in values and key not in ("workers", "conf"):
-            assert values[key] == getattr(defaults, key), key
+            assert values[key] == getattr(getattr(defaults, SECTION_OF[key]), key), key
 
 
-def test_sections_hold_the_settings_and_the_flat_names_read_them():
+def test_sections_hold_the_settings_and_only_they_read_them():
     c = TrainConfig(scaling=ScalingConfig(workers=4, strategy="multiworker"), recipe={"epochs": 9, "model": "alexnet"},
                     run=RunConfig(output="gs://b/run"), batch_size=16)
     assert isinstance(c.recipe, RecipeConfig) and isinstance(c.data, DataConfig)
     assert (c.scaling.workers, c.recipe.epochs, c.recipe.batch_size, c.run.output) == (4, 9, 16, "gs://b/run")
-    assert (c.workers, c.epochs, c.batch_size, c.output) == (4, 9, 16, "gs://b/run")  # the compatibility view
     assert c == TrainConfig(workers=4, epochs=9, batch_size=16, output="gs://b/run")
     assert c.replace(epochs=3).recipe.epochs == 3 and c.replace(epochs=3).scaling == c.scaling
     assert c.recipe.learning_rate == 0.01  # the model's recipe fills what is left at None
@@ -155,15 +155,15 @@ def test_sections_hold_the_settings_and_the_flat_names_read_them():
         ScalingConfig(workers=2, strategy="mirrored")  # a section checks its own settings
     with pytest.raises(ConfigError, match=r"seed \(--seed\) 4294967295 is too large"):
         TrainConfig(workers=2, seed=2**32 - 1)  # and the job the checks across sections
-    with pytest.raises(AttributeError, match="no attribute 'epoch'"):
-        c.epoch  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'epochs'"):
+        c.epochs  # noqa: B018 - one spelling: config.recipe.epochs
 
 
 def test_a_job_file_without_sections_still_loads(tmp_path):
     path = tmp_path / "old.toml"
     path.write_text('workers = 2\nepochs = 3\noutput = "run"\n[conf]\n"spark.a" = "1"\n')
     c = resolve_job([load_job_file(path)])
-    assert (c.workers, c.epochs, c.output, c.spark_conf) == (2, 3, str(tmp_path / "run"), {"spark.a": "1"})
+    assert (c.scaling.workers, c.recipe.epochs, c.run.output, c.spark_conf) == (2, 3, str(tmp_path / "run"), {"spark.a": "1"})
     path.write_text('url = "d"\n[scaling]\nworkers = 2\n[scaling.conf]\n"spark.a" = "1"\n[recipe]\nepochs = 3\n')
     values = load_job_file(path)
     assert values == {"url": str(tmp_path / "d"), "workers": 2, "conf": {"spark.a": "1"}, "epochs": 3}
@@ -178,7 +178,7 @@ def test_conf_tables_flatten_dotted_keys_and_bad_conf_is_a_config_error():
 
 
 def test_seed_leaves_room_for_every_rank():
-    assert TrainConfig(workers=1, seed=2**32 - 1).seed == 2**32 - 1
+    assert TrainConfig(workers=1, seed=2**32 - 1).data.seed == 2**32 - 1
     with pytest.raises(ConfigError, match="at most 4294967292") as e:
         TrainConfig(workers=4, seed=2**32 - 1)
     assert e.value.key == "seed"
@@ -212,7 +212,7 @@ def test_a_store_url_without_its_two_slashes_is_refused_not_taken_for_a_local_pa
 
 
 def test_strategy_and_all_reduce_choices_are_checked_with_the_option_named():
-    assert TrainConfig(workers=1, strategy="mirrored", cross_device_ops="reduction-to-one").strategy == "mirrored"
+    assert TrainConfig(workers=1, strategy="mirrored", cross_device_ops="reduction-to-one").scaling.strategy == "mirrored"
     with pytest.raises(ConfigError, match=r"strategy \(--strategy\) must be one of multiworker, mirrored, default"):
         TrainConfig(workers=1, strategy="horovod")
     with pytest.raises(ConfigError, match=r"runs one worker .* but workers \(--workers\) is 4: use --workers 1"):
@@ -254,10 +254,10 @@ def test_a_scalar_or_bad_list_for_a_list_key_is_one_config_error(key, value, fra
 def test_recipe_values_follow_the_model_and_the_epochs():
     alexnet = TrainConfig(workers=1, epochs=90)
     resnet = TrainConfig(workers=1, epochs=45, model="resnet50", image_size=64)
-    assert (alexnet.lr_schedule, alexnet.warmup_epochs, alexnet.weight_decay) == ("cosine", 5.0, 5e-4)
-    assert (resnet.learning_rate, resnet.lr_scaling, resnet.warmup_epochs, resnet.weight_decay) == \
+    assert (alexnet.recipe.lr_schedule, alexnet.recipe.warmup_epochs, alexnet.recipe.weight_decay) == ("cosine", 5.0, 5e-4)
+    assert (resnet.recipe.learning_rate, resnet.recipe.lr_scaling, resnet.recipe.warmup_epochs, resnet.recipe.weight_decay) == \
         (0.1, "linear", 2.5, 1e-4)
-    assert TrainConfig(workers=1, warmup_epochs=0.0).warmup_epochs == 0.0  # an option given wins
+    assert TrainConfig(workers=1, warmup_epochs=0.0).recipe.warmup_epochs == 0.0  # an option given wins
 
 
 def test_dumped_job_leaves_recipe_values_to_the_recipe(tmp_path):
@@ -268,26 +268,26 @@ def test_dumped_job_leaves_recipe_values_to_the_recipe(tmp_path):
     assert "warmup_epochs" not in values and values["momentum"] == 0.8  # given: kept
     assert TrainConfig.from_mapping(values) == config
     longer = TrainConfig.from_mapping({**values, "epochs": 90})
-    assert longer.warmup_epochs == 5.0 and longer.momentum == 0.8
+    assert longer.recipe.warmup_epochs == 5.0 and longer.recipe.momentum == 0.8
 
 
 def test_overwrite_is_a_setting_of_the_job_file_and_the_command_line(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('workers = 2\noutput = "run"\noverwrite = true\n')
     config = resolve_job([load_job_file(job)])
-    assert config.overwrite and config.output == str(tmp_path / "run")
+    assert config.run.overwrite and config.run.output == str(tmp_path / "run")
     assert "overwrite = true" in dump_job(config)
-    assert not TrainConfig(workers=1).overwrite
+    assert not TrainConfig(workers=1).run.overwrite
     with pytest.raises(ConfigError, match=r"overwrite \(--overwrite\) must be true or false"):
         TrainConfig(workers=1, overwrite="yes")
 
 
 def test_keep_checkpoints_is_a_run_setting_of_the_job_file_and_the_command_line(tmp_path):
-    assert TrainConfig(workers=1).keep_checkpoints == 2 and TrainConfig(workers=1).run.keep_checkpoints == 2
+    assert TrainConfig(workers=1).run.keep_checkpoints == 2
     job = tmp_path / "job.toml"
     job.write_text("workers = 2\n[run]\nkeep_checkpoints = 5\n")
     config = resolve_job([load_job_file(job)])
-    assert config.keep_checkpoints == 5 and "keep_checkpoints = 5" in dump_job(config)
+    assert config.run.keep_checkpoints == 5 and "keep_checkpoints = 5" in dump_job(config)
     for bad in (0, "3", 1.5):
         with pytest.raises(ConfigError, match=r"keep_checkpoints \(--keep-checkpoints\) must be an integer"):
             TrainConfig(workers=1, keep_checkpoints=bad)
@@ -314,8 +314,8 @@ def test_print_config_writes_floats_with_six_significant_digits(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(text)
     again = resolve_job([load_job_file(job)])
-    assert again.learning_rate == 0.3 and again.crop_area == (0.333333, 1.0)
-    assert again.warmup_epochs == config.warmup_epochs  # a comment: derived from the recipe again
+    assert again.recipe.learning_rate == 0.3 and again.data.crop_area == (0.333333, 1.0)
+    assert again.recipe.warmup_epochs == config.recipe.warmup_epochs  # a comment: derived from the recipe again
 
 
 def test_a_rule_words_the_place_of_a_value_it_checks_outside_the_settings():

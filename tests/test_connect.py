@@ -138,14 +138,14 @@ def test_train_through_connect(log_lines, remote, connect_url, dataset, tmp_path
     lines.clear()  # the lines from here on
     start = time.monotonic()
     out = train(remote, str(dataset), TrainConfig(**SMALL, cache=str(tmp_path / "cache")))
-    print(f"\nConnect train() wall time: {time.monotonic() - start:.1f} s (barrier job {out['wall_seconds']:.1f} s)")
-    assert out["workers"] == 2 and [w["rank"] for w in out["per_worker"]] == [0, 1]
-    assert all(w["host"] and w["steps"] > 0 and w["images_per_sec"] > 0 for w in out["per_worker"])
-    assert out["val"]["images"] == 12 and 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1
-    assert out["config"]["master"] == connect_url
+    print(f"\nConnect train() wall time: {time.monotonic() - start:.1f} s (barrier job {out.wall_seconds:.1f} s)")
+    assert out.workers == 2 and [w.rank for w in out.per_worker] == [0, 1]
+    assert all(w.host and w.steps > 0 and w.images_per_sec > 0 for w in out.per_worker)
+    assert out.val.images == 12 and 0 <= out.val.top1 <= out.val.top5 <= 1
+    assert out.config["master"] == connect_url
     assert set(out) == {"format", "format_version", "workers", "per_worker", "val", "train", "images_per_sec",
                         "history", "config", "wall_seconds", "restarts", "checkpoint", "output"}
-    assert out["restarts"] == 0 and out.checkpoint is None and out.output is None
+    assert out.restarts == 0 and out.checkpoint is None and out.output is None
     assert sum(line.startswith(WARNING) for line in lines) == 1
     assert any(line.startswith("val: 12 images") for line in lines)
     # the tasks run under the loopback server's local[2]: their lines reach this console through the channel

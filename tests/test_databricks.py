@@ -124,10 +124,10 @@ def test_parameters_are_a_valid_train_command(task):
     config, url = _resolve_job(args, {})
     assert isinstance(config, TrainConfig)
     assert url == "gs://my-bucket/imagenet"  # a bucket every node reads, not the driver's disk
-    assert config.workers == task["new_cluster"]["num_workers"]  # one barrier task per worker node
-    assert config.epochs == 90
-    assert config.results == "/Volumes/main/default/spark_imagenet/results.json"
-    assert config.master is None  # the cluster's own session decides
+    assert config.scaling.workers == task["new_cluster"]["num_workers"]  # one barrier task per worker node
+    assert config.recipe.epochs == 90
+    assert config.run.results == "/Volumes/main/default/spark_imagenet/results.json"
+    assert config.scaling.master is None  # the cluster's own session decides
 
 
 def test_cluster_names_an_lts_runtime_whose_spark_and_python_our_ranges_accept(job, task):
@@ -210,9 +210,9 @@ def test_serverless_parameters_are_a_valid_train_command_without_a_master(server
     assert args.command == "train"
     config, url = _resolve_job(args, {})
     assert url.startswith("gs://")  # the serverless executors read a bucket, never the driver's disk
-    assert config.workers == 2
-    assert config.master is None  # the job's own (Spark Connect) session decides
-    assert config.results.startswith("/Volumes/")
+    assert config.scaling.workers == 2
+    assert config.scaling.master is None  # the job's own (Spark Connect) session decides
+    assert config.run.results.startswith("/Volumes/")
 
 
 # ------------------------------------------------------------ installing the wheel on the runtime

@@ -84,7 +84,7 @@ def test_a_delta_table_of_spark_sharded_trained_and_scored_into_delta(spark, tmp
     result = train(spark, str(tmp_path / "v1"), TrainConfig(
         workers=2, epochs=1, cache=tmp_path / "cache", output=str(model), batch_size=4, image_size=72, width=0.25,
         learning_rate=0.01, lr_schedule="constant", warmup_epochs=0.0))
-    assert result["workers"] == 2
+    assert result.workers == 2
 
     out = tmp_path / "scores"
     p = _run("-m", "spark_imagenet", "predict", str(model), "--table", table, "--format", "delta", "--id-column",

@@ -100,7 +100,7 @@ def test_plan_job_needs_no_spark(tmp_path):
     job = plan_job(str(bucket), TrainConfig(workers=2, cache="rel-cache"))
     assert job.url == str(bucket) and job.manifest.dataset_id == "fake-b"
     assert [p.train_shards for p in job.assignment.workers][0][0].name == "train-00000-of-00004.tfrecord"
-    assert job.config.cache == str(Path.cwd() / "rel-cache")
+    assert job.config.data.cache == str(Path.cwd() / "rel-cache")
 
 
 @pytest.mark.parametrize("kwargs,option", [

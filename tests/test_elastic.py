@@ -46,8 +46,8 @@ def test_a_two_worker_checkpoint_resumes_on_three_then_on_one(spark, bucket, tmp
         out = train(spark, data, TrainConfig(workers=workers, batch_size=batch, cache=cache, checkpoint_dir=ckpt,
                                              output=str(tmp_path / f"out-{workers}"), **{**RECIPE, "epochs": epochs}))
         results.append(out)
-        assert out["workers"] == workers and len(out["per_worker"]) == workers
-        assert out["config"]["steps_per_epoch"] == 4 and len(out["history"]["xent"]) == epochs
+        assert out.workers == workers and len(out.per_worker) == workers
+        assert out.config["steps_per_epoch"] == 4 and len(out.history["xent"]) == epochs
         if epochs > 1:
             assert any(f"resuming at epoch {epochs} of {epochs} from the checkpoint of epoch {epochs - 1}" in line
                        for line in log_lines), log_lines

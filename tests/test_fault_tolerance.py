@@ -225,15 +225,15 @@ def test_a_worker_killed_in_epoch_2_resumes_from_the_checkpoint_of_epoch_1(kille
     run = killed_in_epoch_2
     plain, plain_output = uninterrupted
     text = "\n".join(run.lines)
-    assert run.out["restarts"] == 1, text
+    assert run.out.restarts == 1, text
     assert "warning: a worker was lost: rank 1 on" in text and "SIGKILL" in text, text
     assert "launching the barrier stage again (restart 1 of 2)" in text, text
     assert "resuming at epoch 2 of 3 from the checkpoint of epoch 1 " in text, text
-    assert len(run.out["history"]["xent"]) == 3  # epoch 1 from the checkpoint, epochs 2 and 3 trained again
-    assert run.out["history"]["xent"] == pytest.approx(plain["history"]["xent"], rel=1e-6)
+    assert len(run.out.history["xent"]) == 3  # epoch 1 from the checkpoint, epochs 2 and 3 trained again
+    assert run.out.history["xent"] == pytest.approx(plain.history["xent"], rel=1e-6)
     for a, b in zip(_weights(plain_output), _weights(run.output), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert run.out["val"] == plain["val"]
+    assert run.out.val == plain.val
     assert run.names == {"epoch-000002", "epoch-000003", "mlflow-run.json"}  # the newest two checkpoints kept
     assert run.run_file["uri"] == run.mlflow_uri
     (tracked,) = run.runs
@@ -263,7 +263,7 @@ def test_a_checkpoint_of_another_shape_is_refused_and_a_longer_run_extends_it(sp
     text = "\n".join(lines)
     assert "resuming at epoch 4 of 4 from the checkpoint of epoch 3 " in text, text
     assert "lr: --epochs 4 instead of the checkpoint's 3 stretches the cosine schedule to 4 epochs" in text, text
-    assert len(out["history"]["xent"]) == 4
+    assert len(out.history["xent"]) == 4
     assert sorted(p.name for p in ckpt.iterdir()) == ["epoch-000004", "mlflow-run.json"]
     client = mlflow_server.client()
     (before,) = killed_in_epoch_2.runs
@@ -342,17 +342,17 @@ def test_a_worker_killed_inside_an_epoch_resumes_at_the_step_of_the_last_checkpo
     finally:
         killer.stop.set()
     text = "\n".join(lines)
-    assert killer.victims and out["restarts"] == 1, text
+    assert killer.victims and out.restarts == 1, text
     resumed = re.search(r"resuming at epoch (\d) of 3 from the checkpoint of epoch (\d) \(step (\d+),", text)
     assert resumed, text
     step = int(resumed.group(3))
     assert step >= 16 and (step % 10 != 0 or step == 20), text  # inside epoch 2, or the end of it if the kill was late
-    assert [w["steps"] for w in out["per_worker"]] == [30 - step] * 2  # the rest of epoch 2, then epoch 3
+    assert [w.steps for w in out.per_worker] == [30 - step] * 2  # the rest of epoch 2, then epoch 3
     plain, plain_output = uninterrupted
     for a, b in zip(_weights(plain_output), _weights(tmp_path / "resumed"), strict=True):
         np.testing.assert_array_equal(a, b)
-    assert out["val"] == plain["val"] and len(out["history"]["xent"]) == 3
-    assert out["history"]["xent"][2] == pytest.approx(plain["history"]["xent"][2], rel=1e-6)  # epoch 3: whole
+    assert out.val == plain.val and len(out.history["xent"]) == 3
+    assert out.history["xent"][2] == pytest.approx(plain.history["xent"][2], rel=1e-6)  # epoch 3: whole
     _another_count_is_refused_inside_the_epoch(spark, bucket, tmp_path, at_kill)
 
 
@@ -408,13 +408,13 @@ def test_min_workers_goes_on_with_fewer_when_a_slot_stays_taken(spark, bucket, t
         killer.stop.set()
         sc.cancelJobGroup("slot-hog")
     text = "\n".join(lines)
-    assert killer.victims and out["restarts"] == 1, text
+    assert killer.victims and out.restarts == 1, text
     assert ("warning: elastic: 1 of 2 barrier slots free after 5 s: going on with 1 worker(s), batch 8 each (the "
             "global batch 8 kept), from the latest checkpoint") in text, text
     resumed = re.search(r"resuming at epoch (\d) of 3 from the checkpoint of epoch (\d) ", text)
     assert resumed and resumed.group(2) in ("1", "2"), text  # epoch 2 when the kill came late
-    assert out["workers"] == 1 and len(out["per_worker"]) == 1 and len(out["history"]["xent"]) == 3
-    assert out["per_worker"][0]["steps"] == (3 - int(resumed.group(2))) * 10  # 10 steps an epoch, as on two
+    assert out.workers == 1 and len(out.per_worker) == 1 and len(out.history["xent"]) == 3
+    assert out.per_worker[0].steps == (3 - int(resumed.group(2))) * 10  # 10 steps an epoch, as on two
 
 
 def test_a_checkpoint_folder_with_room_for_two_checkpoints_finishes_the_run(spark, bucket, tmp_path,
@@ -431,7 +431,7 @@ def test_a_checkpoint_folder_with_room_for_two_checkpoints_finishes_the_run(spar
     with small_tmpfs(tmp_path / "disk", int(size * 2.5)) as disk, collect() as lines:
         out = train(spark, str(bucket), TrainConfig(workers=2, cache=tmp_path / "cache",
                                                     checkpoint_dir=str(disk / "ck"), **SMALL))
-        assert len(out["history"]["xent"]) == 3 and out["restarts"] == 0
+        assert len(out.history["xent"]) == 3 and out.restarts == 0
         assert sorted(p.name for p in (disk / "ck").iterdir()) == ["epoch-000002", "epoch-000003"]
         assert latest(open_storage(disk / "ck"))[1].epoch == 3
         assert out.checkpoint == f"{disk / 'ck'}/epoch-000003", "\n".join(lines)

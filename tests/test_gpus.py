@@ -231,10 +231,10 @@ def test_one_worker_strategies_train_on_cpu(log_lines, spark, bucket, strategy, 
     out = train(spark, str(bucket / "bucket"), TrainConfig(workers=1, strategy=strategy,
                                                            cross_device_ops=cross_device_ops, cache=bucket / "cache",
                                                            **SMALL))
-    assert out["workers"] == 1 and len(out["per_worker"]) == 1
-    assert out["val"]["images"] == 12 and 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1
-    w = out["per_worker"][0]
-    assert w["steps"] == 24 // SMALL["batch_size"] and out["train"]["loss"] > 0
+    assert out.workers == 1 and len(out.per_worker) == 1
+    assert out.val.images == 12 and 0 <= out.val.top1 <= out.val.top5 <= 1
+    w = out.per_worker[0]
+    assert w.steps == 24 // SMALL["batch_size"] and out.train.loss > 0
     # which strategy ran is in the worker's record (strategy, all_reduce, devices: tests/test_worker.py) and on
     # its "[rank 0] strategy: ..." line; results.combine does not carry those keys yet
 
@@ -246,5 +246,5 @@ def test_multiworker_ring_all_reduce_trains_two_workers(spark, bucket):
 
     out = train(spark, str(bucket / "bucket"), TrainConfig(workers=2, strategy="multiworker", cross_device_ops="ring",
                                                            cache=bucket / "cache", **SMALL))
-    assert [w["rank"] for w in out["per_worker"]] == [0, 1]
-    assert out["val"]["images"] == 12
+    assert [w.rank for w in out.per_worker] == [0, 1]
+    assert out.val.images == 12

@@ -21,7 +21,7 @@ def _saver(storage, keep) -> CheckpointSaver:
     meta = checkpoints.new_meta(config, "d", 3, 2, {})
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
-    saver = CheckpointSaver(meta, storage, True, 2, keep=config.keep_checkpoints)
+    saver = CheckpointSaver(meta, storage, True, 2, keep=config.run.keep_checkpoints)
     saver.set_model(model)
     return saver
 

@@ -61,7 +61,7 @@ def test_copy_gives_an_independent_stage_with_the_same_uid():
     copied = classifier.copy({classifier.epochs: 5})
     assert copied is not classifier and copied.uid == classifier.uid
     assert (copied.getEpochs(), classifier.getEpochs()) == (5, 1)
-    assert copied.getDatasetPath() == "/data/shards" and copied.trainConfig().epochs == 5
+    assert copied.getDatasetPath() == "/data/shards" and copied.trainConfig().recipe.epochs == 5
     copied.setWorkers(4)
     assert classifier.getWorkers() == 2
     model = ImageClassifierModel(outputPath="/runs/a", topK=2)

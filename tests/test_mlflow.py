@@ -194,8 +194,8 @@ def test_a_tracked_job_is_one_run_with_every_epoch_the_validation_and_a_register
     assert run.data.params["dataset_id"] == manifest["dataset_id"] and run.data.params["train_images"] == "32"
     for key in ("xent", "top1", "top5", "learning_rate", "images_per_sec"):
         assert [m.step for m in client.get_metric_history(rid, key)] == [1, 2, 3], key
-    assert [m.value for m in client.get_metric_history(rid, "xent")] == pytest.approx(result["history"]["xent"])
-    assert run.data.metrics["val_top1"] == pytest.approx(result["val"]["top1"])
+    assert [m.value for m in client.get_metric_history(rid, "xent")] == pytest.approx(result.history["xent"])
+    assert run.data.metrics["val_top1"] == pytest.approx(result.val.top1)
     assert run.inputs.dataset_inputs[0].dataset.source == json.dumps({"url": str(bucket)})
     (version,) = client.search_model_versions("name='tiny-alexnet'")
     assert version.version == "1" and version.run_id == rid
@@ -249,7 +249,7 @@ def test_a_tracking_server_that_is_down_neither_fails_nor_stops_training(spark, 
                                                        mlflow_tracking_uri=f"http://127.0.0.1:{free_port()}",
                                                        **{**SMALL, "epochs": 1}))
     text = "\n".join(lines)
-    assert result["val"]["top1"] is not None
+    assert result.val.top1 is not None
     warnings = [line for line in lines if line.startswith("warning: mlflow")]
     assert len(warnings) == 1 and "cannot connect to 127.0.0.1" in warnings[0], text  # one warning, at once
     assert f"spark-imagenet mlflow-log {out}/mlflow-pending.json" in text, text

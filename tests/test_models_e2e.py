@@ -31,12 +31,12 @@ def bucket(tmp_path_factory):
 
 
 def _check_one_epoch(out: dict, model: str) -> None:
-    assert out["config"]["model"] == model
-    assert out["workers"] == 2 and [w["rank"] for w in out["per_worker"]] == [0, 1]
-    assert all(w["steps"] == 3 for w in out["per_worker"])
-    assert len(out["history"]["loss"]) == 1
-    assert out["val"]["images"] == 12
-    assert 0 <= out["val"]["top1"] <= out["val"]["top5"] <= 1
+    assert out.config["model"] == model
+    assert out.workers == 2 and [w.rank for w in out.per_worker] == [0, 1]
+    assert all(w.steps == 3 for w in out.per_worker)
+    assert len(out.history["loss"]) == 1
+    assert out.val.images == 12
+    assert 0 <= out.val.top1 <= out.val.top5 <= 1
 
 
 def test_resnet50_trains_one_epoch(log_lines, spark, bucket, tmp_path):
@@ -46,7 +46,7 @@ def test_resnet50_trains_one_epoch(log_lines, spark, bucket, tmp_path):
     out = train(spark, str(bucket), TrainConfig(workers=2, model="resnet50", lr_schedule="cosine", warmup_epochs=0,
                                                 cache=tmp_path / "cache", **SMALL))
     _check_one_epoch(out, "resnet50")
-    assert out["config"]["width"] == 1.0 and out["config"]["lr_scaling"] == "linear"  # the model's recipe
+    assert out.config["width"] == 1.0 and out.config["lr_scaling"] == "linear"  # the model's recipe
 
 
 def test_user_builder_trains_one_epoch(log_lines, spark, bucket, tmp_path):
@@ -58,7 +58,7 @@ def test_user_builder_trains_one_epoch(log_lines, spark, bucket, tmp_path):
     out = train(spark, str(bucket), TrainConfig(workers=2, model="user_model:build", width=0.5, learning_rate=0.05,
                                                 cache=tmp_path / "cache", **SMALL))
     _check_one_epoch(out, "user_model:build")
-    assert out["config"]["width"] == 0.5
+    assert out.config["width"] == 0.5
     # a builder written with Keras 3 (import keras) is refused where the worker first holds its model, inside the
     # strategy's scope and before training; its one line reaches the driver as a ConfigError, with the TensorFlow
     # process's last lines after it and no traceback

@@ -70,7 +70,7 @@ def test_plan_job_refuses_an_earlier_run_before_spark_and_overwrite_is_a_setting
     with pytest.raises(ConfigError, match="already holds the outputs of an earlier run"):
         plan_job(str(bucket), TrainConfig(workers=2, output=str(out)))
     job = plan_job(str(bucket), TrainConfig(workers=2, output=str(out), overwrite=True))
-    assert job.config.overwrite and (out / "model.keras").exists()
+    assert job.config.run.overwrite and (out / "model.keras").exists()
 
 
 def test_publishing_with_overwrite_replaces_the_earlier_runs_tensorboard_logs(tmp_path):

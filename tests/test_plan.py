@@ -93,7 +93,7 @@ def test_the_plan_gives_the_chief_a_local_output_as_its_absolute_path(tmp_path, 
     monkeypatch.chdir(tmp_path)
     job = plan_job(str(bucket), TrainConfig(workers=2, batch_size=2, output="out",
                                             checkpoint_dir=f"file://{tmp_path / 'ckpt'}"))
-    assert job.config.output == str(tmp_path / "out") and job.config.checkpoint_dir == str(tmp_path / "ckpt")
+    assert job.config.run.output == str(tmp_path / "out") and job.config.run.checkpoint_dir == str(tmp_path / "ckpt")
 
 
 def test_the_plan_is_resolved_once_and_each_hop_adds_its_own_part(tmp_path):

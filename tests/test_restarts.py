@@ -72,7 +72,7 @@ def test_a_resized_job_keeps_the_global_batch_and_reassigns_the_manifest_it_hold
     job = plan_job(str(folder), TrainConfig(workers=4, batch_size=3, min_workers=2))
     monkeypatch.setattr("spark_imagenet.dataset.manifest.Manifest.load", lambda *a: pytest.fail("manifest reloaded"))
     smaller = job.resized(2)
-    assert (smaller.config.workers, smaller.config.batch_size, smaller.config.global_batch_size) == (2, 6, 12)
+    assert (smaller.config.scaling.workers, smaller.config.recipe.batch_size, smaller.config.global_batch_size) == (2, 6, 12)
     assert len(smaller.assignment.workers) == 2 and smaller.manifest is job.manifest
     assert smaller.run_id == job.run_id and smaller.dataset is job.dataset
     assert smaller.schedule.steps_per_epoch == smaller.assignment.steps_per_epoch

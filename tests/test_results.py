@@ -71,15 +71,16 @@ def _result(tmp_path, **settings) -> Result:
     return build_results([record(0), record(1)], job, master="local[2]", wall_seconds=12.5)
 
 
-def test_the_result_is_typed_and_reads_as_its_json(tmp_path):
+def test_the_result_is_typed_and_its_json_holds_every_field(tmp_path):
     result = _result(tmp_path, checkpoint_dir=str(tmp_path / "ckpt"), epochs=3)
     assert result.workers == 2 and result.train.loss == 1.5 and result.images_per_sec == 21.0
     assert result.checkpoint is None and result.output is None  # the newest checkpoint there: none was committed
     data = result.to_json()
     assert json.loads(json.dumps(data)) == data
-    assert result["val"] == {"images": 30, "top1": 0.5, "top5": 0.9, "loss": 1.2} == data["val"]
-    assert result["per_worker"][1]["host"] == "10.0.0.2" and dict(result) == data
-    assert result["config"]["master"] == "local[2]" and result["history"] == {"loss": [2.0, 1.5]}
+    assert result.val.to_json() == {"images": 30, "top1": 0.5, "top5": 0.9, "loss": 1.2} == data["val"]
+    assert result.per_worker[1].host == "10.0.0.2" == data["per_worker"][1]["host"]
+    assert result.config["master"] == "local[2]" and data["history"] == {"loss": [2.0, 1.5]}
+    assert not hasattr(result, "keys") and not hasattr(result, "__getitem__")  # attributes, one spelling
 
 
 def test_format_table_shows_each_workers_own_numbers_and_the_jobs_metrics_once(tmp_path):
@@ -101,7 +102,7 @@ def test_write_results_writes_the_versioned_document_atomically(tmp_path):
     write_results(tmp_path / "r.json", result)
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["format"] == "spark-imagenet-results" and data["format_version"] == 1
-    assert data["val"]["top1"] == result["val"]["top1"] == 0.5 and data == result.to_json()
+    assert data["val"]["top1"] == result.val.top1 == 0.5 and data == result.to_json()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job", "r.json"]
     (tmp_path / "a-file").write_text("")
     with pytest.raises(ConfigError, match="cannot write --results"):
@@ -114,7 +115,7 @@ def test_from_path_reads_back_what_train_returned(tmp_path):
 
     result = _result(tmp_path / "job", checkpoint_dir=str(tmp_path / "ckpt"), crop_area=(0.5, 1.0),
                      lr_schedule="step", lr_boundaries=(1.0,), epochs=2)
-    write_driver_outputs(open_storage(str(tmp_path / "out")), [], result)
+    write_driver_outputs(open_storage(str(tmp_path / "out")), [], result.to_json())
     again = Result.from_path(tmp_path / "out")
     assert again == result and again.per_worker[1].tf_process == result.per_worker[1].tf_process
     assert again.config["crop_area"] == [0.5, 1.0] and again.history == {"loss": (2.0, 1.5)}

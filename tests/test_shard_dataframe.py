@@ -395,8 +395,8 @@ def test_shards_of_a_dataframe_train(spark, tmp_path):
     result = train(spark, str(out), TrainConfig(workers=2, epochs=1, cache=tmp_path / "cache", batch_size=4,
                                                 image_size=72, width=0.25, learning_rate=0.01, lr_schedule="constant",
                                                 warmup_epochs=0.0))
-    assert result["val"]["images"] == manifest.splits["val"].examples
-    assert result["workers"] == 2 and result["train"]["loss"] > 0
+    assert result.val.images == manifest.splits["val"].examples
+    assert result.workers == 2 and result.train.loss > 0
 
 
 @pytest.mark.slow

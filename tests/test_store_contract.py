@@ -371,7 +371,7 @@ def train_from_the_store(spark, storage_url: str, tree: Path, tmp_path: Path, cr
         result = train(spark, url, TrainConfig(workers=2, epochs=1, cache=tmp_path / "cache",
                                                checkpoint_dir=f"{storage_url}/ckpt", output=f"{storage_url}/run",
                                                **SMALL_TRAINING))
-    assert result["val"]["images"] == 12 and [w["rank"] for w in result["per_worker"]] == [0, 1]
+    assert result.val.images == 12 and [w.rank for w in result.per_worker] == [0, 1]
     assert len(list((tmp_path / "cache").rglob("*.tfrecord"))) == 3
     names = {o.name for o in open_storage(storage_url).list()}
     assert {"run/model.keras", "run/labels.json", "run/results.json"} <= names, sorted(names)

@@ -44,21 +44,21 @@ def test_train_twice_in_one_session(log_lines, spark, bucket):
     lines.clear()  # the lines from here on
 
     first = train(spark, url, TrainConfig(workers=2, epochs=1, cache=cache, results=bucket / "r1.json", **SMALL))
-    assert first["workers"] == 2
-    assert [w["rank"] for w in first["per_worker"]] == [0, 1]
+    assert first.workers == 2
+    assert [w.rank for w in first.per_worker] == [0, 1]
     steps_per_epoch = 24 // (SMALL["batch_size"] * 2)
-    assert first["config"]["steps_per_epoch"] == steps_per_epoch
-    for w in first["per_worker"]:
-        assert w["host"] and w["steps"] == steps_per_epoch
-        assert w["train_images"] == steps_per_epoch * SMALL["batch_size"]
-        assert w["images_per_sec"] > 0 and "train_loss" not in w  # the job's loss, once, not per worker
-    assert first["train"]["loss"] > 0 and 0 <= first["train"]["top1"] <= 1
+    assert first.config["steps_per_epoch"] == steps_per_epoch
+    for w in first.per_worker:
+        assert w.host and w.steps == steps_per_epoch
+        assert w.train_images == steps_per_epoch * SMALL["batch_size"]
+        assert w.images_per_sec > 0 and not hasattr(w, "train_loss")  # the job's loss, once, not per worker
+    assert first.train.loss > 0 and 0 <= first.train.top1 <= 1
     assert isinstance(first, Result) and first.per_worker[0].rank == 0 and first.val.images == 12
     assert first.checkpoint is None and first.output is None
     # every val image counted exactly once although each worker read half the records of one shard
-    assert first["val"]["images"] == 12
-    assert 0 <= first["val"]["top1"] <= first["val"]["top5"] <= 1
-    assert json.loads((bucket / "r1.json").read_text())["val"] == first["val"]
+    assert first.val.images == 12
+    assert 0 <= first.val.top1 <= first.val.top5 <= 1
+    assert json.loads((bucket / "r1.json").read_text())["val"] == first.val.to_json()
     assert any(line.lstrip().startswith("rank") and "images/s" in line for line in lines)
     assert any(line.startswith("val: 12 images") for line in lines)
     cached = _cache_state(cache)
@@ -66,9 +66,9 @@ def test_train_twice_in_one_session(log_lines, spark, bucket):
 
     # a second MWMS job in the same session: fresh child processes, shards reused from the cache
     second = train(spark, url, TrainConfig(workers=2, epochs=2, cache=cache, **SMALL))
-    assert [w["steps"] for w in second["per_worker"]] == [2 * steps_per_epoch] * 2
-    assert second["val"]["images"] == 12
-    assert len(second["history"]["loss"]) == 2
+    assert [w.steps for w in second.per_worker] == [2 * steps_per_epoch] * 2
+    assert second.val.images == 12
+    assert len(second.history["loss"]) == 2
     assert _cache_state(cache) == cached
 
 
@@ -84,13 +84,13 @@ def test_train_from_gs_bucket_on_the_emulator(log_lines, spark, bucket, gcs_buck
     lines = log_lines
     lines.clear()  # the lines from here on
     out = train(spark, url, TrainConfig(workers=2, epochs=1, cache=cache, transfers=2, **SMALL))
-    assert out["config"]["url"] == url
-    assert out["val"]["images"] == 12 and [w["rank"] for w in out["per_worker"]] == [0, 1]
+    assert out.config["url"] == url
+    assert out.val.images == 12 and [w.rank for w in out.per_worker] == [0, 1]
     cached = _cache_state(cache)
     assert len(cached) == 3
     output = f"gs://{gcs_bucket}/runs/one"
     again = train(spark, url, TrainConfig(workers=2, epochs=1, cache=cache, output=output, **SMALL))
-    assert again["val"]["images"] == 12
+    assert again.val.images == 12
     assert _cache_state(cache) == cached  # nothing downloaded or rewritten
     storage, local = open_storage(output), tmp_path / "copy"
     names = sorted(o.name for o in storage.list())
@@ -167,21 +167,21 @@ def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return found
 
 
-def _check_output(out: Path, result: dict, epochs: int, first_lr: float | None = SMALL["learning_rate"]) -> None:
+def _check_output(out: Path, result: Result, epochs: int, first_lr: float | None = SMALL["learning_rate"]) -> None:
     """``out`` (a local copy of an --output folder) holds what the run made; ``first_lr``: the learning rate at
     the end of epoch 1 (None: the caller checks it)."""
     labels = json.loads((out / "labels.json").read_text())
     assert [c["id"] for c in labels] == list(range(4)) and all(c["wnid"].startswith("n") for c in labels)
     assert all(isinstance(c["names"], list) and c["names"] for c in labels)
-    assert json.loads((out / "results.json").read_text())["val"] == result["val"]
+    assert json.loads((out / "results.json").read_text())["val"] == result.val.to_json()
     train_scalars = _scalars(out / "tensorboard" / "train")
     assert set(train_scalars) == {"xent", "top1", "top5", "learning_rate", "images_per_sec"}
     assert [step for step, _ in train_scalars["top1"]] == list(range(1, epochs + 1))
-    assert train_scalars["xent"][-1][1] == pytest.approx(result["train"]["loss"], rel=1e-5)
+    assert train_scalars["xent"][-1][1] == pytest.approx(result.train.loss, rel=1e-5)
     assert first_lr is None or train_scalars["learning_rate"][0][1] == pytest.approx(first_lr)
     val_scalars = _scalars(out / "tensorboard" / "validation")
-    assert val_scalars["top1"] == [(epochs, pytest.approx(result["val"]["top1"]))]
-    assert val_scalars["xent"] == [(epochs, pytest.approx(result["val"]["loss"], rel=1e-5))]
+    assert val_scalars["top1"] == [(epochs, pytest.approx(result.val.top1))]
+    assert val_scalars["xent"] == [(epochs, pytest.approx(result.val.loss, rel=1e-5))]
     import tf_keras as keras
 
     model = keras.models.load_model(out / "model.keras", compile=False)
@@ -199,7 +199,7 @@ def test_output_holds_the_model_labels_results_and_tensorboard_logs(log_lines, s
     settings = {**SMALL, "epochs": 3, "lr_schedule": "cosine", "warmup_epochs": 1.0, "lr_scaling": "linear"}
     result = train(spark, str(bucket / "bucket"), TrainConfig(workers=2, cache=bucket / "cache", output=str(out),
                                                               **settings))
-    steps = result["config"]["steps_per_epoch"]
+    steps = result.config["steps_per_epoch"]
     schedule = schedule_for(TrainConfig(workers=2, **settings), steps)
     _check_output(out, result, epochs=3, first_lr=None)
     assert any(line.startswith(f"output: labels.json, results.json written to {out}") for line in lines)
@@ -214,9 +214,9 @@ def test_output_holds_the_model_labels_results_and_tensorboard_logs(log_lines, s
     scores = _evaluate(str(out), str(bucket / "bucket"), "--json", "--cache", str(bucket / "cache"))
     assert scores.returncode == 0, scores.stderr[-3000:]
     got = json.loads(scores.stdout)
-    assert got["images"] == result["val"]["images"] == 12
+    assert got["images"] == result.val.images == 12
     for key in ("top1", "top5", "loss"):
-        assert abs(got[key] - result["val"][key]) <= 1e-3, (key, got, result["val"])
+        assert abs(got[key] - getattr(result.val, key)) <= 1e-3, (key, got, result.val)
     bad = _evaluate(str(tmp_path / "nothing"), str(bucket / "bucket"))
     assert bad.returncode == 2 and f"spark-imagenet: error: model {tmp_path / 'nothing'}: cannot read model.keras" \
         in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
@@ -15,7 +17,6 @@ from PIL import Image
 from archive_util import DATA, build, cli, decoded, kaggle, tar_gz_of, zip_nested_form, zip_root_form, zip_with_links  # noqa: F401
 from data_util import small_layout
 from spark_imagenet.errors import ArchiveError, ImageError, LayoutError
-from spark_imagenet.source.extract import extract
 from spark_imagenet.source.zip_archive import TAR_MEMBER
 
 
@@ -135,16 +136,15 @@ def test_not_a_kaggle_zip_lists_what_is_missing(tmp_path):
     z = tmp_path / "photos.zip"
     with zipfile.ZipFile(z, "w") as zf:
         zf.writestr("holiday/beach.jpg", b"x")
-    for call in (lambda: build(z, tmp_path / "out"), lambda: extract(z, tmp_path / "dest", progress=False)):
-        with pytest.raises(ArchiveError) as e:
-            call()
-        msg = str(e.value)
-        assert f"{z} is not the Kaggle imagenet-object-localization-challenge archive; missing:" in msg
-        for piece in ("LOC_synset_mapping.txt", "LOC_val_solution.csv", "ILSVRC/Data/CLS-LOC/train/",
-                      "ILSVRC/Data/CLS-LOC/val/", TAR_MEMBER, "holiday/beach.jpg"):
-            assert piece in msg, piece
+    with pytest.raises(ArchiveError) as e:
+        build(z, tmp_path / "out")
+    msg = str(e.value)
+    assert f"{z} is not the Kaggle imagenet-object-localization-challenge archive; missing:" in msg
+    for piece in ("LOC_synset_mapping.txt", "LOC_val_solution.csv", "ILSVRC/Data/CLS-LOC/train/",
+                  "ILSVRC/Data/CLS-LOC/val/", TAR_MEMBER, "holiday/beach.jpg"):
+        assert piece in msg, piece
     assert isinstance(e.value, LayoutError)
-    assert not (tmp_path / "out").exists() and not (tmp_path / "dest").exists()
+    assert not (tmp_path / "out").exists()
     # A tar.gz that does not hold ILSVRC/ is named too.
     tree = small_layout(tmp_path / "kaggle", num_classes=2, train_per_class=1, val_per_class=1)
     buf = io.BytesIO()
@@ -160,11 +160,10 @@ def test_truncated_archives_give_a_clear_error(kaggle, tmp_path):
     z = tmp_path / "half.zip"
     data = kaggle["root"].read_bytes()
     z.write_bytes(data[: len(data) // 2])
-    for call in (lambda: build(z, tmp_path / "out"), lambda: extract(z, tmp_path / "dest", progress=False)):
-        with pytest.raises(ArchiveError, match=rf"{z} is not a complete zip archive .*truncated or damaged\. "
-                           r"Delete it and run spark-imagenet download again"):
-            call()
-    assert not (tmp_path / "out").exists() and not (tmp_path / "dest").exists()
+    with pytest.raises(ArchiveError, match=rf"{z} is not a complete zip archive .*truncated or damaged\. "
+                       r"Delete it and run spark-imagenet download again"):
+        build(z, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
     (tmp_path / "empty.zip").write_bytes(b"")
     with pytest.raises(ArchiveError, match=r"empty.zip is not a complete zip archive \(File is not a zip file; "
                                            r"0 bytes\): the file is truncated"):
@@ -237,3 +236,20 @@ def test_zip_archive_does_not_import_tar_stream():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not any("tar_stream" in name for name in imported), imported
+
+
+@pytest.mark.skipif(shutil.which("unzip") is None or shutil.which("tar") is None, reason="needs unzip and tar")
+def test_cli_shard_from_the_zip_and_from_the_folder_unzip_gives(kaggle, tmp_path):
+    """shard reads the zip as downloaded; the folder a newcomer unpacks with unzip (and, for the older form, tar)
+    is the same dataset."""
+    p = cli("shard", str(kaggle["nested"]), "--out", str(tmp_path / "z"), "--train-shards", "3", "--val-shards", "2",
+            "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "pass 1 of 2" in p.stderr and "pass 2 of 2" in p.stderr
+    assert "sharding 24 train + 12 val images of 4 classes into 3 + 2 shards" in p.stderr
+    folder = tmp_path / "unpacked"
+    subprocess.run(["unzip", "-q", str(kaggle["nested"]), "-d", str(folder)], check=True)
+    subprocess.run(["tar", "-xzf", str(folder / TAR_MEMBER), "-C", str(folder)], check=True)
+    (folder / TAR_MEMBER).unlink()
+    p = cli("shard", str(folder), "--out", str(tmp_path / "z"), "--train-shards", "3", "--val-shards", "2")
+    assert p.returncode == 0 and "already holds this dataset" in p.stderr, p.stderr  # same id as from the zip

@@ -174,7 +174,7 @@ def shard_source_job(spark: Any, dataset: SourceDataset, out: str, *, train_shar
                          jpeg_quality)
     if not dataset.source.random_access:
         raise ConfigError(f"{dataset.root} can only be read in order (the older Kaggle zip, whose images are a "
-                          "nested tar.gz): shard it without --master, or extract it first (spark-imagenet extract)")
+                          "nested tar.gz): shard it without --master, or unpack it first (unzip, then tar -xzf its tar.gz)")
     _refuse_connect(spark)
     sizes = sum(img.size for img in dataset.train) + sum(img.size for img in dataset.val)
     found = Survey(tuple(c.wnid for c in dataset.classes), {"train": len(dataset.train), "val": len(dataset.val)},

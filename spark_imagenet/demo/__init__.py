@@ -54,13 +54,13 @@ def demo_config(config: TrainConfig | None = None, **settings: Any) -> TrainConf
     Raises:
         ConfigError: an unknown setting or an invalid value.
     """
-    from spark_imagenet.training.job.config import TrainConfig
+    from spark_imagenet.training.job.config import SECTIONS, TrainConfig
 
     if config is None:
         return TrainConfig.from_mapping({**DEMO_TRAIN_DEFAULTS, **settings}, "run_demo()")
     if not settings:
         return config
-    return TrainConfig.from_mapping({**{key: getattr(config, key) for key in TrainConfig.keys()}, **settings},
+    return TrainConfig.from_mapping({**{name: getattr(config, name) for name, _ in SECTIONS}, **settings},
                                     "run_demo()")
 
 
@@ -111,7 +111,7 @@ def run_demo(spark, config: TrainConfig | None = None, *, workdir: str | os.Path
         source = root / "kaggle"
         _generate(source, num_classes)
         bucket = root / "bucket"
-        workers = config.workers
+        workers = config.scaling.workers
         shard(source, bucket, train_shards=max(8, workers), val_shards=max(2, min(workers, 4)))
         logger.info(f"demo: training on {bucket} with {workers} barrier workers")
         return train(spark, str(bucket), config)

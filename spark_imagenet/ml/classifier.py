@@ -191,4 +191,4 @@ class ImageClassifier(_Stage, Estimator, DefaultParamsReadable, DefaultParamsWri
         with self._table.naming("train"):
             result = train(dataset.sparkSession, url, config)
         model = self._copyValues(ImageClassifierModel())
-        return model.setOutputPath(result.output or config.output)
+        return model.setOutputPath(result.output or config.run.output)

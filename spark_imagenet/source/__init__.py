@@ -6,7 +6,6 @@
 * :mod:`.base`: :class:`~.base.ImageSource`, the one interface the shard builder reads every kind of source through.
 * :mod:`.folder`, :mod:`.zip_archive`, :mod:`.tar_stream`: the three kinds (the unpacked folder; the zip in its
   current form; the zip in its older form, whose images are a nested tar.gz read as a stream).
-* :mod:`.extract`: unpack the zip (either form) safely (``extract``).
 * :mod:`.class_folders`: a class-per-folder tree (``root/<class>/*.jpg``); :mod:`.labels_file`: a CSV,
   JSONL or Parquet table of image paths (or URLs) and labels; :mod:`.labelled`: what the two share
   (class ids from names, the seeded ``--val-fraction`` split).

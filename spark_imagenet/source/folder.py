@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from spark_imagenet.source.base import ImageFile, ImageReader, ImageSource, SourceDataset
 from spark_imagenet.source.layout import (
-    DATA_DIR, EXTRACT_MARKER, MAPPING, VAL_CSV, check_layout, read_val_solution, select_images)
+    DATA_DIR, MAPPING, VAL_CSV, check_layout, read_val_solution, select_images)
 from spark_imagenet.source.synset import SynsetClass, read_synset_mapping
 
 #: The manifest's ``source.kind`` of a folder.
@@ -18,10 +18,10 @@ KIND = "kaggle-cls-loc-dir"
 
 def is_kaggle_folder(root: str | os.PathLike) -> bool:
     """Whether folder ``root`` holds any piece of the Kaggle layout (``LOC_synset_mapping.txt``,
-    ``LOC_val_solution.csv``, ``ILSVRC/``, or the marker of an interrupted extract): then it is read, and
+    ``LOC_val_solution.csv`` or ``ILSVRC/``): then it is read, and
     checked, as the Kaggle download, never as a class-folder tree."""
     root = Path(root).expanduser()
-    return any((root / piece).exists() for piece in (MAPPING, VAL_CSV, DATA_DIR.parts[0], EXTRACT_MARKER))
+    return any((root / piece).exists() for piece in (MAPPING, VAL_CSV, DATA_DIR.parts[0]))
 
 
 class _DirTree:

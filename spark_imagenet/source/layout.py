@@ -20,10 +20,8 @@ list every offending file (up to a limit), never skipped silently.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import random
-import shlex
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
@@ -38,11 +36,6 @@ DATA_DIR = Path("ILSVRC", "Data", "CLS-LOC")
 DATA_REL = DATA_DIR.as_posix()
 #: How many offending files an error message lists before "... and N more".
 MAX_LISTED = 20
-#: The file ``spark-imagenet extract`` keeps in its folder (and in the Kaggle root
-#: under it) while it writes, removed only once every member is written: a
-#: folder holding it is an interrupted extract, refused by :func:`check_layout`.
-#: Its content is JSON ``{"zip": ..., "dest": ...}`` naming the command to rerun.
-EXTRACT_MARKER = ".spark-imagenet-extract-incomplete"
 
 
 def _listing(problems: Sequence[str]) -> str:
@@ -63,24 +56,11 @@ def check_layout(root: str | os.PathLike) -> Path:
 
     Raises:
         LayoutError: listing every missing piece (mapping file, val CSV,
-            train and val folders); or ``root`` holds
-            :data:`EXTRACT_MARKER` (an interrupted ``spark-imagenet extract``).
+            train and val folders).
     """
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise LayoutError(f"{root} is not a directory (expected ImageNet in the Kaggle CLS-LOC layout)")
-    marker = root / EXTRACT_MARKER
-    if marker.exists():
-        try:
-            started = json.loads(marker.read_text(encoding="utf-8"))
-            command = f"spark-imagenet extract {shlex.quote(started['zip'])} {shlex.quote(started['dest'])}"
-        except (OSError, ValueError, TypeError, KeyError):
-            command = "spark-imagenet extract ZIP DIR"
-        raise LayoutError(
-            f"{root} is an incomplete extract: `spark-imagenet extract` was interrupted while writing it "
-            f"({marker} is still there), so files may be missing. Rerun `{command}` to finish it "
-            "(it keeps the files already written and writes the rest), then run this command again."
-        )
     missing = [
         str(p) for p in (root / MAPPING, root / VAL_CSV) if not p.is_file()
     ] + [str(p) + "/" for p in (root / DATA_DIR / "train", root / DATA_DIR / "val") if not p.is_dir()]

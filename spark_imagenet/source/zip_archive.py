@@ -15,7 +15,7 @@ The Kaggle competition ``imagenet-object-localization-challenge`` is one zip
 
 :func:`spark_imagenet.source.open_zip_source` opens either form (it imports this module and
 :mod:`spark_imagenet.source.tar_stream`, which imports this one). This module also holds what both
-forms and :mod:`spark_imagenet.source.extract` share: opening the zip with
+forms share: opening the zip with
 errors a user can act on (:func:`open_zip`), finding its form
 (:func:`inspect_zip`), the index of the tree inside (:class:`Index`,
 :class:`ArchiveTree`) and the refusal of link members.

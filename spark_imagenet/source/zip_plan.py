@@ -140,7 +140,7 @@ def plan_kaggle_zip(path: str | os.PathLike, *, num_classes: int | None = None, 
     kz = inspect_names((e.name for _, e in _entries(directory)), path)
     if kz.form == FORM_NESTED:
         raise ConfigError(f"{path} can only be read in order (the older Kaggle zip, whose images are a nested "
-                          "tar.gz): shard it without --master, or extract it first (spark-imagenet extract)")
+                          "tar.gz): shard it without --master, or unpack it first (unzip, then tar -xzf its tar.gz)")
     census = _count(directory, kz.prefix, entries_per_slice)
     _refuse_links(path, census.links)
     _refuse_duplicates(directory, kz.prefix, census.hashes)

@@ -45,7 +45,7 @@ def connect_url(spark, master: str | None = None) -> str:
 
     Args:
         spark: a Spark Connect session.
-        master: the job's ``master`` (``TrainConfig.master``); used when it is an ``sc://`` URL.
+        master: the job's ``master`` (``TrainConfig.scaling.master``); used when it is an ``sc://`` URL.
 
     Returns:
         str: ``sc://HOST:PORT``, or ``"connect"`` when the session does not say.
@@ -101,7 +101,7 @@ class ConnectLaunch:
     def collect(self, spec: TaskSpec) -> list[str]:
         """Run the stage; return every task's JSON line (raises the Connect exception of a failed job, whose
         text carries the task's error)."""
-        workers = spec.config.workers
+        workers = spec.config.scaling.workers
         self.spark.addTag(self.tag)
         try:
             frame = self.spark.range(workers, numPartitions=workers).mapInArrow(arrow_task(spec), RESULT_SCHEMA,

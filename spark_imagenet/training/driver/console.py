@@ -26,19 +26,19 @@ def _session(config, command: str, *, warn_oversubscription: bool = True):
     from spark_imagenet.training.driver.spark_session import session_for
 
     try:
-        return session_for(config.master, config.workers, conf=config.spark_conf, app_name=f"spark-imagenet {command}",
+        return session_for(config.scaling.master, config.scaling.workers, conf=config.spark_conf, app_name=f"spark-imagenet {command}",
                            warn_oversubscription=warn_oversubscription)
     except SparkImagenetError:
         raise
     except Exception as e:  # Py4J / JVM start-up failures
         reason = spark_reason(e)
-        keys = ", ".join(k for k, _ in config.conf)
-        if config.master:
-            master = f"--master {config.master}"
+        keys = ", ".join(k for k, _ in config.scaling.conf)
+        if config.scaling.master:
+            master = f"--master {config.scaling.master}"
         elif "PYSPARK_GATEWAY_PORT" in os.environ:
             master = "spark-submit's master"
         else:
-            master = f"the default master local[{config.workers}]"
+            master = f"the default master local[{config.scaling.workers}]"
         raise ConfigError(
             f"Spark could not start with {master}"
             f"{' and --conf ' + keys if keys else ''}: {reason[:300]}. "

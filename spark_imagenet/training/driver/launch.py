@@ -77,7 +77,7 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
     the checks of the plan (:mod:`spark_imagenet.training.driver.preflight`); their warnings are logged.
 
     Returns:
-        JobPlan: with ``config.cache`` and a local ``config.output`` and ``config.checkpoint_dir`` made absolute,
+        JobPlan: with ``config.data.cache`` and a local ``config.run.output`` and ``config.run.checkpoint_dir`` made absolute,
         and the checkpoint to resume from found (``resume``).
 
     Raises:
@@ -95,22 +95,22 @@ def plan_job(url: str | os.PathLike, config: TrainConfig) -> JobPlan:
     """
     before = check_settings(config)
     before.raise_if_problems()
-    if config.cache is not None:  # the executors' folder, as the driver's working directory names it
-        config = config.replace(cache=str(Path(config.cache).expanduser().absolute()))
+    if config.data.cache is not None:  # the executors' folder, as the driver's working directory names it
+        config = config.replace(cache=str(Path(config.data.cache).expanduser().absolute()))
     output = checkpoints_at = None
-    if config.output is not None:  # written by the chief: refused now if it cannot be written
-        output = open_output(config.output)
-        if not is_remote_url(config.output):  # a folder here: its absolute path, as the chief must see it
+    if config.run.output is not None:  # written by the chief: refused now if it cannot be written
+        output = open_output(config.run.output)
+        if not is_remote_url(config.run.output):  # a folder here: its absolute path, as the chief must see it
             config = config.replace(output=output.url)
-    if config.checkpoint_dir is not None:  # written by the chief after every epoch: refused now if it cannot be
-        checkpoints_at = open_output(config.checkpoint_dir, "--checkpoint-dir")
-        if not is_remote_url(config.checkpoint_dir):
+    if config.run.checkpoint_dir is not None:  # written by the chief after every epoch: refused now if it cannot be
+        checkpoints_at = open_output(config.run.checkpoint_dir, "--checkpoint-dir")
+        if not is_remote_url(config.run.checkpoint_dir):
             config = config.replace(checkpoint_dir=checkpoints_at.url)
     storage = open_storage(url)
     folders = check_folders(config, storage, output, checkpoints_at)
     folders.raise_if_problems()
     manifest = Manifest.load(storage)
-    plan = assign(manifest, config.workers, config.batch_size)  # every worker a train shard, or refused
+    plan = assign(manifest, config.scaling.workers, config.recipe.batch_size)  # every worker a train shard, or refused
     schedule = schedule_for(config, plan.steps_per_epoch)  # the job's one schedule; one that does not fit is refused
     job, found = check_plan(JobPlan(config=config, dataset=storage, manifest=manifest, assignment=plan,
                                     schedule=schedule, output=output, checkpoints=checkpoints_at,
@@ -124,24 +124,24 @@ def _announce(job: JobPlan) -> None:
     """Log what is about to run, and warn about batches larger than a worker's data."""
     config, plan = job.config, job.assignment
     smallest = min(p.train_examples for p in plan.workers)
-    if config.batch_size > smallest:
-        logger.warning(f"warning: --batch-size {config.batch_size} is larger than the {smallest} train images of the "
+    if config.recipe.batch_size > smallest:
+        logger.warning(f"warning: --batch-size {config.recipe.batch_size} is larger than the {smallest} train images of the "
                        "smallest worker; its batches repeat images within one step (use a smaller batch or fewer "
                        "workers)")
-    logger.info(f"training {config.model} on {job.url}: {config.workers} worker(s), {plan.train_examples_total} "
+    logger.info(f"training {config.recipe.model} on {job.url}: {config.scaling.workers} worker(s), {plan.train_examples_total} "
                 f"train / "
-                f"{plan.val_examples_total} val images, {config.epochs} epoch(s) x {plan.steps_per_epoch} steps, "
-                f"batch {config.batch_size} per worker")
+                f"{plan.val_examples_total} val images, {config.recipe.epochs} epoch(s) x {plan.steps_per_epoch} steps, "
+                f"batch {config.recipe.batch_size} per worker")
     logger.info(job.schedule.describe())
-    logger.info(f"recipe: optimizer {config.optimizer}, momentum {config.momentum:g}, "
-                f"weight decay {config.weight_decay:g}, "
-                f"label smoothing {config.label_smoothing:g}, precision {config.precision}, "
-                f"XLA {'on' if config.jit_compile else 'off'}")
+    logger.info(f"recipe: optimizer {config.recipe.optimizer}, momentum {config.recipe.momentum:g}, "
+                f"weight decay {config.recipe.weight_decay:g}, "
+                f"label smoothing {config.recipe.label_smoothing:g}, precision {config.recipe.precision}, "
+                f"XLA {'on' if config.recipe.jit_compile else 'off'}")
 
 
 def _launch_with_restarts(spark, sc, checked: CheckedJob) -> tuple[list[TaskResult], int, JobPlan]:
     """Run the barrier stage; after a :class:`WorkerLost` failure launch it again as the job's
-    :class:`~spark_imagenet.training.job.restarts.FailurePolicy` decides (at most ``config.max_restarts``
+    :class:`~spark_imagenet.training.job.restarts.FailurePolicy` decides (at most ``config.run.max_restarts``
     times, each time from the latest complete checkpoint, found again, or from the newest at an epoch's end when
     the latest is inside an epoch and of another worker count (a warning says so:
     :func:`~spark_imagenet.training.job.restarts.relaunch_from`); from epoch 1 without ``checkpoint_dir``;
@@ -171,7 +171,7 @@ def _launch_with_restarts(spark, sc, checked: CheckedJob) -> tuple[list[TaskResu
             logger.warning(f"warning: a worker was lost: "
                            f"{failure.summary() if failure else str(e).splitlines()[0]}")
             logger.info(f"launching the barrier stage again (restart {restarts} of {policy.max_restarts})")
-            decision = policy.relaunch(job.config.workers, _free_slots_after_wait(sc, policy))
+            decision = policy.relaunch(job.config.scaling.workers, _free_slots_after_wait(sc, policy))
             if decision.note:
                 (logger.warning if decision.warn else logger.info)(decision.note)
             job = wanted.resized(decision.workers)
@@ -185,19 +185,19 @@ def _announce_resume(job: JobPlan, resume: ResumePoint | None, restarts: int) ->
     """Log where a launch starts: the checkpoint it resumes (and how the schedule stretches), or epoch 1."""
     config = job.config
     epochs_done = resume.epoch if resume else 0
-    if resume is not None and epochs_done >= config.epochs:
-        logger.info(f"checkpoint: {checkpoints.describe(resume.meta)} in {config.checkpoint_dir} is the last of "
-                    f"{config.epochs} epoch(s): nothing left to train, only the evaluation runs (give a larger "
+    if resume is not None and epochs_done >= config.recipe.epochs:
+        logger.info(f"checkpoint: {checkpoints.describe(resume.meta)} in {config.run.checkpoint_dir} is the last of "
+                    f"{config.recipe.epochs} epoch(s): nothing left to train, only the evaluation runs (give a larger "
                     "--epochs to train on)")
     elif resume is not None:
-        logger.info(f"checkpoint: resuming at epoch {epochs_done + 1} of {config.epochs} from "
-                    f"{checkpoints.describe(resume.meta)} in {config.checkpoint_dir}")
+        logger.info(f"checkpoint: resuming at epoch {epochs_done + 1} of {config.recipe.epochs} from "
+                    f"{checkpoints.describe(resume.meta)} in {config.run.checkpoint_dir}")
         stretched = extension_note(job.schedule, resume.meta.epochs, epochs_done)
         if stretched:
             logger.info(stretched)
     elif restarts:
         logger.info("checkpoint: none to resume from; training starts again at epoch 1"
-                    + ("" if config.checkpoint_dir else " (no --checkpoint-dir)"))
+                    + ("" if config.run.checkpoint_dir else " (no --checkpoint-dir)"))
 
 
 def _free_slots_after_wait(sc, policy: FailurePolicy) -> int | None:
@@ -291,7 +291,7 @@ def _launch(spark, sc, facts: SessionFacts, job: JobPlan, resume: ResumePoint | 
         KeyboardInterrupt: Ctrl-C; the job has been cancelled.
     """
     launch: BarrierLaunch = (ConnectLaunch(spark) if sc is None else
-                             ClassicLaunch(sc, f"spark-imagenet train {job.config.model} x{job.config.workers}"))
+                             ClassicLaunch(sc, f"spark-imagenet train {job.config.recipe.model} x{job.config.scaling.workers}"))
     with _log_server(sc, facts) as channel, driver_meeting(sc) as meeting:
         try:
             lines = run_stage(launch, TaskSpec(job, resume, channel, meeting=meeting))
@@ -382,13 +382,13 @@ def _report(job: JobPlan, out: Result) -> None:
     """Log the results table and write ``--results`` and the driver's part of ``--output``."""
     for line in format_table(out).splitlines():
         logger.info(line)
-    if job.config.results is not None:
-        write_results(job.config.results, out)
-        logger.info(f"results written to {job.config.results}")
+    if job.config.run.results is not None:
+        write_results(job.config.run.results, out)
+        logger.info(f"results written to {job.config.run.results}")
     if job.output is not None:
         written = write_driver_outputs(job.output, job.manifest.classes,
                                        out.to_json())
-        logger.info(f"output: {', '.join(written)} written to {job.config.output} (beside the chief's "
+        logger.info(f"output: {', '.join(written)} written to {job.config.run.output} (beside the chief's "
                     f"{MODEL_FILE}, {PREPROCESSING_FILE}, {SERVING_DIR}/ and {TENSORBOARD_DIR}/)")
 
 
@@ -407,8 +407,8 @@ def train(spark, url: str | os.PathLike, config: TrainConfig) -> Result:
     Returns:
         Result: :class:`~spark_imagenet.training.driver.results.Result`: the per-worker records, the
         validation and training metrics, rank 0's history, the settings, the wall time, the restarts, the last
-        checkpoint and the output folder; ``result.to_json()`` (also ``result["val"]["top1"]``) is the
-        ``--results`` file's form, and ``Result.from_path(output)`` reads it back from ``--output``.
+        checkpoint and the output folder; ``result.to_json()`` is the ``--results`` file's form, and
+        ``Result.from_path(output)`` reads it back from ``--output``.
 
     Raises:
         ConfigError: ``config`` is not a TrainConfig, a bad setting, dynamic allocation, too few

@@ -8,11 +8,12 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from spark_imagenet.errors import ConfigError, TrainingError
 from spark_imagenet.storage.envelope import Envelope
 from spark_imagenet.training.job.outcome import TaskResult, TfProcess, ValMetrics
+from spark_imagenet.training.job.sections import SECTION_OF
 
 #: The JSON form of a :class:`Result` (``--results``, ``results.json`` under ``--output``).
 RESULTS = Envelope("spark-imagenet-results", 1, "spark-imagenet training results")
@@ -147,11 +148,11 @@ class TrainMetrics:
 
 
 @dataclasses.dataclass(frozen=True)
-class Result(Mapping[str, Any]):
+class Result:
     """What :func:`~spark_imagenet.training.driver.launch.train` returns.
 
-    A read-only mapping too: ``result["val"]["top1"]`` reads :meth:`to_json`, the form of ``--results`` and of
-    ``results.json`` under ``--output`` (a versioned document, :data:`RESULTS`:
+    Its fields are read as attributes (``result.val.top1``). :meth:`to_json` gives the form of ``--results`` and
+    of ``results.json`` under ``--output`` (a versioned document, :data:`RESULTS`:
     ``{"format": "spark-imagenet-results", "format_version": 1, "workers": ..., "val": {...}, ...}``).
 
     Attributes:
@@ -249,15 +250,6 @@ class Result(Mapping[str, Any]):
                               "(train writes results.json there when the job ends); give that folder or bucket")
         return cls.from_json(RESULTS.decode(storage.read_bytes(RESULTS_FILE), where), where)
 
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
-
-    def __len__(self) -> int:
-        return len(self.to_json())
-
 
 def _worker_record(data: Mapping[str, Any]) -> WorkerRecord:
     """A :class:`WorkerRecord` of its :meth:`WorkerRecord.to_json` object."""
@@ -281,28 +273,28 @@ def build_results(records: Sequence[TaskResult], job, *, master: str, wall_secon
         TrainingError: missing or duplicate ranks, or a rank that did not train.
     """
     config, plan, manifest = job.config, job.assignment, job.manifest
-    per_worker, val = combine(records, config.workers)
+    per_worker, val = combine(records, config.scaling.workers)
     rank0 = min(records, key=lambda r: r.rank).worker
-    settings = {key: getattr(config, key) for key in
+    settings = {key: getattr(getattr(config, SECTION_OF[key]), key) for key in
                 ("model", "epochs", "batch_size", "image_size", "width", "learning_rate", "lr_schedule",
                  "lr_boundaries", "warmup_epochs", "lr_scaling", "optimizer", "momentum", "weight_decay",
                  "label_smoothing", "flip", "crop_area", "lighting", "precision", "jit_compile", "parallel", "seed",
                  "checkpoint_dir", "deterministic")}
-    checkpoint = _last_checkpoint(job) if config.checkpoint_dir else None
+    checkpoint = _last_checkpoint(job) if config.run.checkpoint_dir else None
     return Result(
-        workers=config.workers, per_worker=tuple(per_worker), val=val,
+        workers=config.scaling.workers, per_worker=tuple(per_worker), val=val,
         train=TrainMetrics(rank0.train_loss, rank0.train_top1),
         images_per_sec=sum(w.images_per_sec or 0.0 for w in per_worker),
         history={k: tuple(v) for k, v in rank0.history.items()},
         config=_json_values({
             "url": job.url, "dataset_id": manifest.dataset_id, "master": master,
-            **settings, "cache": config.cache, "num_classes": manifest.num_classes,
+            **settings, "cache": config.data.cache, "num_classes": manifest.num_classes,
             "train_examples": plan.train_examples_total, "val_examples": plan.val_examples_total,
             "steps_per_epoch": plan.steps_per_epoch, "val_steps": plan.val_steps,
             "global_batch_size": config.global_batch_size,
             "assignment": [p.to_json() for p in plan.workers],
         }),
-        wall_seconds=wall_seconds, restarts=restarts, checkpoint=checkpoint, output=config.output,
+        wall_seconds=wall_seconds, restarts=restarts, checkpoint=checkpoint, output=config.run.output,
     )
 
 
@@ -321,6 +313,6 @@ def _last_checkpoint(job: Any) -> str | None:
     try:
         found = latest(job.checkpoints) if job.checkpoints is not None else None
     except SparkImagenetError as e:
-        logger.warning(f"warning: could not read --checkpoint-dir {job.config.checkpoint_dir} for the results: {e}")
+        logger.warning(f"warning: could not read --checkpoint-dir {job.config.run.checkpoint_dir} for the results: {e}")
         return None
-    return None if found is None else job.config.checkpoint_dir.rstrip("/") + "/" + found[0]
+    return None if found is None else job.config.run.checkpoint_dir.rstrip("/") + "/" + found[0]

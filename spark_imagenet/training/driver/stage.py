@@ -40,7 +40,7 @@ class BarrierLaunch(Protocol):
     thread_class: Callable[..., threading.Thread]
 
     def collect(self, spec: TaskSpec) -> list[str]:
-        """Run the stage of ``spec.config.workers`` tasks; return every task's JSON line (raises Spark's error)."""
+        """Run the stage of ``spec.config.scaling.workers`` tasks; return every task's JSON line (raises Spark's error)."""
 
     def cancel(self, done: threading.Event) -> None:
         """Cancel the stage after Ctrl-C, quietly, and wait (bounded) for ``done``: the stage's thread ended."""
@@ -74,7 +74,7 @@ class ClassicLaunch:
 
     def collect(self, spec: TaskSpec) -> list[str]:
         """Run the stage; return every task's JSON line."""
-        workers = spec.config.workers
+        workers = spec.config.scaling.workers
         self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
         return self.sc.parallelize(range(workers), workers).barrier().mapPartitions(
             functools.partial(run_task, spec)).collect()

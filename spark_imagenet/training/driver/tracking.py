@@ -150,7 +150,7 @@ def new_record(job: JobPlan) -> RunRecord:
     tracking = job.config.tracking
     uri, experiment = _where(job)
     tags = {"spark_imagenet.version": __version__, "spark_imagenet.run_id": job.run_id or "",
-            "spark_imagenet.model": job.config.model, **dict(tracking.mlflow_tags)}
+            "spark_imagenet.model": job.config.recipe.model, **dict(tracking.mlflow_tags)}
     dataset = {"name": f"{job.url.rstrip('/').rsplit('/', 1)[-1] or 'dataset'}", "digest": job.dataset_id[:36],
                "url": job.url}
     model_url = f"{job.output.url.rstrip('/')}/{MODEL_DIR}" if job.output is not None else None
@@ -441,7 +441,7 @@ class RunTracker:
         record.status = "FINISHED" if error is None else (
             "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
         if result is not None:
-            record.metrics.extend(result_metrics(result, self._job.config.epochs))
+            record.metrics.extend(result_metrics(result, self._job.config.recipe.epochs))
             record.results = result.to_json()
         client = mlflow_module().MlflowClient(record.uri)
         down = unreachable(record.uri)

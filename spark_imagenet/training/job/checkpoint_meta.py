@@ -167,15 +167,17 @@ class RunSettings:
         """The settings of a job.
 
         Args:
-            config: a :class:`~spark_imagenet.training.job.config.TrainConfig` (any object with its attributes
-                of the same names; one without a :data:`RECIPE_FIELDS` attribute records None for it).
+            config: a :class:`~spark_imagenet.training.job.config.TrainConfig` (a dataclass of section dataclasses
+                whose settings have these names; one without a :data:`RECIPE_FIELDS` setting records None for it).
             dataset_id: the dataset manifest's ``dataset_id``.
             num_classes: the dataset's class count.
 
         Returns:
             RunSettings: the job's values.
         """
-        values = {f.name: getattr(config, f.name, None) if f.name in RECIPE_FIELDS else getattr(config, f.name)
+        sections = (getattr(config, s.name) for s in dataclasses.fields(config))
+        flat = {f.name: getattr(section, f.name) for section in sections for f in dataclasses.fields(section)}
+        values = {f.name: flat.get(f.name) if f.name in RECIPE_FIELDS else flat[f.name]
                   for f in dataclasses.fields(RunSettings) if f.name not in ("dataset_id", "num_classes")}
         return RunSettings(dataset_id=dataset_id, num_classes=num_classes, **values)
 

@@ -62,8 +62,8 @@ class TrainConfig:
         TrainConfig(scaling=ScalingConfig(workers=8), recipe=RecipeConfig(epochs=90),
                     run=RunConfig(output="gs://b/runs/a"))
 
-    Each setting is read in its section (``config.recipe.epochs``) or, as a compatibility view, by its
-    own name (``config.epochs``); :meth:`keys` lists the names, :meth:`replace` changes settings by name.
+    Each setting is read in its section (``config.recipe.epochs``); :meth:`keys` lists the names, and
+    :meth:`replace` and the constructor take settings by name.
 
     Attributes:
         scaling: workers, GPUs, strategy and Spark master (:class:`~.sections.ScalingConfig`).
@@ -85,7 +85,7 @@ class TrainConfig:
     config = TrainConfig(workers=8, recipe=RecipeConfig(model="resnet50", epochs=90),
                          output="gs://my-bucket/runs/resnet-8")
     longer = config.replace(epochs=120)
-    print(config.recipe.epochs, longer.epochs, config.global_batch_size)   # 90 120 256
+    print(config.recipe.epochs, longer.recipe.epochs, config.global_batch_size)   # 90 120 256
     ```
     """
 
@@ -108,17 +108,10 @@ class TrainConfig:
         self.__post_init__()
 
     def __post_init__(self) -> None:
-        if self.seed + self.workers - 1 > MAX_SEED:  # each worker seeds with seed + rank
-            raise setting_error("seed", f"seed (--seed) {self.seed} is too large: with {self.workers} worker(s) it "
-                                        f"must be at most {MAX_SEED - self.workers + 1} (worker seeds are seed + "
+        if self.data.seed + self.scaling.workers - 1 > MAX_SEED:  # each worker seeds with seed + rank
+            raise setting_error("seed", f"seed (--seed) {self.data.seed} is too large: with {self.scaling.workers} worker(s) it "
+                                        f"must be at most {MAX_SEED - self.scaling.workers + 1} (worker seeds are seed + "
                                         "rank, at most 2**32 - 1)")
-
-    def __getattr__(self, name: str) -> Any:
-        """A setting by its own name (``config.epochs`` = ``config.recipe.epochs``)."""
-        section = SECTION_OF.get(name)
-        if section is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(object.__getattribute__(self, section), name)
 
     # ---------------------------------------------------------- building
     @classmethod
@@ -159,13 +152,13 @@ class TrainConfig:
     @property
     def global_batch_size(self) -> int:
         """``workers * batch_size``: images per synchronous step of the whole cluster."""
-        return self.workers * self.batch_size
+        return self.scaling.workers * self.recipe.batch_size
 
     # ------------------------------------------------------------- JSON
     def to_json(self) -> dict[str, Any]:
         """A JSON object with the format name and version, then every setting by name (flat)."""
-        data: dict[str, Any] = {key: getattr(self, key) for key in self.keys()}
-        data["conf"] = dict(self.conf)
+        data: dict[str, Any] = {key: getattr(getattr(self, SECTION_OF[key]), key) for key in self.keys()}
+        data["conf"] = dict(self.scaling.conf)
         return ENVELOPE.to_json(data)
 
     @classmethod

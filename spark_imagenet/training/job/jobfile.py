@@ -177,15 +177,15 @@ def dump_job(config: TrainConfig, url: str | None = None) -> str:
 
     from spark_imagenet.training.job.model_specs import recipe_for
 
-    recipe = recipe_for(config.model)
+    recipe = recipe_for(config.recipe.model)
     parts = [] if url is None else [tomli_w.dumps({"url": url})]
     for name, _ in SECTIONS:
         table: dict[str, Any] = {}
         derived = []
         for key in (key for key in TrainConfig.keys() if SECTION_OF[key] == name):
-            value = getattr(config, key)
-            if key in RECIPE_KEYS and value == recipe.value(key, config.epochs):
-                derived.append(f"# {tomli_w.dumps({key: _shown(value)}).strip()}  (the {config.model} recipe's)\n")
+            value = getattr(getattr(config, name), key)
+            if key in RECIPE_KEYS and value == recipe.value(key, config.recipe.epochs):
+                derived.append(f"# {tomli_w.dumps({key: _shown(value)}).strip()}  (the {config.recipe.model} recipe's)\n")
             elif key in TABLE_KEYS:
                 if value:
                     table[key] = dict(value)

@@ -98,13 +98,13 @@ class JobPlan:
             ConfigError: ``workers`` does not divide the global batch, or the dataset cannot be split over it
                 (:func:`~spark_imagenet.training.job.assignment.assign`).
         """
-        if workers == self.config.workers:
+        if workers == self.config.scaling.workers:
             return self
         batch = self.config.global_batch_size
         if batch % workers:
             raise ConfigError(f"{workers} worker(s) cannot share the global batch {batch} evenly")
         config = self.config.replace(workers=workers, batch_size=batch // workers)
-        assignment = assign(self.manifest, workers, config.batch_size)
+        assignment = assign(self.manifest, workers, config.recipe.batch_size)
         return dataclasses.replace(self, config=config, assignment=assignment,
                                    schedule=schedule_for(config, assignment.steps_per_epoch))
 
@@ -139,7 +139,7 @@ class WorkerSpec:
             read by another process) it is ``{"url", "options"}``: its URL and
             :meth:`~spark_imagenet.storage.Storage.reopen_options`, reopened with
             :func:`~spark_imagenet.storage.open_storage`.
-        rank: this worker's rank, ``0 <= rank < config.workers`` (0 is the chief).
+        rank: this worker's rank, ``0 <= rank < config.scaling.workers`` (0 is the chief).
         peers: every worker's ``host:port`` in rank order (TF_CONFIG's), named by the step watchdog; empty for
             one worker.
         threads: TensorFlow intra/inter-op threads; None = TensorFlow's default.
@@ -204,9 +204,9 @@ class WorkerSpec:
             raise ConfigError(f"{where}: rank {self.rank} is not in 0..workers-1 (workers = {self.workers})")
         if not self.train_files:
             raise ConfigError(f"{where}: no train_files; every worker needs its own shards")
-        if self.val_steps * self.config.batch_size < self.val_examples:
+        if self.val_steps * self.config.recipe.batch_size < self.val_examples:
             raise ConfigError(
-                f"{where}: val_steps {self.val_steps} * batch_size {self.config.batch_size} is less than this "
+                f"{where}: val_steps {self.val_steps} * batch_size {self.config.recipe.batch_size} is less than this "
                 f"worker's val_examples {self.val_examples}; val_steps must be ceil(max val_examples / batch_size)")
         if self.val_examples > 0 and not self.val_files:
             raise ConfigError(f"{where}: val_examples is {self.val_examples} but val_files is empty")
@@ -220,23 +220,23 @@ class WorkerSpec:
 
     @property
     def workers(self) -> int:
-        """int: the cluster's worker count (``config.workers``)."""
-        return self.config.workers
+        """int: the cluster's worker count (``config.scaling.workers``)."""
+        return self.config.scaling.workers
 
     @property
     def parallel(self) -> int:
-        """int: tf.data parallel calls: ``config.parallel``, else :attr:`threads`, else 1."""
-        return self.config.parallel or self.threads or 1
+        """int: tf.data parallel calls: ``config.data.parallel``, else :attr:`threads`, else 1."""
+        return self.config.data.parallel or self.threads or 1
 
     @property
     def startup_timeout_s(self) -> float:
         """float: seconds to wait for the other workers while the strategy is built (0 = no limit)."""
-        return self.config.startup_timeout
+        return self.config.run.startup_timeout
 
     @property
     def seed(self) -> int:
         """int: this worker's seed: the job's seed plus the rank (distinct augmentation per worker)."""
-        return self.config.seed + self.rank
+        return self.config.data.seed + self.rank
 
     def to_json(self) -> dict[str, Any]:
         """A JSON object: format name and version, then the fields (the config, schedule and checkpoint storage
@@ -291,7 +291,7 @@ def worker_spec(job: JobPlan, rank: int, train_files: Sequence[str], val_files: 
         rank: the worker's rank.
         train_files, val_files: its staged shard files.
         threads: CPUs for this worker (the host's CPUs / workers on the host); also the tf.data parallelism
-            unless ``config.parallel`` is set.
+            unless ``config.data.parallel`` is set.
         peers: every worker's ``host:port`` in rank order (empty without a cluster).
     """
     plan, assignment = job.assignment[rank], job.assignment

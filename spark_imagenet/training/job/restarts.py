@@ -76,8 +76,8 @@ class FailurePolicy:
     @classmethod
     def of(cls, config) -> FailurePolicy:
         """The policy of a :class:`~spark_imagenet.training.job.config.TrainConfig`."""
-        return cls(max_restarts=config.max_restarts, workers=config.workers, min_workers=config.min_workers,
-                   global_batch=config.global_batch_size, regain_timeout=config.regain_timeout)
+        return cls(max_restarts=config.run.max_restarts, workers=config.scaling.workers, min_workers=config.scaling.min_workers,
+                   global_batch=config.global_batch_size, regain_timeout=config.run.regain_timeout)
 
     @property
     def elastic(self) -> bool:

@@ -400,9 +400,9 @@ def schedule_for(config: Any, steps_per_epoch: int) -> Schedule:
     Raises:
         ConfigError: as :class:`Schedule` (naming the options).
     """
-    return Schedule(kind=config.lr_schedule, base_lr=config.learning_rate, global_batch=config.global_batch_size,
-                    scaling=config.lr_scaling, steps_per_epoch=steps_per_epoch, epochs=config.epochs,
-                    warmup_epochs=config.warmup_epochs, boundaries=tuple(config.lr_boundaries))
+    return Schedule(kind=config.recipe.lr_schedule, base_lr=config.recipe.learning_rate, global_batch=config.global_batch_size,
+                    scaling=config.recipe.lr_scaling, steps_per_epoch=steps_per_epoch, epochs=config.recipe.epochs,
+                    warmup_epochs=config.recipe.warmup_epochs, boundaries=tuple(config.recipe.lr_boundaries))
 
 
 def extension_note(schedule: Schedule, planned_epochs: int, epochs_done: int) -> str | None:

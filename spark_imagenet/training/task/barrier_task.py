@@ -169,8 +169,8 @@ def _stage(spec: TaskSpec, rank: int) -> tuple[list[str], list[str]]:
     """
     from spark_imagenet.training.task.staging import stage_shards
 
-    staged = stage_shards(spec.job.dataset, spec.job.assignment[rank], spec.config.cache, spec.job.dataset_id,
-                          transfers=spec.config.transfers)
+    staged = stage_shards(spec.job.dataset, spec.job.assignment[rank], spec.config.data.cache, spec.job.dataset_id,
+                          transfers=spec.config.data.transfers)
     for what, got in zip(("train", "val"), staged):
         if got.downloaded:
             logger.info(f"{what}: downloaded {got.downloaded} shard(s), {got.bytes_downloaded / 1e6:.1f} MB at "
@@ -189,7 +189,7 @@ def _fetch_checkpoint(spec: TaskSpec, folder: str) -> str:
     assert spec.resume is not None and spec.job.checkpoints is not None
     local = os.path.join(folder, "checkpoint")
     checkpoints.download(spec.job.checkpoints, spec.resume.name, spec.resume.meta, local,
-                         transfers=spec.config.transfers)
+                         transfers=spec.config.data.transfers)
     return local
 
 
@@ -271,7 +271,7 @@ def _run_worker(spec: TaskSpec, message: WorkerSpec, extra_env: Mapping[str, str
                 if spec.job.run_id:
                     check_held(output, spec.job.run_id)  # the driver is gone or another run took the folder
                 names = publish(local, output)
-            logger.info(f"output: {len(names)} file(s) written to {spec.config.output} ({MODEL_FILE}, "
+            logger.info(f"output: {len(names)} file(s) written to {spec.config.run.output} ({MODEL_FILE}, "
                         f"{sum(1 for n in names if n.startswith(SERVING_DIR + '/'))} SavedModel file(s), "
                         f"{sum(1 for n in names if n.startswith(TENSORBOARD_DIR + '/'))} TensorBoard file(s)"
                         + (f", {mlflow_files} MLflow model file(s))" if (mlflow_files := sum(
@@ -327,13 +327,13 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
         held: Preloaded | None = None
         failed: SparkImagenetError | None = None
         gpus: list[str] | None = None
-        meeting = DriverMeeting.open(spec.meeting, ctx) if spec.config.strategy == "multiworker" else None
+        meeting = DriverMeeting.open(spec.meeting, ctx) if spec.config.scaling.strategy == "multiworker" else None
         try:
             try:
                 with failing_as(STAGE_GPUS, rank, host):
                     resources = ctx.resources()  # checked before any download
                     gpus = task_gpus(resources["gpu"].addresses if "gpu" in resources else None,
-                                     spec.config.gpus_per_worker)
+                                     spec.config.scaling.gpus_per_worker)
                     env = preload_env(os.environ, gpus, task_path=sys.path)  # --py-files reach the child
                 # TensorFlow's import overlaps the staging and the rendezvous
                 with failing_as(STAGE_START, rank, host):
@@ -365,7 +365,7 @@ def _meet_and_train(ctx, spec: TaskSpec, rank: int, host: str, failed: SparkImag
     from spark_imagenet.training.job.gpus import host_has_gpus
     from spark_imagenet.training.task.rendezvous import build_tf_config, local_worker_count, rendezvous
 
-    if spec.config.strategy == "multiworker":
+    if spec.config.scaling.strategy == "multiworker":
         failure = getattr(failed, "failure", None)
         reason = None if failed is None else " ".join((failure.summary() if failure else str(failed)).split())
         with failing_as(STAGE_RENDEZVOUS, rank, host):
@@ -382,7 +382,7 @@ def _meet_and_train(ctx, spec: TaskSpec, rank: int, host: str, failed: SparkImag
     elif failed is not None:
         raise failed
     else:  # one worker, no cluster: no TF_CONFIG, no ports
-        local_workers, tf_config, where = 1, None, f"strategy {spec.config.strategy}, no cluster"
+        local_workers, tf_config, where = 1, None, f"strategy {spec.config.scaling.strategy}, no cluster"
     assert held is not None
     train_files, val_files = staged
     env = held.env
@@ -391,7 +391,7 @@ def _meet_and_train(ctx, spec: TaskSpec, rank: int, host: str, failed: SparkImag
     if warning:
         logger.warning(warning)
     message = worker_spec(spec.job, rank, train_files, val_files, threads,
-                          addresses if spec.config.strategy == "multiworker" else ())
+                          addresses if spec.config.scaling.strategy == "multiworker" else ())
     devices = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if gpus else "no GPU resource"
     logger.info(f"{host}: {len(train_files)} train + {len(val_files)} val shard(s), {threads} thread(s), "
                 f"{devices}, {where}")

@@ -1,9 +1,9 @@
 """The TensorFlow worker process of one barrier task: one worker of the job's strategy.
 
-The strategy is ``config.strategy`` (docs/design.md, 'Strategies'):
+The strategy is ``config.scaling.strategy`` (docs/design.md, 'Strategies'):
 ``multiworker`` (MultiWorkerMirroredStrategy, every local GPU of the worker),
 ``mirrored`` (MirroredStrategy over every local GPU, one worker, no cluster)
-or ``default`` (one device); the all-reduce is ``config.cross_device_ops``.
+or ``default`` (one device); the all-reduce is ``config.scaling.cross_device_ops``.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""The TensorFlow worker's strategy: threads and seed, the strategy ``config.strategy`` names, and one
+"""The TensorFlow worker's strategy: threads and seed, the strategy ``config.scaling.strategy`` names, and one
 all-gather in which every worker checks the others' settings (a mismatch is a :class:`TrainingError` instead of
 a hang in a collective). docs/design.md, 'Strategies'.
 """
@@ -24,14 +24,14 @@ logger = logging.getLogger(__name__)
 
 #: Settings every worker must agree on, as ``WorkerSpec`` attribute paths
 #: (order matters: it is the all-gather layout).
-SHARED_SETTINGS = ("workers", "steps_per_epoch", "val_steps", "config.epochs", "config.batch_size",
-                   "config.image_size", "num_classes")
+SHARED_SETTINGS = ("workers", "steps_per_epoch", "val_steps", "config.recipe.epochs", "config.recipe.batch_size",
+                   "config.recipe.image_size", "num_classes")
 #: The stage named in a failure while the strategy is built.
 STAGE_STRATEGY = "building the strategy"
 
 
 def _setting(spec: WorkerSpec, path: str) -> Any:
-    """``spec.<path>`` for a dotted attribute path such as ``"config.epochs"``."""
+    """``spec.<path>`` for a dotted attribute path such as ``"config.recipe.epochs"``."""
     value: Any = spec
     for part in path.split("."):
         value = getattr(value, part)
@@ -74,7 +74,7 @@ def leave_together(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> None:
     """One all-reduce that every worker of a multi-worker strategy joins last: the other ranks wait in it until
     the chief has written its outputs, so that none ends its process meanwhile (the chief runs TensorFlow's
     coordination service, which reports a peer gone quiet as an error). Nothing for one worker."""
-    if spec.config.strategy != "multiworker" or spec.workers < 2:
+    if spec.config.scaling.strategy != "multiworker" or spec.workers < 2:
         return
 
     @tf.function
@@ -124,7 +124,7 @@ def configure(spec: WorkerSpec) -> None:
     # Dropout draws from a tf.random.Generator, whose state is a variable: checkpoints hold it, so a resumed
     # run draws the masks an uninterrupted one would (Keras' legacy stateful ops restart their streams).
     keras.backend.experimental.enable_tf_random_generator()
-    if spec.config.deterministic:
+    if spec.config.data.deterministic:
         tf.config.experimental.enable_op_determinism()
 
 
@@ -136,7 +136,7 @@ _MWMS_IMPLEMENTATION = {"auto": "AUTO", "nccl": "NCCL", "ring": "RING"}
 
 
 def _make_strategy(spec: WorkerSpec) -> tuple[tf.distribute.Strategy, str]:
-    """The strategy ``spec.config.strategy`` names, with its all-reduce; and a description of that all-reduce.
+    """The strategy ``spec.config.scaling.strategy`` names, with its all-reduce; and a description of that all-reduce.
 
     ``multiworker``: ``MultiWorkerMirroredStrategy`` (cluster from
     ``TF_CONFIG``; every local GPU of this worker, else its CPU) with
@@ -151,14 +151,14 @@ def _make_strategy(spec: WorkerSpec) -> tuple[tf.distribute.Strategy, str]:
         TrainingError: ``mirrored`` with ``nccl`` on a worker that sees no GPU.
     """
     config = spec.config
-    ops = config.cross_device_ops
-    if config.strategy == "multiworker":
+    ops = config.scaling.cross_device_ops
+    if config.scaling.strategy == "multiworker":
         implementation = getattr(tf.distribute.experimental.CommunicationImplementation, _MWMS_IMPLEMENTATION[ops])
         options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         return strategy, f"collective {implementation.name}"
     os.environ.pop("TF_CONFIG", None)
-    if config.strategy == "default":
+    if config.scaling.strategy == "default":
         return tf.distribute.get_strategy(), "none (one device)"
     gpus = tf.config.list_physical_devices("GPU")  # does not start the runtime
     if ops == "nccl" and not gpus:
@@ -214,7 +214,7 @@ def build_strategy(spec: WorkerSpec) -> tuple[tf.distribute.Strategy, int, dict]
     """
     t0 = time.perf_counter()
     timeout = spec.startup_timeout_s
-    multiworker = spec.config.strategy == "multiworker"
+    multiworker = spec.config.scaling.strategy == "multiworker"
     if spec.workers > 1:
         limit = f"at most {timeout:g} s" if timeout > 0 else "no time limit"
         logger.info(f"strategy: waiting for {spec.workers} worker(s) ({limit})")
@@ -239,9 +239,9 @@ def build_strategy(spec: WorkerSpec) -> tuple[tf.distribute.Strategy, int, dict]
     val_total = _check_workers(spec, gathered)
     devices = _strategy_devices(strategy)
     logger.info(
-        f"strategy: {spec.config.strategy} ({_STRATEGY_CLASS[spec.config.strategy]}), {cluster_workers} worker(s), "
+        f"strategy: {spec.config.scaling.strategy} ({_STRATEGY_CLASS[spec.config.scaling.strategy]}), {cluster_workers} worker(s), "
         f"{strategy.num_replicas_in_sync} replica(s) in sync on {', '.join(devices)}; all-reduce {all_reduce}; "
         f"{time.perf_counter() - t0:.1f} s; threads {spec.threads or 'default'}"
     )
-    return strategy, val_total, {"strategy": spec.config.strategy, "all_reduce": all_reduce,
+    return strategy, val_total, {"strategy": spec.config.scaling.strategy, "all_reduce": all_reduce,
                                  "devices": tuple(devices)}

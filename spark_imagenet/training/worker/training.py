@@ -144,7 +144,7 @@ def _datasets(strategy: tf.distribute.Strategy, spec: WorkerSpec, initial_epoch:
         # Each local replica takes one batch per step from this worker's dataset.
         local_replicas = max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
         return pipeline.eval_dataset(list(spec.val_files), ctx.get_per_replica_batch_size(global_batch),
-                                     config.image_size, spec.parallel, record_shard=spec.val_record_shard,
+                                     config.recipe.image_size, spec.parallel, record_shard=spec.val_record_shard,
                                      examples=spec.val_examples, steps=spec.val_steps * local_replicas)
 
     tf_internals.no_autotune_on_device_datasets()  # why: docs/design.md, 'The tf.data autotune stall'
@@ -167,11 +167,11 @@ def _train_stream(strategy: tf.distribute.Strategy, spec: WorkerSpec, initial_ep
         # each local replica takes one batch per step: an epoch is steps x this worker's batch records
         per_replica = ctx.get_per_replica_batch_size(config.global_batch_size)
         per_step = per_replica * max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
-        return pipeline.train_dataset(list(spec.train_files), per_replica, config.image_size, spec.parallel,
+        return pipeline.train_dataset(list(spec.train_files), per_replica, config.recipe.image_size, spec.parallel,
                                       seed=spec.seed, records_per_epoch=spec.steps_per_epoch * per_step,
-                                      initial_epoch=initial_epoch, epochs=epochs or config.epochs,
-                                      deterministic=config.deterministic, flip=config.flip,
-                                      crop_area=config.crop_area, lighting=config.lighting,
+                                      initial_epoch=initial_epoch, epochs=epochs or config.recipe.epochs,
+                                      deterministic=config.data.deterministic, flip=config.data.flip,
+                                      crop_area=config.data.crop_area, lighting=config.data.lighting,
                                       skip_records=skip_steps * per_step)
 
     return strategy.distribute_datasets_from_function(train_fn)
@@ -180,7 +180,7 @@ def _train_stream(strategy: tf.distribute.Strategy, spec: WorkerSpec, initial_ep
 def _build_model(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> keras.Model:
     """The compiled model, built inside the strategy's scope.
 
-    In order: Keras' global precision policy ``config.precision``; the model; its logits cast to float32
+    In order: Keras' global precision policy ``config.recipe.precision``; the model; its logits cast to float32
     (:func:`~spark_imagenet.training.worker.models.compile.float32_logits`); compiled with the config's optimizer,
     momentum, weight decay, label smoothing and ``jit_compile``, at the learning rate of its schedule (a function
     of the optimizer's step count, which checkpoints restore: a resumed run goes on exactly).
@@ -193,12 +193,12 @@ def _build_model(strategy: tf.distribute.Strategy, spec: WorkerSpec) -> keras.Mo
     config = spec.config
     schedule = spec.schedule
     plain = schedule.kind == "constant" and schedule.warmup_steps == 0
-    set_precision(config.precision)
+    set_precision(config.recipe.precision)
     with strategy.scope():
-        model = float32_logits(build_model(config.model, spec.num_classes, config.image_size, config.width))
-        compile_model(model, schedule.peak if plain else KerasSchedule(schedule), optimizer=config.optimizer,
-                      momentum=config.momentum, weight_decay=config.weight_decay,
-                      label_smoothing=config.label_smoothing, jit_compile=config.jit_compile)
+        model = float32_logits(build_model(config.recipe.model, spec.num_classes, config.recipe.image_size, config.recipe.width))
+        compile_model(model, schedule.peak if plain else KerasSchedule(schedule), optimizer=config.recipe.optimizer,
+                      momentum=config.recipe.momentum, weight_decay=config.recipe.weight_decay,
+                      label_smoothing=config.recipe.label_smoothing, jit_compile=config.recipe.jit_compile)
     return model
 
 
@@ -226,14 +226,14 @@ def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec,
         from spark_imagenet.training.worker.tracking import EpochMetricsSender
 
         tracker = EpochMetricsSender(spec.tracking)
-    timer = _EpochProgress(config.epochs, spec.steps_per_epoch, config.batch_size, chief,
+    timer = _EpochProgress(config.recipe.epochs, spec.steps_per_epoch, config.recipe.batch_size, chief,
                            summary_dir if chief else None, tracker)
     t0 = time.perf_counter()
     hist = {k: list(v) for k, v in (earlier or {}).items()}
-    fits = [(train_ds, initial_epoch, config.epochs, spec.steps_per_epoch)]
-    if partial is not None and initial_epoch < config.epochs:  # the rest of an epoch a checkpoint stopped inside
+    fits = [(train_ds, initial_epoch, config.recipe.epochs, spec.steps_per_epoch)]
+    if partial is not None and initial_epoch < config.recipe.epochs:  # the rest of an epoch a checkpoint stopped inside
         fits = [(partial[0], initial_epoch, initial_epoch + 1, spec.steps_per_epoch - partial[1]),
-                (train_ds, initial_epoch + 1, config.epochs, spec.steps_per_epoch)]
+                (train_ds, initial_epoch + 1, config.recipe.epochs, spec.steps_per_epoch)]
     for dataset, first, last, steps_per_epoch in fits:
         if first >= last:
             continue
@@ -246,17 +246,17 @@ def _fit(model: keras.Model, train_ds: Any, spec: WorkerSpec,
     train_seconds = time.perf_counter() - t0
     if tracker is not None:
         tracker.close()
-    steps = (config.epochs - initial_epoch) * spec.steps_per_epoch - (partial[1] if partial else 0)
+    steps = (config.recipe.epochs - initial_epoch) * spec.steps_per_epoch - (partial[1] if partial else 0)
     timed = timer.seconds[1:] if len(timer.seconds) > 1 else timer.seconds
-    images = sum(timer.counted[1:] if len(timer.counted) > 1 else timer.counted) * config.batch_size
+    images = sum(timer.counted[1:] if len(timer.counted) > 1 else timer.counted) * config.recipe.batch_size
     images_per_sec = images / sum(timed) if timed and sum(timed) > 0 else 0.0
     logger.info(
-        f"train: {steps} steps, {steps * config.batch_size} images in {train_seconds:.1f} s; "
+        f"train: {steps} steps, {steps * config.recipe.batch_size} images in {train_seconds:.1f} s; "
         f"{images_per_sec:.1f} images/s on this worker over {len(timed)} epoch(s)"
         + (" (first epoch excluded)" if len(timer.seconds) > 1 else "")
     )
     last = {k: (v[-1] if v else None) for k, v in hist.items()}
-    return {"train_images": steps * config.batch_size, "steps": steps, "images_per_sec": images_per_sec,
+    return {"train_images": steps * config.recipe.batch_size, "steps": steps, "images_per_sec": images_per_sec,
             "timed_epochs": len(timed), "epoch_seconds": tuple(timer.seconds), "train_seconds": train_seconds,
             "train_loss": last.get("xent"), "train_top1": last.get("top1"), "history": hist,
             "initial_epoch": initial_epoch}
@@ -295,7 +295,7 @@ def run_worker(spec: WorkerSpec, *, status: dict | None = None, output_dir: str 
         spec: this worker's spec.
         status: optional dict; ``status["stage"]`` is kept set to the stage
             being run (one of the ``STAGE_*`` strings).
-        output_dir: with ``config.output`` set, the local folder where the
+        output_dir: with ``config.run.output`` set, the local folder where the
             chief puts ``model.keras`` and ``tensorboard/`` for its task to publish
             (a temporary folder when None).
         on_step_timeout: called by the step watchdog, from its thread, with its message and the peers that did
@@ -324,7 +324,7 @@ def run_worker(spec: WorkerSpec, *, status: dict | None = None, output_dir: str 
     if spec.rank == 0:  # the same model on every rank: one line
         from spark_imagenet.training.worker.models.compile import describe_compiled
 
-        logger.info(f"model: {config.model} width {config.width:g}, {params:,} parameters, {spec.num_classes} classes; "
+        logger.info(f"model: {config.recipe.model} width {config.recipe.width:g}, {params:,} parameters, {spec.num_classes} classes; "
                     f"{describe_compiled(model)}")
     earlier = None
     if spec.restore is not None:
@@ -337,10 +337,10 @@ def run_worker(spec: WorkerSpec, *, status: dict | None = None, output_dir: str 
     partial = (_train_stream(strategy, spec, initial_epoch, inside, initial_epoch + 1), inside) if inside else None
     logger.info(f"data: {len(spec.train_files)} train file(s), {spec.train_examples} examples; "
                 f"{len(spec.val_files)} val file(s), {spec.val_examples} of {val_total} val examples; "
-                f"batch {config.batch_size}/worker, {config.image_size} px")
-    local_output = output_dir if config.output else None
+                f"batch {config.recipe.batch_size}/worker, {config.recipe.image_size} px")
+    local_output = output_dir if config.run.output else None
     status["stage"] = STAGE_FIT
-    watchdog = StepWatchdog(config.step_timeout, spec.rank, list(spec.peers), on_expire=None if on_step_timeout
+    watchdog = StepWatchdog(config.run.step_timeout, spec.rank, list(spec.peers), on_expire=None if on_step_timeout
                             is None else lambda message: on_step_timeout(message, watchdog.lost))
     from spark_imagenet.training.worker.model_state import StopOnNaN
 
@@ -352,14 +352,14 @@ def run_worker(spec: WorkerSpec, *, status: dict | None = None, output_dir: str 
                    initial_epoch, callbacks, earlier.history if earlier is not None else None, partial)
     status["stage"] = STAGE_EVALUATE
     val, eval_seconds = _evaluate(model, val_ds, spec, val_total, [watchdog])
-    if config.output:
+    if config.run.output:
         status["stage"] = STAGE_OUTPUT
         _save_outputs(model, spec, val, local_output)
         from spark_imagenet.training.worker.strategy import leave_together
 
         leave_together(strategy, spec)  # the others wait while the chief writes its outputs
     return WorkerResult(rank=spec.rank, workers=spec.workers, replicas_in_sync=int(strategy.num_replicas_in_sync),
-                        train_examples=spec.train_examples, batch_size=config.batch_size, epochs=config.epochs,
+                        train_examples=spec.train_examples, batch_size=config.recipe.batch_size, epochs=config.recipe.epochs,
                         **described, **trained, val=val, eval_seconds=eval_seconds, params=params)
 
 
@@ -370,7 +370,7 @@ def _restore(model: keras.Model, strategy: tf.distribute.Strategy, spec: WorkerS
 
     meta = restore(model, strategy, spec.restore)
     if spec.rank == 0:
-        epochs = spec.config.epochs
+        epochs = spec.config.recipe.epochs
         if meta.epoch >= epochs:
             logger.info(f"checkpoint: {checkpoints.describe(meta)} is the run's last ({epochs} epoch(s)): nothing "
                         "left to train; evaluating it")
@@ -389,8 +389,8 @@ def _saver(spec: WorkerSpec, earlier: CheckpointMeta | None, feed: Callable[[], 
                                 earlier.history if earlier is not None else {})
     assert spec.checkpoints is not None
     return CheckpointSaver(meta, spec.checkpoints,
-                           spec.rank == 0, spec.steps_per_epoch, feed, keep=config.keep_checkpoints,
-                           run_id=spec.run_id, every_steps=config.checkpoint_every)
+                           spec.rank == 0, spec.steps_per_epoch, feed, keep=config.run.keep_checkpoints,
+                           run_id=spec.run_id, every_steps=config.run.checkpoint_every)
 
 
 def _save_outputs(model: keras.Model, spec: WorkerSpec, val: ValMetrics, local: str | None) -> None:
@@ -424,7 +424,7 @@ def _save_outputs(model: keras.Model, spec: WorkerSpec, val: ValMetrics, local: 
     if val.top1 is None:
         return
     writer = tf.summary.create_file_writer(os.path.join(local, TENSORBOARD_DIR, "validation"))
-    with writer.as_default(step=spec.config.epochs):
+    with writer.as_default(step=spec.config.recipe.epochs):
         for name, value in (("xent", val.loss), ("top1", val.top1), ("top5", val.top5)):
             tf.summary.scalar(name, float(value))
     writer.close()

@@ -24,7 +24,7 @@ TensorFlow then waits for ever, which is the case this watchdog exists for.
 
 Typical use in the worker::
 
-    watchdog = StepWatchdog(spec.config.step_timeout, rank=spec.rank, peers=peers_from_tf_config())
+    watchdog = StepWatchdog(spec.config.run.step_timeout, rank=spec.rank, peers=peers_from_tf_config())
     model.fit(..., callbacks=[watchdog, ...])
     with watchdog.pause():
         model.save(path)          # a long, known operation: no deadline meanwhile

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 def check_before_spark(config: TrainConfig, url: str | None) -> Findings:
     """The checks the settings alone allow, before any JVM starts: :func:`check_settings`, then
-    :func:`check_reach`; ``config.master`` is taken as the master the session will run on (the command
+    :func:`check_reach`; ``config.scaling.master`` is taken as the master the session will run on (the command
     line's).
 
     Args:
@@ -71,18 +71,18 @@ def check_settings(config: TrainConfig) -> Findings:
         ``local[N]``, which never gives tasks GPUs; judged with the job's own ``--conf`` settings); each
         problem a :class:`~spark_imagenet.errors.ConfigError`. A check with nothing to look at gives none.
     """
-    master = config.master
+    master = config.scaling.master
     return Findings([
         check_yarn_conf(master),
-        check_slots_of_master_url(master, config.workers, config.spark_conf),
-        check_results_path(config.results),
-        check_gpu_conf(dict(config.spark_conf).get, config.gpus_per_worker, config.workers, master.strip())
-        if config.gpus_per_worker and Master.parse(master, check=False).runs_in_driver_jvm else None,
+        check_slots_of_master_url(master, config.scaling.workers, config.spark_conf),
+        check_results_path(config.run.results),
+        check_gpu_conf(dict(config.spark_conf).get, config.scaling.gpus_per_worker, config.scaling.workers, master.strip())
+        if config.scaling.gpus_per_worker and Master.parse(master, check=False).runs_in_driver_jvm else None,
     ])
 
 
 def check_reach(config: TrainConfig, url: str | None) -> Findings:
-    """Whether the tasks of the master ``config.master`` names can reach the dataset, ``--output`` and
+    """Whether the tasks of the master ``config.scaling.master`` names can reach the dataset, ``--output`` and
     ``--checkpoint-dir`` where they are paths on the driver's disk (the session's own master is checked again
     with its facts, :func:`~.session.check_session`).
 
@@ -91,14 +91,14 @@ def check_reach(config: TrainConfig, url: str | None) -> Findings:
         cluster master that is not a Spark Connect server; none without a master or with a Connect URL (where
         the tasks run is known once the session is).
     """
-    master = config.master
+    master = config.scaling.master
     if Master.parse(master, check=False).kind in ("unset", "connect"):
         return Findings()
-    shared = config.shared_filesystem
+    shared = config.data.shared_filesystem
     return Findings([
         check_dataset_reachable(url, master, shared) if url is not None else None,
-        check_output_reachable(config.output, master, shared),
-        check_output_reachable(config.checkpoint_dir, master, shared, "--checkpoint-dir"),
+        check_output_reachable(config.run.output, master, shared),
+        check_output_reachable(config.run.checkpoint_dir, master, shared, "--checkpoint-dir"),
     ])
 
 
@@ -120,7 +120,7 @@ def check_folders(config: TrainConfig, dataset: Storage, output: Storage | None,
         StorageError: the output folder cannot be listed.
     """
     return Findings([
-        check_output_unused(output, config.output, config.overwrite) if output is not None else None,
+        check_output_unused(output, config.run.output, config.run.overwrite) if output is not None else None,
         check_apart_from_dataset(dataset, output, "--output"),
         check_apart_from_dataset(dataset, checkpoints_at, "--checkpoint-dir"),
     ])
@@ -158,7 +158,7 @@ def check_plan(job: JobPlan) -> tuple[JobPlan, Findings]:
         _stored_smaller(config, job.manifest),
         Finding.warning("checkpoint every", "--checkpoint-every has no effect without --checkpoint-dir: no "
                                             "checkpoint is kept")
-        if config.checkpoint_every and config.checkpoint_dir is None else None,
+        if config.run.checkpoint_every and config.run.checkpoint_dir is None else None,
     ])
     return dataclasses.replace(job, resume=resume), found
 
@@ -167,12 +167,12 @@ def _stored_smaller(config: TrainConfig, manifest) -> Finding | None:
     """A warning when the dataset stores its images smaller than ``--image-size`` (``shard --resize N`` or
     ``--max-side N`` with N below it): every crop would be scaled up."""
     form = manifest.image_form
-    if form.kind == "original" or form.size >= config.image_size:
+    if form.kind == "original" or form.size >= config.recipe.image_size:
         return None
     return Finding.warning("image form", f"the dataset stores its images as '{form.label}' (at most {form.size} px "
-                                         f"a side), smaller than --image-size {config.image_size}: every crop is "
+                                         f"a side), smaller than --image-size {config.recipe.image_size}: every crop is "
                                          f"scaled up; shard the sources again with --{form.kind} "
-                                         f"{config.image_size} or more, or train at --image-size {form.size} or less")
+                                         f"{config.recipe.image_size} or more, or train at --image-size {form.size} or less")
 
 
 def _useless_min_workers(config: TrainConfig) -> Finding | None:
@@ -183,7 +183,7 @@ def _useless_min_workers(config: TrainConfig) -> Finding | None:
 
 def find_resume(job: JobPlan, *, announce: bool = False,
                 relaunch: bool = False) -> tuple[ResumePoint | None, Finding | None]:
-    """The latest complete checkpoint in ``job.config.checkpoint_dir``, and whether this job may resume from it.
+    """The latest complete checkpoint in ``job.config.run.checkpoint_dir``, and whether this job may resume from it.
 
     The plan finds it once (:func:`check_plan`); a relaunch after a lost worker finds it again, since a newer
     checkpoint may exist by then. A checkpoint inside an epoch resumes on the worker count that wrote it only: a
@@ -213,21 +213,21 @@ def find_resume(job: JobPlan, *, announce: bool = False,
         return None, None
     latest = checkpoints.latest(job.checkpoints, announce=announce)
     if latest is None:
-        return None, Finding.ok("resume", f"no complete checkpoint in {config.checkpoint_dir} yet: epoch 1")
+        return None, Finding.ok("resume", f"no complete checkpoint in {config.run.checkpoint_dir} yet: epoch 1")
     point = ResumePoint(*latest)
-    elsewhere = checkpoints.steps_inside(point.name) and point.meta.workers != config.workers
+    elsewhere = checkpoints.steps_inside(point.name) and point.meta.workers != config.scaling.workers
     at_end = checkpoints.latest_at_epoch_end(job.checkpoints) if elsewhere else None
     start = ResumePoint(*at_end) if at_end is not None else None  # the start of the epoch the latest is inside
     note = ""
     if relaunch:
-        chosen = relaunch_from(point, start, config.workers)
+        chosen = relaunch_from(point, start, config.scaling.workers)
         point, note = chosen.resume, chosen.note
         if point is None:
             return None, Finding.warning("resume", note)
     compatible = Finding.of("resume", lambda: checkpoints.check_compatible(
-        point.meta, checkpoints.expected_for(config, job.manifest), f"--checkpoint-dir {config.checkpoint_dir}, "
+        point.meta, checkpoints.expected_for(config, job.manifest), f"--checkpoint-dir {config.run.checkpoint_dir}, "
         f"{point.name}", inside=checkpoints.steps_inside(point.name), epoch_start=start.name if start else None),
-        f"{point.name} in {config.checkpoint_dir}")
+        f"{point.name} in {config.run.checkpoint_dir}")
     if compatible.level == "problem":
         return None, compatible
     return point, Finding.warning("resume", note) if note else compatible
@@ -273,7 +273,7 @@ def check_job(spark, job: JobPlan) -> CheckedJob:
             read (:func:`~.session.read_session_facts`).
     """
     config = job.config
-    facts = read_session_facts(spark, config.workers, master=config.master)
+    facts = read_session_facts(spark, config.scaling.workers, master=config.scaling.master)
     findings = check_session(facts, config, job.url)
     findings.log_warnings(logger)
     findings.raise_if_problems()

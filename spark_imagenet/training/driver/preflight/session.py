@@ -235,14 +235,14 @@ def check_session(facts: SessionFacts, config: TrainConfig, url: str | None = No
     """
     where = facts.where_tasks_run
     return Findings([
-        _master_used(facts, config.master),
-        _dynamic_allocation(facts, config.workers),
-        *_slots(facts, config.workers),
-        check_dataset_reachable(url, where, config.shared_filesystem) if url is not None else None,
-        check_output_reachable(config.output, where, config.shared_filesystem),
-        check_output_reachable(config.checkpoint_dir, where, config.shared_filesystem, "--checkpoint-dir"),
-        check_encryption(facts.get, config.workers, config.allow_unencrypted),
-        check_gpu_conf(facts.get, config.gpus_per_worker, config.workers, facts.master, server=facts.connect_url),
+        _master_used(facts, config.scaling.master),
+        _dynamic_allocation(facts, config.scaling.workers),
+        *_slots(facts, config.scaling.workers),
+        check_dataset_reachable(url, where, config.data.shared_filesystem) if url is not None else None,
+        check_output_reachable(config.run.output, where, config.data.shared_filesystem),
+        check_output_reachable(config.run.checkpoint_dir, where, config.data.shared_filesystem, "--checkpoint-dir"),
+        check_encryption(facts.get, config.scaling.workers, config.scaling.allow_unencrypted),
+        check_gpu_conf(facts.get, config.scaling.gpus_per_worker, config.scaling.workers, facts.master, server=facts.connect_url),
     ])
 
 

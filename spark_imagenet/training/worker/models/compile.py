@@ -3,7 +3,7 @@ worker side only).
 
 The order a training process follows (the worker and ``benchmarks/gpu.py``)::
 
-    set_precision(config.precision)                 # before the model is built
+    set_precision(config.recipe.precision)                 # before the model is built
     model = float32_logits(build_model(...))        # logits, softmax and loss in float32
     compile_model(model, learning_rate, optimizer=..., momentum=..., weight_decay=...,
                   label_smoothing=..., jit_compile=...)
