@@ -137,6 +137,21 @@ def test_driver_side_modules_do_not_import_tensorflow():
     assert json.loads(p.stdout) == []
 
 
+def test_importing_every_module_changes_no_process_wide_state():
+    """No variable of os.environ and no sys.meta_path hook after importing every module of the package."""
+    code = ("import importlib, os, pkgutil, sys, spark_imagenet\n"
+            "env, hooks = dict(os.environ), list(sys.meta_path)\n"
+            "for m in pkgutil.walk_packages(spark_imagenet.__path__, 'spark_imagenet.'):\n"
+            "    if m.name != 'spark_imagenet.__main__':\n"
+            "        importlib.import_module(m.name)\n"
+            "ours = ('TF_USE_LEGACY_KERAS', 'TF_CPP_MIN_LOG_LEVEL')\n"  # TensorFlow's own import changes others
+            "print(all(os.environ.get(k) == env.get(k) for k in ours),\n"
+            "      [h for h in sys.meta_path if type(h).__module__.startswith('spark_imagenet')] == [])")
+    p = fresh_python(code)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split()[-2:] == ["True", "True"], p.stdout
+
+
 def test_train_help_does_not_import_tensorflow():
     code = ("import sys\nfrom spark_imagenet.cli import main\n"
             "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
