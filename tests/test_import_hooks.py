@@ -94,7 +94,9 @@ def test_our_tensorflow_process_does_not_load_pandas():
     without it, and pandas imports afterwards as usual."""
     code = textwrap.dedent("""
         import sys
+        from spark_imagenet.training.worker.environment import prepare_tensorflow_process
         from spark_imagenet.training.worker.main import preload
+        prepare_tensorflow_process()
         preload()
         from tf_keras.src.engine import data_adapter
         print("loaded:", "pandas" in sys.modules, "adapter:", data_adapter.pd)

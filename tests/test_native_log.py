@@ -44,6 +44,10 @@ def test_the_level_drops_lower_severities_only():
         "/x/y.py:3: UserWarning: a python warning\n")
 
 
+#: What an entry point of a TensorFlow process of ours runs first.
+PREPARED = "spark_imagenet.training.worker.environment as e; e.prepare_tensorflow_process()"
+
+
 def _import_tensorflow(first: str, level: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     if level is not None:
@@ -60,10 +64,10 @@ def test_the_onednn_notice_appears_once_at_most_in_our_tensorflow_processes():
     raw = _import_tensorflow("os", "2")
     if "oneDNN custom operations" not in raw:
         pytest.skip("this TensorFlow build prints no oneDNN notice")
-    ours_default = _import_tensorflow("spark_imagenet.training.worker", None)  # the package sets level 2
+    ours_default = _import_tensorflow(PREPARED, None)  # the set-up sets level 2
     assert "oneDNN" not in ours_default and "absl::InitializeLog" not in ours_default
     assert "UserWarning: still shown" in ours_default
-    ours_verbose = _import_tensorflow("spark_imagenet.training.worker", "0")
+    ours_verbose = _import_tensorflow(PREPARED, "0")
     assert ours_verbose.count("oneDNN custom operations") == 1
 
 

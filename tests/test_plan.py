@@ -62,11 +62,11 @@ def test_worker_spec_rejects_impossible_values(change, fragment):
 def test_the_worker_spec_and_the_checkpoint_meta_check_the_dataset_facts_by_one_rule():
     """The dataset's id and class count have one rule each (settings.FACTS), which both records use; lists of
     names become tuples, as worker.json gives them."""
-    from spark_imagenet.training.job import checkpoint_meta, plan
+    from spark_imagenet.training.job import checkpoints, plan
     from spark_imagenet.training.job.settings import FACTS
 
     for name in FACTS:
-        assert plan._RULES[name] is FACTS[name] and checkpoint_meta._OWN_RULES[name] is FACTS[name]
+        assert plan._RULES[name] is FACTS[name] and checkpoints._OWN_RULES[name] is FACTS[name]
     one = spec(train_files=["/c/a"], peers=["h:1", "h:2"])
     assert one.train_files == ("/c/a",) and one.peers == ("h:1", "h:2")
 

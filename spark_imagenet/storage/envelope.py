@@ -42,8 +42,6 @@ class Envelope:
         title: what a document of this kind is, for messages (``"spark-imagenet checkpoint"``).
         error: the :class:`~spark_imagenet.errors.SparkImagenetError` subclass raised for a bad document.
         remedy: what the user can do about a document this code cannot read, appended to messages.
-        reads: every version :meth:`from_json` accepts (default: ``version`` alone); a reader of an older
-            version converts its body itself, from :meth:`version_of`.
     """
 
     format: str
@@ -51,7 +49,6 @@ class Envelope:
     title: str
     error: type[SparkImagenetError] = ConfigError
     remedy: str = ""
-    reads: tuple[int, ...] = ()
 
     def _fail(self, where: str, problem: str) -> SparkImagenetError:
         return self.error(f"{where}: {problem}" + (f"; {self.remedy}" if self.remedy else ""))
@@ -67,20 +64,18 @@ class Envelope:
         return {FORMAT_KEY: self.format, VERSION_KEY: self.version, **body}
 
     def version_of(self, data: Any, where: str) -> int:
-        """The version of a decoded document, checked to be this kind and a version this code reads.
+        """The version of a decoded document, checked to be this kind and the version this code reads.
 
         Raises:
-            SparkImagenetError: (``error``) not a JSON object of this ``format``, or a version not in
-                ``reads``; the message names ``where`` and the version this code reads.
+            SparkImagenetError: (``error``) not a JSON object of this ``format``, or another version than
+                ``version``; the message names ``where`` and the version this code reads.
         """
         if not isinstance(data, dict) or data.get(FORMAT_KEY) != self.format:
             raise self._fail(where, f"not a {self.title} (expected \"{FORMAT_KEY}\": \"{self.format}\")")
         version = data.get(VERSION_KEY)
-        reads = self.reads or (self.version,)
-        if isinstance(version, bool) or version not in reads:
-            which = ", ".join(str(v) for v in reads)
+        if isinstance(version, bool) or version != self.version:
             raise self._fail(where, f"{VERSION_KEY} {version!r} is not supported by this version of spark-imagenet "
-                                    f"(which reads {which}); use the version of spark-imagenet that wrote it")
+                                    f"(which reads {self.version}); use the version of spark-imagenet that wrote it")
         return version
 
     def from_json(self, data: Any, where: str) -> dict[str, Any]:

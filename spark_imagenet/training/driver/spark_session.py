@@ -515,6 +515,38 @@ def check_standalone_reachable(master: str, timeout_s: float = MASTER_REACH_TIME
                       "8080 by default, shows the spark:// URL to use)")
 
 
+def yarn_conf_dir(master: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The folder of the cluster's ``yarn-site.xml`` for ``--master yarn``, checked before a JVM starts.
+
+    Spark's YARN client reads the ResourceManager's address from the ``yarn-site.xml`` in
+    ``HADOOP_CONF_DIR`` (or ``YARN_CONF_DIR``); without the variable its JVM exits with a Java stack
+    (``[JAVA_GATEWAY_EXITED]`` in PySpark), and without the file it retries ``0.0.0.0:8032`` for minutes.
+    ``submit/yarn.sh`` makes the same check.
+
+    Args:
+        master: the job's master URL (anything but ``yarn`` passes).
+        environ: the environment to look in (default ``os.environ``).
+
+    Returns:
+        str | None: the folder, for ``yarn``; None for another master.
+
+    Raises:
+        ConfigError: ``yarn`` with neither variable set, or with no ``yarn-site.xml`` in the folder it names.
+    """
+    if Master.parse(master, check=False).kind != "yarn":
+        return None
+    env = os.environ if environ is None else environ
+    folder = env.get("HADOOP_CONF_DIR") or env.get("YARN_CONF_DIR")
+    if not folder:
+        raise ConfigError("--master yarn: set HADOOP_CONF_DIR to the folder with the cluster's yarn-site.xml and "
+                          "core-site.xml (often /etc/hadoop/conf on a cluster node)")
+    if not (Path(folder) / "yarn-site.xml").is_file():
+        name = "HADOOP_CONF_DIR" if env.get("HADOOP_CONF_DIR") else "YARN_CONF_DIR"
+        raise ConfigError(f"--master yarn: no yarn-site.xml in {folder} ({name}): point it at the folder with the "
+                          "cluster's yarn-site.xml and core-site.xml (often /etc/hadoop/conf on a cluster node)")
+    return folder
+
+
 def is_connect_session(spark) -> bool:
     """Whether ``spark`` is a Spark Connect session (``pyspark.sql.connect``), not a classic one."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
@@ -552,7 +584,7 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
             first check); Java missing or too old (only checked when this process starts the JVM itself).
         ConfigError: a ``master`` given under ``spark-submit`` (whose own
             ``--master`` decides); ``yarn`` without its configuration
-            (:func:`~spark_imagenet.training.driver.preflight.check_yarn_conf`).
+            (:func:`yarn_conf_dir`).
     """
     require_pyspark()
     # spark-submit passes its JVM's port; a Databricks cluster's Python (a job's wheel task) runs beside its own
@@ -575,11 +607,7 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
         return local_session(master, app_name, conf)
     conf = dict(conf or {})
     if not under_submit:
-        from spark_imagenet.training.driver.preflight import check_yarn_conf
-
-        yarn = check_yarn_conf(master)
-        if yarn is not None:
-            yarn.raise_if_problem()
+        yarn_conf_dir(master)
         check_java()
         if Master.parse(master, check=False).kind == "standalone":
             check_standalone_reachable(master)

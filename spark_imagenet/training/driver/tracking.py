@@ -22,13 +22,14 @@ import tempfile
 import threading
 import time
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from spark_imagenet.errors import ConfigError, SparkImagenetError, StorageError, install_hint
 from spark_imagenet.storage import open_storage
 from spark_imagenet.storage.committed import download_folder
 from spark_imagenet.storage.envelope import Envelope
 from spark_imagenet.training.driver import databricks_tracking
-from spark_imagenet.training.driver.preflight.findings import Finding, Findings
+from spark_imagenet.training.driver.spark_session import tcp_unreachable
 from spark_imagenet.training.job.plan import JobPlan
 from spark_imagenet.training.job.tracking import (
     EPOCH_METRICS,
@@ -169,34 +170,22 @@ def _where(job: JobPlan) -> tuple[str, str]:
     return uri, experiment
 
 
-def check_tracking(job: JobPlan) -> Findings:
-    """The plan's check of its tracking, before Spark starts: mlflow installed, ``register_model`` with
-    ``--output`` (the model reaches MLflow through it), and on Databricks an experiment that is a workspace path
-    and a workspace known from somewhere (:mod:`~spark_imagenet.training.driver.databricks_tracking`).
+def check_tracking_settings(job: JobPlan) -> None:
+    """Refuse a tracked job's settings before Spark starts: mlflow installed, ``register_model`` with ``--output``
+    (the model reaches MLflow through it), and on Databricks an experiment that is a workspace path and a workspace
+    known from somewhere (:mod:`~spark_imagenet.training.driver.databricks_tracking`). The preflight makes it a
+    finding (:func:`~spark_imagenet.training.driver.preflight.phases.check_tracking`).
 
-    Returns:
-        Findings: none for an untracked job; else one ``tracking`` finding: a problem (a
-        :class:`~spark_imagenet.errors.ConfigError` naming the setting), a warning when the run will hold no
-        model (no ``--output``), or ok.
+    Raises:
+        ConfigError: the first setting that cannot work, named.
     """
-    tracking = job.config.tracking
-    if not tracking.enabled:
-        return Findings()
-
-    def refusal() -> None:
-        mlflow_module()  # installed, whatever the URI
-        uri, experiment = _where(job)
-        databricks_tracking.check_experiment(uri, experiment, DEFAULT_EXPERIMENT)
-        databricks_tracking.check_workspace_known(uri)
-        if tracking.register_model and job.output is None:
-            raise ConfigError("--register-model needs --output: the chief writes the model there and the driver "
-                              "logs it to MLflow from it")
-
-    found = Finding.of("tracking", refusal, ok="mlflow installed; the run gets the settings, metrics and model")
-    if found.level == "ok" and job.output is None:
-        found = Finding.warning("tracking", "--mlflow without --output: the run gets the settings and metrics, but "
-                                            "no model")
-    return Findings([found])
+    mlflow_module()  # installed, whatever the URI
+    uri, experiment = _where(job)
+    databricks_tracking.check_experiment(uri, experiment, DEFAULT_EXPERIMENT)
+    databricks_tracking.check_workspace_known(uri)
+    if job.config.tracking.register_model and job.output is None:
+        raise ConfigError("--register-model needs --output: the chief writes the model there and the driver "
+                          "logs it to MLflow from it")
 
 
 def _experiment_id(client: Any, experiment: str) -> str:
@@ -366,10 +355,6 @@ def unreachable(uri: str, timeout_s: float = PROBE_S) -> str | None:
     """Why an ``http://`` or ``https://`` tracking server cannot be reached (a refused or timed-out TCP
     connection to its host and port), in a few words; None when it can be, or for any other kind of URI
     (``databricks``, ``sqlite:///...``, a path), which MLflow's own calls are left to judge."""
-    from urllib.parse import urlsplit
-
-    from spark_imagenet.training.driver.spark_session import tcp_unreachable
-
     parts = urlsplit(uri)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return None

@@ -4,8 +4,7 @@ Settings (:mod:`.config`, in the sections of :mod:`.sections`, checked by the ru
 job files :mod:`.jobfile`, command-line options :mod:`.options`), what goes into a job, one value per process
 hop (:mod:`.plan`: the driver's :class:`~.plan.JobPlan`, the worker's :class:`~.plan.WorkerSpec`), what comes
 back (:mod:`.outcome`: results and failures, typed), the learning-rate schedule (:mod:`.schedules`), which
-shards each rank reads (:mod:`.assignment`), the checkpoint folder (:mod:`.checkpoints`, its meta
-:mod:`.checkpoint_meta`) and the ``--output`` folder (:mod:`.outputs`), model names and recipes
+shards each rank reads (:mod:`.assignment`), the checkpoint folder and its meta (:mod:`.checkpoints`) and the ``--output`` folder (:mod:`.outputs`), model names and recipes
 (:mod:`.model_specs`, :mod:`.alexnet_layers`), the Spark master URL (:mod:`.master`), GPU addresses
 (:mod:`.gpus`), the log channel's protocol (:mod:`.logchannel`), the TensorFlow fork server's protocol
 (:mod:`.forking`) and Ctrl-C handling (:mod:`.interrupts`).

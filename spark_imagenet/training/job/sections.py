@@ -24,11 +24,14 @@ import dataclasses
 
 from spark_imagenet.errors import ConfigError
 from spark_imagenet.storage import store_schemes
-from spark_imagenet.training.job.checkpoints import DEFAULT_KEEP
+from spark_imagenet.training.job import model_specs as specs
 from spark_imagenet.training.job.master import Master
 from spark_imagenet.training.job.schedules import KINDS as LR_KINDS, SCALINGS as LR_SCALINGS
 from spark_imagenet.training.job.settings import setting, setting_error, validate_fields
 
+#: ``--keep-checkpoints``' default: complete checkpoints a commit keeps, the new one included
+#: (:func:`spark_imagenet.training.job.checkpoints.commit`).
+DEFAULT_KEEP = 2
 #: Default limit, in seconds, on waiting for the other workers while the
 #: strategy is built (0 = no limit).
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
@@ -261,8 +264,6 @@ class RecipeConfig:
         self._check_recipe()
 
     def _check_model(self) -> None:
-        from spark_imagenet.training.job import model_specs as specs
-
         try:
             specs.check_model_settings(self.model, self.image_size, self.width)
         except ConfigError as e:
@@ -271,9 +272,7 @@ class RecipeConfig:
 
     def _check_recipe(self) -> None:
         """Settings left at None take the model's recipe; then the bounds that depend on them."""
-        from spark_imagenet.training.job.model_specs import recipe_for
-
-        recipe = recipe_for(self.model)
+        recipe = specs.recipe_for(self.model)
         for key in RECIPE_KEYS:
             if getattr(self, key) is None:
                 object.__setattr__(self, key, recipe.value(key, self.epochs))

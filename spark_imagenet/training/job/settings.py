@@ -9,7 +9,7 @@ naming the setting and its option (``workers (--workers) must be an integer, got
 setting kept as ``.key``.
 
 The same rules check the values of the job's records that other processes read: a checkpoint's
-``checkpoint.json`` (:mod:`spark_imagenet.training.job.checkpoint_meta`: a setting's value by the setting's
+``checkpoint.json`` (:mod:`spark_imagenet.training.job.checkpoints`: a setting's value by the setting's
 rule) and the TensorFlow worker's ``worker.json`` (:class:`~spark_imagenet.training.job.plan.WorkerSpec`);
 :data:`FACTS` holds the rules of the values they share that are not settings, and :func:`check_value`'s
 ``place`` words where the value is (``worker.json: key 'rank'``).

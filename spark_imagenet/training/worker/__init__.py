@@ -12,31 +12,15 @@
 * :mod:`.forkserver`: the host's TensorFlow fork server: imports TensorFlow once and forks each task's worker
   process from that state (``python -m spark_imagenet.training.worker.forkserver``); kills a worker whose task
   is gone and removes its folder.
-* :mod:`.native_log`: TensorFlow's import-time log lines at the level asked for, once each.
-* :mod:`.import_hooks`: code run around a module's import (the native log's filter around TensorFlow's), and
-  pandas left out of tf_keras's modules.
+* :mod:`.environment`: the set-up each entry point makes before TensorFlow's import (its variables, the native
+  log's filter, pandas left out of tf_keras's modules); :mod:`.native_log` (TensorFlow's import-time log lines at
+  the level asked for, once each) and :mod:`.import_hooks` (code run around a module's import) are its parts.
 * :mod:`.tf_internals`: every private TensorFlow and tf-keras API the package uses, behind small shims, with
   the TensorFlow version each was checked against.
 * :mod:`.evaluate`, :mod:`.predict`: the ``evaluate`` and ``predict`` commands (run in a child Python).
 * :mod:`.batch_predict`: the executor side of batch inference (``predict_dataframe``): runs in an executor's
   PySpark Python worker, inside a pandas UDF, the one module here not run in a TensorFlow process of ours.
 
-TensorFlow's set-up is made here, once, before any module of this folder imports it, as defaults from
-:func:`spark_imagenet.training.job.tf_process.tensorflow_environment`: the Keras 2 API of
-``tf_keras`` (``TF_USE_LEGACY_KERAS=1``), which MultiWorkerMirroredStrategy needs (Keras 3 fails under it;
-docs/design.md), and TensorFlow's C++ log level (``TF_CPP_MIN_LOG_LEVEL=2``: no INFO or WARNING lines),
-which :mod:`.native_log` also applies to the lines TensorFlow's libraries print while it is imported.
+Importing a module of this folder changes no process-wide state (no variable of ``os.environ``, no import hook):
+the entry points that start a TensorFlow process set it up (:mod:`.environment`).
 """
-
-import os
-
-from spark_imagenet.training.job.tf_process import tensorflow_environment
-
-for _name, _value in tensorflow_environment({}).items():
-    os.environ.setdefault(_name, _value)  # defaults: what the process was started with wins
-del _name, _value
-
-from spark_imagenet.training.worker import import_hooks, native_log  # noqa: E402  (after the environment above)
-
-native_log.install()
-import_hooks.leave_out_pandas()

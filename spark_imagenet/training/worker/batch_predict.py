@@ -13,7 +13,8 @@ exits) and the SavedModel's ``probabilities`` signature (``images``: tf.string `
 JPEG/PNG/GIF/BMP bytes -> ``probabilities``: float32 ``[None, C]``, decoding and cropping exactly as
 evaluation does) is kept. Top-k is computed here from those probabilities, so any ``top_k`` works. On a host
 without a GPU, TensorFlow's CUDA start-up lines (``failed call to cuInit ...``) printed while the model loads
-are left out of the worker's stderr (:func:`~spark_imagenet.training.worker.native_log.filtered_stderr`).
+are left out of the worker's stderr; the PySpark worker, which Spark reuses for later tasks, keeps no variable
+and no import hook of that load (:func:`~spark_imagenet.training.worker.environment.borrowed_process`).
 
 An image above the pixel limit (:mod:`spark_imagenet.dataset.pixels`, read from its header) gets the reason
 in its row's ``error`` before anything decodes it. A batch is scored in one call; when that call fails because of an image (TensorFlow cannot decode it:
@@ -41,7 +42,7 @@ from spark_imagenet.storage.committed import download_folder
 from spark_imagenet.training.job.exported import INPUT_KEY, PROBABILITIES_SIGNATURE
 from spark_imagenet.training.job.gpus import host_has_gpus
 from spark_imagenet.training.job.outputs import LABELS_FILE, SERVING_DIR
-from spark_imagenet.training.worker.native_log import filtered_stderr
+from spark_imagenet.training.worker.environment import borrowed_process
 
 #: The columns :meth:`BatchModel.predict` returns, in order.
 FIELDS = ("class_ids", "wnids", "names", "probabilities", "error")
@@ -212,7 +213,7 @@ def loaded_model(model_url: str) -> BatchModel:
             atexit.register(shutil.rmtree, folder, True)
             try:
                 fetch_serving(model_url, folder)
-                with filtered_stderr(cpu_only=not host_has_gpus()):  # TensorFlow's first op: CUDA start-up lines
+                with borrowed_process(cpu_only=not host_has_gpus()):  # TensorFlow's import and first op
                     model = BatchModel(folder, model_url)
             except SparkImagenetError:
                 shutil.rmtree(folder, ignore_errors=True)

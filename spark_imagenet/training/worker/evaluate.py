@@ -29,6 +29,7 @@ from spark_imagenet.arguments import ArgumentParser  # noqa: E402
 from spark_imagenet.errors import ConfigError, SparkImagenetError  # noqa: E402
 from spark_imagenet.storage import open_storage, store_schemes  # noqa: E402
 from spark_imagenet.training.job.outputs import MODEL_FILE  # noqa: E402
+from spark_imagenet.training.worker.environment import prepare_tensorflow_process  # noqa: E402
 
 if TYPE_CHECKING:  # TensorFlow is imported only once the URLs are checked (see main)
     import tf_keras as keras
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="images per batch (default 64)")
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
     args = parser.parse_args(argv)
+    prepare_tensorflow_process()
     try:
         if args.batch_size < 1:
             raise ConfigError(f"--batch-size {args.batch_size} must be at least 1")

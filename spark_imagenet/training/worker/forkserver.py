@@ -41,12 +41,15 @@ import threading
 import warnings
 
 from spark_imagenet.training.job.forking import MAX_REQUEST, ForkRequest, set_death_signal
+from spark_imagenet.training.worker.environment import prepare_tensorflow_process
 
 
 def prepare(module: str) -> str | None:
-    """Import ``module`` and run its ``preload()``; return None when the process may fork, else why not (one
+    """Set the process up for TensorFlow (:func:`.environment.prepare_tensorflow_process`), import ``module`` and
+    run its ``preload()``; return None when the process may fork, else why not (one
     line: the import failed, or a Python thread besides the main one runs)."""
     try:
+        prepare_tensorflow_process()
         loaded = importlib.import_module(module)
         preload = getattr(loaded, "preload", None)
         if callable(preload):

@@ -2,8 +2,9 @@
 leaves unimported.
 
 :func:`around_import` runs a module's code, when it is imported, inside a context manager, with the path finder
-and the module's own loader otherwise (a ``sys.meta_path`` finder). Two uses, both installed by the package's
-``__init__`` before any module here imports TensorFlow:
+and the module's own loader otherwise (a ``sys.meta_path`` finder). Two uses, both installed by
+:func:`spark_imagenet.training.worker.environment.prepare_tensorflow_process`, which the entry points of our
+TensorFlow processes call before TensorFlow is imported (importing this module installs nothing):
 
 * :func:`spark_imagenet.training.worker.native_log.install`: the first ``import tensorflow``, its native log lines
   filtered.

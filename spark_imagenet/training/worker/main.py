@@ -11,9 +11,9 @@ Usage::
 
 The barrier task starts this in a fresh process (collectives can be configured
 once per process: docs/design.md, 'One TensorFlow process per task') with
-``TF_USE_LEGACY_KERAS=1`` (the :mod:`spark_imagenet.training.worker` package
-also sets it, and ``TF_CPP_MIN_LOG_LEVEL=2``, as defaults before TensorFlow is
-imported). Without ``TF_CONFIG`` the strategy has one worker, which tests use.
+``TF_USE_LEGACY_KERAS=1`` (:func:`main` also sets it, and ``TF_CPP_MIN_LOG_LEVEL=2``, as defaults
+before TensorFlow is imported: :func:`~spark_imagenet.training.worker.environment.prepare_tensorflow_process`;
+this module imports TensorFlow only then). Without ``TF_CONFIG`` the strategy has one worker, which tests use.
 One worker may hold several replicas (one per local GPU).
 
 Input: WORKER_SPEC_JSON, a :class:`~spark_imagenet.training.job.plan.WorkerSpec`
@@ -75,19 +75,23 @@ import re
 import sys
 from typing import Any, Callable, Sequence
 
-import tensorflow as tf
-
 from spark_imagenet.errors import SparkImagenetError
 from spark_imagenet.logs import worker_console
 from spark_imagenet.training.job.outcome import Failure, LostPeer, describe_lost, write_outcome
 from spark_imagenet.training.job.outputs import LOCAL_OUTPUT_DIR
 from spark_imagenet.training.job.plan import WorkerSpec
-from spark_imagenet.training.worker.training import STAGE_FIT, STAGE_RESULT, STAGE_SPEC, run_worker
+from spark_imagenet.training.worker.environment import prepare_tensorflow_process
 
 
-#: TensorFlow's errors of a collective whose peer is gone (or of its coordination service): the worker was lost.
-_LOST_ERRORS = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.DeadlineExceededError,
-                tf.errors.AbortedError)
+#: TensorFlow's errors (``tf.errors``) of a collective whose peer is gone (or of its coordination service): the
+#: worker was lost.
+_LOST_ERRORS = ("UnavailableError", "CancelledError", "DeadlineExceededError", "AbortedError")
+
+
+def _is_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of :data:`_LOST_ERRORS` (never, when TensorFlow is not imported)."""
+    errors = getattr(sys.modules.get("tensorflow"), "errors", None)
+    return errors is not None and isinstance(exc, tuple(getattr(errors, name) for name in _LOST_ERRORS))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -120,7 +124,7 @@ def failure_of(exc: BaseException, stage: str, rank: int | None, peers: Sequence
     message = _one_line(exc)
     error = type(exc).__name__ if isinstance(exc, SparkImagenetError) else "TrainingError"
     lost: tuple[LostPeer, ...] = ()
-    if isinstance(exc, _LOST_ERRORS):
+    if _is_lost(exc):
         error = "WorkerLost"
         lost = lost_peers(str(exc), peers)
         if not lost:
@@ -167,16 +171,17 @@ def lost_peers(message: str, peers: Sequence[str] = ()) -> tuple[LostPeer, ...]:
 _CONNECTION_ENDED = ("Connection reset by peer", "Socket closed", "Broken pipe")
 
 
-#: The modules the training imports lazily, imported by :func:`preload` before the go.
-PRELOADED_MODULES = ("spark_imagenet.training.worker.pipeline", "spark_imagenet.training.worker.models.compile",
-                     "spark_imagenet.training.worker.models.registry", "spark_imagenet.training.worker.keras_schedule",
-                     "spark_imagenet.training.job.schedules", "spark_imagenet.training.job.checkpoints",
-                     "spark_imagenet.training.worker.model_state", "spark_imagenet.storage")
+#: The modules the training imports (TensorFlow and tf-keras with the first), imported by :func:`preload`.
+PRELOADED_MODULES = ("spark_imagenet.training.worker.training", "spark_imagenet.training.worker.pipeline",
+                     "spark_imagenet.training.worker.models.compile", "spark_imagenet.training.worker.models.registry",
+                     "spark_imagenet.training.worker.keras_schedule", "spark_imagenet.training.job.schedules",
+                     "spark_imagenet.training.job.checkpoints", "spark_imagenet.training.worker.model_state",
+                     "spark_imagenet.storage")
 
 
 def preload() -> None:
-    """Import :data:`PRELOADED_MODULES` (TensorFlow and tf-keras are imported with this module): what the
-    training would import anyway, without building a strategy or touching a device."""
+    """Import :data:`PRELOADED_MODULES`: what the training would import anyway, without building a strategy or
+    touching a device (after :func:`~spark_imagenet.training.worker.environment.prepare_tensorflow_process`)."""
     import importlib
 
     for name in PRELOADED_MODULES:
@@ -216,6 +221,7 @@ def _step_timeout_exit(result_path: str, rank: int) -> Callable[[str, tuple[Lost
     """The step watchdog's action: report the timeout with the peers that did not answer, then end the
     process with :data:`~spark_imagenet.training.job.config.EXIT_STEP_TIMEOUT`."""
     from spark_imagenet.training.job.config import EXIT_STEP_TIMEOUT
+    from spark_imagenet.training.worker.training import STAGE_FIT
 
     def expire(message: str, lost: tuple[LostPeer, ...]) -> None:
         try:
@@ -254,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m spark_imagenet.training.worker.main [--preload ENV_JSON] WORKER_SPEC_JSON RESULT_JSON",
               file=sys.stderr, flush=True)
         return 2
+    prepare_tensorflow_process()
+    # the training's modules import TensorFlow: only after its set-up
+    from spark_imagenet.training.worker.training import STAGE_RESULT, STAGE_SPEC, run_worker
+
     spec_path, result_path = argv
     status: dict[str, Any] = {"stage": STAGE_SPEC, "rank": None, "result_path": result_path}
     try:

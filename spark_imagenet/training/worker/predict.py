@@ -31,6 +31,7 @@ from spark_imagenet.errors import ConfigError, SparkImagenetError  # noqa: E402
 from spark_imagenet.storage import open_storage, store_schemes  # noqa: E402
 from spark_imagenet.training.worker.evaluate import fetched_model, load_model  # noqa: E402
 from spark_imagenet.training.job.outputs import LABELS_FILE  # noqa: E402
+from spark_imagenet.training.worker.environment import prepare_tensorflow_process  # noqa: E402
 
 
 def jpeg_bytes(path: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the largest image accepted, in pixels (width x height; default {DEFAULT_MAX_PIXELS:,}): "
                         "a larger one is refused from its header, before it is decoded")
     args = parser.parse_args(argv)
+    prepare_tensorflow_process()
     try:
         # the images, labels and model are checked before TensorFlow starts
         found = image_files(args.images, args.max_image_pixels, decode=True)

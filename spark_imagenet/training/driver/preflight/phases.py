@@ -37,6 +37,7 @@ from spark_imagenet.training.driver.preflight.rules import (
     check_yarn_conf,
 )
 from spark_imagenet.training.driver.preflight.session import SessionFacts, check_session, read_session_facts
+from spark_imagenet.training.driver.tracking import check_tracking_settings
 from spark_imagenet.training.job import checkpoints
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.training.job.master import Master
@@ -126,6 +127,25 @@ def check_folders(config: TrainConfig, dataset: Storage, output: Storage | None,
     ])
 
 
+def check_tracking(job: JobPlan) -> Findings:
+    """The plan's check of its MLflow tracking, before Spark starts
+    (:func:`~spark_imagenet.training.driver.tracking.check_tracking_settings`).
+
+    Returns:
+        Findings: none for an untracked job; else one ``tracking`` finding: a problem (a
+        :class:`~spark_imagenet.errors.ConfigError` naming the setting), a warning when the run will hold no
+        model (no ``--output``), or ok.
+    """
+    if not job.config.tracking.enabled:
+        return Findings()
+    found = Finding.of("tracking", lambda: check_tracking_settings(job),
+                       ok="mlflow installed; the run gets the settings, metrics and model")
+    if found.level == "ok" and job.output is None:
+        found = Finding.warning("tracking", "--mlflow without --output: the run gets the settings and metrics, but "
+                                            "no model")
+    return Findings([found])
+
+
 def check_plan(job: JobPlan) -> tuple[JobPlan, Findings]:
     """The checks of a planned job (no Spark); the checkpoint to resume from is found here, once.
 
@@ -143,8 +163,6 @@ def check_plan(job: JobPlan) -> tuple[JobPlan, Findings]:
     Raises:
         StorageError: a folder cannot be listed or a checkpoint's record read.
     """
-    from spark_imagenet.training.driver.tracking import check_tracking  # it imports the findings' module
-
     config = job.config
     resume, resumable = find_resume(job, announce=True)
     found = Findings([

@@ -22,8 +22,10 @@ import os
 from pathlib import Path
 from typing import Callable, Mapping
 
+from spark_imagenet.errors import ConfigError
 from spark_imagenet.storage import Storage, is_remote_url
 from spark_imagenet.training.driver.preflight.findings import Finding
+from spark_imagenet.training.driver.spark_session import yarn_conf_dir
 from spark_imagenet.training.job.master import Master
 from spark_imagenet.training.job.outputs import earlier_outputs
 
@@ -53,34 +55,22 @@ def check_results_path(results: str | os.PathLike | None) -> Finding | None:
 
 
 def check_yarn_conf(master: str | None, environ: Mapping[str, str] | None = None) -> Finding | None:
-    """Refuse ``--master yarn`` where Spark cannot find the cluster, before a JVM starts.
-
-    Spark's YARN client reads the ResourceManager's address from the ``yarn-site.xml`` in
-    ``HADOOP_CONF_DIR`` (or ``YARN_CONF_DIR``); without the variable its JVM exits with a Java stack
-    (``[JAVA_GATEWAY_EXITED]`` in PySpark), and without the file it retries ``0.0.0.0:8032`` for minutes.
-    ``submit/yarn.sh`` makes the same check.
+    """Refuse ``--master yarn`` where Spark cannot find the cluster, before a JVM starts
+    (:func:`~spark_imagenet.training.driver.spark_session.yarn_conf_dir` as a finding).
 
     Args:
         master: the job's master URL (anything but ``yarn`` passes).
         environ: the environment to look in (default ``os.environ``).
 
     Returns:
-        Finding | None: ``yarn``: a problem with neither variable set, or with no ``yarn-site.xml`` in the
-        folder it names; None for another master.
+        Finding | None: ``yarn``: a problem with neither ``HADOOP_CONF_DIR`` nor ``YARN_CONF_DIR`` set, or with no
+        ``yarn-site.xml`` in the folder it names; None for another master.
     """
-    if Master.parse(master, check=False).kind != "yarn":
-        return None
-    env = os.environ if environ is None else environ
-    folder = env.get("HADOOP_CONF_DIR") or env.get("YARN_CONF_DIR")
-    if not folder:
-        return Finding.problem("yarn", "--master yarn: set HADOOP_CONF_DIR to the folder with the cluster's "
-                                       "yarn-site.xml and core-site.xml (often /etc/hadoop/conf on a cluster node)")
-    if not (Path(folder) / "yarn-site.xml").is_file():
-        name = "HADOOP_CONF_DIR" if env.get("HADOOP_CONF_DIR") else "YARN_CONF_DIR"
-        return Finding.problem("yarn", f"--master yarn: no yarn-site.xml in {folder} ({name}): point it at the "
-                                       "folder with the cluster's yarn-site.xml and core-site.xml (often "
-                                       "/etc/hadoop/conf on a cluster node)")
-    return Finding.ok("yarn", f"yarn-site.xml in {folder}")
+    try:
+        folder = yarn_conf_dir(master, environ)
+    except ConfigError as e:
+        return Finding.problem("yarn", e)
+    return None if folder is None else Finding.ok("yarn", f"yarn-site.xml in {folder}")
 
 
 def check_slots_of_master_url(master: str | None, workers: int, conf: Mapping[str, str]) -> Finding | None:

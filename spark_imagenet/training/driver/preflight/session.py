@@ -16,6 +16,7 @@ import os
 import time
 
 from spark_imagenet.errors import ConfigError
+from spark_imagenet.training.driver.connect import connect_url
 from spark_imagenet.training.driver.preflight.findings import Finding, Findings
 from spark_imagenet.training.driver.preflight.gpus import (
     EXECUTOR_AMOUNT,
@@ -33,6 +34,7 @@ from spark_imagenet.training.driver.preflight.rules import (
     check_output_reachable,
     too_few_slots,
 )
+from spark_imagenet.training.driver.spark_session import is_connect_session
 from spark_imagenet.training.job.config import TrainConfig
 from spark_imagenet.training.job.master import Master
 
@@ -133,8 +135,6 @@ def spark_context(spark):
         ConfigError: neither: an object with no usable ``sparkContext`` that
             is not a Connect session either.
     """
-    from spark_imagenet.training.driver.spark_session import is_connect_session
-
     if is_connect_session(spark):
         return None
     try:
@@ -187,8 +187,6 @@ def read_session_facts(spark, workers: int = 0, *, master: str | None = None,
 def _connect_facts(spark, master: str | None) -> SessionFacts:
     """:func:`read_session_facts` of a Spark Connect session, through ``spark.conf.get`` (one round trip
     first: is the server there at all?)."""
-    from spark_imagenet.training.driver.connect import connect_url
-
     url = connect_url(spark, master)
     try:
         spark.version
