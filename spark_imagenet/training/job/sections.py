@@ -10,8 +10,8 @@ section                    what it holds
 :class:`TrackingConfig`    where the run is tracked in MLflow (``[tracking]``)
 =========================  =================================================================================
 
-:class:`~spark_imagenet.training.job.config.TrainConfig` holds one of each (``config.recipe.epochs``) and
-reads each setting by its own name as well (``config.epochs``). Every field is made with
+:class:`~spark_imagenet.training.job.config.TrainConfig` holds one of each and
+reads a setting only through its section (``config.recipe.epochs``). Every field is made with
 :func:`~spark_imagenet.training.job.settings.setting`: its type, bounds, command-line option and help are
 that one definition, from which the command line, the TOML job file and the JSON are generated. Each
 section checks its own settings when built; the checks across sections are
