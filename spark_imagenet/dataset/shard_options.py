@@ -4,7 +4,7 @@ The sources (one of them)::
 
     spark-imagenet shard SOURCE --out DEST            the Kaggle folder or zip, or a class-folder tree
     spark-imagenet shard --labels FILE --out DEST     a CSV, JSON Lines or Parquet labels file (a path or a URL)
-    spark-imagenet shard --table NAME|PATH --out DEST a table or files Spark reads, sharded as a Spark job
+    spark-imagenet shard --table NAME|PATH --out DEST  a table or files Spark reads, sharded as a Spark job
                                                       (the command line's part: ``spark_imagenet.cli``)
     ... --master M                                     any of them as a Spark job (SOURCE or --labels FILE:
                                                       ``spark_imagenet.dataset.source_job``)
