@@ -201,7 +201,7 @@ def test_sender_without_a_server_drops_and_records_the_error(log_lines):
         assert sender.sent == 0
         warned = [line for line in log_lines if "cannot connect to the driver's log channel" in line]
         assert len(warned) == 1 and warned[0].startswith("warning: ")  # on the task's own log (its stderr)
-        assert warned[0].endswith("this task's lines stay in this executor's log (training goes on)")
+        assert warned[0].endswith("this task's lines stay in this executor's log")
         assert in_thread(sender.close, 30)
         sender.send("after close")
         assert sender.dropped == 10_001
@@ -327,17 +327,125 @@ def test_the_driver_is_quiet_when_a_task_reached_its_log_channel(monkeypatch, lo
     assert not [line for line in log_lines if "no task reached" in line]
 
 
-def test_the_channel_listens_where_the_tasks_stderr_is_not_this_console(monkeypatch):
-    """Classic: every master but local[N], on spark.driver.host. Connect: only a loopback server running
-    local[N] (its tasks' stderr is the server's console), on 127.0.0.1; any other server: none."""
+def test_the_channel_listens_where_the_tasks_stderr_is_not_this_console_or_they_meet(monkeypatch):
+    """Classic: every master but local[N], on spark.driver.host; local[N]: on 127.0.0.1 for the rendezvous
+    alone (no lines: the tasks' stderr is this console), none for a one-worker strategy. Connect: only a
+    loopback server running local[N] (its tasks' stderr is the server's console), on 127.0.0.1; any other
+    server: none (its tasks meet through allGather)."""
     from spark_imagenet.training.driver import launch
 
-    assert launch._channel_host(_Cluster(), SessionFacts(master=_Cluster.master)) == HOST
-    assert launch._channel_host(None, SessionFacts(master="local[2]")) is None
-    for url, server_master, expected in [("sc://127.0.0.1:15002", "local[2]", "127.0.0.1"),
-                                         ("sc://localhost:15002", "local[*]", "127.0.0.1"),
+    assert launch._channel_host(_Cluster(), SessionFacts(master=_Cluster.master)) == (HOST, True)
+    assert launch._channel_host(_Cluster(), SessionFacts(master=_Cluster.master), "mirrored") == (HOST, True)
+    assert launch._channel_host(None, SessionFacts(master="local[2]")) == ("127.0.0.1", False)
+    assert launch._channel_host(None, SessionFacts(master="local[2]"), "mirrored") is None
+    for url, server_master, expected in [("sc://127.0.0.1:15002", "local[2]", ("127.0.0.1", True)),
+                                         ("sc://localhost:15002", "local[*]", ("127.0.0.1", True)),
                                          ("sc://127.0.0.1:15002", "spark://m:7077", None),
                                          ("sc://127.0.0.1:15002", None, None),  # the server does not say
                                          ("sc://workspace.example.com:443", "local[2]", None)]:
         facts = SessionFacts(master=server_master, connect_url=url)
         assert launch._channel_host(None, facts) == expected, (url, server_master)
+
+
+# ------------------------------------------------------------------ the rendezvous on the channel
+def _meet_all(spec: ChannelSpec, tasks: int, entries: dict[int, str], stage: int = 7) -> list:
+    """Every rank's :meth:`LogSender.meet` at once (a thread each, a log line before and after it); each
+    answer, or the exception it raised."""
+    def one(rank: int):
+        with LogSender(spec, rank, f"host-{rank}") as sender:
+            sender.send(f"before {rank}")
+            try:
+                return sender.meet(stage, tasks, entries[rank])
+            except TrainingError as e:
+                return e
+            finally:
+                sender.send(f"after {rank}")
+
+    results: list = [None] * len(entries)
+
+    def run(i: int, rank: int) -> None:
+        results[i] = one(rank)
+
+    threads = [threading.Thread(target=run, args=(i, r), daemon=True) for i, r in enumerate(entries)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_tasks_meet_on_the_channel_in_rank_order_while_their_lines_flow():
+    lines = Lines()
+    with LogServer(HOST, lines) as server:
+        answers = _meet_all(server.spec, 3, {2: "c", 0: "a", 1: "b"})
+        assert wait_until(lambda: len(lines.texts()) == 6)
+    assert answers == [["a", "b", "c"]] * 3 and server.met == 3
+    assert sorted(lines.texts()) == sorted(f"{w} {r}" for r in range(3) for w in ("before", "after"))
+    assert [lines.texts(r) for r in range(3)] == [[f"before {r}", f"after {r}"] for r in range(3)]
+
+
+def test_a_rendezvous_that_does_not_fit_is_refused_and_the_others_still_meet():
+    with LogServer(HOST, Lines()) as server:
+        with LogSender(server.spec, 5, "h") as outside:
+            with pytest.raises(TrainingError, match="refused this task's rendezvous: rank 5 of 2 task"):
+                outside.meet(7, 2, "x")
+        with LogSender(server.spec, 0, "h") as first, LogSender(server.spec, 0, "h") as twice:
+            waiting = threading.Thread(target=lambda: first.meet(7, 2, "a"), daemon=True)
+            waiting.start()
+            assert wait_until(lambda: 7 in server._meetings)
+            with pytest.raises(TrainingError, match=r"rank 0 of 2 task\(s\) does not fit stage 7 .*ranks come: \[0\]"):
+                twice.meet(7, 2, "again")
+            assert _meet_all(server.spec, 2, {1: "b"}) == [["a", "b"]]
+            waiting.join(30)
+        assert server.met == 2
+
+
+def test_a_wrong_secret_is_refused_at_the_rendezvous():
+    with LogServer(HOST, Lines()) as server:
+        wrong = ChannelSpec(server.spec.host, server.spec.port, "0" * 32)
+        with LogSender(wrong, 0, "h") as sender:
+            with pytest.raises(TrainingError, match="log channel at .* (closed the connection|broke)"):
+                sender.meet(7, 1, "a")
+        assert wait_until(lambda: server.rejected == 1) and server.met == 0
+
+
+def test_a_task_that_cannot_connect_is_told_so_at_once_with_the_address():
+    taken = socket.socket()
+    taken.bind((HOST, 0))  # bound, never listening: connections are refused
+    try:
+        port = taken.getsockname()[1]
+        with LogSender(ChannelSpec(HOST, port, "s" * 32), 0, "h") as sender:
+            with pytest.raises(TrainingError, match=f"cannot connect to the driver's log channel at {HOST}:{port} "
+                                                    r"\(ConnectionRefusedError"):
+                sender.reach()
+            with pytest.raises(TrainingError, match=f"{HOST}:{port}"):
+                sender.meet(7, 2, "a")
+    finally:
+        taken.close()
+
+
+def test_a_driver_that_goes_away_fails_the_waiting_task_with_one_message():
+    server = LogServer(HOST, Lines()).start()
+    failed: list[BaseException] = []
+
+    def wait() -> None:
+        with LogSender(server.spec, 0, "h") as sender:
+            try:
+                sender.meet(7, 2, "a")
+            except TrainingError as e:
+                failed.append(e)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    assert wait_until(lambda: 7 in server._meetings)
+    server.close()
+    thread.join(30)
+    assert failed and "closed the connection while this task waited for its peers" in str(failed[0])
+
+
+def test_a_rendezvous_line_over_the_bound_is_answered_with_an_error():
+    with LogServer(HOST, Lines(), max_line_chars=100) as server:
+        with LogSender(server.spec, 0, "h") as sender:
+            with pytest.raises(TrainingError, match=f"over {server.line_bytes_bound} bytes"):
+                sender.meet(7, 1, "x" * 2000)
+            assert sender.meet(8, 1, "short") == ["short"]  # the connection goes on

@@ -107,7 +107,7 @@ def test_the_plan_is_resolved_once_and_each_hop_adds_its_own_part(tmp_path):
     assert job.checkpoints.url == str(tmp_path / "ckpt") and job.output.url == str(tmp_path / "out")
     task = TaskSpec(job)
     assert pickle.loads(pickle.dumps(task)) == task  # what functools.partial hands to Spark
-    assert {f.name for f in dataclasses.fields(task)} == {"job", "resume", "log_channel", "child_module", "meeting"}
+    assert {f.name for f in dataclasses.fields(task)} == {"job", "resume", "log_channel", "child_module"}
     one = worker_spec(job, 1, ["/c/t1", "/c/t3"], ["/c/v0"], threads=3)
     assert one.rank == 1 and one.workers == 2 and one.num_classes == 2 and one.config is job.config
     assert one.schedule is job.schedule and one.checkpoints is job.checkpoints and one.dataset_id == "fake-b"

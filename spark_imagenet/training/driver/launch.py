@@ -35,7 +35,6 @@ from spark_imagenet.logs import ensure_console
 from spark_imagenet.storage import is_remote_url, lease, open_storage
 from spark_imagenet.training.driver.connect import ConnectLaunch
 from spark_imagenet.training.driver.logserver import LogServer, driver_host
-from spark_imagenet.training.driver.meeting_server import driver_meeting
 from spark_imagenet.training.driver.preflight import (
     CheckedJob,
     Findings,
@@ -54,7 +53,7 @@ from spark_imagenet.training.driver.tracking import RunTracker
 from spark_imagenet.training.job import checkpoints
 from spark_imagenet.training.job.assignment import assign
 from spark_imagenet.training.job.config import TrainConfig
-from spark_imagenet.training.job.logchannel import ChannelSpec
+from spark_imagenet.training.job.logchannel import STAGE_CONNECT, ChannelSpec
 from spark_imagenet.training.job.outcome import Failure, ResumePoint, TaskResult
 from spark_imagenet.training.job.outputs import (
     MODEL_FILE,
@@ -213,46 +212,54 @@ def _free_slots_after_wait(sc, policy: FailurePolicy) -> int | None:
     return free
 
 
-def _channel_host(sc, facts: SessionFacts) -> str | None:
-    """Where the driver's log channel listens, or None for no channel.
+def _channel_host(sc, facts: SessionFacts, strategy: str = "multiworker") -> tuple[str, bool] | None:
+    """Where the driver's log channel listens and whether the tasks send their lines on it; None for no channel
+    (the tasks then meet through Spark's ``allGather``, about one second more per job).
 
-    A classic session's executors whose stderr is not this console (every master but ``local[N]``) reach it
-    on ``spark.driver.host`` (else this host's name). Under Spark Connect, only a server on this machine's
-    loopback address running ``local[N]`` is known to run the tasks here, with their stderr on the server's
-    console, not this one: the channel then listens on 127.0.0.1. Any other Connect server's executors may
-    not reach this client at all (a laptop behind NAT, Databricks), so their lines stay in their logs.
+    The channel carries the tasks' output lines where their stderr is not this console, and the rendezvous of
+    a ``multiworker`` job. A classic session's executors reach it on ``spark.driver.host`` (else this host's
+    name); under ``local[N]`` the tasks run in this JVM, their stderr is this console, and the channel
+    listens on 127.0.0.1 for the rendezvous alone (none for a one-worker strategy). Under Spark Connect,
+    only a server on this machine's loopback address running ``local[N]`` is known to run the tasks here,
+    with their stderr on the server's console, not this one: the channel then listens on 127.0.0.1. Any
+    other Connect server's executors may not reach this client at all (a laptop behind NAT, Databricks),
+    so their lines stay in their logs.
     """
     if not facts.is_connect:
-        return None if facts.tasks_in_this_jvm else driver_host(sc)
-    return "127.0.0.1" if facts.tasks_in_this_jvm else None
+        if not facts.tasks_in_this_jvm:
+            return driver_host(sc), True
+        return ("127.0.0.1", False) if strategy == "multiworker" else None
+    return ("127.0.0.1", True) if facts.tasks_in_this_jvm else None
 
 
 @contextlib.contextmanager
-def _log_server(sc, facts: SessionFacts) -> Iterator[ChannelSpec | None]:
-    """A :class:`~spark_imagenet.training.job.logchannel.LogServer` for the tasks' output where their stderr is
-    not this console (:func:`_channel_host`); its lines are logged as ``[rank R on HOST] ...``. Yields its
-    spec, or None (no channel, or no address to bind: the tasks' lines then stay in the executors' logs
-    only, and a warning says so)."""
-    host = _channel_host(sc, facts)
-    if host is None:
+def _log_server(sc, facts: SessionFacts, config: TrainConfig | None = None) -> Iterator[ChannelSpec | None]:
+    """A :class:`~spark_imagenet.training.driver.logserver.LogServer` for the tasks' output and rendezvous
+    (:func:`_channel_host`); its lines are logged as ``[rank R on HOST] ...``. Yields its spec, or None (no
+    channel, or no address to bind: the tasks' lines then stay in the executors' logs only, and a warning
+    says so; the tasks meet through ``allGather``)."""
+    workers = config.scaling.workers if config is not None else 1
+    where = _channel_host(sc, facts, config.scaling.strategy if config is not None else "multiworker")
+    if where is None:
         yield None
         return
+    host, lines = where
 
     def on_line(rank: int, host: str, text: str) -> None:
         logger.info(f"[rank {rank} on {host}] {text}")
 
     try:
-        server = LogServer(host, on_line).start()
+        server = LogServer(host, on_line, max_connections=max(256, workers + 64)).start()
     except SparkImagenetError as e:
         logger.warning(f"warning: no log channel to the driver ({e}); the tasks' lines stay in the executors' "
-                       "logs")
+                       "logs, and they meet through Spark's allGather")
         yield None
         return
     quiet = threading.Timer(CHANNEL_WARN_S, _warn_if_unreached, args=(server, CHANNEL_WARN_S))
     quiet.daemon = True
     quiet.start()
     try:
-        yield server.spec
+        yield dataclasses.replace(server.spec, lines=lines)
         if not quiet.is_alive():
             return
         quiet.cancel()
@@ -282,9 +289,13 @@ def _launch(spark, sc, facts: SessionFacts, job: JobPlan, resume: ResumePoint | 
     """Run the barrier stage; return every rank's result.
 
     The frozen :class:`~spark_imagenet.training.task.barrier_task.TaskSpec` (the job, the resume point, the log
-    channel) goes to Spark bound to :func:`~spark_imagenet.training.task.barrier_task.run_task` through the one
-    launch interface (:mod:`spark_imagenet.training.driver.stage`): ``RDD.barrier().mapPartitions`` for a
-    classic session (``sc`` given), ``mapInArrow(..., barrier=True)`` for Spark Connect (``sc`` None).
+    channel, which also carries the rendezvous) goes to Spark bound to
+    :func:`~spark_imagenet.training.task.barrier_task.run_task` through the one launch interface
+    (:mod:`spark_imagenet.training.driver.stage`): ``RDD.barrier().mapPartitions`` for a classic session (``sc``
+    given), ``mapInArrow(..., barrier=True)`` for Spark Connect (``sc`` None). When a task could not connect to
+    the channel (it failed at once, in the stage :data:`~spark_imagenet.training.job.logchannel.STAGE_CONNECT`),
+    one warning names the address and port, and the stage is launched once more without a channel: every task
+    meets through ``allGather``.
 
     Raises:
         SparkImagenetError: a task's error, rebuilt on the driver (:func:`task_error`).
@@ -292,11 +303,27 @@ def _launch(spark, sc, facts: SessionFacts, job: JobPlan, resume: ResumePoint | 
     """
     launch: BarrierLaunch = (ConnectLaunch(spark) if sc is None else
                              ClassicLaunch(sc, f"spark-imagenet train {job.config.recipe.model} x{job.config.scaling.workers}"))
-    with _log_server(sc, facts) as channel, driver_meeting(sc) as meeting:
-        try:
-            lines = run_stage(launch, TaskSpec(job, resume, channel, meeting=meeting))
-        except Exception as e:  # noqa: BLE001 - Spark's (Py4J's, gRPC's) error of the failed stage
-            raise task_error(str(e)) from None
+    try:
+        with _log_server(sc, facts, job.config) as channel:
+            return _run(launch, TaskSpec(job, resume, channel))
+    except TrainingError as e:
+        failure = getattr(e, "failure", None)
+        if failure is None or failure.stage != STAGE_CONNECT:
+            raise
+        logger.warning(f"warning: rank {failure.rank} on {failure.host}: {failure.message.splitlines()[0]}: the "
+                       "executors must be able to connect to the driver's host on the TCP port its log channel "
+                       "listens on (one the system chooses per launch); the barrier stage is launched again, its "
+                       "tasks meeting through Spark's allGather (about 1 s more) and their lines staying in the "
+                       "executors' logs")
+    return _run(launch, TaskSpec(job, resume, None))
+
+
+def _run(launch: BarrierLaunch, spec: TaskSpec) -> list[TaskResult]:
+    """Run the stage of ``spec``; every rank's result (raises the task's error rebuilt, :func:`task_error`)."""
+    try:
+        lines = run_stage(launch, spec)
+    except Exception as e:  # noqa: BLE001 - Spark's (Py4J's, gRPC's) error of the failed stage
+        raise task_error(str(e)) from None
     return [TaskResult.from_line(s) for s in lines]
 
 

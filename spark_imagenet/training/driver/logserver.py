@@ -1,8 +1,9 @@
-"""The driver's side of the log channel: :class:`LogServer` (the protocol and its bounds:
-:mod:`spark_imagenet.training.job.logchannel`)."""
+"""The driver's side of the log channel: :class:`LogServer`, the tasks' log lines and their rendezvous (the
+protocol and its bounds: :mod:`spark_imagenet.training.job.logchannel`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import secrets
 import selectors
@@ -17,9 +18,12 @@ from spark_imagenet.training.job.logchannel import (
     CHUNK_BYTES,
     MAX_AUTH_BYTES,
     MAX_HOST_CHARS,
+    MEET,
     ChannelSpec,
+    answer_line,
     check_positive,
     one_line,
+    parse_meet,
     utf8_chars,
 )
 
@@ -29,13 +33,12 @@ _TICK_S = 0.1
 
 def driver_host(sc) -> str:
     """The address executors reach this driver at: ``spark.driver.host``, else this host's name (where the
-    driver's servers, the log channel's and the rendezvous', listen)."""
+    driver's log channel listens)."""
     return sc.getConf().get("spark.driver.host", None) or socket.gethostname()
 
 
 def listen_on(bind_host: str, server: str) -> socket.socket:
-    """A TCP socket listening on ``bind_host``, on a port the system chooses (the driver's servers: the log
-    channel's and the rendezvous').
+    """A TCP socket listening on ``bind_host``, on a port the system chooses (the driver's log channel).
 
     Args:
         bind_host: the address to listen on (the driver's, ``spark.driver.host``).
@@ -64,7 +67,8 @@ def listen_on(bind_host: str, server: str) -> socket.socket:
 class _Conn:
     """The server's state of one connection."""
 
-    __slots__ = ("sock", "authed", "deadline", "buf", "cut", "tokens", "stamp", "run", "rank", "host")
+    __slots__ = ("sock", "authed", "deadline", "buf", "cut", "tokens", "stamp", "run", "rank", "host", "out",
+                 "met", "closed")
 
     def __init__(self, sock: socket.socket, deadline: float, tokens: float) -> None:
         self.sock = sock
@@ -76,6 +80,18 @@ class _Conn:
         self.stamp = time.monotonic()  # when tokens was last refilled
         self.run = 0  # lines dropped in the current over-the-rate run (0: not dropping)
         self.rank, self.host = -1, "?"  # from the last parsed line, for the dropped-run notice
+        self.out = bytearray()  # the answer to its rendezvous, as far as the socket has not taken it
+        self.met = False  # it has sent its rendezvous line
+        self.closed = False
+
+
+@dataclasses.dataclass
+class _Meeting:
+    """The rendezvous of one barrier stage: its task count, and each rank's entry and connection so far."""
+
+    tasks: int
+    entries: dict[int, str] = dataclasses.field(default_factory=dict)
+    conns: dict[int, _Conn] = dataclasses.field(default_factory=dict)
 
 
 class LogServer:
@@ -83,8 +99,10 @@ class LogServer:
 
     The thread multiplexes all connections with :mod:`selectors` on
     non-blocking sockets and calls ``on_line`` for each line, in arrival
-    order per connection. Use as a context manager (``__enter__`` starts,
-    ``__exit__`` closes) or call :meth:`start` and :meth:`close`.
+    order per connection. It also gathers the tasks' rendezvous lines, by stage: once all N tasks of a stage
+    have sent theirs, it writes the N entries in rank order back on each one's connection (a line that does
+    not fit the stage, a rank said twice, a second rendezvous on one connection, is answered with an error).
+    Use as a context manager (``__enter__`` starts, ``__exit__`` closes) or call :meth:`start` and :meth:`close`.
 
     Args:
         bind_host: str, the address to listen on: the driver's address as the
@@ -116,6 +134,7 @@ class LogServer:
         callback_errors: int, exceptions ``on_line`` raised.
         max_buffered: int, the largest partial line any connection held, in
             bytes (never more than :attr:`line_bytes_bound`).
+        met: int, tasks that got every entry of their rendezvous.
 
     Raises:
         ConfigError: a non-callable ``on_line`` or a bound that is not positive.
@@ -138,7 +157,8 @@ class LogServer:
         self._max_conns, self._auth_timeout = max_connections, float(auth_timeout_s)
         #: The most bytes a partial line may hold: the text at 4 bytes per character plus the fields before it.
         self.line_bytes_bound = 4 * max_line_chars + 512
-        self.rejected = self.dropped = self.connections = self.callback_errors = self.max_buffered = 0
+        self.rejected = self.dropped = self.connections = self.callback_errors = self.max_buffered = self.met = 0
+        self._meetings: dict[int, _Meeting] = {}
         self._listener: socket.socket | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
@@ -219,13 +239,16 @@ class LogServer:
         last = time.monotonic()
         try:
             while not self._stop.is_set():
-                for key, _ in self._selector.select(_TICK_S):
+                for key, events in self._selector.select(_TICK_S):
                     if key.data == "listener":
                         self._accept()
                     elif key.data == "wake":
                         self._drain_wake()
                     else:
-                        self._read(key.data)
+                        if events & selectors.EVENT_WRITE:
+                            self._flush(key.data)
+                        if events & selectors.EVENT_READ and not key.data.closed:
+                            self._read(key.data)
                 now = time.monotonic()
                 if now - last >= _TICK_S:
                     self._housekeeping(now)
@@ -312,9 +335,14 @@ class LogServer:
             start = nl + 1
 
     def _line(self, conn: _Conn) -> None:
-        """Pass the connection's complete line on, if the rate allows; clear the line buffer."""
-        rank, host, text = self._parse(bytes(conn.buf), conn.cut)
+        """Pass the connection's complete line on, if the rate allows (a rendezvous line: to :meth:`_meet`);
+        clear the line buffer."""
+        raw, cut = bytes(conn.buf), conn.cut
         conn.buf, conn.cut = bytearray(), 0
+        if raw.startswith(MEET):
+            self._meet(conn, raw.rstrip(b"\r"), cut)
+            return
+        rank, host, text = self._parse(raw, cut)
         if rank >= 0:
             conn.rank, conn.host = rank, host
         if self._admit(conn, time.monotonic()):
@@ -352,6 +380,49 @@ class LogServer:
             run, conn.run = conn.run, 0
             self._emit(conn.rank, conn.host, f"... {run} line(s) dropped (over {self._rate:g} lines/s)")
 
+    def _meet(self, conn: _Conn, raw: bytes, cut: int) -> None:
+        """Register the connection's rendezvous entry; once its stage has all of them, answer every task."""
+        try:
+            if cut:
+                raise ValueError(f"the rendezvous line is over {self.line_bytes_bound} bytes")
+            if conn.met:
+                raise ValueError("a second rendezvous on one connection")
+            stage, tasks, rank, entry = parse_meet(raw)
+            meeting = self._meetings.setdefault(stage, _Meeting(tasks))
+            if tasks != meeting.tasks or not 0 <= rank < tasks or rank in meeting.entries:
+                raise ValueError(f"rank {rank} of {tasks} task(s) does not fit stage {stage} ({meeting.tasks} "
+                                 f"task(s), ranks come: {sorted(meeting.entries)})")
+        except ValueError as e:
+            self._send(conn, answer_line(error=str(e)))
+            return
+        conn.met = True
+        meeting.entries[rank], meeting.conns[rank] = entry, conn
+        if len(meeting.entries) < tasks:
+            return
+        del self._meetings[stage]
+        answer = answer_line([meeting.entries[r] for r in range(tasks)])
+        for peer in meeting.conns.values():
+            if not peer.closed:  # a task that went away: Spark fails the stage
+                self.met += 1
+                self._send(peer, answer)
+
+    def _send(self, conn: _Conn, data: bytes) -> None:
+        """Queue ``data`` for the connection and write what its socket takes now (the rest when writable)."""
+        conn.out += data
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        """Write what the socket takes of the connection's answer; watch for writability while some is left."""
+        try:
+            del conn.out[:conn.sock.send(conn.out, getattr(socket, "MSG_NOSIGNAL", 0))]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # the task went away: its read ends the connection
+            conn.out.clear()
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+        if self._selector.get_key(conn.sock).events != events:
+            self._selector.modify(conn.sock, events, conn)
+
     def _emit(self, rank: int, host: str, text: str) -> None:
         try:
             self._on_line(rank, host, text)
@@ -380,6 +451,7 @@ class LogServer:
         self._close_conn(conn)
 
     def _close_conn(self, conn: _Conn) -> None:
+        conn.closed = True
         self._conns.pop(conn.sock.fileno(), None)
         try:
             self._selector.unregister(conn.sock)

@@ -58,12 +58,12 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from spark_imagenet.training.job.config import EXIT_STEP_TIMEOUT, TrainConfig
 from spark_imagenet.training.job.plan import JobPlan, WorkerSpec, worker_spec
 from spark_imagenet.training.job.interrupts import sigint_handler
-from spark_imagenet.training.job.logchannel import ChannelSpec
+from spark_imagenet.training.job.logchannel import STAGE_CONNECT, ChannelSpec
 from spark_imagenet.training.task.logsender import LogSender
 from spark_imagenet.storage.lease import check_held
 from spark_imagenet.training.job.outputs import LOCAL_OUTPUT_DIR, MODEL_FILE, SERVING_DIR, TENSORBOARD_DIR, publish
@@ -74,9 +74,6 @@ from spark_imagenet.logs import task_console
 from spark_imagenet.training.task.child import (CpuStartupFilter, Preloaded, end_child, exit_description, finish_child,
                                                start_preloaded)
 from spark_imagenet.training.task.environment import gpu_sharing_warning, host_cpus, job_env, preload_env, task_gpus
-
-if TYPE_CHECKING:
-    from spark_imagenet.training.task.rendezvous import DriverMeeting
 
 logger = logging.getLogger(__name__)
 
@@ -104,20 +101,18 @@ class TaskSpec:
     Attributes:
         job: the job, resolved once on the driver (:class:`~spark_imagenet.training.job.plan.JobPlan`).
         resume: the checkpoint every task restores before training, or None to start at epoch 1.
-        log_channel: where to send the task's output lines besides its own
-            stderr (the driver's :class:`~spark_imagenet.training.job.logchannel.LogServer`),
-            or None (local mode, where the stderr is the console, and Spark Connect).
+        log_channel: the driver's :class:`~spark_imagenet.training.driver.logserver.LogServer`: where the task
+            sends its output lines besides its own stderr (unless ``lines`` is off: ``local[N]``, where the
+            stderr is the console) and where it meets its peers; or None (a remote Spark Connect server, or
+            a relaunch after a task could not connect): no lines sent, the tasks meet through ``allGather``.
         child_module: module run with ``python -m`` in the child; it takes ``--preload ENV_JSON`` as
             :mod:`spark_imagenet.training.worker.main` does.
-        meeting: the driver's rendezvous (:mod:`spark_imagenet.training.job.meeting`), or None (Spark
-            Connect: the tasks meet through ``allGather``).
     """
 
     job: JobPlan
     resume: ResumePoint | None = None
     log_channel: ChannelSpec | None = None
     child_module: str = WORKER_MODULE
-    meeting: ChannelSpec | None = None
 
     @property
     def config(self) -> TrainConfig:
@@ -150,15 +145,19 @@ class _ChannelTee(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def _output_to_driver(channel: ChannelSpec | None, rank: int, host: str) -> Iterator[None]:
+def _output_to_driver(channel: ChannelSpec | None, rank: int, host: str) -> Iterator[LogSender | None]:
     """While inside, this task's stderr (its ``[rank R]`` lines and its TensorFlow process's output) also goes
-    to the driver through ``channel``; nothing changes when ``channel`` is None."""
+    to the driver through ``channel`` (when ``channel.lines``); yields the connection (for the rendezvous),
+    or None and changes nothing when ``channel`` is None."""
     if channel is None:
-        yield
+        yield None
         return
-    with LogSender(channel, rank, host) as sender, contextlib.redirect_stderr(
-            _ChannelTee(sys.stderr, sender, f"[rank {rank}] ")):
-        yield
+    with LogSender(channel, rank, host) as sender:
+        if not channel.lines:
+            yield sender
+            return
+        with contextlib.redirect_stderr(_ChannelTee(sys.stderr, sender, f"[rank {rank}] ")):
+            yield sender
 
 
 def _stage(spec: TaskSpec, rank: int) -> tuple[list[str], list[str]]:
@@ -300,7 +299,10 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     A task whose preparation fails (its GPUs, its shards) still joins the
     rendezvous with its reason and then raises its own error; the other tasks
     learn of it there and end without training (their result says
-    ``peer_failed``), so none is killed while blocked in ``allGather``.
+    ``peer_failed``), so none is killed while blocked in the rendezvous. A task of a ``multiworker`` job
+    that cannot connect to the driver's channel fails at once (it could not tell its peers), in the stage
+    :data:`~spark_imagenet.training.job.logchannel.STAGE_CONNECT`: the driver then launches the stage again
+    with ``allGather`` for every task (the task's error is a ``TrainingError``).
 
     Yields:
         str: one :class:`~spark_imagenet.training.job.outcome.TaskResult` as a JSON line (:meth:`TaskResult.to_line`).
@@ -314,7 +316,7 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     """
     from pyspark import BarrierTaskContext
 
-    from spark_imagenet.training.task.rendezvous import DriverMeeting, split_host_port
+    from spark_imagenet.training.task.rendezvous import split_host_port
 
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
@@ -323,11 +325,14 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
     # PySpark's forked workers have Python's default SIGINT handler: a terminal's Ctrl-C that reaches
     # them (workers started without the daemon share the JVM's process group) would crash the task;
     # the driver cancels the job instead.
-    with sigint_handler(signal.SIG_IGN), _output_to_driver(spec.log_channel, rank, host), task_console(rank):
+    with sigint_handler(signal.SIG_IGN), _output_to_driver(spec.log_channel, rank, host) as channel, \
+            task_console(rank):
         held: Preloaded | None = None
         failed: SparkImagenetError | None = None
         gpus: list[str] | None = None
-        meeting = DriverMeeting.open(spec.meeting, ctx) if spec.config.scaling.strategy == "multiworker" else None
+        if channel is not None and spec.config.scaling.strategy == "multiworker":
+            with failing_as(STAGE_CONNECT, rank, host):
+                channel.reach()  # else its peers would wait for it at the rendezvous
         try:
             try:
                 with failing_as(STAGE_GPUS, rank, host):
@@ -343,19 +348,17 @@ def run_task(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[str]:
             except SparkImagenetError as e:
                 failed = e
             result = _meet_and_train(ctx, spec, rank, host, failed, held, gpus,
-                                     (train_files, val_files) if failed is None else ([], []), meeting)
+                                     (train_files, val_files) if failed is None else ([], []), channel)
         finally:
             if held is not None:
                 end_child(held)  # a no-op once it has run
-            if meeting is not None:
-                meeting.close()
     yield dataclasses.replace(result, python=sys.executable).to_line()
 
 
 def _meet_and_train(ctx, spec: TaskSpec, rank: int, host: str, failed: SparkImagenetError | None,
                     held: Preloaded | None, gpus: list[str] | None,
-                    staged: tuple[Sequence[str], Sequence[str]], meeting: DriverMeeting | None = None) -> TaskResult:
-    """The rendezvous (``multiworker``; on the driver through ``meeting``, else ``allGather``), then the go of
+                    staged: tuple[Sequence[str], Sequence[str]], channel: LogSender | None = None) -> TaskResult:
+    """The rendezvous (``multiworker``; over the driver's ``channel``, else ``allGather``), then the go of
     ``held`` (started with ``gpus``, the task's GPU addresses) on the ``staged`` train and val files; return the
     task's result (``peer_failed`` when a peer failed before the rendezvous).
 
@@ -370,7 +373,7 @@ def _meet_and_train(ctx, spec: TaskSpec, rank: int, host: str, failed: SparkImag
         reason = None if failed is None else " ".join((failure.summary() if failure else str(failed)).split())
         with failing_as(STAGE_RENDEZVOUS, rank, host):
             try:  # a failed task still comes to the rendezvous, so no peer is killed while it waits there
-                rank, addresses, host = rendezvous(ctx, reason, meeting)
+                rank, addresses, host = rendezvous(ctx, reason, channel)
             except PeerFailed as e:
                 if failed is not None:
                     raise failed from None  # the stage fails with this task's own error

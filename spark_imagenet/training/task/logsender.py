@@ -1,5 +1,5 @@
-"""The barrier task's side of the log channel: :class:`LogSender` (the protocol and its bounds:
-:mod:`spark_imagenet.training.job.logchannel`)."""
+"""The barrier task's side of the log channel: :class:`LogSender`, its log lines and its rendezvous (the
+protocol and its bounds: :mod:`spark_imagenet.training.job.logchannel`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,17 @@ import socket
 import threading
 from collections import deque
 
-from spark_imagenet.errors import ConfigError
+from spark_imagenet.errors import ConfigError, TrainingError
 from spark_imagenet.training.job.logchannel import (
     CHUNK_BYTES,
+    MAX_ANSWER_BYTES,
     MAX_HOST_CHARS,
     SEND_TIMEOUT_S,
     ChannelSpec,
     check_positive,
+    meet_line,
     one_line,
+    parse_answer,
 )
 
 logger = logging.getLogger(__name__)
@@ -30,8 +33,12 @@ class LogSender:
     :attr:`error`; everything queued or sent afterwards counts as dropped;
     one warning on this task's own log says why and that its lines stay
     there) when the connection cannot be made, breaks, or takes no data for
-    :data:`SEND_TIMEOUT_S` seconds. The task never waits for it. Use as a
+    :data:`SEND_TIMEOUT_S` seconds. The task never waits for it to send its lines. Use as a
     context manager or call :meth:`close`.
+
+    The rendezvous is the one exchange that needs the connection: :meth:`reach` waits for it (and raises when
+    it cannot be made), :meth:`meet` sends this task's entry, queued behind the lines before it, and waits for
+    the driver's answer: every task's entry, in rank order.
 
     Args:
         spec: ChannelSpec, the job's channel (``LogServer.spec`` on the driver).
@@ -65,7 +72,10 @@ class LogSender:
         for name, value, integer in (("queue_lines", queue_lines, True), ("queue_bytes", queue_bytes, True),
                                      ("connect_timeout_s", connect_timeout_s, False)):
             check_positive(name, value, integer)
-        self._spec, self._connect_timeout = spec, float(connect_timeout_s)
+        self._spec, self._connect_timeout, self._rank = spec, float(connect_timeout_s), rank
+        self._where = f"{spec.host}:{spec.port}"
+        self._reached = threading.Event()  # set once connected and authenticated, or once that failed
+        self._unreachable: str | None = None
         safe_host = host.replace("\t", " ").replace("\r", " ").replace("\n", " ")[:MAX_HOST_CHARS]
         self._prefix = f"{rank}\t{safe_host}\t".encode("utf-8", errors="replace")
         self._max_lines, self._max_bytes = queue_lines, queue_bytes
@@ -130,6 +140,58 @@ class LogSender:
                 except OSError:
                     pass
 
+    def reach(self) -> None:
+        """Wait until this sender is connected to the driver (at most its connect timeout and a send's).
+
+        Raises:
+            TrainingError: the connection could not be made; the message names the driver's address and port.
+        """
+        if not self._reached.wait(self._connect_timeout + SEND_TIMEOUT_S + 1.0):
+            self._unreachable = f"no connection within {self._connect_timeout + SEND_TIMEOUT_S + 1.0:g} s"
+        if self._unreachable is not None:
+            raise TrainingError(f"cannot connect to the driver's log channel at {self._where} "
+                                f"({self._unreachable}), which the rendezvous needs")
+
+    def meet(self, stage: int, tasks: int, entry: str) -> list[str]:
+        """Send this task's rendezvous ``entry`` for ``stage`` of ``tasks`` tasks; return every task's, in rank
+        order (waits for the peers, as ``allGather`` does).
+
+        Raises:
+            TrainingError: the connection could not be made (:meth:`reach`), broke or was closed (the driver is
+                gone, or the job was cancelled), or the driver refused the entry (its reason).
+        """
+        self.reach()
+        line = meet_line(stage, tasks, self._rank, entry)
+        with self._lock:
+            stopped = self._stopped or self._closing
+            if not stopped:  # never dropped: past the queue's bounds if need be
+                self._pending.append(line)
+                self._pending_bytes += len(line)
+        if stopped:
+            raise TrainingError(f"the connection to the driver's log channel at {self._where} ended before the "
+                                f"rendezvous ({self.error or 'closed'})")
+        self._wake.set()
+        return parse_answer(self._answer(), self._where)
+
+    def _answer(self) -> bytes:
+        """The driver's answer line, read off the socket (the sender thread writes, this thread reads)."""
+        sock, got = self._sock, bytearray()
+        while b"\n" not in got:
+            try:
+                data = sock.recv(CHUNK_BYTES)
+            except TimeoutError:  # the socket's send timeout: the peers are not all there yet
+                continue
+            except OSError as e:
+                raise TrainingError(f"the connection to the driver's log channel at {self._where} broke while this "
+                                    f"task waited for its peers ({self.error or one_line(e)})") from None
+            if not data:
+                raise TrainingError(f"the driver's log channel at {self._where} closed the connection while this "
+                                    "task waited for its peers (the driver is gone, or the job was cancelled)")
+            got += data
+            if len(got) > MAX_ANSWER_BYTES:
+                raise TrainingError(f"the driver's answer to the rendezvous is over {MAX_ANSWER_BYTES} bytes")
+        return bytes(got[:got.index(b"\n")])
+
     def __enter__(self) -> LogSender:
         return self
 
@@ -154,21 +216,29 @@ class LogSender:
         with self._lock:
             closing = self._closing
         if not closing:
-            logger.warning(f"warning: {error}; this task's lines stay in this executor's log (training goes on)")
+            logger.warning(f"warning: {error}; this task's lines stay in this executor's log")
 
     def _run(self) -> None:
         """The thread: connect, authenticate, then write batches until closed or broken."""
-        where = f"{self._spec.host}:{self._spec.port}"
+        where = self._where
         try:
             sock = socket.create_connection((self._spec.host, self._spec.port), timeout=self._connect_timeout)
         except OSError as e:
+            self._unreachable = one_line(e)
+            self._reached.set()
             self._give_up(f"cannot connect to the driver's log channel at {where}: {one_line(e)}")
             return
         with self._lock:
             self._sock = sock
         try:
             sock.settimeout(SEND_TIMEOUT_S)
-            self._write(sock, self._spec.secret.encode("utf-8") + b"\n")
+            try:
+                self._write(sock, self._spec.secret.encode("utf-8") + b"\n")
+            except OSError as e:
+                self._unreachable = one_line(e)
+                raise
+            finally:
+                self._reached.set()
             while self._pump(sock):
                 pass
             self._stop(None)
@@ -226,13 +296,13 @@ class LogSender:
 
 
 def _peer_closed(sock: socket.socket) -> bool:
-    """True when the server has closed its end (it never writes, so readable means end or reset)."""
+    """True when the server has closed its end (its one answer, to the rendezvous, is only peeked at here)."""
     selector = selectors.DefaultSelector()
     try:
         selector.register(sock, selectors.EVENT_READ)
         if not selector.select(0):
             return False
-        return sock.recv(1, socket.MSG_DONTWAIT if hasattr(socket, "MSG_DONTWAIT") else 0) == b""
+        return sock.recv(1, socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)) == b""
     except BlockingIOError:
         return False
     except OSError:

@@ -14,10 +14,13 @@ Every worker must see the same ``worker`` list in the same order, and
 * host = the executor address Spark reports for that partition
   (``BarrierTaskContext.getTaskInfos()`` is ordered by partition id);
 * port = chosen at run time on the executor by binding port 0 (never a fixed
-  port: under ``local[N]`` all tasks share one host), then exchanged with
-  ``BarrierTaskContext.allGather``. Spark's BarrierCoordinator stores each
-  message at the index of the sender's partition id, so the gathered list is
-  in rank order; :func:`rendezvous` checks that its own entry sits at its rank.
+  port: under ``local[N]`` all tasks share one host), then exchanged over the driver's log channel
+  (:meth:`~spark_imagenet.training.task.logsender.LogSender.meet`: the driver answers with the entries in
+  rank order as soon as the last has come) or, where the job has no channel (a remote Spark Connect
+  server), with ``BarrierTaskContext.allGather`` (Spark's BarrierCoordinator stores each message at the
+  index of the sender's partition id, so the gathered list is in rank order; it costs about one second,
+  the executor's JVM looking for the answer once a second). The driver chooses before the stage, so every
+  task of a stage meets the same way; :func:`rendezvous` checks that its own entry sits at its rank.
 
 The port is probed, released, and then bound again by TensorFlow's gRPC
 server in the child process: another process could take it in between
@@ -28,15 +31,12 @@ every task has gathered, and the child starts right after.
 from __future__ import annotations
 
 import json
-import logging
 import socket
 from typing import Any, Sequence
 
 from spark_imagenet.errors import ConfigError, PeerFailed, TrainingError
-from spark_imagenet.training.job.logchannel import ChannelSpec, one_line
-from spark_imagenet.training.job.meeting import CONNECT_TIMEOUT_S, MAX_LINE_BYTES, MODES, decode, encode
-
-logger = logging.getLogger(__name__)
+from spark_imagenet.training.job.logchannel import MAX_REASON_CHARS
+from spark_imagenet.training.task.logsender import LogSender
 
 
 def split_host_port(address: str) -> tuple[str, int | None]:
@@ -156,117 +156,29 @@ def _probe_port(host: str) -> socket.socket:
     raise TrainingError(f"cannot bind any TCP port on this executor ({'; '.join(errors)})")
 
 
-class DriverMeeting:
-    """This task's connection to the rendezvous on the driver (protocol: :mod:`spark_imagenet.training.job.meeting`).
-
-    Open it with :meth:`open` when the task starts (its hello); :func:`rendezvous` then gathers through it
-    when the driver says ``tcp``, else through ``allGather``. Close it when the task ends.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._reader = sock.makefile("rb")
-        self._mode: str | None = None
-
-    @classmethod
-    def open(cls, spec: ChannelSpec | None, ctx) -> "DriverMeeting | None":
-        """Connect to the driver's rendezvous at ``spec`` and say hello for ``ctx``'s task.
-
-        Returns:
-            DriverMeeting, or None without a ``spec`` or when the driver cannot be reached within
-            :data:`~spark_imagenet.training.job.meeting.CONNECT_TIMEOUT_S` (one log line says so; the task then
-            meets through ``allGather``, and so does every task of its stage).
-        """
-        if spec is None:
-            return None
-        hello = {"stage": ctx.stageId(), "tasks": len(ctx.getTaskInfos()), "rank": ctx.partitionId()}
-        try:
-            sock = socket.create_connection((spec.host, spec.port), timeout=CONNECT_TIMEOUT_S)
-        except OSError as e:
-            logger.info(f"rendezvous: the driver at {join_host_port(spec.host, spec.port)} cannot be reached "
-                        f"({one_line(e)}): meeting through Spark's allGather")
-            return None
-        try:
-            sock.sendall(spec.secret.encode("utf-8") + b"\n" + encode(hello))
-            sock.settimeout(None)  # the answers come when the peers do, as allGather's
-        except OSError as e:
-            sock.close()
-            logger.info(f"rendezvous: the driver's rendezvous went away ({one_line(e)}): meeting through allGather")
-            return None
-        return cls(sock)
-
-    def _read(self, what: str) -> dict[str, Any]:
-        try:
-            line, reason = self._reader.readline(MAX_LINE_BYTES), "the driver is gone, or the job was cancelled"
-        except OSError as e:  # a reset: the driver closed before reading all this task sent
-            line, reason = b"", one_line(e)
-        if not line:
-            raise TrainingError(f"the driver's rendezvous closed the connection while this task waited for {what} "
-                                f"({reason})")
-        message = decode(line, f"the driver's answer ({what})")
-        if "error" in message:
-            raise TrainingError(f"the driver's rendezvous refused this task: {message['error']}")
-        return message
-
-    def mode(self) -> str:
-        """How this stage meets, as the driver decided: ``"tcp"`` or ``"allgather"`` (waits for it).
-
-        Raises:
-            TrainingError: the driver refused the hello, went away, or answered something else.
-        """
-        if self._mode is None:
-            mode = self._read("the way to meet").get("mode")
-            if mode not in MODES:
-                raise TrainingError(f"the driver's rendezvous answered an unknown mode {mode!r}")
-            self._mode = mode
-        return self._mode
-
-    def gather(self, message: str) -> list[str]:
-        """Send this task's ``message`` and return every task's, in rank order (``tcp`` mode).
-
-        Raises:
-            TrainingError: as :meth:`mode`.
-        """
-        try:
-            self._sock.sendall(encode({"entry": message}))
-        except OSError as e:
-            raise TrainingError(f"the driver's rendezvous failed: {one_line(e)}") from None
-        entries = self._read("its peers").get("entries")
-        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
-            raise TrainingError("the driver's rendezvous answered no list of entries")
-        return entries
-
-    def close(self) -> None:
-        """Close the connection."""
-        for closing in (self._reader, self._sock):
-            try:
-                closing.close()
-            except OSError:
-                pass
+def _gather(ctx, channel: LogSender | None, message: str) -> list[str]:
+    """Every task's ``message`` in rank order: over the driver's log channel, else (no channel) ``allGather``."""
+    if channel is None:
+        return ctx.allGather(message)
+    return channel.meet(ctx.stageId(), len(ctx.getTaskInfos()), message)
 
 
-def _gather(ctx, meeting: DriverMeeting | None, message: str) -> list[str]:
-    """Every task's ``message`` in rank order: through the driver when it said ``tcp``, else ``allGather``."""
-    if meeting is not None and meeting.mode() == "tcp":
-        return meeting.gather(message)
-    return ctx.allGather(message)
-
-
-def rendezvous(ctx, failure: str | None = None, meeting: DriverMeeting | None = None) -> tuple[int, list[str], str]:
+def rendezvous(ctx, failure: str | None = None, channel: LogSender | None = None) -> tuple[int, list[str], str]:
     """Agree on rank and worker addresses inside a barrier task, or on the failure of one.
 
-    Must be called exactly once by every task of the barrier stage (it calls
-    ``allGather``, which blocks until all tasks reach it), also by a task
-    whose preparation failed: it passes ``failure`` and every task then raises
-    :class:`PeerFailed`. So no task is still blocked in ``allGather`` when a
+    Must be called exactly once by every task of the barrier stage (it blocks until all tasks reach it),
+    also by a task whose preparation failed: it passes ``failure`` and every task then raises
+    :class:`PeerFailed`. So no task is still blocked in the rendezvous when a
     peer fails (Spark would kill it there, and the JVM prints that kill's
     ``TaskKilledException`` stack trace on the driver's console).
 
     Args:
         ctx: the task's ``pyspark.BarrierTaskContext``.
         failure: None, or this task's one-line reason for not training (its
-            shards could not be staged, its GPUs are missing).
-        meeting: this task's :class:`DriverMeeting`, or None (``allGather``).
+            shards could not be staged, its GPUs are missing); its first
+            :data:`~spark_imagenet.training.job.logchannel.MAX_REASON_CHARS` characters reach the peers.
+        channel: this task's connection to the driver (:class:`~spark_imagenet.training.task.logsender.LogSender`,
+            every task of the stage has one), or None: every task meets through ``allGather``.
 
     Returns:
         ``(rank, addresses, host)``: this task's rank (its partition id),
@@ -275,7 +187,8 @@ def rendezvous(ctx, failure: str | None = None, meeting: DriverMeeting | None = 
     Raises:
         PeerFailed: a task (this one included) came with a failure.
         TrainingError: the gathered list is inconsistent (wrong length, or
-            this task's entry not at its rank), or no port can be bound.
+            this task's entry not at its rank), no port can be bound, or the channel failed
+            (:meth:`~spark_imagenet.training.task.logsender.LogSender.meet`).
     """
     rank = ctx.partitionId()
     infos = ctx.getTaskInfos()
@@ -283,12 +196,13 @@ def rendezvous(ctx, failure: str | None = None, meeting: DriverMeeting | None = 
         raise TrainingError(f"barrier task partition {rank} is outside the {len(infos)} task infos")
     host, _ = split_host_port(infos[rank].address)
     if failure is not None:
-        entries = [json.loads(e) for e in _gather(ctx, meeting, json.dumps({"failed": failure}))]
+        reason = failure if len(failure) <= MAX_REASON_CHARS else failure[:MAX_REASON_CHARS - 4] + " ..."
+        entries = [json.loads(e) for e in _gather(ctx, channel, json.dumps({"failed": reason}))]
         raise _failures(entries)
     sock = _probe_port(host)
     try:
         mine = join_host_port(host, sock.getsockname()[1])
-        entries = [json.loads(e) for e in _gather(ctx, meeting, json.dumps({"address": mine}))]
+        entries = [json.loads(e) for e in _gather(ctx, channel, json.dumps({"address": mine}))]
     finally:
         sock.close()
     if any("failed" in e for e in entries):
