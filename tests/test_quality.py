@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 
 import numpy as np
 import pytest
@@ -344,8 +345,10 @@ def test_the_pixel_limit_is_read_from_the_header_and_pillows_own_check_never_sho
 
 
 def test_unrecognised_bytes_have_a_stable_reason():
-    """Random bytes get one plain reason (no memory address), the same on every run."""
-    reasons = {classify(os.urandom(1000).replace(b"\xff\xd8", b"\x00\x00"), "x.JPEG").reason for _ in range(3)}
+    """Bytes of no format get one plain reason (no memory address), the same on every run. Seeded bytes: some
+    random ones start like a format Pillow tries (0x1C, IPTC), which gives another, also stable, reason."""
+    noise = [random.Random(seed).randbytes(1000).replace(b"\x1c", b"\x00") for seed in range(3)]
+    reasons = {classify(b"\x00" + data[1:], "x.JPEG").reason for data in noise}
     assert reasons == {"not an image in any format Pillow recognises"}
 
 
