@@ -30,7 +30,7 @@ Example (a notebook that wants standard logging's format instead of plain lines)
 
     import logging
     logging.basicConfig(level=logging.INFO)
-    result = spark_imagenet.train(spark, "gs://bucket/imagenet", workers=2)
+    result = spark_imagenet.train(spark, "gs://bucket/imagenet", spark_imagenet.TrainConfig(workers=2))
 """
 
 from __future__ import annotations
