@@ -143,7 +143,7 @@ def test_train_through_connect(log_lines, remote, connect_url, dataset, tmp_path
     assert all(w.host and w.steps > 0 and w.images_per_sec > 0 for w in out.per_worker)
     assert out.val.images == 12 and 0 <= out.val.top1 <= out.val.top5 <= 1
     assert out.config["master"] == connect_url
-    assert set(out) == {"format", "format_version", "workers", "per_worker", "val", "train", "images_per_sec",
+    assert set(out.to_json()) == {"format", "format_version", "workers", "per_worker", "val", "train", "images_per_sec",
                         "history", "config", "wall_seconds", "restarts", "checkpoint", "output"}
     assert out.restarts == 0 and out.checkpoint is None and out.output is None
     assert sum(line.startswith(WARNING) for line in lines) == 1
