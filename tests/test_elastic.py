@@ -60,4 +60,4 @@ def test_a_two_worker_checkpoint_resumes_on_three_then_on_one(spark, bucket, tmp
         assert sorted(logged) == [epochs]
         assert logged[epochs] == pytest.approx(schedule.at(epochs * 4 - 1), rel=1e-5)
         assert epochs == 1 or logged[epochs] != pytest.approx(schedule.at(3), rel=1e-3)
-    assert results[0]["history"]["xent"][0] == results[2]["history"]["xent"][0]  # epoch 1's, carried along
+    assert results[0].history["xent"][0] == results[2].history["xent"][0]  # epoch 1's, carried along
