@@ -67,7 +67,7 @@ job``, ``plain: call to first step`` / ``plain: whole job``, the per-repetition 
 slower), ``{ours,peer}: SparkSession start (outside the timings)``, and the breakdown ``VARIANT KIND:
 breakdown: EVENT to EVENT`` (kind measured, seconds).
 
-Goal (the issue's item "Launch"): ours/peer cold <= 1.0 and warm <= 1.5, first step and whole job.
+Goal (issue 42): ours/peer cold and warm each <= 1.1, first step and whole job.
 """
 
 from __future__ import annotations
