@@ -389,6 +389,7 @@ def test_a_rendezvous_that_does_not_fit_is_refused_and_the_others_still_meet():
         with LogSender(server.spec, 5, "h") as outside:
             with pytest.raises(TrainingError, match="refused this task's rendezvous: rank 5 of 2 task"):
                 outside.meet(7, 2, "x")
+        assert 7 not in server._meetings  # a refused entry opens no rendezvous (the others' start below waits on it)
         with LogSender(server.spec, 0, "h") as first, LogSender(server.spec, 0, "h") as twice:
             waiting = threading.Thread(target=lambda: first.meet(7, 2, "a"), daemon=True)
             waiting.start()
@@ -449,3 +450,25 @@ def test_a_rendezvous_line_over_the_bound_is_answered_with_an_error():
             with pytest.raises(TrainingError, match=f"over {server.line_bytes_bound} bytes"):
                 sender.meet(7, 1, "x" * 2000)
             assert sender.meet(8, 1, "short") == ["short"]  # the connection goes on
+
+
+def test_a_rendezvous_whose_last_task_does_not_come_ends_with_the_missing_ranks_and_the_setting():
+    """A stuck peer (alive, never at the rendezvous) does not hold the others forever: after the bound
+    (``spark.barrier.sync.timeout``) the tasks that came are answered with the ranks that did not."""
+    with LogServer(HOST, Lines(), meet_timeout_s=0.5) as server:
+        answers = _meet_all(server.spec, 3, {0: "a", 2: "c"})
+        assert not server._meetings and server.met == 0
+    assert all(isinstance(a, TrainingError) for a in answers), answers
+    assert "rank(s) [1] of the 3 tasks of stage 7" in str(answers[0])
+    assert "spark.barrier.sync.timeout" in str(answers[1])
+
+
+def test_the_rendezvous_bound_is_the_sessions_barrier_timeout():
+    from spark_imagenet.errors import ConfigError
+
+    assert SessionFacts(master="local[2]").barrier_timeout_s == 365 * 86400
+    facts = SessionFacts(master="local[2]", conf=(("spark.barrier.sync.timeout", "3600s"),))
+    assert facts.barrier_timeout_s == 3600
+    assert SessionFacts(master="local[2]", conf=(("spark.barrier.sync.timeout", "90"),)).barrier_timeout_s == 90
+    with pytest.raises(ConfigError, match="spark.barrier.sync.timeout"):
+        SessionFacts(master="local[2]", conf=(("spark.barrier.sync.timeout", "soon"),)).barrier_timeout_s

@@ -248,8 +248,9 @@ def _log_server(sc, facts: SessionFacts, config: TrainConfig | None = None) -> I
     def on_line(rank: int, host: str, text: str) -> None:
         logger.info(f"[rank {rank} on {host}] {text}")
 
+    meet_timeout = facts.barrier_timeout_s  # a bad setting is an error, not a reason to go without the channel
     try:
-        server = LogServer(host, on_line, max_connections=max(256, workers + 64)).start()
+        server = LogServer(host, on_line, max_connections=max(256, workers + 64), meet_timeout_s=meet_timeout).start()
     except SparkImagenetError as e:
         logger.warning(f"warning: no log channel to the driver ({e}); the tasks' lines stay in the executors' "
                        "logs, and they meet through Spark's allGather")

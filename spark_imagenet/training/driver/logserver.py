@@ -29,6 +29,9 @@ from spark_imagenet.training.job.logchannel import (
 
 #: Seconds between the server thread's housekeeping passes (auth deadlines, pending notices).
 _TICK_S = 0.1
+#: Seconds a rendezvous waits for its last task by default: Spark's own default of
+#: ``spark.barrier.sync.timeout`` (365 days).
+MEET_TIMEOUT_S = 365 * 86400.0
 
 
 def driver_host(sc) -> str:
@@ -92,6 +95,7 @@ class _Meeting:
     tasks: int
     entries: dict[int, str] = dataclasses.field(default_factory=dict)
     conns: dict[int, _Conn] = dataclasses.field(default_factory=dict)
+    started: float = dataclasses.field(default_factory=time.monotonic)
 
 
 class LogServer:
@@ -101,7 +105,8 @@ class LogServer:
     non-blocking sockets and calls ``on_line`` for each line, in arrival
     order per connection. It also gathers the tasks' rendezvous lines, by stage: once all N tasks of a stage
     have sent theirs, it writes the N entries in rank order back on each one's connection (a line that does
-    not fit the stage, a rank said twice, a second rendezvous on one connection, is answered with an error).
+    not fit the stage, a rank said twice, a second rendezvous on one connection, is answered with an error;
+    so is every task of a stage whose last task has not come ``meet_timeout_s`` after its first).
     Use as a context manager (``__enter__`` starts, ``__exit__`` closes) or call :meth:`start` and :meth:`close`.
 
     Args:
@@ -125,6 +130,9 @@ class LogServer:
         max_connections: int, connections open at once (authenticated or
             not); one more is closed at once and counted in :attr:`rejected`.
         auth_timeout_s: float, seconds a new connection has to send the secret.
+        meet_timeout_s: float, seconds a stage's rendezvous waits, from its first task's line, for its last
+            (the job's ``spark.barrier.sync.timeout``, which bounds ``allGather`` alike); then every task that
+            came is answered with an error naming the ranks that did not.
 
     Attributes:
         rejected: int, connections closed unheard: wrong, silent or oversized
@@ -142,19 +150,21 @@ class LogServer:
 
     def __init__(self, bind_host: str, on_line: Callable[[int, str, str], None], *, max_line_chars: int = 2000,
                  lines_per_s: float = 100.0, burst: int = 300, max_connections: int = 256,
-                 auth_timeout_s: float = AUTH_TIMEOUT_S) -> None:
+                 auth_timeout_s: float = AUTH_TIMEOUT_S, meet_timeout_s: float = MEET_TIMEOUT_S) -> None:
         if not isinstance(bind_host, str) or not bind_host:
             raise ConfigError(f"log server bind_host {bind_host!r} must be a non-empty address")
         if not callable(on_line):
             raise ConfigError(f"log server on_line {on_line!r} is not callable")
         for name, value, integer in (("max_line_chars", max_line_chars, True), ("lines_per_s", lines_per_s, False),
                                      ("burst", burst, True), ("max_connections", max_connections, True),
-                                     ("auth_timeout_s", auth_timeout_s, False)):
+                                     ("auth_timeout_s", auth_timeout_s, False),
+                                     ("meet_timeout_s", meet_timeout_s, False)):
             check_positive(name, value, integer)
         self._bind_host, self._on_line = bind_host, on_line
         self._max_chars, self._rate, self._burst = max_line_chars, float(lines_per_s), burst
         self._resume = max(1, burst // 10)
         self._max_conns, self._auth_timeout = max_connections, float(auth_timeout_s)
+        self._meet_timeout = float(meet_timeout_s)
         #: The most bytes a partial line may hold: the text at 4 bytes per character plus the fields before it.
         self.line_bytes_bound = 4 * max_line_chars + 512
         self.rejected = self.dropped = self.connections = self.callback_errors = self.max_buffered = self.met = 0
@@ -388,7 +398,7 @@ class LogServer:
             if conn.met:
                 raise ValueError("a second rendezvous on one connection")
             stage, tasks, rank, entry = parse_meet(raw)
-            meeting = self._meetings.setdefault(stage, _Meeting(tasks))
+            meeting = self._meetings.get(stage) or _Meeting(tasks)  # kept only once an entry fits
             if tasks != meeting.tasks or not 0 <= rank < tasks or rank in meeting.entries:
                 raise ValueError(f"rank {rank} of {tasks} task(s) does not fit stage {stage} ({meeting.tasks} "
                                  f"task(s), ranks come: {sorted(meeting.entries)})")
@@ -396,6 +406,7 @@ class LogServer:
             self._send(conn, answer_line(error=str(e)))
             return
         conn.met = True
+        self._meetings[stage] = meeting
         meeting.entries[rank], meeting.conns[rank] = entry, conn
         if len(meeting.entries) < tasks:
             return
@@ -430,7 +441,20 @@ class LogServer:
             self.callback_errors += 1
 
     def _housekeeping(self, now: float) -> None:
-        """Close connections silent past their auth deadline; report runs whose bucket refilled."""
+        """Close connections silent past their auth deadline; report runs whose bucket refilled; end
+        rendezvous past their timeout."""
+        for stage, meeting in list(self._meetings.items()):
+            if now - meeting.started > self._meet_timeout:
+                del self._meetings[stage]
+                missing = sorted(set(range(meeting.tasks)) - set(meeting.entries))
+                answer = answer_line(error=(
+                    f"rank(s) {missing} of the {meeting.tasks} tasks of stage {stage} did not come to the "
+                    f"rendezvous within {self._meet_timeout:g} s of the first (spark.barrier.sync.timeout): they "
+                    "are stuck before it (a shard fetch?); see their executors' logs, or raise the setting if "
+                    "the slowest fetch needs longer"))
+                for conn in meeting.conns.values():
+                    if not conn.closed:
+                        self._send(conn, answer)
         for conn in list(self._conns.values()):
             if not conn.authed:
                 if now > conn.deadline:

@@ -45,8 +45,10 @@ EXECUTOR_WAIT_SECONDS = 60.0
 
 DYNAMIC_ALLOCATION = "spark.dynamicAllocation.enabled"
 TASK_CPUS = "spark.task.cpus"
+#: How long a barrier stage's rendezvous waits for its last task (allGather's bound, and the log channel's).
+BARRIER_TIMEOUT = "spark.barrier.sync.timeout"
 #: Every setting the checks read, read once into :attr:`SessionFacts.conf`.
-CONF_KEYS = (DYNAMIC_ALLOCATION, TASK_CPUS, *NETWORK_ENCRYPTION_KEYS, TASK_AMOUNT, EXECUTOR_AMOUNT, EXECUTOR_SCRIPT,
+CONF_KEYS = (DYNAMIC_ALLOCATION, TASK_CPUS, BARRIER_TIMEOUT, *NETWORK_ENCRYPTION_KEYS, TASK_AMOUNT, EXECUTOR_AMOUNT, EXECUTOR_SCRIPT,
              WORKER_AMOUNT, WORKER_SCRIPT, WORKER_FILE)
 
 #: The names of this machine's loopback address in an ``sc://`` URL.
@@ -84,6 +86,19 @@ class SessionFacts:
     def get(self, key: str, default: str | None = None) -> str | None:
         """A setting's text, or ``default`` when unset (a conf getter, :data:`~.rules.ConfGetter`)."""
         return dict(self.conf).get(key, default)
+
+    @property
+    def barrier_timeout_s(self) -> float:
+        """float: ``spark.barrier.sync.timeout`` in seconds (Spark's default, 365 days, when unset).
+
+        Raises:
+            ConfigError: the setting is not a Spark time.
+        """
+        value = self.get(BARRIER_TIMEOUT, "365d")
+        try:
+            return spark_seconds(value, "s")
+        except ConfigError as e:
+            raise ConfigError(f"{BARRIER_TIMEOUT}: {e}; give a time such as 3600s") from None
 
     @property
     def is_connect(self) -> bool:
