@@ -268,8 +268,7 @@ class RecipeConfig:
         try:
             specs.check_model_settings(self.model, self.image_size, self.width)
         except ConfigError as e:
-            named = str(e).partition(" ")[0]  # specs' messages begin with the setting they are about
-            key = named if named in ("image_size", "width") else "model"
+            key = e.key or "model"  # model_specs names the setting it is about
             raise setting_error(key, str(e), getattr(self, key)) from None
 
     def _check_recipe(self) -> None:
