@@ -143,9 +143,10 @@ def predict_dataframe(df: Any, model_url: str, image_col: str = "content", top_k
     from pyspark.sql.types import BinaryType
 
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ConfigError(f"top_k={top_k!r}: give a whole number of classes, 1 or more")
+        raise ConfigError(f"top_k={top_k!r}: give a whole number of classes, 1 or more", key="top_k", value=top_k)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r}: give a whole number of images, 1 or more")
+        raise ConfigError(f"batch_size={batch_size!r}: give a whole number of images, 1 or more",
+                          key="batch_size", value=batch_size)
     check_max_pixels(max_image_pixels)
     fields = {f.name: f.dataType for f in df.schema.fields}
     if image_col not in fields:

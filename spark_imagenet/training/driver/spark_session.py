@@ -593,7 +593,7 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     if under_submit and master is not None:
         raise ConfigError(f"--master {master} (or master in the job file): under spark-submit the master is "
                           "spark-submit's own option; give it there (spark-submit --master MASTER ...) and leave it "
-                          "out of the job, which would otherwise replace it")
+                          "out of the job, which would otherwise replace it", key="--master", value=master)
     if master is None and not under_submit and os.environ.get("SPARK_REMOTE"):
         master = os.environ["SPARK_REMOTE"]
     if is_connect_url(master):

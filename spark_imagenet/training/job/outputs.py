@@ -69,7 +69,7 @@ def open_output(output: str, option: str = "--output") -> Storage:
         _write_test(storage, _local_path(output))
     except StorageError as e:
         raise ConfigError(f"{option} {output}: cannot write there ({e}). Give a folder or bucket you can write "
-                          f"to: {url_forms()}") from None
+                          f"to: {url_forms()}", key=option, value=output) from None
     return storage
 
 
