@@ -37,7 +37,7 @@ def _amount(get: Callable[[str], str | None], key: str) -> float | None:
     try:
         return float(str(raw).strip())
     except ValueError:
-        raise ConfigError(f"{key}={raw!r} is not a number") from None
+        raise ConfigError(f"{key}={raw!r} is not a number", key=key, value=raw) from None
 
 
 def _fmt(x: float) -> str:
@@ -154,7 +154,7 @@ def _gpu_finding(get: Callable[[str], str | None], k: int, workers: int, master:
                   "/opt/spark-imagenet/conf/gpu-discovery.sh.")
     raise ConfigError(
         f"--gpus-per-worker {k} with {workers} worker(s) needs {k * workers} GPU(s) in all, {k} per task, but "
-        f"Spark is not configured to hand GPUs to tasks. {add}{where}"
+        f"Spark is not configured to hand GPUs to tasks. {add}{where}", key="--gpus-per-worker", value=k
     )
 
 
