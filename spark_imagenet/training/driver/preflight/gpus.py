@@ -132,7 +132,7 @@ def _gpu_finding(get: Callable[[str], str | None], k: int, workers: int, master:
                                           f"--gpus-per-worker {max(1, int(task))} to have the settings checked")
         return Finding.ok(CHECK, "no GPUs asked for (--gpus-per-worker 0) and none configured")
     if kind == "local":
-        raise ConfigError(_local_mode_refusal(k, workers, master, server))
+        raise ConfigError(_local_mode_refusal(k, workers, master, server), key="--gpus-per-worker", value=k)
     missing = _missing_settings(get, k, parsed, workers)
     if not missing:
         return Finding.ok(CHECK, f"Spark gives each of {workers} task(s) {k} GPU(s) (task, executor and discovery "
