@@ -367,3 +367,13 @@ def test_a_rule_words_the_place_of_a_value_it_checks_outside_the_settings():
     assert (e.value.key, e.value.value) == ("workers", 0)
     assert check_value("peers", Rule("strings"), ["h:1"]) == ("h:1",)
 
+
+
+def test_an_errors_key_and_value_survive_pickling():
+    """Errors cross processes (a barrier task's to the driver): what they are about goes with them."""
+    import pickle
+
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(workers=2, batch_size="32")
+    again = pickle.loads(pickle.dumps(e.value))
+    assert type(again) is ConfigError and (again.key, again.value, str(again)) == ("batch_size", "32", str(e.value))
