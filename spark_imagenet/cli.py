@@ -253,7 +253,8 @@ def _check_for_master(config, url: str | None, master: str) -> int:
         raise ConfigError("no dataset URL: give it as the first argument (or as url in the job file)")
     if config.scaling.master is not None:
         raise ConfigError(f"--master {config.scaling.master} (or master in the job file): the script submits to {master} "
-                          "(set its MASTER, or use the script of another platform) and leaves the job's master out")
+                          "(set its MASTER, or use the script of another platform) and leaves the job's master out",
+                          key="--master", value=config.scaling.master)
     # --results is written by the driver spark-submit starts (in a pod, or YARN's application master in cluster
     # mode): that driver checks it, not this machine
     check_before_spark(config.replace(master=master, results=None), url).raise_if_problems()

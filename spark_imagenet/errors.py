@@ -12,7 +12,24 @@ import re
 
 
 class SparkImagenetError(Exception):
-    """Base class of every error this package raises on purpose."""
+    """Base class of every error this package raises on purpose.
+
+    Args:
+        message: the whole message: what is wrong, the setting or file at fault and what to do.
+        key: the setting, option or field at fault, when there is one (``"batch_size"``, ``"--train-shards"``,
+            ``"spark.executor.cores"``, ``"url"``); None otherwise.
+        value: the bad value as it was given; None when there is none (a missing setting) or no ``key``.
+
+    Attributes:
+        key: ``key`` as given, so that callers and tests can tell which setting an error is about without
+            reading its message.
+        value: ``value`` as given.
+    """
+
+    def __init__(self, *args: object, key: str | None = None, value: object = None):
+        super().__init__(*args)
+        self.key = key
+        self.value = value
 
 
 class LayoutError(SparkImagenetError):
@@ -76,7 +93,7 @@ class ImageTooLarge(ConfigError):
     """
 
     def __init__(self, message: str, *, name: str = "", reason: str = ""):
-        super().__init__(message)
+        super().__init__(message, key="max_image_pixels")
         self.name = name
         self.reason = reason or message
 
@@ -87,7 +104,15 @@ class EnvironmentSetupError(SparkImagenetError):
 
 
 class TrainingError(SparkImagenetError):
-    """A barrier task or its TensorFlow child process failed."""
+    """A barrier task or its TensorFlow child process failed.
+
+    Attributes:
+        failure: the :class:`~spark_imagenet.training.job.outcome.Failure` it was made from (its ``stage``,
+            ``kind``, ``rank``, ...), set by ``Failure.to_error``/``as_error``; None for an error raised
+            without one.
+    """
+
+    failure = None
 
 
 class WorkerLost(TrainingError):

@@ -98,9 +98,7 @@ def test_fewer_train_shards_than_workers_is_a_config_error():
     m = make_manifest(train=[10, 10, 10], val=[5])
     with pytest.raises(ConfigError) as e:
         assign(m, 4, batch_size=2)
-    msg = str(e.value)
-    assert "3 train shard" in msg and "--workers is 4" in msg
-    assert "--train-shards >= 4" in msg and "--workers <= 3" in msg
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == ("--workers", 4)
 
 
 def test_zero_val_examples_is_a_config_error():
@@ -111,14 +109,16 @@ def test_zero_val_examples_is_a_config_error():
 
 
 def test_worker_with_empty_train_shards_is_a_config_error():
-    with pytest.raises(ConfigError, match="worker 1's train shards"):
+    with pytest.raises(ConfigError, match="worker 1's train shards") as e:
         assign(make_manifest(train=[10, 0, 10, 0], val=[4]), 2, batch_size=2)
+    assert (e.value.key, e.value.value) == ("--train-shards", 4)
 
 
 @pytest.mark.parametrize("workers,batch", [(0, 4), (-1, 4), (True, 4), (2.0, 4), (2, 0), (2, None)])
 def test_bad_workers_or_batch_size(workers, batch):
-    with pytest.raises(ConfigError, match="--workers|--batch-size"):
+    with pytest.raises(ConfigError) as e:
         assign(make_manifest(train=[10] * 4, val=[4]), workers, batch)
+    assert (e.value.key, e.value.value) == (("--workers", workers) if batch == 4 else ("--batch-size", batch))
 
 
 def test_plan_json_is_serialisable():

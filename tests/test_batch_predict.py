@@ -135,14 +135,10 @@ def test_predict_dataframe_refuses_before_the_job(spark, tmp_path, run_folder):
     (older / "model.keras").write_bytes(b"")
     with pytest.raises(ConfigError, match=f"run `spark-imagenet export {older}` first"):
         predict_dataframe(df, str(older))
-    with pytest.raises(ConfigError, match="'n' is int, not binary"):
-        predict_dataframe(df, str(run_folder), image_col="n")
-    with pytest.raises(ConfigError, match="'pixels' is not in the DataFrame"):
-        predict_dataframe(df, str(run_folder), image_col="pixels")
-    with pytest.raises(ConfigError, match="top_k=0"):
-        predict_dataframe(df, str(run_folder), top_k=0)
-    with pytest.raises(ConfigError, match="already has a column 'path'"):
-        predict_dataframe(df, str(run_folder), output_col="path")
+    for kwargs in (dict(image_col="n"), dict(image_col="pixels"), dict(top_k=0), dict(output_col="path")):
+        with pytest.raises(ConfigError) as e:
+            predict_dataframe(df, str(run_folder), **kwargs)
+        assert type(e.value) is ConfigError and (e.value.key, e.value.value) == next(iter(kwargs.items()))
     schema = predict_dataframe(df, str(run_folder)).schema["prediction"].dataType.simpleString()
     assert schema == ("struct<class_ids:array<int>,wnids:array<string>,names:array<string>,"
                       "probabilities:array<float>,error:string>")
@@ -211,8 +207,9 @@ def test_an_unknown_table_and_a_missing_id_column_are_named(spark, tmp_path):
     with pytest.raises(ConfigError, match="no such file or folder"):
         table_rows(spark, args("--table", str(tmp_path / "absent.parquet")))
     spark.createDataFrame([("a", b"x")], "key string, content binary").write.parquet(str(tmp_path / "t"))
-    with pytest.raises(ConfigError, match="--id-column path: the table .* has no such column"):
+    with pytest.raises(ConfigError, match="has no such column") as e:
         table_rows(spark, args("--table", str(tmp_path / "t")))
+    assert (e.value.key, e.value.value) == ("--id-column", "path")
     df, key = table_rows(spark, args("--table", str(tmp_path / "t"), "--id-column", "key"))
     assert key == "key" and df.count() == 1
 

@@ -101,8 +101,9 @@ def test_train_and_val_folders_are_the_split(tmp_path):
     assert all("/val/" in i.path for i in src.val) and src.selection["val_fraction"] is None
     assert [source.relpath(i) for i in src.val] == ["val/a/a_0.jpg", "val/a/a_1.jpg", "val/b/b_0.jpg"]
     assert source.describe()["layout"] == "train-val"
-    with pytest.raises(ConfigError, match=r"--val-fraction 0.2: .*/t/val holds this tree's validation images"):
+    with pytest.raises(ConfigError, match="holds this tree's validation images") as e:
         open_source(tmp_path / "t", val_fraction=0.2)
+    assert (e.value.key, e.value.value) == ("--val-fraction", 0.2)
     shutil.rmtree(tmp_path / "t" / "val")  # train/ alone: split with the fraction
     src = open_source(tmp_path / "t").list_images()
     assert [c.wnid for c in src.classes] == ["a", "b"] and len(src.train) + len(src.val) == 9 and len(src.val) == 2
@@ -111,10 +112,10 @@ def test_train_and_val_folders_are_the_split(tmp_path):
 def test_the_kaggle_layout_keeps_priority(tmp_path):
     tree = small_layout(tmp_path / "kaggle", num_classes=2, train_per_class=2, val_per_class=1)
     assert isinstance(open_source(tree), FolderSource)
-    with pytest.raises(ConfigError, match="--val-fraction 0.1: .* is the Kaggle ImageNet download"):
-        open_source(tree, val_fraction=0.1)
-    with pytest.raises(ConfigError, match="--val-fraction 0.1: .*root.zip is the Kaggle ImageNet download"):
-        open_source(zip_root_form(tree, tmp_path / "root.zip"), val_fraction=0.1)
+    for source in (tree, zip_root_form(tree, tmp_path / "root.zip")):
+        with pytest.raises(ConfigError, match="is the Kaggle ImageNet download") as e:
+            open_source(source, val_fraction=0.1)
+        assert (e.value.key, e.value.value) == ("--val-fraction", 0.1)
     (tree / "LOC_val_solution.csv").unlink()  # a broken Kaggle tree is still reported as one
     with pytest.raises(LayoutError, match="not in the Kaggle ILSVRC CLS-LOC layout; missing:"):
         open_source(tree)
@@ -164,12 +165,15 @@ def test_selection_options(tmp_path):
     src = open_source(root).list_images(num_classes=2, per_class=3, seed=1)
     assert [c.wnid for c in src.classes] == ["a", "b"] and len(src.train) == 6
     assert {i.wnid for i in src.train + src.val} == {"a", "b"}
-    with pytest.raises(ConfigError, match="--class-list names WordNet ids of the Kaggle layout"):
+    with pytest.raises(ConfigError) as e:
         open_source(root).list_images(class_list=tmp_path / "list.txt")
-    with pytest.raises(ConfigError, match="--classes 4: must be between 1 and 3"):
+    assert (e.value.key, e.value.value) == ("--class-list", tmp_path / "list.txt")
+    with pytest.raises(ConfigError) as e:
         open_source(root).list_images(num_classes=4)
-    with pytest.raises(ConfigError, match="--val-fraction 1.0: must be between 0 and 1"):
+    assert (e.value.key, e.value.value) == ("--classes", 4)
+    with pytest.raises(ConfigError) as e:
         open_source(root, val_fraction=1.0)
+    assert (e.value.key, e.value.value) == ("--val-fraction", 1.0)
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,34 +32,44 @@ def test_defaults_and_normalisation():
         c.epochs = 3  # frozen
 
 
-@pytest.mark.parametrize("change, fragment", [
-    ({"workers": 0}, "workers (--workers) must be an integer >= 1, got 0"),
-    ({"workers": True}, "workers (--workers) must be an integer, got True"),
-    ({"batch_size": "32"}, "batch_size (--batch-size) must be an integer, got '32'"),
-    ({"epochs": 0}, "--epochs"),
-    ({"image_size": 32}, "image_size (--image-size) 32 is too small for alexnet: its layers need at least 67 px"),
-    ({"width": 0.0}, "width (--width) must be a positive number"),
-    ({"width": float("nan")}, "--width"),
-    ({"learning_rate": -1.0}, "--learning-rate"),
-    ({"parallel": 0}, "--parallel"),
-    ({"seed": -1}, "--seed"),
-    ({"transfers": 0}, "--transfers"),
-    ({"model": ""}, "--model"),
-    ({"model": "alexnt"}, "'alexnt' is not a known model (did you mean 'alexnet'?); choose one of: alexnet"),
-    ({"conf": {"spark.x": [1]}}, "conf (--conf)"),
+@pytest.mark.parametrize("change", [
+    {"workers": 0}, {"workers": True}, {"batch_size": "32"}, {"epochs": 0}, {"image_size": 32}, {"width": 0.0},
+    {"learning_rate": -1.0}, {"parallel": 0}, {"seed": -1}, {"transfers": 0}, {"model": ""}, {"model": "alexnt"},
 ])
-def test_bad_values_name_the_key_and_the_option(change, fragment):
+def test_bad_values_name_the_key_and_the_value(change):
     with pytest.raises(ConfigError) as e:
         TrainConfig(**{"workers": 2, **change})
-    assert fragment in str(e.value)
+    [(key, value)] = change.items()
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == (key, value)
+
+
+def test_a_bad_value_is_worded_with_its_option_and_the_choices():
+    """Wording test (settings): the message names the setting, its option and what would do."""
+    with pytest.raises(ConfigError, match=r"^image_size \(--image-size\) 32 is too small for alexnet: its layers "
+                                          r"need at least 67 px"):
+        TrainConfig(workers=2, image_size=32)
+    with pytest.raises(ConfigError, match=r"'alexnt' is not a known model \(did you mean 'alexnet'\?\); choose one "
+                                          r"of: alexnet"):
+        TrainConfig(workers=2, model="alexnt")
+
+
+def test_a_nan_width_and_a_bad_conf_value_name_their_setting():
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(workers=2, width=float("nan"))
+    assert e.value.key == "width"
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(workers=2, conf={"spark.x": [1]})
+    assert (e.value.key, e.value.value) == ("conf", [1])
 
 
 def test_workers_are_required():
-    with pytest.raises(ConfigError, match=r"workers \(--workers\) is required"):
+    with pytest.raises(ConfigError) as e:
         TrainConfig.from_mapping({})
+    assert (e.value.key, e.value.value) == ("workers", None)
 
 
 def test_unknown_keys_suggest_the_closest_and_list_the_known():
+    """Wording test (unknown keys): the closest known name and the list of known keys."""
     with pytest.raises(ConfigError) as e:
         TrainConfig.from_mapping({"workers": 2, "bach_size": 8, "zzz": 1}, "train()")
     msg = str(e.value)
@@ -71,10 +82,12 @@ def test_json_round_trip_and_version():
     data = json.loads(json.dumps(c.to_json()))
     assert data["format_version"] == ENVELOPE.version and data["conf"] == {"spark.a": "1"}
     assert TrainConfig.from_json(data) == c
-    with pytest.raises(ConfigError, match="format_version 99 is not supported"):
+    with pytest.raises(ConfigError) as e:
         TrainConfig.from_json({**data, "format_version": 99})
-    with pytest.raises(ConfigError, match="not a spark-imagenet training config"):
+    assert (e.value.key, e.value.value) == ("format_version", 99)
+    with pytest.raises(ConfigError) as e:
         TrainConfig.from_json([1])
+    assert (e.value.key, e.value.value) == ("format", [1])
 
 
 # ------------------------------------------------------------------ job files
@@ -98,31 +111,43 @@ def test_layers_later_wins_and_conf_merges_per_key():
     assert c.scaling.workers == 4 and c.recipe.epochs == 2 and c.spark_conf == {"a": "1", "b": "2"}
 
 
-@pytest.mark.parametrize("text, fragments", [
-    ("workers = 2\nbach_size = 3\n", ["unknown key(s) 'bach_size' (did you mean 'batch_size'?)",
-                                      "url, scaling, data, recipe, run, tracking, workers"]),
-    ("[scaling]\nworkers = 2\nepochs = 3\n", ["[scaling] has no setting 'epochs': it belongs in [recipe]"]),
-    ("[recipe]\nepoch = 3\n", ["[recipe]: unknown key(s) 'epoch' (did you mean 'epochs'?)", "model, width"]),
-    ("workers = 2\n[scaling]\nworkers = 3\n", ["workers is given twice (at the top level and in [scaling])"]),
-    ("recipe = 3\n", ["recipe must be a table ([recipe] with its settings)"]),
-    ("[scaling]\nconf = 3\n", ["conf must be a table ([scaling.conf]"]),
-    ("workers = 2\nepochs = = 3\n", ["not a valid TOML file", "line 2"]),
-    ("url = 3\n", ["url must be a dataset URL string"]),
-    ("conf = 3\n", ["conf must be a table"]),
+@pytest.mark.parametrize("text, key, value", [
+    ("workers = 2\nbach_size = 3\n", "bach_size", 3),
+    ("[scaling]\nworkers = 2\nepochs = 3\n", "epochs", None),
+    ("[recipe]\nepoch = 3\n", "epoch", 3),
+    ("workers = 2\n[scaling]\nworkers = 3\n", "workers", None),
+    ("recipe = 3\n", "recipe", 3),
+    ("[scaling]\nconf = 3\n", "conf", 3),
+    ("url = 3\n", "url", 3),
+    ("conf = 3\n", "conf", 3),
 ])
-def test_bad_job_files_name_the_file_and_the_key(tmp_path, text, fragments):
+def test_bad_job_files_name_the_file_and_the_key(tmp_path, text, key, value):
     path = tmp_path / "job.toml"
     path.write_text(text)
     with pytest.raises(ConfigError) as e:
         load_job_file(path)
     assert str(path) in str(e.value)
-    for fragment in fragments:
-        assert fragment in str(e.value)
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == (key, value)
 
 
-def test_missing_job_file(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read the job file"):
+def test_a_job_file_in_the_wrong_section_is_worded_with_the_right_one(tmp_path):
+    """Wording test (job files): the file, the setting and the section it belongs in."""
+    path = tmp_path / "job.toml"
+    path.write_text("[scaling]\nworkers = 2\nepochs = 3\n")
+    with pytest.raises(ConfigError, match=rf"^job file {re.escape(str(path))}: \[scaling\] has no setting 'epochs': "
+                                          r"it belongs in \[recipe\]$"):
+        load_job_file(path)
+
+
+def test_an_unreadable_or_invalid_job_file_names_the_option(tmp_path):
+    with pytest.raises(ConfigError) as e:
         load_job_file(tmp_path / "none.toml")
+    assert (e.value.key, e.value.value) == ("--config", str(tmp_path / "none.toml"))
+    path = tmp_path / "job.toml"
+    path.write_text("workers = 2\nepochs = = 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_job_file(path)
+    assert (e.value.key, e.value.value) == ("--config", str(path)) and "line 2" in str(e.value)
 
 
 def test_example_job_file_documents_every_key_with_its_default():
@@ -146,15 +171,18 @@ def test_sections_hold_the_settings_and_only_they_read_them():
     assert c.replace(epochs=3).recipe.epochs == 3 and c.replace(epochs=3).scaling == c.scaling
     assert c.recipe.learning_rate == 0.01  # the model's recipe fills what is left at None
     assert [name for name, _ in TrainConfig.settings()][:1] == ["scaling"] and len(TrainConfig.keys()) == 49
-    with pytest.raises(ConfigError, match=r"section 'run' must be a RunConfig \(or a mapping of its settings\), "
-                                          r"got ScalingConfig"):
+    with pytest.raises(ConfigError) as e:
         TrainConfig(workers=1, run=ScalingConfig(workers=1))
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'epochs'"):
+    assert e.value.key == "run" and isinstance(e.value.value, ScalingConfig)
+    with pytest.raises(ConfigError) as e:
         TrainConfig(workers=1, scaling={"epochs": 3})
-    with pytest.raises(ConfigError, match=r"strategy \(--strategy\) mirrored runs one worker"):
+    assert (e.value.key, e.value.value) == ("epochs", 3)
+    with pytest.raises(ConfigError) as e:
         ScalingConfig(workers=2, strategy="mirrored")  # a section checks its own settings
-    with pytest.raises(ConfigError, match=r"seed \(--seed\) 4294967295 is too large"):
+    assert (e.value.key, e.value.value) == ("strategy", "mirrored")
+    with pytest.raises(ConfigError) as e:
         TrainConfig(workers=2, seed=2**32 - 1)  # and the job the checks across sections
+    assert (e.value.key, e.value.value) == ("seed", 2**32 - 1)
     with pytest.raises(AttributeError, match="no attribute 'epochs'"):
         c.epochs  # noqa: B018 - one spelling: config.recipe.epochs
 
@@ -173,15 +201,16 @@ def test_conf_tables_flatten_dotted_keys_and_bad_conf_is_a_config_error():
     c = TrainConfig(workers=2, conf={"spark": {"executor": {"memory": "4g"}}, "spark.task.cpus": 1})
     assert c.spark_conf == {"spark.executor.memory": "4g", "spark.task.cpus": "1"}
     for bad in ("spark.x=1", 5, {"a": None}, {"a": [1]}):
-        with pytest.raises(ConfigError, match=r"conf \(--conf\)"):
+        with pytest.raises(ConfigError) as e:
             TrainConfig(workers=2, conf=bad)
+        assert e.value.key == "conf"
 
 
 def test_seed_leaves_room_for_every_rank():
     assert TrainConfig(workers=1, seed=2**32 - 1).data.seed == 2**32 - 1
-    with pytest.raises(ConfigError, match="at most 4294967292") as e:
+    with pytest.raises(ConfigError) as e:
         TrainConfig(workers=4, seed=2**32 - 1)
-    assert e.value.key == "seed"
+    assert (e.value.key, e.value.value) == ("seed", 2**32 - 1) and "at most 4294967292" in str(e.value)
 
 
 def test_job_file_paths_are_relative_to_the_file(tmp_path):
@@ -199,6 +228,7 @@ def test_job_file_paths_are_relative_to_the_file(tmp_path):
 @pytest.mark.parametrize("key, value, meant", [("url", "gs:/b/p", "gs://b/p"), ("output", "s3:bucket/run", "s3://bucket/run"),
                                                ("checkpoint_dir", "hdfs:/nn/ckpt", "hdfs://nn/ckpt")])
 def test_a_store_url_without_its_two_slashes_is_refused_not_taken_for_a_local_path(tmp_path, key, value, meant):
+    """Wording test (store URLs in a job file): the setting, the URL and how to write it."""
     from spark_imagenet.training.job.jobfile import absolute_paths
 
     with pytest.raises(ConfigError, match=rf"{key} '{value}' is not a URL: a .*:// URL has two slashes after .*; "
@@ -206,49 +236,53 @@ def test_a_store_url_without_its_two_slashes_is_refused_not_taken_for_a_local_pa
         absolute_paths({key: value}, tmp_path)
     path = tmp_path / "job.toml"
     path.write_text(f'{key} = "{value}"\nworkers = 2\n')
-    with pytest.raises(ConfigError, match=f"write {meant}"):
+    with pytest.raises(ConfigError) as e:
         load_job_file(path)
+    assert (e.value.key, e.value.value) == (key, value)
     assert absolute_paths({"url": "data:set"}, tmp_path)["url"] == str(tmp_path / "data:set")  # not a store
 
 
 def test_strategy_and_all_reduce_choices_are_checked_with_the_option_named():
     assert TrainConfig(workers=1, strategy="mirrored", cross_device_ops="reduction-to-one").scaling.strategy == "mirrored"
-    with pytest.raises(ConfigError, match=r"strategy \(--strategy\) must be one of multiworker, mirrored, default"):
-        TrainConfig(workers=1, strategy="horovod")
+    for settings, key, value in ((dict(workers=1, strategy="horovod"), "strategy", "horovod"),
+                                 (dict(workers=4, strategy="mirrored"), "strategy", "mirrored"),
+                                 (dict(workers=2, cross_device_ops="reduction-to-one"), "cross_device_ops",
+                                  "reduction-to-one"),
+                                 (dict(workers=2, gpus_per_worker=-1), "gpus_per_worker", -1)):
+        with pytest.raises(ConfigError) as e:
+            TrainConfig(**settings)
+        assert (e.value.key, e.value.value) == (key, value)
     with pytest.raises(ConfigError, match=r"runs one worker .* but workers \(--workers\) is 4: use --workers 1"):
-        TrainConfig(workers=4, strategy="mirrored")
-    with pytest.raises(ConfigError, match="reduction-to-one does not apply to --strategy multiworker"):
-        TrainConfig(workers=2, cross_device_ops="reduction-to-one")
-    with pytest.raises(ConfigError, match=r"gpus_per_worker \(--gpus-per-worker\) must be an integer >= 0"):
-        TrainConfig(workers=2, gpus_per_worker=-1)
+        TrainConfig(workers=4, strategy="mirrored")  # wording test (settings that disagree): what to do
 
 
 def test_the_default_strategy_refuses_gpus_it_would_leave_idle():
-    with pytest.raises(ConfigError, match=r"--gpus-per-worker\) 2 with --strategy default.*--strategy mirrored"):
+    with pytest.raises(ConfigError) as e:
         TrainConfig(workers=1, strategy="default", gpus_per_worker=2)
-    with pytest.raises(ConfigError, match=r"default runs one worker \(on one device\)"):
+    assert (e.value.key, e.value.value) == ("gpus_per_worker", 2)
+    with pytest.raises(ConfigError) as e:
         TrainConfig(workers=2, strategy="default")
+    assert (e.value.key, e.value.value) == ("strategy", "default")
 
 
 @pytest.mark.parametrize("master", ["bogus://x", "local[", "spark:/host:7077", "yarn-client", "localhost:7077"])
 def test_a_master_that_is_no_spark_url_is_refused_with_the_forms_spark_takes(master):
+    """Wording test (--master): the URL given and the forms Spark takes."""
     with pytest.raises(ConfigError) as e:
         TrainConfig(workers=1, master=master)
     assert f"master (--master) {master!r} is not a Spark master URL" in str(e.value)
     assert "spark://HOST:PORT, yarn, k8s://https://HOST:PORT, or sc://HOST:PORT" in str(e.value)
+    assert (e.value.key, e.value.value) == ("master", master)
 
 
 # ------------------------------------------------------------------ recipe keys (issue 13)
-@pytest.mark.parametrize("key, value, fragment", [
-    ("crop_area", 0.5, "two fractions MIN MAX"),
-    ("crop_area", [0.6, 0.2], "two fractions MIN MAX"),
-    ("lr_boundaries", 30, "list of positive epoch numbers"),
-    ("lr_boundaries", [60, 30], "increasing"),
+@pytest.mark.parametrize("key, value", [
+    ("crop_area", 0.5), ("crop_area", [0.6, 0.2]), ("lr_boundaries", 30), ("lr_boundaries", [60, 30]),
 ])
-def test_a_scalar_or_bad_list_for_a_list_key_is_one_config_error(key, value, fragment):
-    with pytest.raises(ConfigError, match=fragment) as e:
+def test_a_scalar_or_bad_list_for_a_list_key_is_one_config_error(key, value):
+    with pytest.raises(ConfigError) as e:
         TrainConfig(workers=2, lr_schedule="step", **{key: value})
-    assert e.value.key == key
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == (key, value)
 
 
 def test_recipe_values_follow_the_model_and_the_epochs():
@@ -278,8 +312,9 @@ def test_overwrite_is_a_setting_of_the_job_file_and_the_command_line(tmp_path):
     assert config.run.overwrite and config.run.output == str(tmp_path / "run")
     assert "overwrite = true" in dump_job(config)
     assert not TrainConfig(workers=1).run.overwrite
-    with pytest.raises(ConfigError, match=r"overwrite \(--overwrite\) must be true or false"):
+    with pytest.raises(ConfigError) as e:
         TrainConfig(workers=1, overwrite="yes")
+    assert (e.value.key, e.value.value) == ("overwrite", "yes")
 
 
 def test_keep_checkpoints_is_a_run_setting_of_the_job_file_and_the_command_line(tmp_path):
@@ -289,8 +324,9 @@ def test_keep_checkpoints_is_a_run_setting_of_the_job_file_and_the_command_line(
     config = resolve_job([load_job_file(job)])
     assert config.run.keep_checkpoints == 5 and "keep_checkpoints = 5" in dump_job(config)
     for bad in (0, "3", 1.5):
-        with pytest.raises(ConfigError, match=r"keep_checkpoints \(--keep-checkpoints\) must be an integer"):
+        with pytest.raises(ConfigError) as e:
             TrainConfig(workers=1, keep_checkpoints=bad)
+        assert (e.value.key, e.value.value) == ("keep_checkpoints", bad)
 
 
 def test_keep_checkpoints_may_change_when_a_run_resumes():
@@ -319,7 +355,7 @@ def test_print_config_writes_floats_with_six_significant_digits(tmp_path):
 
 
 def test_a_rule_words_the_place_of_a_value_it_checks_outside_the_settings():
-    """check_value's place: another record (worker.json, checkpoint.json) names its key instead of an option; the
+    """Wording test (a value's rule): check_value's place: another record (worker.json, checkpoint.json) names its key instead of an option; the
     ConfigError keeps the field's name as .key either way."""
     from spark_imagenet.training.job.settings import Rule, check_value
 
@@ -328,6 +364,16 @@ def test_a_rule_words_the_place_of_a_value_it_checks_outside_the_settings():
         check_value("workers", rule, 0)
     with pytest.raises(ConfigError, match=r"^worker.json: key 'workers' must be an integer >= 1, got 0$") as e:
         check_value("workers", rule, 0, "worker.json: key 'workers'")
-    assert e.value.key == "workers"
+    assert (e.value.key, e.value.value) == ("workers", 0)
     assert check_value("peers", Rule("strings"), ["h:1"]) == ("h:1",)
 
+
+
+def test_an_errors_key_and_value_survive_pickling():
+    """Errors cross processes (a barrier task's to the driver): what they are about goes with them."""
+    import pickle
+
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(workers=2, batch_size="32")
+    again = pickle.loads(pickle.dumps(e.value))
+    assert type(again) is ConfigError and (again.key, again.value, str(again)) == ("batch_size", "32", str(e.value))

@@ -59,8 +59,9 @@ def test_csv_with_names_and_a_split_column(images, tmp_path):
         assert ex["image/filename"].decode().startswith(ex["image/class/synset"].decode() + "_")
         assert ["ant", "cat", "dog"][ex["image/class/label"]] == ex["image/class/synset"].decode()
     # the same images listed by a class-folder tree give the same classes and labels
-    with pytest.raises(ConfigError, match="--val-fraction 0.2: .*labels.csv has a split column"):
+    with pytest.raises(ConfigError, match="has a split column") as e:
         open_labels(labels, val_fraction=0.2).list_images()
+    assert (e.value.key, e.value.value) == ("--val-fraction", 0.2)
 
 
 @pytest.mark.parametrize("ending", [".jsonl", ".parquet"])
@@ -104,13 +105,17 @@ def test_columns_named_by_options(images):
     labels = write_labels(images / "labels.csv", rows)
     src = open_labels(labels, path_column="file", label_column="class", split_column="part").list_images()
     assert len(src.val) == 3
+    # wording test (labels files): the file, the columns found and the option that names the right one
     with pytest.raises(ConfigError, match=r"no 'path' \(or 'url'\) column; the columns are file, class, part. Name "
-                                          "the right one with --path-column"):
+                                          "the right one with --path-column") as e:
         open_labels(labels).list_images()
-    with pytest.raises(ConfigError, match="no 'label' column; the columns are file, class, part.*--label-column"):
+    assert (e.value.key, e.value.value) == ("--path-column", None)
+    with pytest.raises(ConfigError) as e:
         open_labels(labels, path_column="file").list_images()
-    with pytest.raises(ConfigError, match="no 'split' column; .*--split-column"):
+    assert (e.value.key, e.value.value) == ("--label-column", "label")
+    with pytest.raises(ConfigError) as e:
         open_labels(labels, path_column="file", label_column="class", split_column="split").list_images()
+    assert (e.value.key, e.value.value) == ("--split-column", "split")
 
 
 def bad(images, rows, ending=".csv", **kw) -> str:
@@ -157,13 +162,12 @@ def test_bad_rows_and_files_are_refused(images):
     rows = rows_of(images)
     rows[1]["path"] = None
     assert "column 'path': 1 row(s) without a path" in bad(images, rows, ".parquet")
-    with pytest.raises(ConfigError, match=r"--labels .*/nothing.csv: cannot read it \(No such file"):
-        open_labels(images / "nothing.csv").list_images()
     (images / "broken.parquet").write_bytes(b"PAR1 not really")
-    with pytest.raises(ConfigError, match="broken.parquet: cannot read it as PARQUET"):
-        open_labels(images / "broken.parquet").list_images()
-    with pytest.raises(ConfigError, match="labels.txt: cannot tell its format from its name"):
-        open_labels(images / "labels.txt")
+    for name, reason in (("nothing.csv", "No such file"), ("broken.parquet", "as PARQUET"),
+                         ("labels.txt", "cannot tell its format")):
+        with pytest.raises(ConfigError, match=reason) as e:
+            open_labels(images / name).list_images()
+        assert e.value.key == "--labels" and str(e.value.value).endswith(name)
     (images / "empty.csv").write_text("path,label\n")
     with pytest.raises(LayoutError, match="empty.csv: no rows"):
         open_labels(images / "empty.csv").list_images()

@@ -68,18 +68,22 @@ def test_copy_gives_an_independent_stage_with_the_same_uid():
     assert values(model.copy()) == values(model) and model.copy().getTopK() == 2
 
 
-@pytest.mark.parametrize("params, message", [
-    (dict(batchSize=0), "ImageClassifier param 'batchSize': batch_size (--batch-size) must be an integer >= 1, got 0"),
-    (dict(workers=None), "ImageClassifier param 'workers': workers (--workers) is required"),
-    (dict(width="wide"), "ImageClassifier param 'width': width (--width) must be a number > 0, got 'wide'"),
-    (dict(imageSize=32), "ImageClassifier param 'imageSize': image_size (--image-size) 32 is too small for alexnet"),
-    (dict(cropArea=[2, 1]), "ImageClassifier param 'cropArea': crop_area (--crop-area) must be two fractions"),
-    (dict(strategy="mirrored"), "ImageClassifier param 'strategy': strategy (--strategy) mirrored runs one worker"),
-])
-def test_a_bad_training_value_names_its_param(params, message):
+@pytest.mark.parametrize("params", [dict(batchSize=0), dict(workers=None), dict(width="wide"), dict(imageSize=32),
+                                    dict(cropArea=[2, 1]), dict(strategy="mirrored")])
+def test_a_bad_training_value_names_its_param(params):
     with pytest.raises(ConfigError) as e:
         ImageClassifier(**{**SMALL, **params}).trainConfig()
-    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    [(param, value)] = params.items()
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == (param, value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_bad_param_is_worded_with_the_param_and_the_setting():
+    """Wording test (Params): the Param, then the setting's own message."""
+    with pytest.raises(ConfigError) as e:
+        ImageClassifier(**{**SMALL, "batchSize": 0}).trainConfig()
+    assert str(e.value) == ("ImageClassifier param 'batchSize': batch_size (--batch-size) must be an integer >= 1, "
+                            "got 0")
 
 
 def test_an_unknown_param_is_named_with_the_closest_one():
@@ -95,22 +99,23 @@ def test_fit_and_transform_refuse_bad_params_before_reading_the_dataframe(tmp_pa
     (none is given here)."""
     paths = dict(datasetPath=str(tmp_path / "shards"), outputPath=str(tmp_path / "run"))
     with pytest.raises(ConfigError, match=r"^ImageClassifier param 'datasetPath' is required \(folder or bucket"):
-        ImageClassifier(**SMALL, outputPath=paths["outputPath"]).fit(None)
-    with pytest.raises(ConfigError, match=r"^ImageClassifier param 'outputPath' is required"):
-        ImageClassifier(**SMALL, datasetPath=paths["datasetPath"]).fit(None)
-    with pytest.raises(ConfigError, match=r"^ImageClassifier param 'valFraction': val_fraction=1.5: must be"):
-        ImageClassifier(**SMALL, **paths, valFraction=1.5).fit(None)
-    with pytest.raises(ConfigError, match=r"^ImageClassifier param 'onCorrupt': on_corrupt='drop': choose one of"):
-        ImageClassifier(**SMALL, **paths, onCorrupt="drop").fit(None)
-    with pytest.raises(ConfigError, match=r"^ImageClassifier param 'jpegQuality': jpeg_quality=80 \(--jpeg-quality\): "
-                                          "only with"):
-        ImageClassifier(**SMALL, **paths, jpegQuality=80).fit(None)
-    with pytest.raises(ConfigError, match=r"^ImageClassifier param 'resize': resize=256 and max_side=320"):
-        ImageClassifier(**SMALL, **paths, resize=256, maxSide=320).fit(None)
-    with pytest.raises(ConfigError, match=r"^ImageClassifierModel param 'outputPath' is required"):
+        ImageClassifier(**SMALL, outputPath=paths["outputPath"]).fit(None)  # wording test (a required Param)
+    for params, key, value in ((dict(datasetPath=paths["datasetPath"]), "outputPath", None),
+                               (dict(**paths, jpegQuality=80), "jpegQuality", 80),
+                               (dict(**paths, resize=256, maxSide=320), "resize", 256)):
+        with pytest.raises(ConfigError) as e:
+            ImageClassifier(**SMALL, **params).fit(None)
+        assert type(e.value) is ConfigError and (e.value.key, e.value.value) == (key, value)
+    for params, key in ((dict(valFraction=1.5), "valFraction"), (dict(onCorrupt="drop"), "onCorrupt")):
+        with pytest.raises(ConfigError) as e:
+            ImageClassifier(**SMALL, **paths, **params).fit(None)
+        assert type(e.value) is ConfigError and e.value.key == key
+    with pytest.raises(ConfigError) as e:
         ImageClassifierModel().transform(None)
-    with pytest.raises(ConfigError, match=r"^ImageClassifierModel param 'topK': top_k=0: give a whole number"):
+    assert e.value.key == "outputPath"
+    with pytest.raises(ConfigError) as e:
         ImageClassifierModel(outputPath=paths["outputPath"], topK=0).transform(None)
+    assert (e.value.key, e.value.value) == ("topK", 0)
     assert not (tmp_path / "shards").exists() and not (tmp_path / "run").exists()
 
 

@@ -81,8 +81,9 @@ def test_register_model_without_output_is_refused_before_spark(tmp_path):
     from spark_imagenet.training.driver.launch import plan_job
 
     bucket = make_bucket(tmp_path / "bucket")
-    with pytest.raises(ConfigError, match="--register-model needs --output"):
+    with pytest.raises(ConfigError, match="needs --output") as e:
         plan_job(str(bucket), TrainConfig(workers=2, register_model="m"))
+    assert (e.value.key, e.value.value) == ("--register-model", "m")
     assert TrainConfig(workers=2, mlflow_experiment="x").tracking.enabled
     assert not TrainConfig(workers=2).tracking.enabled
 

@@ -87,22 +87,23 @@ def test_min_image_size_from_layer_arithmetic():
     assert feature_map_size(227) == 6  # the paper's 6x6x256 = 9216 flatten
     model = build_model("alexnet", 10, 67, 0.25)
     assert model.get_layer("pool5").output_shape[1:3] == (1, 1)
-    with pytest.raises(ConfigError, match=r"--image-size 66 .*at least 67"):
+    with pytest.raises(ConfigError) as e:
         build_model("alexnet", 10, 66, 0.25)
+    assert (e.value.key, e.value.value) == ("image_size", 66)
     keras.backend.clear_session()
 
 
 def test_unknown_model_and_bad_settings():
-    with pytest.raises(ConfigError, match=r"unknown model 'vgg16'.*alexnet"):
-        build_model("vgg16", 10, 224, 1.0)
+    for args, key, value in ((("vgg16", 10, 224, 1.0), "model", "vgg16"), (("alexnet", 10, 224, 0.0), "width", 0.0),
+                             (("alexnet", 0, 224, 1.0), "num_classes", 0)):
+        with pytest.raises(ConfigError) as e:
+            build_model(*args)
+        assert type(e.value) is ConfigError and (e.value.key, e.value.value) == (key, value)
     assert "alexnet" in MODELS
-    with pytest.raises(ConfigError, match="--width"):
-        build_model("alexnet", 10, 224, 0.0)
-    with pytest.raises(ConfigError, match="num_classes"):
-        build_model("alexnet", 0, 224, 1.0)
     model = build_model("alexnet", 10, 67, 0.25)
-    with pytest.raises(ConfigError, match="--learning-rate"):
+    with pytest.raises(ConfigError) as e:
         compile_model(model, 0.0)
+    assert (e.value.key, e.value.value) == ("learning_rate", 0.0)
     keras.backend.clear_session()
 
 
@@ -172,12 +173,12 @@ def test_driver_side_table_matches_the_models():
     assert MODELS["resnet50"].min_image_size == RESNET_MIN == 32
     check_model_settings("alexnet", min_image_size())
     check_model_settings("resnet50", 32)
-    with pytest.raises(ConfigError, match=r"\(--image-size\) 66 is too small for alexnet: .* at least 67 px"):
-        check_model_settings("alexnet", 66)
-    with pytest.raises(ConfigError, match=r"\(--image-size\) 31 is too small for resnet50: .* at least 32 px"):
-        check_model_settings("resnet50", 31)
-    with pytest.raises(ConfigError, match=r"\(--width\) 0.5 does not apply to resnet50"):
-        check_model_settings("resnet50", 224, 0.5)
+    for args, key, value in ((("alexnet", 66), "image_size", 66), (("resnet50", 31), "image_size", 31),
+                             (("resnet50", 224, 0.5), "width", 0.5)):
+        with pytest.raises(ConfigError) as e:
+            check_model_settings(*args)
+        assert type(e.value) is ConfigError and (e.value.key, e.value.value) == (key, value)
+    # wording test (models): the model given, the closest known one and every choice
     with pytest.raises(ConfigError, match=r"\(--model\) 'resnet' is not a known model \(did you mean 'resnet50'\?\); "
                                           r"choose one of: alexnet, resnet50, or give your own builder"):
         check_model_settings("resnet", 224)
@@ -234,12 +235,10 @@ def test_resnet50_logits_at_a_small_size():
 
 
 def test_resnet50_refuses_other_widths_and_small_sizes():
-    with pytest.raises(ConfigError, match=r"--width 0.25 does not apply to resnet50.*leave --width at 1.0"):
-        build_model("resnet50", 10, 224, 0.25)
-    with pytest.raises(ConfigError, match=r"--image-size 31 is too small for resnet50.*at least 32"):
-        build_model("resnet50", 10, 31)
-    with pytest.raises(ConfigError, match="num_classes"):
-        build_model("resnet50", 0, 32)
+    for args, key, value in (((10, 224, 0.25), "width", 0.25), ((10, 31), "image_size", 31), ((0, 32), "num_classes", 0)):
+        with pytest.raises(ConfigError) as e:
+            build_model("resnet50", *args)
+        assert type(e.value) is ConfigError and (e.value.key, e.value.value) == (key, value)
 
 
 # ---------------------------------------------------------------- a user's builder, driver side (no TensorFlow)
@@ -332,8 +331,9 @@ def test_user_builder_check_starts_no_tensorflow_on_the_driver():
 def test_train_config_names_model_for_a_missing_builder():
     from spark_imagenet.training.job.config import TrainConfig
 
-    with pytest.raises(ConfigError, match=r"model \(--model\) 'nosuch\.mod:fn': cannot find module nosuch\.mod"):
+    with pytest.raises(ConfigError, match="cannot find module") as e:
         TrainConfig(model="nosuch.mod:fn", workers=1)
+    assert (e.value.key, e.value.value) == ("model", "nosuch.mod:fn")
 
 
 # ---------------------------------------------------------------- a user's builder, worker side
@@ -356,18 +356,18 @@ def test_user_builder_builds_and_is_checked_in_the_worker():
     ("missing", r"module user_model \(.*user_model\.py\) has no attribute 'missing'"),
 ])
 def test_user_builder_errors_in_the_worker(function, expected):
+    """Wording test (a user's builder): each way a builder fails is said in one line naming --model."""
     name = f"user_model:{function}"
     with pytest.raises(ConfigError, match=rf"^model \(--model\) '{name}'.*{expected}") as info:
         build_model(name, 5, 40, 1.0)
-    assert "\n" not in str(info.value)
+    assert "\n" not in str(info.value) and (info.value.key, info.value.value) == ("model", name)
     keras.backend.clear_session()
 
 
 def test_user_builder_module_missing_in_the_worker():
-    with pytest.raises(ConfigError, match=r"^model \(--model\) 'nosuch_pkg\.models:build': cannot import "
-                                          r"nosuch_pkg\.models in the TensorFlow worker \(ModuleNotFoundError: No "
-                                          r"module named 'nosuch_pkg'; sys\.path: .*--py-files"):
+    with pytest.raises(ConfigError, match="ModuleNotFoundError") as e:
         build_model("nosuch_pkg.models:build", 5, 40)
+    assert (e.value.key, e.value.value) == ("model", "nosuch_pkg.models:build")
 
 
 def test_user_builder_of_keras3_is_refused_in_one_line_that_reaches_the_driver():

@@ -30,10 +30,13 @@ def test_an_output_that_is_a_file_is_named_as_one(tmp_path):
     with pytest.raises(ConfigError) as e:
         open_output(str(file))
     assert str(e.value).startswith(f"--output {file} is a file, not a folder") and "write-test" not in str(e.value)
-    with pytest.raises(ConfigError, match=f"--checkpoint-dir {file}/sub: {file} is a file, not a folder"):
+    assert (e.value.key, e.value.value) == ("--output", str(file))  # the wording test of outputs: above
+    with pytest.raises(ConfigError) as e:
         open_output(str(file / "sub"), "--checkpoint-dir")
-    with pytest.raises(ConfigError, match="is a file, not a folder"):
+    assert (e.value.key, e.value.value) == ("--checkpoint-dir", str(file / "sub")) and f": {file} is" in str(e.value)
+    with pytest.raises(ConfigError, match="is a file, not a folder") as e:
         open_output(f"file://{file}")
+    assert (e.value.key, e.value.value) == ("--output", f"file://{file}")
     # a folder that is not there is tested and removed again, with the parents it needed: the job's first write
     # makes it, so a job refused before that leaves nothing
     storage = open_output(str(tmp_path / "new" / "folder"))

@@ -5,7 +5,6 @@ spark.python.worker.reuse is not needed (spark_imagenet.training.driver.prefligh
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
@@ -47,8 +46,8 @@ def test_dynamic_allocation_is_refused_before_launch(tmp_path):
         jobs = len(sc.statusTracker().getJobIdsForGroup())
         with pytest.raises(ConfigError) as e:
             train(session, str(make_bucket(tmp_path / "b")), TrainConfig(workers=2, cache=tmp_path / "cache"))
-        assert "spark.dynamicAllocation.enabled" in str(e.value) and "SPARK-24942" in str(e.value)
-        assert "false" in str(e.value)
+        assert type(e.value) is ConfigError
+        assert (e.value.key, e.value.value) == ("spark.dynamicAllocation.enabled", "true")
         assert len(sc.statusTracker().getJobIdsForGroup()) == jobs  # nothing launched
     finally:
         session.stop()
@@ -91,23 +90,25 @@ def test_ssl_settings_are_refused_too():
         conf = SparkConf(loadDefaults=False).set(key, " TRUE ")
         with pytest.raises(ConfigError) as e:
             check_encryption(conf.get, 3, False).raise_if_problem()
-        assert f"{key}=true" in str(e.value) and "3 workers" in str(e.value) and "--allow-unencrypted" in str(e.value)
+        assert type(e.value) is ConfigError and (e.value.key, e.value.value) == (key, "true")
     off = SparkConf(loadDefaults=False).set("spark.ssl.enabled", "false").set("spark.network.crypto.enabled", "false")
     assert check_encryption(off.get, 3, False).level == "ok"
     assert set(NETWORK_ENCRYPTION_KEYS) >= {"spark.network.crypto.enabled", "spark.ssl.enabled"}
 
 
 def test_fewer_train_shards_than_workers_is_refused_with_the_numbers_and_the_fix(tmp_path):
+    """Wording test (preflight refusals): the numbers found and both ways out."""
     with pytest.raises(ConfigError) as e:
         check_train_shards(3, 5).raise_if_problem()
     assert "3 train shard(s) but --workers is 5" in str(e.value)
     assert "--train-shards >= 5" in str(e.value) and "--workers <= 3" in str(e.value)
+    assert (e.value.key, e.value.value) == ("--workers", 5)
     assert check_train_shards(5, 5).level == "ok"
     # the same rule on a real manifest, in plan_job (before Spark starts)
     with pytest.raises(ConfigError) as e:
         plan_job(str(make_bucket(tmp_path / "b", train=2)), TrainConfig(workers=3))
-    assert "2 train shard(s) but --workers is 3" in str(e.value)
-    assert "--train-shards >= 3" in str(e.value) and "--workers <= 2" in str(e.value)
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == ("--workers", 3)
+    assert "2 train shard(s)" in str(e.value)
 
 
 class _RecordingConf:
@@ -133,8 +134,9 @@ def test_the_checks_do_not_depend_on_python_worker_reuse(spark):
     for reuse in ("true", "false"):
         conf = SparkConf(loadDefaults=False).set("spark.python.worker.reuse", reuse)
         assert check_encryption(conf.get, 2, False).level == "ok"
-        with pytest.raises(ConfigError, match="spark.ssl.enabled=true"):
+        with pytest.raises(ConfigError) as e:
             check_encryption(conf.set("spark.ssl.enabled", "true").get, 2, False).raise_if_problem()
+        assert e.value.key == "spark.ssl.enabled"
 
 
 def test_available_slots_of_local_2(spark):
@@ -147,7 +149,8 @@ def test_more_workers_than_slots_is_refused_before_launch(spark, tmp_path):
     jobs = len(sc.statusTracker().getJobIdsForGroup())
     with pytest.raises(ConfigError) as e:
         train(spark, str(make_bucket(tmp_path / "b")), TrainConfig(workers=3, cache=tmp_path / "cache"))
-    assert "--workers 3 needs 3 barrier task slots, only 2 available" in str(e.value)
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == ("--workers", 3)
+    assert "only 2 available" in str(e.value)
     assert len(sc.statusTracker().getJobIdsForGroup()) == jobs
     assert not (tmp_path / "cache").exists()
 
@@ -165,10 +168,12 @@ def test_slots_from_master():
 def test_results_path_checks(tmp_path):
     assert check_results_path(None) is None
     assert check_results_path(tmp_path / "r.json").level == "ok"
-    with pytest.raises(ConfigError, match="does not exist or is not writable"):
+    with pytest.raises(ConfigError, match="does not exist or is not writable") as e:
         check_results_path(tmp_path / "no" / "such" / "r.json").raise_if_problem()
-    with pytest.raises(ConfigError, match="is a folder"):
+    assert (e.value.key, e.value.value) == ("--results", tmp_path / "no" / "such" / "r.json")
+    with pytest.raises(ConfigError, match="is a folder") as e:
         check_results_path(tmp_path).raise_if_problem()
+    assert (e.value.key, e.value.value) == ("--results", tmp_path)
 
 
 def test_a_dataset_on_the_drivers_disk_needs_a_local_master_or_a_shared_filesystem():
@@ -178,8 +183,8 @@ def test_a_dataset_on_the_drivers_disk_needs_a_local_master_or_a_shared_filesyst
     for master in ("spark://h:7077", "yarn", "k8s://https://h:6443"):
         with pytest.raises(ConfigError) as e:
             check_dataset_reachable("/data/shards", master, False).raise_if_problem()
-        assert "/data/shards is a path on the driver's disk" in str(e.value) and master in str(e.value)
-        assert "--shared-filesystem" in str(e.value) and "gs://" in str(e.value)
+        assert type(e.value) is ConfigError and (e.value.key, e.value.value) == ("url", "/data/shards")
+        assert master in str(e.value)
 
 
 def test_spark_time_settings_are_read_in_seconds():
@@ -193,18 +198,20 @@ def test_the_wait_for_executors_follows_sparks_own_wait_and_is_at_least_a_minute
     assert executor_wait_seconds({}) == 60
     assert executor_wait_seconds({"spark.scheduler.maxRegisteredResourcesWaitingTime": "900s"}) == 900
     assert executor_wait_seconds({"spark.scheduler.maxRegisteredResourcesWaitingTime": "10s"}) == 60
-    with pytest.raises(ConfigError, match="spark.scheduler.maxRegisteredResourcesWaitingTime: '10 parsecs'"):
+    with pytest.raises(ConfigError) as e:
         executor_wait_seconds({"spark.scheduler.maxRegisteredResourcesWaitingTime": "10 parsecs"})
+    assert (e.value.key, e.value.value) == ("spark.scheduler.maxRegisteredResourcesWaitingTime", "10 parsecs")
 
 
 def test_a_local_output_for_a_cluster_master_is_refused_unless_every_host_mounts_it():
+    """Wording test (a path the executors cannot reach): the option, the path and both ways out."""
     from spark_imagenet.training.driver.preflight import check_output_reachable
 
     with pytest.raises(ConfigError) as e:
         check_output_reachable("/data/runs/one", "spark://m:7077", False).raise_if_problem()
     assert "--output /data/runs/one is a path on the driver's disk" in str(e.value)
     assert "--output URL, URL one of gs://BUCKET/PREFIX, s3://BUCKET/PREFIX" in str(e.value)
-    assert "--shared-filesystem" in str(e.value)
+    assert "--shared-filesystem" in str(e.value) and (e.value.key, e.value.value) == ("--output", "/data/runs/one")
     assert check_output_reachable("/data/runs/one", "spark://m:7077", True).level == "ok"
     assert check_output_reachable("/data/runs/one", "local-cluster[2,1,1024]", False).level == "ok"  # this machine
     assert check_output_reachable("gs://b/runs/one", "yarn", False).level == "ok"
@@ -214,15 +221,16 @@ def test_a_local_output_for_a_cluster_master_is_refused_unless_every_host_mounts
 def test_the_dataset_folder_as_output_or_checkpoint_dir_is_refused_before_spark(tmp_path):
     bucket = make_bucket(tmp_path / "bucket")
     for option, settings in (("--output", {"output": f"{bucket}/"}), ("--checkpoint-dir", {"checkpoint_dir": str(bucket)})):
-        with pytest.raises(ConfigError, match=rf"{option} {bucket} is the dataset's own folder: give a folder of "
-                           rf"its own for the run's files, e.g. {bucket}-runs/1"):
+        with pytest.raises(ConfigError) as e:
             plan_job(str(bucket), TrainConfig(workers=2, **settings))
+        assert type(e.value) is ConfigError and (e.value.key, e.value.value) == (option, str(bucket))
     assert not (bucket / "results.json").exists() and not (bucket / "checkpoints").exists()
     plan_job(str(bucket), TrainConfig(workers=2, output=str(bucket / "runs" / "1")))  # a folder inside it is its own
     (tmp_path / "link").symlink_to(bucket)
     for other in (f"{bucket}/../{bucket.name}", str(tmp_path / "link")):  # the same folder by another path
-        with pytest.raises(ConfigError, match="is the dataset's own folder"):
+        with pytest.raises(ConfigError) as e:
             plan_job(str(bucket), TrainConfig(workers=2, output=other))
+        assert e.value.key == "--output"
 
 
 def test_min_workers_that_no_relaunch_can_use_is_said_before_spark(tmp_path, caplog):
@@ -246,18 +254,18 @@ def test_the_master_url_alone_refuses_more_workers_than_its_slots(master, worker
     URL, so `train --workers 4 --master 'local[2]'` is refused before a JVM starts."""
     from spark_imagenet.training.driver.preflight import check_slots_of_master_url
 
-    with pytest.raises(ConfigError, match=rf"--workers {workers} needs {workers} barrier task slots, only {slots} "
-                                          rf"available \(master {re.escape(master)}; from the master URL"):
+    with pytest.raises(ConfigError, match=rf"only {slots} available") as e:
         check_slots_of_master_url(master, workers, {}).raise_if_problem()
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == ("--workers", workers)
     assert check_slots_of_master_url(master, slots, {}).level == "ok"  # as many as it has: passes
     assert check_slots_of_master_url("spark://h:7077", 99, {}) is None  # a cluster's slots: counted once it runs
 
 
 @pytest.mark.parametrize("master", ["local[x]", "local[2", "local[]", "local[2,]", "local-cluster[2,1]"])
 def test_a_master_spark_cannot_parse_is_refused_before_spark(master):
-    with pytest.raises(ConfigError, match=rf"master \(--master\) '{re.escape(master)}' is not a Spark master URL: "
-                                          r"use local, local\[N\], local\[\*\], local\[N,F\]"):
+    with pytest.raises(ConfigError) as e:
         TrainConfig(workers=1, master=master)
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == ("master", master)
 
 
 def test_train_refuses_more_workers_than_local_slots_at_once(capsys):

@@ -99,9 +99,10 @@ def test_which_masters_run_on_this_host_and_which_in_the_drivers_jvm():
 
 def test_yarn_without_its_configuration_is_refused_before_a_jvm_starts(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^--master yarn: set HADOOP_CONF_DIR to the folder with the cluster's "):
-        check_yarn_conf("yarn", {}).raise_if_problem()
-    with pytest.raises(ConfigError, match=f"^--master yarn: no yarn-site.xml in {tmp_path} \\(YARN_CONF_DIR\\)"):
+        check_yarn_conf("yarn", {}).raise_if_problem()  # wording test (YARN's configuration)
+    with pytest.raises(ConfigError) as e:
         check_yarn_conf(" yarn ", {"YARN_CONF_DIR": str(tmp_path)}).raise_if_problem()
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == ("YARN_CONF_DIR", str(tmp_path))
     (tmp_path / "yarn-site.xml").write_text("<configuration/>")
     assert check_yarn_conf("yarn", {"HADOOP_CONF_DIR": str(tmp_path)}).level == "ok"
     assert check_yarn_conf("local[2]", {}) is None
@@ -109,8 +110,9 @@ def test_yarn_without_its_configuration_is_refused_before_a_jvm_starts(tmp_path,
     monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
     monkeypatch.delenv("YARN_CONF_DIR", raising=False)
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
-    with pytest.raises(ConfigError, match="HADOOP_CONF_DIR"):  # what train and doctor call, before check_java
+    with pytest.raises(ConfigError) as e:  # what train and doctor call, before check_java
         session_for("yarn", 1)
+    assert e.value.key == "HADOOP_CONF_DIR"
 
 
 def test_more_workers_than_cores_without_a_master_is_named():
@@ -129,8 +131,9 @@ def test_an_unreachable_connect_server_is_named_at_once():
     with socket.socket() as s:  # a port nothing listens on: bound, never listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        with pytest.raises(ConfigError, match=rf"cannot reach the Spark Connect server at sc://127.0.0.1:{port}"):
+        with pytest.raises(ConfigError, match="cannot reach the Spark Connect server") as e:
             check_connect_reachable(f"sc://127.0.0.1:{port}", timeout_s=5)
+        assert (e.value.key, e.value.value) == ("--master", f"sc://127.0.0.1:{port}")
     with pytest.raises(ConfigError, match="not a Spark Connect URL"):
         check_connect_reachable("sc:///;token=x")
     with socket.socket() as s:

@@ -63,24 +63,29 @@ def test_file_urls_open_the_local_folder(tmp_path, prefix):
 
 
 def test_file_url_with_a_host_is_refused():
-    with pytest.raises(StorageError, match=r"file:// URL with a host is not supported: 'file://server/data'; "
-                                           r"use file:///absolute/path"):
+    """Wording test (bucket URLs): the URL, what is wrong with it and what to write."""
+    with pytest.raises(StorageError, match=r"^file:// URL with a host is not supported: 'file://server/data'; "
+                                           r"use file:///absolute/path$") as e:
         open_storage("file://server/data")
+    assert type(e.value) is StorageError and (e.value.key, e.value.value) == ("url", "file://server/data")
 
 
-@pytest.mark.parametrize("url, message", [
-    ("", r"empty bucket URL: give a local path \(or file:///PATH\), gs://BUCKET/PREFIX, s3://"),
-    ("ftp://bucket/ds", r"ftp://bucket/ds: unknown URL scheme .ftp.; give a local path"),
-    ("https://storage.googleapis.com/b/o", r"unknown URL scheme 'https'"),
-    ("gs:///ds", r"gs:///ds: no bucket name; write gs://BUCKET/PREFIX"),
-    ("gs://", r"no bucket name"),
-    ("gs://bucket/ds?generation=3", r"gs://bucket/ds\?generation=3: '\?' and '#' are not allowed in a gs:// URL"),
-    ("gs://bucket/ds#x", r"'\?' and '#' are not allowed"),
-    ("gs://bucket/ds?", r"'\?' and '#' are not allowed"),  # an empty query is not silently dropped either
+@pytest.mark.parametrize("url, reason", [
+    ("", "empty bucket URL"),
+    ("ftp://bucket/ds", "unknown URL scheme 'ftp'"),
+    ("https://storage.googleapis.com/b/o", "unknown URL scheme 'https'"),
+    ("gs:///ds", "no bucket name"),
+    ("gs://", "no bucket name"),
+    ("gs://bucket/ds?generation=3", "are not allowed"),
+    ("gs://bucket/ds#x", "are not allowed"),
+    ("gs://bucket/ds?", "are not allowed"),  # an empty query is not silently dropped either
 ])
-def test_bad_urls_are_refused_with_the_reason(url, message):
-    with pytest.raises(StorageError, match=message):
+def test_bad_urls_are_refused_with_the_reason(url, reason, monkeypatch):
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    with pytest.raises(StorageError) as e:
         open_storage(url)
+    assert type(e.value) is StorageError and (e.value.key, e.value.value) == ("url", url)
+    assert reason in str(e.value)
 
 
 def test_gs_url_is_parsed_without_contacting_anything(monkeypatch):

@@ -284,6 +284,6 @@ def test_an_output_that_cannot_be_written_is_refused_before_spark(bucket, tmp_pa
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    with pytest.raises(ConfigError, match=rf"--output {re.escape(str(blocker / 'run'))}: {re.escape(str(blocker))} "
-                                          r"is a file, not a folder"):
+    with pytest.raises(ConfigError, match="is a file, not a folder") as e:
         plan_job(str(bucket / "bucket"), TrainConfig(workers=2, output=str(blocker / "run"), **SMALL))
+    assert (e.value.key, e.value.value) == ("--output", str(blocker / "run"))

@@ -116,7 +116,7 @@ def _size(value: object, name: str, example: str) -> int:
     typical use of its option."""
     if isinstance(value, bool) or not isinstance(value, int) or not MIN_SIZE <= value <= MAX_SIZE:
         raise ConfigError(f"{name}={value!r} (--{name.replace('_', '-')}): give the size in pixels as a whole number "
-                          f"from {MIN_SIZE} to {MAX_SIZE} (e.g. {example})")
+                          f"from {MIN_SIZE} to {MAX_SIZE} (e.g. {example})", key=name, value=value)
     return value
 
 
@@ -140,15 +140,17 @@ def image_form(resize: int | None = None, max_side: int | None = None,
     """
     if resize is not None and max_side is not None:
         raise ConfigError(f"resize={resize} and max_side={max_side} (--resize, --max-side): give one of the two "
-                          "(--resize N: N x N, the paper's form; --max-side N: the aspect ratio kept)")
+                          "(--resize N: N x N, the paper's form; --max-side N: the aspect ratio kept)",
+                          key="resize", value=resize)
     if jpeg_quality is not None and (isinstance(jpeg_quality, bool) or not isinstance(jpeg_quality, int)
                                      or not 1 <= jpeg_quality <= 100):
         raise ConfigError(f"jpeg_quality={jpeg_quality!r} (--jpeg-quality): give a JPEG quality from 1 to 100 "
-                          f"(default {DEFAULT_JPEG_QUALITY})")
+                          f"(default {DEFAULT_JPEG_QUALITY})", key="jpeg_quality", value=jpeg_quality)
     if resize is None and max_side is None:
         if jpeg_quality is not None:
             raise ConfigError(f"jpeg_quality={jpeg_quality} (--jpeg-quality): only with --resize N or --max-side N "
-                              "(without them the images are stored as they are, not re-encoded)")
+                              "(without them the images are stored as they are, not re-encoded)",
+                              key="jpeg_quality", value=jpeg_quality)
         return ORIGINAL
     quality = DEFAULT_JPEG_QUALITY if jpeg_quality is None else jpeg_quality
     if resize is not None:

@@ -131,7 +131,7 @@ def plan_shards(
         if not 1 <= count <= len(images):
             raise ConfigError(
                 f"{option} {count}: must be between 1 and the number of {split} images ({len(images)}), "
-                "so that no shard is empty"
+                "so that no shard is empty", key=option, value=count
             )
         plan[split] = _deal(images, count)
     return plan
@@ -299,11 +299,13 @@ class _Options:
             ConfigError: names the option and what to give.
         """
         if self.verify not in VERIFY_MODES:
-            raise ConfigError(f"--verify {self.verify!r}: choose one of {', '.join(VERIFY_MODES)}")
+            raise ConfigError(f"--verify {self.verify!r}: choose one of {', '.join(VERIFY_MODES)}",
+                              key="--verify", value=self.verify)
         if self.on_corrupt not in ON_CORRUPT_MODES:
-            raise ConfigError(f"--on-corrupt {self.on_corrupt!r}: choose one of {', '.join(ON_CORRUPT_MODES)}")
+            raise ConfigError(f"--on-corrupt {self.on_corrupt!r}: choose one of {', '.join(ON_CORRUPT_MODES)}",
+                              key="--on-corrupt", value=self.on_corrupt)
         if self.processes is not None and self.processes < 1:
-            raise ConfigError(f"processes={self.processes}: must be at least 1")
+            raise ConfigError(f"processes={self.processes}: must be at least 1", key="processes", value=self.processes)
         check_transfers(self.transfers)
         check_max_pixels(self.max_pixels)
 

@@ -56,14 +56,15 @@ def check_table_path(table: str, fmt: str | None, columns: Sequence[str] = ()) -
     if fmt is None:
         if not parsed.scheme and ("/" in table or table.startswith("~")):
             raise ConfigError(f"--table {table} is a path, not a table name: give its --format (binaryFile for a "
-                              "folder of class folders of images, parquet or delta for a table's files)")
+                              "folder of class folders of images, parquet or delta for a table's files)",
+                              key="--table", value=table)
         return
     if fmt not in FORMATS or parsed.scheme not in ("", "file"):
         return
     path = Path(parsed.path if parsed.scheme else table)
     if not path.exists():
         raise ConfigError(f"--table {table}: no such file or folder (give a local path that exists, or a URL "
-                          "the executors read)")
+                          "the executors read)", key="--table", value=table)
     if fmt == "binaryFile" and path.is_dir():
         _check_class_folders(table, path)
     if fmt == "parquet":
@@ -95,7 +96,7 @@ def _check_parquet(table: str, path: Path, columns: Sequence[str]) -> None:
         images = sum(_images_in(p) for p in [path, *path.rglob("*")] if p.is_dir())
         raise ConfigError(f"--table {table}: no .parquet files in this folder"
                           + (f" (it holds {images} image file(s): --format binaryFile reads a folder of class "
-                             "folders)" if images else ""))
+                             "folders)" if images else ""), key="--table", value=table)
     if not columns:
         return
     import pyarrow.dataset as ds
@@ -108,7 +109,7 @@ def _check_parquet(table: str, path: Path, columns: Sequence[str]) -> None:
     if missing:
         raise ConfigError(f"--table {table}: no column {', '.join(missing)} in its Parquet files (they have "
                           f"{', '.join(names)}); name the columns with --image-column / --label-column / "
-                          "--split-column / --name-column")
+                          "--split-column / --name-column", key="--table", value=table)
 
 
 def check_table_version(version: int | None, fmt: str | None) -> None:
@@ -141,7 +142,8 @@ def read_table(spark: Any, table: str, fmt: str | None = None, version: int | No
             reason, and what to check).
     """
     if fmt is not None and fmt not in FORMATS:
-        raise ConfigError(f"--format {fmt}: choose one of {', '.join(FORMATS)} (or no --format for a table name)")
+        raise ConfigError(f"--format {fmt}: choose one of {', '.join(FORMATS)} (or no --format for a table name)",
+                          key="--format", value=fmt)
     check_table_version(version, fmt)
     try:
         if fmt is None:

@@ -141,7 +141,7 @@ def check_destination(storage: Storage, dataset_id: str, overwrite: bool, option
             if not overwrite:
                 raise ConfigError(
                     f"{option} {storage.url} holds an unreadable {MANIFEST_NAME}; choose another {option} "
-                    "or pass --overwrite"
+                    "or pass --overwrite", key=option, value=storage.url
                 ) from None
             return Destination(None, generation, objects, replaced="(unreadable manifest)")
         if existing.dataset_id == dataset_id:
@@ -155,7 +155,8 @@ def check_destination(storage: Storage, dataset_id: str, overwrite: bool, option
                 f"{option} {storage.url} already holds a different dataset (id {existing.dataset_id}, "
                 f"{existing.num_classes} classes, {existing.splits['train'].examples} train images stored as "
                 f"'{existing.image_form.label}', built "
-                f"{existing.created}); choose another {option}, or pass --overwrite to replace it"
+                f"{existing.created}); choose another {option}, or pass --overwrite to replace it",
+                key=option, value=storage.url
             )
         return Destination(None, generation, objects, replaced=existing.dataset_id)
     # quality-report.json: a build that failed between writing it and the manifest commit leaves it.
@@ -164,7 +165,7 @@ def check_destination(storage: Storage, dataset_id: str, overwrite: bool, option
     if foreign and not overwrite:
         raise ConfigError(
             f"{option} {storage.url} is not empty and holds no {MANIFEST_NAME} (e.g. {foreign[0]}); "
-            "choose an empty or new folder, or pass --overwrite"
+            "choose an empty or new folder, or pass --overwrite", key=option, value=storage.url
         )
     return Destination(None, 0, objects)
 
@@ -345,10 +346,11 @@ def upload(source: str | os.PathLike, dest: str | os.PathLike, *, transfers: int
     check_transfers(transfers)
     src = open_storage(source)
     if not isinstance(src, LocalStorage):
-        raise ConfigError(f"upload SOURCE {src.url}: must be a local folder (the --out of `spark-imagenet shard`)")
+        raise ConfigError(f"upload SOURCE {src.url}: must be a local folder (the --out of `spark-imagenet shard`)",
+                          key="SOURCE", value=source)
     dst = open_storage(dest)
     if isinstance(dst, LocalStorage) and dst.root == src.root:
-        raise ConfigError(f"upload: SOURCE and DEST are the same folder ({src.url})")
+        raise ConfigError(f"upload: SOURCE and DEST are the same folder ({src.url})", key="DEST", value=dest)
     manifest = Manifest.load(src)
     shards = [s for split in manifest.splits.values() for s in split.shards]
     bad = [problem for s in shards if (problem := _shard_problem(src, src.stat(s.name), s, read=True))]

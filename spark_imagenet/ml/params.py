@@ -176,7 +176,7 @@ class ParamTable:
             value = instance.getOrDefault(param) if instance.isDefined(param) else None
             if value is None and spec.required:
                 raise ConfigError(f"{self.owner} param {spec.name!r} is required ({spec.doc}): set it, e.g. "
-                                  f"{self.owner}({spec.name}=...)")
+                                  f"{self.owner}({spec.name}=...)", key=spec.name)
             values[spec.target] = value
         return values
 
@@ -205,9 +205,9 @@ class ParamTable:
     def named(self, error: ConfigError, group: str) -> ConfigError:
         """``error`` with its Param named (see :meth:`naming`), or ``error`` itself when no Param fits."""
         targets = {spec.target: spec.name for spec in self.groups[group]}
-        key = getattr(error, "key", None) or str(error).partition("=")[0]
+        key = error.key or str(error).partition("=")[0]
         if key in targets:
-            return ConfigError(f"{self.owner} param {targets[key]!r}: {error}")
+            return ConfigError(f"{self.owner} param {targets[key]!r}: {error}", key=targets[key], value=error.value)
         options = {spec.option: spec.name for spec in self.groups[group] if spec.option}
         named = [f"{option} is {options[option]!r}" for option in dict.fromkeys(_OPTION.findall(str(error)))
                  if option in options]

@@ -79,7 +79,8 @@ def _no_val_fraction(path: str | os.PathLike, val_fraction: float | None) -> Non
     """Refuse ``--val-fraction`` for the Kaggle download (:class:`ConfigError`)."""
     if val_fraction is not None:
         raise ConfigError(f"--val-fraction {val_fraction}: {path} is the Kaggle ImageNet download, whose "
-                          "validation set is its own (LOC_val_solution.csv); leave --val-fraction out")
+                          "validation set is its own (LOC_val_solution.csv); leave --val-fraction out",
+                          key="--val-fraction", value=val_fraction)
 
 
 def open_labels(path: str | os.PathLike, *, path_column: str | None = None, label_column: str = "label",

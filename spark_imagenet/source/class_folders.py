@@ -173,7 +173,8 @@ class ClassFolderSource(ImageSource):
             raise LayoutError(f"{path} is not a class-folder tree. " + not_a_class_tree(path))
         if tree.val is not None and val_fraction is not None:
             raise ConfigError(f"--val-fraction {val_fraction}: {tree.val} holds this tree's validation images; "
-                              "leave --val-fraction out (or move val/ away to draw them from train/)")
+                              "leave --val-fraction out (or move val/ away to draw them from train/)",
+                              key="--val-fraction", value=val_fraction)
         return cls(str(path), tree, val_fraction)
 
     def list_images(self, *, num_classes: int | None = None, class_list: str | os.PathLike | None = None,

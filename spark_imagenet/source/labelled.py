@@ -77,7 +77,7 @@ def check_val_fraction(val_fraction: float | None) -> None:
     """
     if val_fraction is not None and not 0 < val_fraction < 1:
         raise ConfigError(f"--val-fraction {val_fraction}: must be between 0 and 1 (e.g. 0.1 for 10% of each "
-                          "class's images)")
+                          "class's images)", key="--val-fraction", value=val_fraction)
 
 
 def split_by_fraction(entries: Sequence[Entry], fraction: float, seed: int) -> list[Entry]:
@@ -161,13 +161,14 @@ def _choose(classes: tuple[SynsetClass, ...], sel: Selection) -> tuple[SynsetCla
     if sel.class_list is not None:
         raise ConfigError("--class-list names WordNet ids of the Kaggle layout; for a class-folder tree or a "
                           "labels file, choose the classes with --classes K (the first K in sorted order) or "
-                          "leave the others out of the source")
+                          "leave the others out of the source", key="--class-list", value=sel.class_list)
     if sel.per_class is not None and sel.per_class < 1:
-        raise ConfigError(f"--per-class {sel.per_class}: must be at least 1")
+        raise ConfigError(f"--per-class {sel.per_class}: must be at least 1", key="--per-class", value=sel.per_class)
     if sel.num_classes is None:
         return classes
     if not 1 <= sel.num_classes <= len(classes):
-        raise ConfigError(f"--classes {sel.num_classes}: must be between 1 and {len(classes)} (the classes found)")
+        raise ConfigError(f"--classes {sel.num_classes}: must be between 1 and {len(classes)} (the classes found)",
+                          key="--classes", value=sel.num_classes)
     return classes[:sel.num_classes]
 
 

@@ -69,7 +69,7 @@ def _format(location: str) -> str:
     fmt = FORMATS.get(os.path.splitext(name)[1].lower())
     if fmt is None:
         raise ConfigError(f"--labels {location}: cannot tell its format from its name; name it .csv, .tsv, "
-                          ".jsonl or .parquet")
+                          ".jsonl or .parquet", key="--labels", value=location)
     return fmt
 
 
@@ -86,9 +86,10 @@ def _read_bytes(location: str) -> bytes:
         with open(_local(location), "rb") as f:
             return f.read()
     except OSError as e:
-        raise ConfigError(f"--labels {location}: cannot read it ({e.strerror or e})") from None
+        raise ConfigError(f"--labels {location}: cannot read it ({e.strerror or e})",
+                          key="--labels", value=location) from None
     except SparkImagenetError as e:
-        raise ConfigError(f"--labels {location}: cannot read it ({e})") from None
+        raise ConfigError(f"--labels {location}: cannot read it ({e})", key="--labels", value=location) from None
 
 
 def read_table(location: str) -> Any:
@@ -114,7 +115,8 @@ def read_table(location: str) -> Any:
     except (pa.ArrowException, OSError, ValueError) as e:
         hint = (" (a column holds numbers in some rows and strings in others: make each column one type)"
                 if "changed from" in str(e) else "")
-        raise ConfigError(f"--labels {location}: cannot read it as {fmt.upper()} ({e}){hint}") from None
+        raise ConfigError(f"--labels {location}: cannot read it as {fmt.upper()} ({e}){hint}",
+                          key="--labels", value=location) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,17 +139,17 @@ class Columns:
         Raises:
             ConfigError: a needed column is missing (the columns found named, and the option to set).
         """
-        def missing(what: str, option: str) -> ConfigError:
+        def missing(what: str, option: str, column: str | None) -> ConfigError:
             return ConfigError(f"--labels {location}: no {what} column; the columns are {', '.join(found) or '(none)'}. "
-                               f"Name the right one with {option}")
+                               f"Name the right one with {option}", key=option, value=column)
 
         path = self.path or next((c for c in ("path", "url") if c in found), None)
         if path is None or path not in found:
-            raise missing(f"{self.path!r}" if self.path else "'path' (or 'url')", "--path-column")
+            raise missing(f"{self.path!r}" if self.path else "'path' (or 'url')", "--path-column", self.path)
         if self.label not in found:
-            raise missing(repr(self.label), "--label-column")
+            raise missing(repr(self.label), "--label-column", self.label)
         if self.split is not None and self.split not in found:
-            raise missing(repr(self.split), "--split-column")
+            raise missing(repr(self.split), "--split-column", self.split)
         return path, self.label, self.split or ("split" if "split" in found else None)
 
 
@@ -354,7 +356,8 @@ class LabelsFileSource(ImageSource):
         path_col, label_col, split_col = self.columns.resolve(table.column_names, self.path)
         if split_col is not None and self.val_fraction is not None:
             raise ConfigError(f"--val-fraction {self.val_fraction}: {self.path} has a split column ({split_col!r}); "
-                              "leave --val-fraction out, or drop the column")
+                              "leave --val-fraction out, or drop the column",
+                              key="--val-fraction", value=self.val_fraction)
         if table.num_rows == 0:
             raise LayoutError(f"{self.path}: no rows (no images listed)")
         labels, classes = _labels(table, label_col, self.path, fmt)

@@ -273,7 +273,7 @@ def select_images(
         ConfigError: a bad ``--classes``/``--class-list``/``--per-class``.
     """
     if per_class is not None and per_class < 1:
-        raise ConfigError(f"--per-class {per_class}: must be at least 1")
+        raise ConfigError(f"--per-class {per_class}: must be at least 1", key="--per-class", value=per_class)
     all_classes = tree.read_mapping()
     wnids = read_class_list(class_list) if class_list is not None else None
     classes = select_classes(all_classes, num_classes, wnids)

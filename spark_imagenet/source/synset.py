@@ -109,17 +109,19 @@ def read_class_list(path: str | os.PathLike) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"--class-list {path}: cannot read it ({e.strerror or e})") from None
+        raise ConfigError(f"--class-list {path}: cannot read it ({e.strerror or e})",
+                          key="--class-list", value=path) from None
     wnids: list[str] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         for tok in re.split(r"[\s,]+", line.split("#", 1)[0].strip()):
             if not tok:
                 continue
             if not WNID_RE.match(tok):
-                raise ConfigError(f"--class-list {path}:{lineno}: {tok!r} is not a wnid like n01440764")
+                raise ConfigError(f"--class-list {path}:{lineno}: {tok!r} is not a wnid like n01440764",
+                                  key="--class-list", value=path)
             wnids.append(tok)
     if not wnids:
-        raise ConfigError(f"--class-list {path} holds no wnids")
+        raise ConfigError(f"--class-list {path} holds no wnids", key="--class-list", value=path)
     return wnids
 
 
@@ -146,11 +148,13 @@ def select_classes(
             or a wnid that is not in the mapping (all unknown ones listed).
     """
     if num_classes is not None and wnids is not None:
-        raise ConfigError("--classes and --class-list are exclusive: give one of them")
+        raise ConfigError("--classes and --class-list are exclusive: give one of them", key="--class-list",
+                          value=wnids)
     chosen: list[SynsetClass]
     if num_classes is not None:
         if not 1 <= num_classes <= len(classes):
-            raise ConfigError(f"--classes {num_classes}: must be between 1 and {len(classes)} (the classes in the mapping)")
+            raise ConfigError(f"--classes {num_classes}: must be between 1 and {len(classes)} (the classes in the mapping)",
+                              key="--classes", value=num_classes)
         chosen = list(classes[:num_classes])
     elif wnids is not None:
         wanted = list(dict.fromkeys(wnids))
@@ -159,7 +163,7 @@ def select_classes(
         if unknown:
             raise ConfigError(
                 f"--class-list: {len(unknown)} wnid(s) not in LOC_synset_mapping.txt: {', '.join(unknown[:10])}"
-                + (" ..." if len(unknown) > 10 else "")
+                + (" ..." if len(unknown) > 10 else ""), key="--class-list", value=unknown
             )
         wanted_set = set(wanted)
         chosen = [c for c in classes if c.wnid in wanted_set]

@@ -199,17 +199,19 @@ def open_storage(url: str | os.PathLike, **options: Any) -> Storage:
     """
     text = os.fspath(url)
     if not text:
-        raise StorageError(f"empty bucket URL: give {url_forms()}")
+        raise StorageError(f"empty bucket URL: give {url_forms()}", key="url", value=text)
     parsed = urlparse(text)
     scheme = parsed.scheme.lower()
     if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
         return LocalStorage(text)
     if scheme == "file":
         if parsed.netloc not in ("", "localhost"):
-            raise StorageError(f"file:// URL with a host is not supported: {text!r}; use file:///absolute/path")
+            raise StorageError(f"file:// URL with a host is not supported: {text!r}; use file:///absolute/path",
+                               key="url", value=text)
         return LocalStorage(unquote(parsed.path))
     if scheme in _KIND_OF:
         cls = _store_class(text, _KIND_OF[scheme])
         return cls(text, **{k: v for k, v in options.items() if v is not None})
     also = ", ".join(f"{other}://" for kind in STORES for other in kind.schemes[1:])
-    raise StorageError(f"{text}: unknown URL scheme {scheme!r}; give {url_forms()} (also {also})")
+    raise StorageError(f"{text}: unknown URL scheme {scheme!r}; give {url_forms()} (also {also})",
+                       key="url", value=text)

@@ -149,7 +149,7 @@ class AzureStorage(RemoteStorage):
         self.container = container
         self.account = host.split(".", 1)[0] if at else None
         if at and not self.account or not container:
-            raise StorageError(f"{url}: no container or account; write {example}")
+            raise StorageError(f"{url}: no container or account; write {example}", key="url", value=url)
         if self.account is None:
             conn = os.environ.get(CONNECTION_STRING_ENV)
             self.account = (_connection_account(conn) if conn else None) or os.environ.get(ACCOUNT_ENV)

@@ -93,7 +93,7 @@ def check_transfers(transfers: int, option: str = "--transfers") -> int:
         ConfigError: ``transfers`` is not an integer >= 1 (names ``option``).
     """
     if isinstance(transfers, bool) or not isinstance(transfers, int) or transfers < 1:
-        raise ConfigError(f"{option} {transfers}: must be at least 1")
+        raise ConfigError(f"{option} {transfers}: must be at least 1", key=option, value=transfers)
     return transfers
 
 

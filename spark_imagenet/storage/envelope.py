@@ -50,8 +50,8 @@ class Envelope:
     error: type[SparkImagenetError] = ConfigError
     remedy: str = ""
 
-    def _fail(self, where: str, problem: str) -> SparkImagenetError:
-        return self.error(f"{where}: {problem}" + (f"; {self.remedy}" if self.remedy else ""))
+    def _fail(self, where: str, problem: str, **about: Any) -> SparkImagenetError:
+        return self.error(f"{where}: {problem}" + (f"; {self.remedy}" if self.remedy else ""), **about)
 
     def to_json(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The document of ``body``: ``{"format", "format_version", **body}``.
@@ -71,11 +71,13 @@ class Envelope:
                 ``version``; the message names ``where`` and the version this code reads.
         """
         if not isinstance(data, dict) or data.get(FORMAT_KEY) != self.format:
-            raise self._fail(where, f"not a {self.title} (expected \"{FORMAT_KEY}\": \"{self.format}\")")
+            raise self._fail(where, f"not a {self.title} (expected \"{FORMAT_KEY}\": \"{self.format}\")",
+                             key=FORMAT_KEY, value=data.get(FORMAT_KEY) if isinstance(data, dict) else data)
         version = data.get(VERSION_KEY)
         if isinstance(version, bool) or version != self.version:
             raise self._fail(where, f"{VERSION_KEY} {version!r} is not supported by this version of spark-imagenet "
-                                    f"(which reads {self.version}); use the version of spark-imagenet that wrote it")
+                                    f"(which reads {self.version}); use the version of spark-imagenet that wrote it",
+                             key=VERSION_KEY, value=version)
         return version
 
     def from_json(self, data: Any, where: str) -> dict[str, Any]:
@@ -115,7 +117,8 @@ class Envelope:
                    and f.default_factory is dataclasses.MISSING]
         if unknown or missing:
             raise self._fail(where, "; ".join(([f"unknown key(s) {', '.join(unknown)}"] if unknown else [])
-                                              + ([f"missing key(s) {', '.join(missing)}"] if missing else [])))
+                                              + ([f"missing key(s) {', '.join(missing)}"] if missing else [])),
+                             key=(unknown or missing)[0])
         return body
 
     def dumps(self, body: Mapping[str, Any], *, indent: int | None = 2) -> str:

@@ -131,7 +131,8 @@ class HDFSStorage(RemoteStorage):
         self.host = host
         if scheme == "webhdfs":
             if not port.isdigit():
-                raise StorageError(f"{url}: a webhdfs:// URL needs the NameNode's HTTP port: webhdfs://HOST:PORT/PATH")
+                raise StorageError(f"{url}: a webhdfs:// URL needs the NameNode's HTTP port: webhdfs://HOST:PORT/PATH",
+                                   key="url", value=url)
             self.http_port = int(port)
         else:
             self.http_port = int(webhdfs_port or webhdfs_port_from_conf(host) or DEFAULT_WEBHDFS_PORT)

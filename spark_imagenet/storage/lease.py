@@ -152,7 +152,8 @@ def acquire(storage: Storage, lease: Lease, option: str, *, wait_s: float | None
             raise ConfigError(f"{option} {storage.url} is in use by {held.holder()}, renewed {now - held.renewed:.0f} s "
                               "ago: two runs in one folder would mix their files. Wait for that run to end, or give "
                               f"another {option}; a lease not renewed for {held.timeout_s:.0f} s is taken over (a "
-                              f"run that was killed: delete {storage.where(LEASE_NAME)} to take it at once)")
+                              f"run that was killed: delete {storage.where(LEASE_NAME)} to take it at once)",
+                              key=option, value=storage.url)
         if deadline is None:
             deadline = now + (held.timeout_s + 10.0 if wait_s is None else wait_s)
             logger.info(f"{option} {storage.url}: waiting for the lease of an earlier attempt of this application "
@@ -160,7 +161,7 @@ def acquire(storage: Storage, lease: Lease, option: str, *, wait_s: float | None
         if now > deadline:
             raise ConfigError(f"{option} {storage.url}: the lease of {held.holder()} is still renewed after "
                               f"waiting {now - deadline + (held.timeout_s + 10.0):.0f} s; an earlier attempt of this "
-                              "application is still running")
+                              "application is still running", key=option, value=storage.url)
         time.sleep(min(5.0, held.timeout_s / RENEWALS_PER_TIMEOUT))
 
 

@@ -109,10 +109,12 @@ def split_url(url: str, scheme: str, example: str) -> tuple[str, str]:
         StorageError: ``?`` or ``#`` in the URL (never silently dropped), or no network location.
     """
     if "?" in url or "#" in url:
-        raise StorageError(f"{url}: '?' and '#' are not allowed in a {scheme}:// URL; write {example}")
+        raise StorageError(f"{url}: '?' and '#' are not allowed in a {scheme}:// URL; write {example}",
+                           key="url", value=url)
     parsed = urlparse(url)
     if not parsed.netloc:
-        raise StorageError(f"{url}: no {'host' if scheme in ('hdfs', 'webhdfs') else 'bucket name'}; write {example}")
+        raise StorageError(f"{url}: no {'host' if scheme in ('hdfs', 'webhdfs') else 'bucket name'}; write {example}",
+                           key="url", value=url)
     return parsed.netloc, parsed.path.strip("/")
 
 

@@ -143,18 +143,21 @@ def predict_dataframe(df: Any, model_url: str, image_col: str = "content", top_k
     from pyspark.sql.types import BinaryType
 
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ConfigError(f"top_k={top_k!r}: give a whole number of classes, 1 or more")
+        raise ConfigError(f"top_k={top_k!r}: give a whole number of classes, 1 or more", key="top_k", value=top_k)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r}: give a whole number of images, 1 or more")
+        raise ConfigError(f"batch_size={batch_size!r}: give a whole number of images, 1 or more",
+                          key="batch_size", value=batch_size)
     check_max_pixels(max_image_pixels)
     fields = {f.name: f.dataType for f in df.schema.fields}
     if image_col not in fields:
-        raise ConfigError(f"image column {image_col!r} is not in the DataFrame (columns: {', '.join(fields)})")
+        raise ConfigError(f"image column {image_col!r} is not in the DataFrame (columns: {', '.join(fields)})",
+                          key="image_col", value=image_col)
     if not isinstance(fields[image_col], BinaryType):
         raise ConfigError(f"image column {image_col!r} is {fields[image_col].simpleString()}, not binary: give "
-                          "the column of encoded image bytes (binaryFile's content)")
+                          "the column of encoded image bytes (binaryFile's content)", key="image_col", value=image_col)
     if output_col in fields:
-        raise ConfigError(f"the DataFrame already has a column {output_col!r}: give another output_col")
+        raise ConfigError(f"the DataFrame already has a column {output_col!r}: give another output_col",
+                          key="output_col", value=output_col)
     url = model_location(model_url)
     check_model(url)
     udf = predict_batch_udf(_make_predict_fn(url, top_k, max_image_pixels), return_type=result_type(), batch_size=batch_size)

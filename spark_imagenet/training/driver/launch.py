@@ -463,7 +463,8 @@ def train(spark, url: str | os.PathLike, config: TrainConfig) -> Result:
     if not isinstance(config, TrainConfig):
         hint = f"TrainConfig(workers={config!r}, ...)" if isinstance(config, int) else "TrainConfig(workers=N, ...)"
         raise ConfigError(f"train() takes the job's settings as a TrainConfig, got {type(config).__name__} "
-                          f"{config!r}: train(spark, url, {hint}) (from spark_imagenet import TrainConfig)")
+                          f"{config!r}: train(spark, url, {hint}) (from spark_imagenet import TrainConfig)",
+                          key="config", value=config)
     return run_job(spark, plan_job(url, config))
 
 

@@ -152,9 +152,10 @@ class LogServer:
                  lines_per_s: float = 100.0, burst: int = 300, max_connections: int = 256,
                  auth_timeout_s: float = AUTH_TIMEOUT_S, meet_timeout_s: float = MEET_TIMEOUT_S) -> None:
         if not isinstance(bind_host, str) or not bind_host:
-            raise ConfigError(f"log server bind_host {bind_host!r} must be a non-empty address")
+            raise ConfigError(f"log server bind_host {bind_host!r} must be a non-empty address", key="bind_host",
+                              value=bind_host)
         if not callable(on_line):
-            raise ConfigError(f"log server on_line {on_line!r} is not callable")
+            raise ConfigError(f"log server on_line {on_line!r} is not callable", key="on_line", value=on_line)
         for name, value, integer in (("max_line_chars", max_line_chars, True), ("lines_per_s", lines_per_s, False),
                                      ("burst", burst, True), ("max_connections", max_connections, True),
                                      ("auth_timeout_s", auth_timeout_s, False),

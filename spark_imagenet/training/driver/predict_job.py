@@ -106,7 +106,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         path = Path(urlparse(args.source).path if args.source.startswith("file://") else args.source).expanduser()
         if local and not path.exists():
             raise ConfigError(f"--source {args.source}: no such folder or file (give a folder of images, a "
-                              "class-folder tree, or a labels file)")
+                              "class-folder tree, or a labels file)", key="--source", value=args.source)
     from spark_imagenet.dataset.tables import check_table_version
 
     check_table_version(args.table_version, args.format)
@@ -125,14 +125,15 @@ def check_out(out: str, overwrite: bool) -> None:
         return
     path = Path(urlparse(out).path if out.startswith("file://") else out).expanduser().absolute()
     if path.is_file():
-        raise ConfigError(f"--out {out} is a file: give a folder for the output (it is created)")
+        raise ConfigError(f"--out {out} is a file: give a folder for the output (it is created)",
+                          key="--out", value=out)
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise ConfigError(f"--out {out} is a folder with files in it: give a new folder, or --overwrite to "
-                          "replace them")
+                          "replace them", key="--out", value=out)
     parent = next((p for p in (path, *path.parents) if p.exists()), None)
     if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out}: cannot write there ({parent} is not a folder you can write to); give "
-                          "a folder you can write to")
+                          "a folder you can write to", key="--out", value=out)
 
 
 def is_labels_file(source: str) -> bool:
@@ -165,10 +166,10 @@ def source_rows(spark: Any, source: str) -> Any:
         found = df.limit(1).count()
     except Exception as e:
         raise ConfigError(f"--source {source}: Spark cannot read it ({spark_reason(e)[:300]}); check the path "
-                          "and that the executors can read it") from None
+                          "and that the executors can read it", key="--source", value=source) from None
     if not found:
         raise ConfigError(f"--source {source} holds no image files (.jpg, .jpeg, .png, .gif, .bmp, sub-folders "
-                          "included)")
+                          "included)", key="--source", value=source)
     return df
 
 
@@ -185,13 +186,15 @@ def table_rows(spark: Any, args: argparse.Namespace) -> tuple[Any, str]:
     if fmt is None and ("/" in args.table or "://" in args.table or args.table.endswith(".parquet")):
         fmt = "parquet"
     if fmt == "parquet" and "://" not in args.table and not os.path.exists(os.path.expanduser(args.table)):
-        raise ConfigError(f"--table {args.table}: no such file or folder (give Parquet files, or a table name)")
+        raise ConfigError(f"--table {args.table}: no such file or folder (give Parquet files, or a table name)",
+                          key="--table", value=args.table)
     where = os.path.abspath(os.path.expanduser(args.table)) if fmt and "://" not in args.table else args.table
     df = read_table(spark, where, fmt, args.table_version)
     key = args.id_column or "path"
     if key not in df.columns:
         raise ConfigError(f"--id-column {key}: the table {args.table} has no such column (columns: "
-                          f"{', '.join(df.columns)}); give the column that names each image")
+                          f"{', '.join(df.columns)}); give the column that names each image",
+                          key="--id-column", value=key)
     return df, key
 
 
@@ -228,7 +231,8 @@ def run_predict_job(spark: Any, df: Any, key: str, args: argparse.Namespace) -> 
         reason = spark_reason(e) if type(e).__module__.startswith(("py4j", "pyspark")) else ""
         if not any(s in reason for s in ("Permission denied", "No FileSystem for scheme", "Mkdirs failed")):
             raise  # a failure of the job itself (cli.main prints Spark's reason)
-        raise ConfigError(f"--out {args.out}: Spark could not write the output there ({reason[:300]})") from None
+        raise ConfigError(f"--out {args.out}: Spark could not write the output there ({reason[:300]})",
+                          key="--out", value=args.out) from None
     finally:
         _set_conf(spark, before)
     written = read_delta(spark, out) if args.out_format == "delta" else spark.read.parquet(out)

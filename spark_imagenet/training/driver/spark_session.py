@@ -473,7 +473,7 @@ def check_connect_reachable(url: str, timeout_s: float = CONNECT_REACH_TIMEOUT_S
         raise ConfigError(
             f"cannot reach the Spark Connect server at {url} ({host}:{port}: {why}). Start the server (for a "
             "local test: spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer ...; it "
-            "takes 20-30 s to accept connections), or check the host and port") from None
+            "takes 20-30 s to accept connections), or check the host and port", key="--master", value=url) from None
 
 
 def tcp_unreachable(host: str, port: int, timeout_s: float) -> str | None:
@@ -512,7 +512,7 @@ def check_standalone_reachable(master: str, timeout_s: float = MASTER_REACH_TIME
         failures.append(f"{host}:{port}: {why}")
     raise ConfigError(f"cannot reach the Spark standalone master {master} ({'; '.join(failures)}). Start the "
                       "master (sbin/start-master.sh) or check the host and port of --master (its web UI, port "
-                      "8080 by default, shows the spark:// URL to use)")
+                      "8080 by default, shows the spark:// URL to use)", key="--master", value=master)
 
 
 def yarn_conf_dir(master: str | None, environ: Mapping[str, str] | None = None) -> str | None:
@@ -539,11 +539,12 @@ def yarn_conf_dir(master: str | None, environ: Mapping[str, str] | None = None) 
     folder = env.get("HADOOP_CONF_DIR") or env.get("YARN_CONF_DIR")
     if not folder:
         raise ConfigError("--master yarn: set HADOOP_CONF_DIR to the folder with the cluster's yarn-site.xml and "
-                          "core-site.xml (often /etc/hadoop/conf on a cluster node)")
+                          "core-site.xml (often /etc/hadoop/conf on a cluster node)", key="HADOOP_CONF_DIR")
     if not (Path(folder) / "yarn-site.xml").is_file():
         name = "HADOOP_CONF_DIR" if env.get("HADOOP_CONF_DIR") else "YARN_CONF_DIR"
         raise ConfigError(f"--master yarn: no yarn-site.xml in {folder} ({name}): point it at the folder with the "
-                          "cluster's yarn-site.xml and core-site.xml (often /etc/hadoop/conf on a cluster node)")
+                          "cluster's yarn-site.xml and core-site.xml (often /etc/hadoop/conf on a cluster node)",
+                          key=name, value=folder)
     return folder
 
 
@@ -593,7 +594,7 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
     if under_submit and master is not None:
         raise ConfigError(f"--master {master} (or master in the job file): under spark-submit the master is "
                           "spark-submit's own option; give it there (spark-submit --master MASTER ...) and leave it "
-                          "out of the job, which would otherwise replace it")
+                          "out of the job, which would otherwise replace it", key="--master", value=master)
     if master is None and not under_submit and os.environ.get("SPARK_REMOTE"):
         master = os.environ["SPARK_REMOTE"]
     if is_connect_url(master):

@@ -185,7 +185,7 @@ def check_tracking_settings(job: JobPlan) -> None:
     databricks_tracking.check_workspace_known(uri)
     if job.config.tracking.register_model and job.output is None:
         raise ConfigError("--register-model needs --output: the chief writes the model there and the driver "
-                          "logs it to MLflow from it")
+                          "logs it to MLflow from it", key="--register-model", value=job.config.tracking.register_model)
 
 
 def _experiment_id(client: Any, experiment: str) -> str:

@@ -132,9 +132,10 @@ def assign(manifest: Manifest, workers: int, batch_size: int) -> Assignment:
             examples; no val examples.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"--workers must be a positive integer, got {workers!r}")
+        raise ConfigError(f"--workers must be a positive integer, got {workers!r}", key="--workers", value=workers)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"--batch-size must be a positive integer, got {batch_size!r}")
+        raise ConfigError(f"--batch-size must be a positive integer, got {batch_size!r}", key="--batch-size",
+                          value=batch_size)
     for split in ("train", "val"):
         if split not in manifest.splits:
             raise ConfigError(f"the dataset has no {split!r} split (splits: {sorted(manifest.splits)})")
@@ -145,7 +146,7 @@ def assign(manifest: Manifest, workers: int, batch_size: int) -> Assignment:
         raise ConfigError(
             f"the dataset has {len(train)} train shard(s) but --workers is {n}: every worker needs at least one "
             f"train shard of its own. Reshard with --train-shards >= {n} (a multiple of {n} balances best) "
-            f"or use --workers <= {len(train)}."
+            f"or use --workers <= {len(train)}.", key="--workers", value=n
         )
     val_total = sum(s.examples for s in val)
     if val_total == 0:
@@ -159,8 +160,8 @@ def assign(manifest: Manifest, workers: int, batch_size: int) -> Assignment:
         if train_examples == 0:
             raise ConfigError(
                 f"worker {rank}'s train shards {[s.name for s in mine]} hold no examples; "
-                f"reshard with fewer, fuller --train-shards or use fewer --workers"
-            )
+                f"reshard with fewer, fuller --train-shards or use fewer --workers", key="--train-shards",
+                value=len(train))
         if len(val) >= n:
             val_shards: tuple[ShardInfo, ...] = tuple(val[rank::n])
             record_shard = None

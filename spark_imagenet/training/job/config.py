@@ -111,7 +111,7 @@ class TrainConfig:
         if self.data.seed + self.scaling.workers - 1 > MAX_SEED:  # each worker seeds with seed + rank
             raise setting_error("seed", f"seed (--seed) {self.data.seed} is too large: with {self.scaling.workers} worker(s) it "
                                         f"must be at most {MAX_SEED - self.scaling.workers + 1} (worker seeds are seed + "
-                                        "rank, at most 2**32 - 1)")
+                                        "rank, at most 2**32 - 1)", self.data.seed)
 
     # ---------------------------------------------------------- building
     @classmethod
@@ -186,5 +186,5 @@ def _section(name: str, cls: type, given: Any, settings: Mapping[str, Any]) -> A
         return cls(**{**given, **settings})
     if not isinstance(given, cls):
         raise ConfigError(f"TrainConfig section {name!r} must be a {cls.__name__} (or a mapping of its settings), "
-                          f"got {type(given).__name__}")
+                          f"got {type(given).__name__}", key=name, value=given)
     return dataclasses.replace(given, **settings) if settings else given

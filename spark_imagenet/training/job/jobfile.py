@@ -73,7 +73,7 @@ def _check_not_a_broken_url(key: str, value: str) -> None:
     if is_remote_url(value):
         scheme, rest = value.split(":", 1)
         raise ConfigError(f"{key} {value!r} is not a URL: a {scheme}:// URL has two slashes after '{scheme}:'; "
-                          f"write {scheme}://{rest.lstrip('/')}")
+                          f"write {scheme}://{rest.lstrip('/')}", key=key, value=value)
 
 
 def load_job_file(path: str | os.PathLike) -> dict[str, Any]:
@@ -100,11 +100,11 @@ def load_job_file(path: str | os.PathLike) -> dict[str, Any]:
     try:
         text = p.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--config {path}: cannot read the job file ({e})") from None
+        raise ConfigError(f"--config {path}: cannot read the job file ({e})", key="--config", value=str(path)) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config {path}: not a valid TOML file: {e}") from None
+        raise ConfigError(f"--config {path}: not a valid TOML file: {e}", key="--config", value=str(path)) from None
     where = f"job file {path}"
     sections = [name for name, _ in SECTIONS]
     check_unknown_keys(data, [*JOB_FILE_EXTRA_KEYS, *sections, *TrainConfig.keys()], where)
@@ -113,11 +113,13 @@ def load_job_file(path: str | os.PathLike) -> dict[str, Any]:
         if name in data:
             _merge_section(values, name, data[name], where)
     if "url" in values and (not isinstance(values["url"], str) or not values["url"]):
-        raise ConfigError(f"{where}: url must be a dataset URL string, got {values['url']!r}")
+        raise ConfigError(f"{where}: url must be a dataset URL string, got {values['url']!r}", key="url",
+                          value=values["url"])
     for key, table in (("conf", "[scaling.conf] with \"spark.key\" = \"value\" lines"),
                        ("mlflow_tags", "[tracking.mlflow_tags] with key = \"value\" lines, or { key = \"value\" }")):
         if key in values and not isinstance(values[key], dict):
-            raise ConfigError(f"{where}: {key} must be a table ({table}), got {values[key]!r:.200}")
+            raise ConfigError(f"{where}: {key} must be a table ({table}), got {values[key]!r:.200}", key=key,
+                              value=values[key])
     return absolute_paths(values, p.absolute().parent)
 
 
@@ -128,14 +130,16 @@ def _merge_section(values: dict[str, Any], name: str, table: Any, where: str) ->
         ConfigError: not a table, a key of another section or of none, or a setting also given elsewhere.
     """
     if not isinstance(table, dict):
-        raise ConfigError(f"{where}: {name} must be a table ([{name}] with its settings), got {table!r:.200}")
+        raise ConfigError(f"{where}: {name} must be a table ([{name}] with its settings), got {table!r:.200}", key=name,
+                          value=table)
     for key in table:
         if SECTION_OF.get(key) not in (None, name):
-            raise ConfigError(f"{where}: [{name}] has no setting {key!r}: it belongs in [{SECTION_OF[key]}]")
+            raise ConfigError(f"{where}: [{name}] has no setting {key!r}: it belongs in [{SECTION_OF[key]}]",
+                              key=key)
     check_unknown_keys(table, [key for key in TrainConfig.keys() if SECTION_OF[key] == name], f"{where}, [{name}]")
     for key, value in table.items():
         if key in values:
-            raise ConfigError(f"{where}: {key} is given twice (at the top level and in [{name}]); keep one")
+            raise ConfigError(f"{where}: {key} is given twice (at the top level and in [{name}]); keep one", key=key)
         values[key] = value
 
 

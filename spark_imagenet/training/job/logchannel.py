@@ -142,7 +142,8 @@ def check_positive(name: str, value: float, integer: bool) -> None:
     """Raise ConfigError unless ``value`` is a positive number (an int when ``integer``)."""
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
-        raise ConfigError(f"log server {name}={value!r} must be a positive {'integer' if integer else 'number'}")
+        raise ConfigError(f"log server {name}={value!r} must be a positive {'integer' if integer else 'number'}",
+                          key=name, value=value)
 
 
 def meet_line(stage: int, tasks: int, rank: int, entry: str) -> bytes:

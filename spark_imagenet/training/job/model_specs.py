@@ -160,7 +160,7 @@ def check_model_settings(model: str, image_size: int, width: float = 1.0) -> str
     if isinstance(model, str) and ":" in model:
         raise ConfigError(f"model (--model) {model!r} is not of the form package.module:function (dotted Python "
                           "names, e.g. mypackage.models:build); give a registered model "
-                          f"({', '.join(sorted(MODELS))}) or your own builder in that form")
+                          f"({', '.join(sorted(MODELS))}) or your own builder in that form", key="model", value=model)
     if model not in MODELS:
         import difflib
 
@@ -168,14 +168,14 @@ def check_model_settings(model: str, image_size: int, width: float = 1.0) -> str
         raise ConfigError(f"model (--model) {model!r} is not a known model"
                           + (f" (did you mean {close[0]!r}?)" if close else "")
                           + f"; choose one of: {', '.join(sorted(MODELS))}, or give your own builder as "
-                            "package.module:function")
+                            "package.module:function", key="model", value=model)
     spec = MODELS[model]
     if image_size < spec.min_image_size:
         raise ConfigError(f"image_size (--image-size) {image_size} is too small for {model}: its layers need at "
-                          f"least {spec.min_image_size} px")
+                          f"least {spec.min_image_size} px", key="image_size", value=image_size)
     if spec.fixed_width and width != 1.0:
         raise ConfigError(f"width (--width) {width:g} does not apply to {model}, whose layer widths are fixed: "
-                          "leave --width at 1.0")
+                          "leave --width at 1.0", key="width", value=width)
     return None
 
 
@@ -212,12 +212,13 @@ def _find_module(model: str, module: str):
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise ConfigError(f"model (--model) {model!r}: finding module {module} imports its parent package(s), "
                           f"which failed on {_process()} ({type(e).__name__}: {first}); make "
-                          f"{module.rsplit('.', 1)[0]} importable there without errors") from None
+                          f"{module.rsplit('.', 1)[0]} importable there without errors",
+                          key="model", value=model) from None
     else:
         missing = ""
     if spec is None:
         raise ConfigError(f"model (--model) {model!r}: cannot find module {module}{missing} on {_process()}'s "
-                          f"Python path (sys.path: {_path_for_message()}); {where}")
+                          f"Python path (sys.path: {_path_for_message()}); {where}", key="model", value=model)
     return spec
 
 
@@ -274,7 +275,7 @@ def check_user_builder(model: str) -> str:
     if spec.origin is None and spec.submodule_search_locations is not None:  # a folder without __init__.py
         folder = os.pathsep.join(spec.submodule_search_locations)
         raise ConfigError(f"model (--model) {model!r}: {module} is a folder without code ({folder}); name the "
-                          f"module that defines {function}, as {module}.MODULE:{function}")
+                          f"module that defines {function}, as {module}.MODULE:{function}", key="model", value=model)
     origin = spec.origin or "?"
     try:
         source = spec.loader.get_source(module) if spec.loader is not None else None
@@ -286,7 +287,7 @@ def check_user_builder(model: str) -> str:
         tree = ast.parse(source, filename=origin)
     except SyntaxError as e:
         raise ConfigError(f"model (--model) {model!r}: {origin} line {e.lineno} does not parse ({e.msg}); fix "
-                          "the module") from None
+                          "the module", key="model", value=model) from None
     names, open_ended = _top_level_names(tree)
     if function not in names and not open_ended:
         import difflib
@@ -294,7 +295,8 @@ def check_user_builder(model: str) -> str:
         close = difflib.get_close_matches(function, sorted(names), n=1)
         raise ConfigError(f"model (--model) {model!r}: {module} ({origin}) defines no top-level {function!r}"
                           + (f" (did you mean {close[0]!r}?)" if close else "")
-                          + f"; define {function}(num_classes, image_size, width) -> tf_keras.Model in it")
+                          + f"; define {function}(num_classes, image_size, width) -> tf_keras.Model in it",
+                          key="model", value=model)
     if function not in names:
         return (f"{module} ({origin}) may define {function} at run time (`from ... import *` or a module "
                 f"__getattr__): it is checked in the first task")

@@ -150,7 +150,7 @@ class Failure:
         :data:`FAILURE_MARKER` and this failure's JSON (:meth:`find` reads it back)."""
         line = FAILURE_MARKER + json.dumps(self.to_json(), ensure_ascii=True, separators=(",", ":"))
         err = error_class(self.error)(f"{self.describe()}\n{line}")
-        err.failure = self  # type: ignore[attr-defined]
+        err.failure = self
         return err
 
     @classmethod
@@ -175,7 +175,7 @@ class Failure:
     def as_error(self) -> SparkImagenetError:
         """The error the driver raises: class :attr:`error`, message :meth:`describe` (no JSON line)."""
         err = error_class(self.error)(self.describe())
-        err.failure = self  # type: ignore[attr-defined]
+        err.failure = self
         return err
 
 

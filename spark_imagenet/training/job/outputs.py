@@ -69,7 +69,7 @@ def open_output(output: str, option: str = "--output") -> Storage:
         _write_test(storage, _local_path(output))
     except StorageError as e:
         raise ConfigError(f"{option} {output}: cannot write there ({e}). Give a folder or bucket you can write "
-                          f"to: {url_forms()}") from None
+                          f"to: {url_forms()}", key=option, value=output) from None
     return storage
 
 
@@ -110,7 +110,7 @@ def _refuse_a_file(output: str, option: str) -> None:
     if existing is not None and not existing.is_dir():
         what = f"{option} {output} is" if existing == path else f"{option} {output}: {existing} is"
         raise ConfigError(f"{what} a file, not a folder: give a folder (it is created if absent) or a bucket: "
-                          f"{url_forms(local=False)}")
+                          f"{url_forms(local=False)}", key=option, value=output)
 
 
 def earlier_outputs(storage: Storage) -> list[str]:

@@ -193,30 +193,36 @@ class WorkerSpec:
         for name, rule in _RULES.items():
             object.__setattr__(self, name, check_value(name, rule, getattr(self, name), f"{where}: key {name!r}"))
         if self.checkpoints is not None and not isinstance(self.checkpoints, Storage):
-            raise ConfigError(f"{where}: 'checkpoints' must be a Storage or None, got {self.checkpoints!r:.100}")
+            raise ConfigError(f"{where}: 'checkpoints' must be a Storage or None, got {self.checkpoints!r:.100}",
+                              key="checkpoints", value=self.checkpoints)
         if self.val_record_shard is not None:
             pair = tuple(self.val_record_shard) if isinstance(self.val_record_shard, (list, tuple)) else ()
             if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair) \
                     or not 0 <= pair[1] < pair[0]:
-                raise ConfigError(f"{where}: key 'val_record_shard' must be [n, i] with 0 <= i < n, got {pair!r}")
+                raise ConfigError(f"{where}: key 'val_record_shard' must be [n, i] with 0 <= i < n, got {pair!r}",
+                                  key="val_record_shard", value=self.val_record_shard)
             object.__setattr__(self, "val_record_shard", pair)
         if self.rank >= self.workers:
-            raise ConfigError(f"{where}: rank {self.rank} is not in 0..workers-1 (workers = {self.workers})")
+            raise ConfigError(f"{where}: rank {self.rank} is not in 0..workers-1 (workers = {self.workers})",
+                              key="rank", value=self.rank)
         if not self.train_files:
-            raise ConfigError(f"{where}: no train_files; every worker needs its own shards")
+            raise ConfigError(f"{where}: no train_files; every worker needs its own shards", key="train_files",
+                              value=self.train_files)
         if self.val_steps * self.config.recipe.batch_size < self.val_examples:
             raise ConfigError(
                 f"{where}: val_steps {self.val_steps} * batch_size {self.config.recipe.batch_size} is less than this "
-                f"worker's val_examples {self.val_examples}; val_steps must be ceil(max val_examples / batch_size)")
+                f"worker's val_examples {self.val_examples}; val_steps must be ceil(max val_examples / batch_size)",
+                key="val_steps", value=self.val_steps)
         if self.val_examples > 0 and not self.val_files:
-            raise ConfigError(f"{where}: val_examples is {self.val_examples} but val_files is empty")
+            raise ConfigError(f"{where}: val_examples is {self.val_examples} but val_files is empty",
+                              key="val_files", value=self.val_files)
         if isinstance(self.labels, list):
             object.__setattr__(self, "labels", tuple(self.labels))
         if not isinstance(self.labels, tuple) or (self.labels and len(self.labels) != self.num_classes) or not all(
                 isinstance(c, dict) and isinstance(c.get("wnid"), str) and isinstance(c.get("names"), list)
                 for c in self.labels):
             raise ConfigError(f"{where}: key 'labels' must be empty or {self.num_classes} objects with \"wnid\" and "
-                              f"\"names\", got {self.labels!r:.200}")
+                              f"\"names\", got {self.labels!r:.200}", key="labels", value=self.labels)
 
     @property
     def workers(self) -> int:

@@ -116,25 +116,26 @@ class ScalingConfig:
             what = "all of its GPUs in one process" if self.strategy == "mirrored" else "on one device"
             raise setting_error("strategy", f"strategy (--strategy) {self.strategy} runs one worker ({what}), but "
                                             f"workers (--workers) is {self.workers}: use --workers 1, or --strategy "
-                                            "multiworker for several workers")
+                                            "multiworker for several workers", self.strategy)
         if self.min_workers is not None and self.min_workers > self.workers:
             raise setting_error("min_workers", f"min_workers (--min-workers) {self.min_workers} is more than workers "
-                                               f"(--workers) {self.workers}: give at most {self.workers}")
+                                               f"(--workers) {self.workers}: give at most {self.workers}",
+                                self.min_workers)
         if self.strategy == "default" and self.gpus_per_worker > 1:
             raise setting_error("gpus_per_worker", f"gpus_per_worker (--gpus-per-worker) {self.gpus_per_worker} "
                                                    "with --strategy default, which trains on one device: the other "
                                                    "GPUs would sit idle; use --strategy mirrored to train on all of "
-                                                   "them, or --gpus-per-worker 1")
+                                                   "them, or --gpus-per-worker 1", self.gpus_per_worker)
         if (self.strategy, self.cross_device_ops) in (("multiworker", "reduction-to-one"), ("mirrored", "ring"),
                                                       ("default", "nccl"), ("default", "ring"),
                                                       ("default", "reduction-to-one")):
             raise setting_error("cross_device_ops", f"cross_device_ops (--cross-device-ops) {self.cross_device_ops} "
                                                     f"does not apply to --strategy {self.strategy}; "
-                                                    + _CROSS_DEVICE_HINT[self.strategy])
+                                                    + _CROSS_DEVICE_HINT[self.strategy], self.cross_device_ops)
         try:
             Master.parse(self.master)
         except ConfigError as e:
-            raise setting_error("master", str(e)) from None
+            raise setting_error("master", str(e), self.master) from None
 
     @property
     def spark_conf(self) -> dict[str, str]:
@@ -267,8 +268,8 @@ class RecipeConfig:
         try:
             specs.check_model_settings(self.model, self.image_size, self.width)
         except ConfigError as e:
-            named = str(e).partition(" ")[0]  # specs' messages begin with the setting they are about
-            raise setting_error(named if named in ("image_size", "width") else "model", str(e)) from None
+            key = e.key or "model"  # model_specs names the setting it is about
+            raise setting_error(key, str(e), getattr(self, key)) from None
 
     def _check_recipe(self) -> None:
         """Settings left at None take the model's recipe; then the bounds that depend on them."""
@@ -279,10 +280,10 @@ class RecipeConfig:
         for key in ("momentum", "label_smoothing"):
             if not getattr(self, key) < 1:
                 raise setting_error(key, f"{key} (--{key.replace('_', '-')}) must be below 1, got "
-                                         f"{getattr(self, key)!r}")
+                                         f"{getattr(self, key)!r}", getattr(self, key))
         if self.lr_boundaries and self.lr_schedule != "step":
             raise setting_error("lr_boundaries", f"lr_boundaries (--lr-boundaries) only applies to --lr-schedule "
-                                                 f"step, but the schedule is {self.lr_schedule}")
+                                                 f"step, but the schedule is {self.lr_schedule}", self.lr_boundaries)
 
 
 @dataclasses.dataclass(frozen=True)

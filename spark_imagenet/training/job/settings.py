@@ -52,11 +52,10 @@ def setting(default: Any = dataclasses.MISSING, *, kind: str, help: str = "", mi
     return dataclasses.field(default=default, metadata={"rule": rule})
 
 
-def setting_error(key: str, message: str) -> ConfigError:
-    """A ConfigError about setting ``key`` (kept as ``.key``, so callers can say where the value came from)."""
-    error = ConfigError(message)
-    error.key = key
-    return error
+def setting_error(key: str, message: str, value: Any = None) -> ConfigError:
+    """A ConfigError about setting ``key`` (kept as ``.key``, so callers can say where the value came from),
+    its bad ``value`` kept as ``.value``."""
+    return ConfigError(message, key=key, value=value)
 
 
 def _label(name: str, rule: Rule) -> str:
@@ -69,7 +68,7 @@ def _is_int(value: Any) -> bool:
 
 def _bound(name: str, value: float, rule: Rule, label: str, what: str) -> None:
     if rule.minimum is not None and value < rule.minimum:
-        raise setting_error(name, f"{label} must be {what} >= {rule.minimum:g}, got {value!r}")
+        raise setting_error(name, f"{label} must be {what} >= {rule.minimum:g}, got {value!r}", value)
 
 
 def _flat_conf(value: Any, label: str, name: str, prefix: str = "") -> list[tuple[str, str]]:
@@ -80,17 +79,18 @@ def _flat_conf(value: Any, label: str, name: str, prefix: str = "") -> list[tupl
     elif isinstance(value, (list, tuple)) and all(isinstance(i, (list, tuple)) and len(i) == 2 for i in value):
         items = [tuple(i) for i in value]
     else:
-        raise setting_error(name, f"{label} must be a table of Spark settings (KEY = \"VALUE\"), got {value!r:.200}")
+        raise setting_error(name, f"{label} must be a table of Spark settings (KEY = \"VALUE\"), got {value!r:.200}",
+                            value)
     pairs = []
     for key, val in items:
         if not isinstance(key, str) or not key.strip():
-            raise setting_error(name, f"{label}: {key!r} is not a Spark setting name")
+            raise setting_error(name, f"{label}: {key!r} is not a Spark setting name", key)
         full = f"{prefix}{key.strip()}"
         if isinstance(val, Mapping):
             pairs.extend(_flat_conf(val, label, name, f"{full}."))
         elif isinstance(val, (list, tuple, set)) or val is None:
             raise setting_error(name, f"{label}: {full} = {val!r} is not a Spark setting value (a string, number "
-                                      "or boolean)")
+                                      "or boolean)", val)
         else:
             pairs.append((full, str(val).lower() if isinstance(val, bool) else str(val).strip()))
     return pairs
@@ -121,34 +121,34 @@ def check_value(name: str, rule: Rule, value: Any, place: str | None = None) -> 
         raise setting_error(name, f"{label} is required")
     if rule.kind == "int":
         if not _is_int(value):
-            raise setting_error(name, f"{label} must be an integer, got {value!r}")
+            raise setting_error(name, f"{label} must be an integer, got {value!r}", value)
         _bound(name, value, rule, label, "an integer")
         return int(value)
     if rule.kind == "float":
         if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
             bound = " > 0" if rule.positive else f" >= {rule.minimum:g}" if rule.minimum is not None else ""
-            raise setting_error(name, f"{label} must be a number{bound}, got {value!r}")
+            raise setting_error(name, f"{label} must be a number{bound}, got {value!r}", value)
         if rule.positive and not value > 0:
-            raise setting_error(name, f"{label} must be a positive number, got {value!r}")
+            raise setting_error(name, f"{label} must be a positive number, got {value!r}", value)
         _bound(name, value, rule, label, "a number")
         return float(value)
     if rule.kind == "bool":
         if not isinstance(value, bool):
-            raise setting_error(name, f"{label} must be true or false, got {value!r}")
+            raise setting_error(name, f"{label} must be true or false, got {value!r}", value)
         return value
     if rule.kind == "path":
         if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-            raise setting_error(name, f"{label} must be a path, got {value!r}")
+            raise setting_error(name, f"{label} must be a path, got {value!r}", value)
         return os.fspath(value)
     if rule.kind == "strings":
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-            raise setting_error(name, f"{label} must be a list of non-empty strings, got {value!r:.200}")
+            raise setting_error(name, f"{label} must be a list of non-empty strings, got {value!r:.200}", value)
         return tuple(value)
     if rule.kind == "str":
         if not isinstance(value, str) or not value.strip():
-            raise setting_error(name, f"{label} must be a non-empty string, got {value!r}")
+            raise setting_error(name, f"{label} must be a non-empty string, got {value!r}", value)
         if rule.choices and value not in rule.choices:
-            raise setting_error(name, f"{label} must be one of {', '.join(rule.choices)}, got {value!r}")
+            raise setting_error(name, f"{label} must be one of {', '.join(rule.choices)}, got {value!r}", value)
         return value
     if rule.kind == "epochs":
         return _epochs(name, label, value)
@@ -170,14 +170,14 @@ def _epochs(name: str, label: str, value: Any) -> tuple[float, ...]:
             value = [float(v) for v in value.split(",") if v.strip()]
         except ValueError:
             raise setting_error(name, f"{label} must be epochs separated by commas, e.g. 30,60,80, "
-                                      f"got {value!r}") from None
+                                      f"got {value!r}", value) from None
     if isinstance(value, (bytes, Mapping)) or not isinstance(value, (list, tuple)) \
             or not all(_number(v) and v > 0 for v in value):
         raise setting_error(name, f"{label} must be a list of positive epoch numbers, e.g. [30, 60, 80], "
-                                  f"got {value!r:.200}")
+                                  f"got {value!r:.200}", value)
     epochs = tuple(float(v) for v in value)
     if any(b <= a for a, b in zip(epochs, epochs[1:])):
-        raise setting_error(name, f"{label} must be increasing, got {', '.join(f'{e:g}' for e in epochs)}")
+        raise setting_error(name, f"{label} must be increasing, got {', '.join(f'{e:g}' for e in epochs)}", value)
     return epochs
 
 
@@ -186,7 +186,7 @@ def _fraction_range(name: str, label: str, value: Any) -> tuple[float, float]:
     if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(_number(v) for v in value) \
             or not 0 < value[0] <= value[1] <= 1:
         raise setting_error(name, f"{label} must be two fractions MIN MAX with 0 < MIN <= MAX <= 1 (e.g. 0.08 1.0), "
-                                  f"got {value!r:.200}")
+                                  f"got {value!r:.200}", value)
     return (float(value[0]), float(value[1]))
 
 
@@ -207,4 +207,5 @@ def check_unknown_keys(given: Mapping[str, Any], known: list[str], where: str) -
     for key in unknown:
         close = difflib.get_close_matches(str(key).replace("-", "_"), known, n=1, cutoff=0.6)
         parts.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    raise ConfigError(f"{where}: unknown key(s) {', '.join(parts)}; the known keys are: {', '.join(known)}")
+    raise ConfigError(f"{where}: unknown key(s) {', '.join(parts)}; the known keys are: {', '.join(known)}",
+                      key=str(unknown[0]), value=given[unknown[0]])

@@ -160,7 +160,7 @@ def task_gpus(addresses: Sequence[str] | None, gpus_per_worker: int) -> list[str
             f"--gpus-per-worker {gpus_per_worker} but Spark gave this task "
             f"{len(got)} GPU(s) {got}; set spark.task.resource.gpu.amount={gpus_per_worker} (with "
             f"spark.executor.resource.gpu.amount >= {gpus_per_worker} and a GPU discovery script, "
-            "conf/gpu-discovery.sh)"
+            "conf/gpu-discovery.sh)", key="--gpus-per-worker", value=gpus_per_worker
         )
     return got or None
 

@@ -64,7 +64,8 @@ def fetch_rank(storage: Storage, rank: int, workers: int, cache_dir: str | os.Pa
     if not isinstance(storage, Storage):
         raise ConfigError(f"fetch_rank takes the dataset's Storage (open_storage(url)), got {storage!r:.100}")
     if workers < 1 or not 0 <= rank < workers:
-        raise ConfigError(f"--rank {rank} --workers {workers}: the rank must be between 0 and workers - 1")
+        raise ConfigError(f"--rank {rank} --workers {workers}: the rank must be between 0 and workers - 1",
+                          key="--rank", value=rank)
     manifest = Manifest.load(storage)
     plan = assign(manifest, workers, 1)[rank]
     return stage_shards(storage, plan, cache_dir, manifest.dataset_id, transfers=transfers)

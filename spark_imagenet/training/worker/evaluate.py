@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     prepare_tensorflow_process()
     try:
         if args.batch_size < 1:
-            raise ConfigError(f"--batch-size {args.batch_size} must be at least 1")
+            raise ConfigError(f"--batch-size {args.batch_size} must be at least 1",
+                              key="--batch-size", value=args.batch_size)
         with _swapped_hint(args.model, args.data), fetched_model(args.model) as local:
             Manifest.load(open_storage(args.data))  # both URLs are checked before TensorFlow starts
             model = load_model(args.model, local)

@@ -88,9 +88,9 @@ def _check_common(files: Sequence[str], batch_size: int, image_size: int) -> lis
     if not files:
         raise ConfigError("no TFRecord files given to the input pipeline (this worker has no shards)")
     if int(batch_size) < 1:
-        raise ConfigError(f"batch_size={batch_size}: must be at least 1")
+        raise ConfigError(f"batch_size={batch_size}: must be at least 1", key="batch_size", value=batch_size)
     if int(image_size) < 1:
-        raise ConfigError(f"image_size={image_size}: must be at least 1 pixel")
+        raise ConfigError(f"image_size={image_size}: must be at least 1 pixel", key="image_size", value=image_size)
     return files
 
 
@@ -122,15 +122,18 @@ def _check_epochs(batch_size: int, records_per_epoch: int | None, initial_epoch:
     if records_per_epoch is None:
         if initial_epoch != 0 or epochs is not None:
             raise ConfigError(f"initial_epoch={initial_epoch}, epochs={epochs}: epochs of the training stream "
-                              "need records_per_epoch (without it the stream is one endless epoch 0)")
+                              "need records_per_epoch (without it the stream is one endless epoch 0)",
+                              key="initial_epoch", value=initial_epoch)
         return
     if records_per_epoch < 1 or records_per_epoch % batch_size:
         raise ConfigError(f"records_per_epoch={records_per_epoch} must be a positive multiple of "
-                          f"batch_size={batch_size}, so that every epoch ends on a batch boundary")
+                          f"batch_size={batch_size}, so that every epoch ends on a batch boundary",
+                          key="records_per_epoch", value=records_per_epoch)
     if initial_epoch < 0:
-        raise ConfigError(f"initial_epoch={initial_epoch}: must not be negative")
+        raise ConfigError(f"initial_epoch={initial_epoch}: must not be negative",
+                          key="initial_epoch", value=initial_epoch)
     if epochs is not None and epochs < initial_epoch:
-        raise ConfigError(f"epochs={epochs} is smaller than initial_epoch={initial_epoch}")
+        raise ConfigError(f"epochs={epochs} is smaller than initial_epoch={initial_epoch}", key="epochs", value=epochs)
 
 
 def _as_written(fn: Callable) -> Callable:
@@ -470,7 +473,8 @@ def train_dataset(
     args = _train_args(files, batch_size, image_size, parallel, seed, shuffle_buffer, records_per_epoch,
                        initial_epoch, epochs, deterministic, flip, crop_area, lighting)
     if skip_records and not 0 <= skip_records < (records_per_epoch or 0):
-        raise ConfigError(f"skip_records={skip_records}: must be below records_per_epoch={records_per_epoch}")
+        raise ConfigError(f"skip_records={skip_records}: must be below records_per_epoch={records_per_epoch}",
+                          key="skip_records", value=skip_records)
     _reuse_freed_memory()
     ds = _decode_for_training(_train_record_stream(args).skip(int(skip_records)), args)
     ds = _batches(ds, args.batch_size, args.lighting)
@@ -522,7 +526,7 @@ def eval_dataset(
     parallel = default_parallel(parallel)
     examples, steps = int(examples), int(steps)
     if examples < 0 or steps < 0:
-        raise ConfigError(f"examples={examples}, steps={steps}: must not be negative")
+        raise ConfigError(f"examples={examples}, steps={steps}: must not be negative", key="examples", value=examples)
     if examples > steps * batch_size:
         raise ConfigError(
             f"{examples} evaluation examples do not fit in {steps} step(s) of batch {batch_size}; "
@@ -537,7 +541,8 @@ def eval_dataset(
     if record_shard is not None:
         n, i = (int(v) for v in record_shard)
         if n < 1 or not 0 <= i < n:
-            raise ConfigError(f"record_shard={tuple(record_shard)}: need (n, i) with n >= 1 and 0 <= i < n")
+            raise ConfigError(f"record_shard={tuple(record_shard)}: need (n, i) with n >= 1 and 0 <= i < n",
+                              key="record_shard", value=tuple(record_shard))
         ds = ds.shard(n, i)
     # Raises at iteration when the files hold fewer or more records than expected.
     ds = ds.apply(tf.data.experimental.assert_cardinality(examples))

@@ -116,7 +116,8 @@ def default_parallel(parallel: int | None) -> int:
     if parallel is None:
         return max(1, os.cpu_count() or 1)
     if int(parallel) < 1:
-        raise ConfigError(f"parallel={parallel}: the number of parallel decode calls must be at least 1")
+        raise ConfigError(f"parallel={parallel}: the number of parallel decode calls must be at least 1",
+                          key="parallel", value=parallel)
     return int(parallel)
 
 
@@ -498,12 +499,13 @@ def check_augmentation(flip: bool, crop_area: Sequence[float], lighting: float
             names the argument and its command-line option.
     """
     if not isinstance(flip, bool):
-        raise ConfigError(f"flip={flip!r} (--no-flip): must be True or False")
+        raise ConfigError(f"flip={flip!r} (--no-flip): must be True or False", key="flip", value=flip)
     try:
         lo, hi = (float(v) for v in crop_area)
     except (TypeError, ValueError):
         raise ConfigError(f"crop_area={crop_area!r} (--crop-area MIN MAX): must be two numbers, the smallest and "
-                          "largest area of the random crop as fractions of the image (default 0.08 1.0)") from None
+                          "largest area of the random crop as fractions of the image (default 0.08 1.0)",
+                          key="crop_area", value=crop_area) from None
     if not (0.0 < lo <= hi <= 1.0):
         raise ConfigError(f"crop_area=({lo:g}, {hi:g}) (--crop-area MIN MAX): need 0 < MIN <= MAX <= 1 "
                           "(fractions of the image area; default 0.08 1.0, 1.0 1.0 = the whole image)")
@@ -511,9 +513,10 @@ def check_augmentation(flip: bool, crop_area: Sequence[float], lighting: float
         std = float(lighting)
     except (TypeError, ValueError):
         raise ConfigError(f"lighting={lighting!r} (--lighting STD): must be a number, the standard deviation of "
-                          "the PCA colour noise (the AlexNet paper: 0.1; 0 = none)") from None
+                          "the PCA colour noise (the AlexNet paper: 0.1; 0 = none)",
+                          key="lighting", value=lighting) from None
     if not (math.isfinite(std) and std >= 0.0):
         raise ConfigError(f"lighting={lighting!r} (--lighting STD): must be a finite number >= 0 "
-                          "(the AlexNet paper: 0.1; 0 = none)")
+                          "(the AlexNet paper: 0.1; 0 = none)", key="lighting", value=lighting)
     return flip, (lo, hi), std
 

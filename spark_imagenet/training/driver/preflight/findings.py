@@ -66,15 +66,17 @@ class Finding:
         return cls(check, "warning", message)
 
     @classmethod
-    def problem(cls, check: str, error: SparkImagenetError | str) -> Finding:
+    def problem(cls, check: str, error: SparkImagenetError | str, *, key: str | None = None,
+                value: object = None) -> Finding:
         """A check that refuses the job.
 
         Args:
             check: the check's name.
             error: the error to raise, or its message (a :class:`~spark_imagenet.errors.ConfigError`).
+            key, value: for a message: the setting at fault and its value, kept by the ConfigError.
         """
         if isinstance(error, str):
-            error = ConfigError(error)
+            error = ConfigError(error, key=key, value=value)
         return cls(check, "problem", str(error), error)
 
     @classmethod

@@ -37,7 +37,7 @@ def _amount(get: Callable[[str], str | None], key: str) -> float | None:
     try:
         return float(str(raw).strip())
     except ValueError:
-        raise ConfigError(f"{key}={raw!r} is not a number") from None
+        raise ConfigError(f"{key}={raw!r} is not a number", key=key, value=raw) from None
 
 
 def _fmt(x: float) -> str:
@@ -132,7 +132,7 @@ def _gpu_finding(get: Callable[[str], str | None], k: int, workers: int, master:
                                           f"--gpus-per-worker {max(1, int(task))} to have the settings checked")
         return Finding.ok(CHECK, "no GPUs asked for (--gpus-per-worker 0) and none configured")
     if kind == "local":
-        raise ConfigError(_local_mode_refusal(k, workers, master, server))
+        raise ConfigError(_local_mode_refusal(k, workers, master, server), key="--gpus-per-worker", value=k)
     missing = _missing_settings(get, k, parsed, workers)
     if not missing:
         return Finding.ok(CHECK, f"Spark gives each of {workers} task(s) {k} GPU(s) (task, executor and discovery "
@@ -154,7 +154,7 @@ def _gpu_finding(get: Callable[[str], str | None], k: int, workers: int, master:
                   "/opt/spark-imagenet/conf/gpu-discovery.sh.")
     raise ConfigError(
         f"--gpus-per-worker {k} with {workers} worker(s) needs {k * workers} GPU(s) in all, {k} per task, but "
-        f"Spark is not configured to hand GPUs to tasks. {add}{where}"
+        f"Spark is not configured to hand GPUs to tasks. {add}{where}", key="--gpus-per-worker", value=k
     )
 
 

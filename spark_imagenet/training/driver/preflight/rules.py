@@ -47,10 +47,12 @@ def check_results_path(results: str | os.PathLike | None) -> Finding | None:
     parent = target.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         return Finding.problem("results path", f"--results {results}: folder {parent} does not exist or is not "
-                                               "writable")
+                                               "writable",
+                               key="--results", value=results)
     if target.is_dir():
         return Finding.problem("results path", f"--results {results} is a folder; give a file name such as "
-                                               f"{target / 'results.json'}")
+                                               f"{target / 'results.json'}",
+                               key="--results", value=results)
     return Finding.ok("results path", f"{target} can be written")
 
 
@@ -95,7 +97,8 @@ def check_slots_of_master_url(master: str | None, workers: int, conf: Mapping[st
     text = str(conf.get("spark.task.cpus", "1")).strip()
     if not text.isdigit() or int(text) < 1:
         return Finding.problem("barrier slots", f"--conf spark.task.cpus={text}: must be a positive integer "
-                                                "(CPUs per task)")
+                                                "(CPUs per task)",
+                               key="spark.task.cpus", value=text)
     task_cpus = int(text)
     cores = parsed.cores(cpu_count=os.cpu_count() or 1)
     slots = parsed.slots(task_cpus, cpu_count=os.cpu_count() or 1)
@@ -103,7 +106,7 @@ def check_slots_of_master_url(master: str | None, workers: int, conf: Mapping[st
         f": each task takes {task_cpus} of its {cores} core(s)" if task_cpus > 1 else "")
     if slots < workers:
         return Finding.problem("barrier slots", too_few_slots(workers, slots, f"{slots} available", master.strip(),
-                                                              how, task_cpus))
+                                                              how, task_cpus), key="--workers", value=workers)
     return Finding.ok("barrier slots", f"{slots} ({how}); enough for --workers {workers}")
 
 
@@ -162,7 +165,7 @@ def check_dataset_reachable(url: str, master: str | None, shared_filesystem: boo
         f"the dataset {url} is a path on the driver's disk, but master {master} runs the barrier tasks on "
         "executors that may be on other hosts, which cannot read it. Put the dataset in a bucket "
         f"(spark-imagenet upload LOCAL URL, URL one of {url_forms(local=False)}) or on a path every host "
-        "mounts, and then add --shared-filesystem (shared_filesystem = true in a job file)"))
+        "mounts, and then add --shared-filesystem (shared_filesystem = true in a job file)"), key="url", value=url)
 
 
 def check_output_reachable(output: str | None, master: str | None, shared_filesystem: bool,
@@ -188,7 +191,8 @@ def check_output_reachable(output: str | None, master: str | None, shared_filesy
     return Finding.problem(check, (
         f"{option} {output} is a path on the driver's disk, but master {master} runs the chief (rank 0), which "
         f"writes {what}, on an executor that may be on another host. Give a bucket "
-        f"({option} URL, URL one of {url_forms(local=False)}), or a path every host mounts and --shared-filesystem"))
+        f"({option} URL, URL one of {url_forms(local=False)}), or a path every host mounts and --shared-filesystem"),
+        key=option, value=output)
 
 
 def check_apart_from_dataset(dataset: Storage, written: Storage | None, option: str) -> Finding | None:
@@ -214,7 +218,8 @@ def check_apart_from_dataset(dataset: Storage, written: Storage | None, option: 
     check = f"{option} apart from the dataset"
     if where(written) == where(dataset):
         return Finding.problem(check, f"{option} {written.url} is the dataset's own folder: give a folder of its "
-                                      f"own for the run's files, e.g. {written.url.rstrip('/')}-runs/1")
+                                      f"own for the run's files, e.g. {written.url.rstrip('/')}-runs/1",
+                               key=option, value=written.url)
     return Finding.ok(check, written.url)
 
 
@@ -246,7 +251,8 @@ def check_output_unused(storage: Storage, output: str, overwrite: bool) -> Findi
         shown = sorted({name.split("/", 1)[0] + ("/" if "/" in name else "") for name in found})
         return Finding.problem("--output unused", (
             f"--output {output} already holds the outputs of an earlier run ({', '.join(shown)}). Give another "
-            "folder, or add --overwrite (overwrite = true in a job file) to replace them"))
+            "folder, or add --overwrite (overwrite = true in a job file) to replace them"),
+            key="--output", value=output)
     return Finding.ok("--output unused", f"{output} holds no earlier run's outputs")
 
 
@@ -263,7 +269,7 @@ def check_train_shards(train_shards: int, workers: int) -> Finding:
         return Finding.problem("train shards", (
             f"the dataset has {train_shards} train shard(s) but --workers is {workers}: every worker needs at "
             f"least one train shard of its own. Reshard with --train-shards >= {workers} (a multiple of "
-            f"{workers} balances best) or use --workers <= {train_shards}."))
+            f"{workers} balances best) or use --workers <= {train_shards}."), key="--workers", value=workers)
     return Finding.ok("train shards", f"{train_shards} for {workers} worker(s)")
 
 
@@ -321,4 +327,4 @@ def check_encryption(get: ConfGetter, workers: int, allow_unencrypted: bool) -> 
     return Finding.problem("encryption", (
         f"{what}: {workers} workers would send it across the network unencrypted. Run on a private network "
         "and add --allow-unencrypted (allow_unencrypted = true in a job file) to train anyway, "
-        "or use --workers 1 (nothing travels between workers)."))
+        "or use --workers 1 (nothing travels between workers)."), key=found[0].partition("=")[0], value="true")

@@ -281,11 +281,13 @@ def _dynamic_allocation(facts: SessionFacts, workers: int) -> Finding:
         return Finding.problem("dynamic allocation", (
             f"spark.dynamicAllocation.enabled is true on the Spark Connect server {facts.connect_url}, and Spark "
             "barrier stages refuse dynamic allocation (SPARK-24942). Set spark.dynamicAllocation.enabled=false in "
-            f"the server's (cluster's) Spark config, with at least {workers} task slots."))
+            f"the server's (cluster's) Spark config, with at least {workers} task slots."),
+            key="spark.dynamicAllocation.enabled", value="true")
     return Finding.problem("dynamic allocation", (
         "spark.dynamicAllocation.enabled is true, and Spark barrier stages refuse dynamic allocation "
         "(SPARK-24942). Set spark.dynamicAllocation.enabled=false (and give the application at least "
-        f"{workers} task slots, e.g. spark.executor.instances x spark.executor.cores)."))
+        f"{workers} task slots, e.g. spark.executor.instances x spark.executor.cores)."),
+        key="spark.dynamicAllocation.enabled", value="true")
 
 
 def _slots(facts: SessionFacts, workers: int) -> list[Finding]:
@@ -296,7 +298,8 @@ def _slots(facts: SessionFacts, workers: int) -> list[Finding]:
         waited = "" if not facts.waited_s else (f" after waiting {facts.waited_s:.0f} s for executors to register "
                                                 "(spark.scheduler.maxRegisteredResourcesWaitingTime)")
         return [Finding.problem("barrier slots", too_few_slots(workers, facts.slots, f"{facts.slots} available{waited}",
-                                                               facts.master, facts.slots_how, _task_cpus(facts)))]
+                                                               facts.master, facts.slots_how, _task_cpus(facts)),
+                                key="--workers", value=workers)]
     return [Finding.ok("barrier slots", f"{facts.slots} ({facts.slots_how}); enough for --workers {workers}")]
 
 
@@ -314,7 +317,7 @@ def _connect_slots(facts: SessionFacts, workers: int) -> list[Finding]:
             f"--workers {workers} needs {workers} barrier task slots, but the Spark Connect server "
             f"{facts.connect_url} runs master {facts.master} with spark.task.cpus={task_cpus}: {facts.slots} "
             f"slot(s). Use --workers <= {facts.slots}, or start the server with more cores (--master "
-            f"local[{workers * _task_cpus(facts)}] or a cluster)."))]
+            f"local[{workers * _task_cpus(facts)}] or a cluster)."), key="--workers", value=workers)]
     if facts.slots is not None:
         found = f"{facts.slots} (from the server's master)"
         not_checked = f"{_SLOTS_NOT_CHECKED}; estimated instead from spark.master {facts.master} and " \
@@ -419,5 +422,5 @@ def executor_wait_seconds(conf) -> float:
     try:
         spark_wait = spark_seconds(text)
     except ConfigError as e:
-        raise ConfigError(f"{key}: {e}") from None
+        raise ConfigError(f"{key}: {e}", key=key, value=text) from None
     return max(EXECUTOR_WAIT_SECONDS, spark_wait)

@@ -111,15 +111,17 @@ def build_alexnet(num_classes: int, image_size: int, width: float = 1.0) -> kera
             ``num_classes`` below 1.
     """
     if not isinstance(num_classes, int) or num_classes < 1:
-        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}",
+                          key="num_classes", value=num_classes)
     if not isinstance(width, (int, float)) or not width > 0:
-        raise ConfigError(f"--width must be a positive number (1.0 = the paper's AlexNet), got {width!r}")
+        raise ConfigError(f"--width must be a positive number (1.0 = the paper's AlexNet), got {width!r}",
+                          key="width", value=width)
     minimum = min_image_size()
     if not isinstance(image_size, int) or image_size < minimum:
         raise ConfigError(
             f"--image-size {image_size!r} is too small for AlexNet: its 11x11/4 conv1 and three 3x3/2 "
             f"max pools need at least {minimum} pixels; use --image-size {minimum} or more "
-            f"(224 is the standard size)"
+            f"(224 is the standard size)", key="image_size", value=image_size
         )
 
     def kernel_args(initializer: type) -> dict:

@@ -61,7 +61,8 @@ def set_precision(name: str) -> None:
         ConfigError: another name (names ``--precision`` and the choices).
     """
     if name not in PRECISIONS:
-        raise ConfigError(f"precision (--precision) must be one of {', '.join(PRECISIONS)}, got {name!r}")
+        raise ConfigError(f"precision (--precision) must be one of {', '.join(PRECISIONS)}, got {name!r}",
+                          key="precision", value=name)
     keras.mixed_precision.set_global_policy(name)
 
 
@@ -231,15 +232,19 @@ def _check(learning_rate: Any, optimizer: str, momentum: Any, weight_decay: Any,
     """Validate compile_model's arguments; return whether ``learning_rate`` is a schedule."""
     schedule = isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule)
     if not schedule and (not isinstance(learning_rate, (int, float)) or not learning_rate > 0):
-        raise ConfigError(f"--learning-rate must be a positive number, got {learning_rate!r}")
+        raise ConfigError(f"--learning-rate must be a positive number, got {learning_rate!r}",
+                          key="learning_rate", value=learning_rate)
     if optimizer not in OPTIMIZERS:
-        raise ConfigError(f"optimizer (--optimizer) must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        raise ConfigError(f"optimizer (--optimizer) must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}",
+                          key="optimizer", value=optimizer)
     if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
-        raise ConfigError(f"momentum (--momentum) must be in [0, 1), got {momentum!r}")
+        raise ConfigError(f"momentum (--momentum) must be in [0, 1), got {momentum!r}", key="momentum", value=momentum)
     if not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
-        raise ConfigError(f"weight_decay (--weight-decay) must be a number >= 0, got {weight_decay!r}")
+        raise ConfigError(f"weight_decay (--weight-decay) must be a number >= 0, got {weight_decay!r}",
+                          key="weight_decay", value=weight_decay)
     if not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing < 1:
-        raise ConfigError(f"label_smoothing (--label-smoothing) must be in [0, 1), got {label_smoothing!r}")
+        raise ConfigError(f"label_smoothing (--label-smoothing) must be in [0, 1), got {label_smoothing!r}",
+                          key="label_smoothing", value=label_smoothing)
     return schedule
 
 

@@ -58,7 +58,8 @@ def build_model(name: str, num_classes: int, image_size: int, width: float = 1.0
     except Exception as e:  # noqa: BLE001 - any failure of the user's code is reported as a --model error
         raise ConfigError(f"model (--model) {name!r}: the builder raised {_first_line(e)} when called as "
                           f"{name.split(':')[1]}(num_classes={num_classes}, image_size={image_size}, "
-                          f"width={width:g}); fix the builder (SPARK_IMAGENET_DEBUG=1 shows the traceback)") from e
+                          f"width={width:g}); fix the builder (SPARK_IMAGENET_DEBUG=1 shows the traceback)",
+                          key="model", value=name) from e
     check_built_model(name, model, num_classes, image_size)
     return model
 
@@ -86,7 +87,7 @@ def get_builder(name: str) -> Callable[[int, int, float], keras.Model]:
     except (KeyError, TypeError):
         known = ", ".join(sorted(MODELS))
         raise ConfigError(f"unknown model {name!r} (--model); known models: {known}, or your own builder as "
-                          "package.module:function") from None
+                          "package.module:function", key="model", value=name) from None
     return import_builder(spec.builder, model=name)
 
 
@@ -122,18 +123,19 @@ def import_builder(builder: str, model: str | None = None) -> Callable[[int, int
         raise ConfigError(
             f"model (--model) {name!r}: cannot import {module_name} in the TensorFlow worker ({_first_line(e)}; "
             f"sys.path: {os.pathsep.join(p for p in sys.path if p)}); on a cluster ship the module with "
-            "spark-submit --py-files (or spark.submit.pyFiles), or install it in the executors' environment"
+            "spark-submit --py-files (or spark.submit.pyFiles), or install it in the executors' environment",
+            key="model", value=name
         ) from e
     try:
         found = getattr(module, function)
     except AttributeError as e:
         raise ConfigError(f"model (--model) {name!r}: module {module_name} ({getattr(module, '__file__', None)}) "
                           f"has no attribute {function!r} ({_first_line(e)}); define "
-                          f"{function}(num_classes, image_size, width) in it") from None
+                          f"{function}(num_classes, image_size, width) in it", key="model", value=name) from None
     if not callable(found):
         raise ConfigError(f"model (--model) {name!r}: {module_name}.{function} is not callable (a value of type "
                           f"{type(found).__name__}); define {function}(num_classes, image_size, width) -> "
-                          "tf_keras.Model")
+                          "tf_keras.Model", key="model", value=name)
     return found
 
 
@@ -164,17 +166,18 @@ def check_built_model(name: str, model: object, num_classes: int, image_size: in
             "tf_keras.Model: MultiWorkerMirroredStrategy trains only Keras 2 models (Keras 3's fit fails under it: "
             "keras-team/keras#20585, tensorflow/tensorflow#72388; "
             "docs/design.md, 'Keras 3: our position and what a move would take'); "
-            "build it with Keras 2, `import tf_keras as keras` (the tf-keras package), instead of `import keras`")
+            "build it with Keras 2, `import tf_keras as keras` (the tf-keras package), instead of `import keras`",
+            key="model", value=name)
     got_in = _shape(model, "input_shape")
     if got_in != expected_in:
         raise ConfigError(f"model (--model) {name!r}: the model's input shape is {got_in}, but the job feeds "
                           f"images of shape {expected_in} (float32, --image-size {image_size}); give it one "
-                          f"input `tf_keras.Input(shape=({image_size}, {image_size}, 3))`")
+                          f"input `tf_keras.Input(shape=({image_size}, {image_size}, 3))`", key="model", value=name)
     got_out = _shape(model, "output_shape")
     if got_out != expected_out:
         raise ConfigError(f"model (--model) {name!r}: the model's output shape is {got_out}, but the job needs "
                           f"logits of shape {expected_out} ({num_classes} classes); end it with "
-                          f"`Dense({num_classes})` and no softmax")
+                          f"`Dense({num_classes})` and no softmax", key="model", value=name)
 
 
 

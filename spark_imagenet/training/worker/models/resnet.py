@@ -50,14 +50,15 @@ def build_resnet50(num_classes: int, image_size: int, width: float = 1.0) -> "ke
             ``--image-size``), or ``num_classes`` below 1.
     """
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}",
+                          key="num_classes", value=num_classes)
     if not isinstance(width, (int, float)) or width != 1.0:
         raise ConfigError(f"--width {width!r} does not apply to resnet50, whose layer widths are fixed: "
-                          "leave --width at 1.0")
+                          "leave --width at 1.0", key="width", value=width)
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < MIN_IMAGE_SIZE:
         raise ConfigError(f"--image-size {image_size!r} is too small for resnet50: its five stride-2 stages need "
                           f"at least {MIN_IMAGE_SIZE} pixels; use --image-size {MIN_IMAGE_SIZE} or more "
-                          "(224 is the standard size)")
+                          "(224 is the standard size)", key="image_size", value=image_size)
     import tf_keras as keras  # docs/design.md, 'Keras 2 (tf-keras) under MultiWorkerMirroredStrategy'
 
     return keras.applications.ResNet50(weights=None, include_top=True, input_shape=(image_size, image_size, 3),
