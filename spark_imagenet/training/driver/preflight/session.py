@@ -98,7 +98,8 @@ class SessionFacts:
         try:
             return spark_seconds(value, "s")
         except ConfigError as e:
-            raise ConfigError(f"{BARRIER_TIMEOUT}: {e}; give a time such as 3600s") from None
+            raise ConfigError(f"{BARRIER_TIMEOUT}: {e}; give a time such as 3600s", key=BARRIER_TIMEOUT,
+                              value=value) from None
 
     @property
     def is_connect(self) -> bool:
