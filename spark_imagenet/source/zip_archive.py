@@ -65,7 +65,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 from spark_imagenet.errors import ArchiveError, ConfigError
 from spark_imagenet.source.base import ImageFile, ImageReader, ImageSource, SourceDataset
 from spark_imagenet.source.kaggle import PARTIAL_SUFFIX
-from spark_imagenet.source.layout import (DATA_REL, MAPPING, VAL_CSV, check_train_folders, match_val,
+from spark_imagenet.source.layout import (DATA_REL, MAPPING, VAL_CSV, check_train_folders, listing, match_val,
                                           parse_val_solution, select_images)
 from spark_imagenet.source.synset import SynsetClass, parse_synset_mapping, read_class_list, select_classes
 from spark_imagenet.source.zip_directory import DirEntry, Directory, find_directory, iter_entries
@@ -77,19 +77,11 @@ FORM_ROOT = "root"
 FORM_NESTED = "nested-tar"
 #: The manifest's ``source.kind`` of a zip (either form).
 KIND = "kaggle-cls-loc-zip"
-#: How many offending members an error lists before "... and N more".
-MAX_LISTED = 20
 #: Names under ``ILSVRC/Data/CLS-LOC/{train,val}``; group 1 is what comes before ``ILSVRC/``.
 TREE_RE = re.compile(r"^(.*?)ILSVRC/Data/CLS-LOC/(train|val)(/|$)")
 #: A name under a Kaggle root's data folder at the top or one folder deep: group 1 the prefix, 2 the part.
 _DATA_PART_RE = re.compile(r"^((?:[^/]+/)?)ILSVRC/Data/CLS-LOC/([^/]+)")
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # APPNOTE 4.3.7: local file header, 30 bytes
-
-
-def listing(items: list[str]) -> str:
-    """``items`` as indented lines for a message, at most :data:`MAX_LISTED`, then "... and N more"."""
-    shown = "".join(f"\n  {p}" for p in items[:MAX_LISTED])
-    return shown + (f"\n  ... and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")
 
 
 def progress_bar(progress: bool, total: int, desc: str):
