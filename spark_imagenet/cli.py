@@ -133,8 +133,7 @@ def _shard_source(args: argparse.Namespace) -> int:
     job (:func:`spark_imagenet.dataset.source_job.shard_source_job`)."""
     from spark_imagenet.dataset.shard_options import form_arguments, open_chosen_source
     from spark_imagenet.dataset.source_job import shard_source_job, shard_zip_job
-    from spark_imagenet.source.zip_archive import is_zip_source
-    from spark_imagenet.source.zip_plan import plan_kaggle_zip
+    from spark_imagenet.source.zip_archive import is_zip_source, plan_kaggle_zip
     from spark_imagenet.training.driver.spark_session import session_for
 
     options = dict(train_shards=args.train_shards, val_shards=args.val_shards, seed=args.seed, verify=args.verify,

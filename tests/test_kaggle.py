@@ -25,10 +25,7 @@ import pytest
 from data_util import REPO, small_layout
 from fake_kaggle import RULES_MESSAGE, FakeKaggle, listing_for_tree
 from spark_imagenet.source import kaggle as dl
-from spark_imagenet.source import kaggle_client
-from spark_imagenet.source.kaggle_credentials import find_credentials
-from spark_imagenet.source.kaggle import DEFAULT_COMPETITION, download
-from spark_imagenet.source.kaggle_client import rules_url
+from spark_imagenet.source.kaggle import DEFAULT_COMPETITION, download, find_credentials, rules_url
 from spark_imagenet.errors import DownloadError
 from spark_imagenet.logs import collect
 
@@ -368,8 +365,8 @@ def test_kaggle_json_permission_warning(fake, served, tmp_path, monkeypatch):
 
 def test_long_file_list_takes_size_from_the_download(fake, api_key, served, tmp_path, monkeypatch):
     # ImageNet's list has 1.4 million entries: past LIST_PAGES pages the size comes from Content-Length.
-    monkeypatch.setattr(kaggle_client, "LIST_PAGE_SIZE", 10)
-    monkeypatch.setattr(kaggle_client, "LIST_PAGES", 2)
+    monkeypatch.setattr(dl, "LIST_PAGE_SIZE", 10)
+    monkeypatch.setattr(dl, "LIST_PAGES", 2)
     path, lines = run(tmp_path / "dl")
     assert sha256(path.read_bytes()) == sha256(served[0])
     assert len(fake.api_calls("ListDataFiles")) == 2

@@ -68,7 +68,7 @@ def objects(out: Path) -> set[str]:
 def after_upload(monkeypatch, hook) -> None:
     """Make every shard task of the job call ``hook(object name)`` in each attempt right after its upload."""
     from spark_imagenet.dataset import dataframe
-    from spark_imagenet.dataset.dataframe_task import ShardTask
+    from spark_imagenet.dataset.dataframe import ShardTask
 
     monkeypatch.setattr(dataframe, "ShardTask", functools.partial(ShardTask, after_upload=hook))
 
@@ -489,8 +489,7 @@ def test_a_task_that_keeps_failing_is_one_clear_error_and_leaves_nothing(spark, 
 def test_a_split_the_hash_left_empty_names_the_fraction_not_the_shard_count(tmp_path):
     """Rows go to validation by a hash of their bytes: a few rows at a small fraction can send it none, and fewer
     val shards cannot help (one is the least), so the message names --val-fraction."""
-    from spark_imagenet.dataset.dataframe_commit import Build, _check_results
-    from spark_imagenet.dataset.dataframe_task import ShardResult
+    from spark_imagenet.dataset.dataframe import Build, ShardResult, _check_results
     from spark_imagenet.storage import open_storage
 
     def result(split: str, index: int, examples: int) -> ShardResult:
@@ -513,7 +512,7 @@ def test_each_shard_is_one_partition_of_the_job(spark):
     another idles), and sorts each partition by (shard, order, name, label)."""
     from pyspark.sql import functions as F
 
-    from spark_imagenet.dataset.dataframe_task import shard_partitions
+    from spark_imagenet.dataset.dataframe import shard_partitions
 
     table = spark.range(4000).select((F.col("id") % 37).cast("int").alias("shard"), F.xxhash64("id").alias("order"),
                                      F.col("id").cast("string").alias("name"), F.lit("a").alias("label"))

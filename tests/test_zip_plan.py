@@ -1,5 +1,5 @@
 """The Kaggle zip planned for a Spark job from its streamed central directory (source/zip_directory.py,
-source/zip_plan.py): the same entries as zipfile, the same images and the same layout messages as the local
+source/zip_archive.py): the same entries as zipfile, the same images and the same layout messages as the local
 path's listing, slices that cover the directory once."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from archive_util import kaggle, valid_zip_with, zip_with_links  # noqa: F401
 from spark_imagenet.errors import ArchiveError, ConfigError, LayoutError
 from spark_imagenet.source import open_zip_source
 from spark_imagenet.source.zip_directory import find_directory, iter_entries
-from spark_imagenet.source.zip_plan import chosen_in_slice, plan_kaggle_zip
+from spark_imagenet.source.zip_archive import chosen_in_slice, plan_kaggle_zip
 
 CLS = "ILSVRC/Data/CLS-LOC"
 

@@ -10,51 +10,83 @@ What a build does:
    column leaves it open (``val_fraction``), its shard in the split, and its place in the shard, so the same
    rows make the same shards however the DataFrame is partitioned; identical images share a shard and sort
    next to each other (:func:`keyed_table`);
-3. one Spark task per shard (:func:`~spark_imagenet.dataset.dataframe_task.shard_partitions`: ``repartition``
-   on a key that puts shard ``s`` in partition ``s``, ``sortWithinPartitions``, then ``mapInArrow`` of
-   :class:`~spark_imagenet.dataset.dataframe_task.ShardTask`; DataFrame API only, so classic and Spark Connect
-   sessions run the same job): checks, repairs (and scales, for ``resize``/``max_side``) and encodes each image
-   with the local builder's functions, writes the shard, uploads it verified under a name unique to the task
-   attempt, and returns its :class:`~spark_imagenet.dataset.manifest.ShardInfo`, quality tally and duplicates;
-4. the driver keeps one attempt per shard, writes ``quality-report.json``, commits ``manifest.json`` last
-   (:mod:`spark_imagenet.dataset.dataframe_commit`) and deletes every other object the run wrote.
+3. one Spark task per shard (:func:`shard_partitions`: ``repartition`` on a key that puts shard ``s`` in
+   partition ``s``, ``sortWithinPartitions`` by ``(shard, order hash, name, label)``, then ``mapInArrow`` of
+   :class:`ShardTask`; DataFrame API only, so classic and Spark Connect sessions run the same job, and the
+   shard's bytes depend only on its rows, never on the order Spark delivers them in): each image is checked,
+   repaired (and scaled, for ``resize``/``max_side``) and encoded by the local builder's functions
+   (:func:`~spark_imagenet.dataset.shard_writer.check_image`, :func:`~spark_imagenet.dataset.shard_writer.example`,
+   :func:`~spark_imagenet.dataset.report.note`); identical images sort next to each other (same order hash), so
+   a task finds its shard's duplicates holding one run of equal hashes. The shard is written to the executor's
+   disk, uploaded verified (:func:`spark_imagenet.storage.committed.upload_verified`) under a name unique to
+   the task attempt (:func:`~spark_imagenet.dataset.naming.attempt_shard_name`), and the task returns its
+   :class:`ShardResult`;
+4. the driver (:func:`commit_build`) takes exactly one reported shard per partition (Spark returns one result
+   per partition, whichever attempt succeeded first), writes ``quality-report.json``, commits ``manifest.json``
+   last with the compare-and-swap of :func:`spark_imagenet.dataset.transfer.commit_manifest`, and deletes the
+   run's objects the manifest does not name (failed attempts, speculative copies that finished second). Nothing
+   is renamed: on object stores a rename is a copy of every byte, and the manifest is the commit point. An
+   attempt Spark could not stop before the clean-up may still upload its object after it: that object is in no
+   manifest, matches the shard pattern, and the next build to the same destination removes it
+   (:func:`~spark_imagenet.dataset.transfer.remove_replaced`).
 
 The dataset id is a fingerprint of the shards' content (class names, and per shard its examples, size and
 CRC32C), known only once they are written: a second run over the same rows finds the same id and leaves the
 committed dataset as it is. How this differs from :func:`spark_imagenet.dataset.sharding.shard`: docs/design.md,
-'Sharding a DataFrame as a Spark job'.
+'Sharding a DataFrame as a Spark job'. What runs on the executors (:class:`ShardTask` and what it calls) is
+module-level and picklable.
 
-Example::
+Example:
 
-    df = spark.read.parquet("s3://bucket/images")          # columns content (binary), label (string)
-    manifest = shard_dataframe(df, "s3://bucket/shards", train_shards=64, val_shards=8)
+>>> import shutil
+>>> photos = shutil.copytree("/data/kaggle/ILSVRC/Data/CLS-LOC/train", os.path.abspath("photos"))
+>>> df = spark.read.format("binaryFile").load(f"{photos}/*/*.JPEG")  # doctest: +SKIP
+>>> manifest = shard_dataframe(df, "gs://my-bucket/photo-shards", train_shards=2, val_shards=1,  # doctest: +SKIP
+...                            val_fraction=0.25, progress=False)
+>>> manifest.classes[0].wnid, sorted(manifest.splits)  # doctest: +SKIP
+('n90000000', ['train', 'val'])
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as _dt
+import hashlib
+import itertools
 import logging
 import math
+import os
+import pickle
+import re
+import tempfile
 import threading
 import uuid
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
-from spark_imagenet.dataset.dataframe_commit import Build, commit_build, delete_run
-from spark_imagenet.dataset.dataframe_task import RESULT_SCHEMA, ShardResult, ShardTask, shard_partitions
+from spark_imagenet import errors
+from spark_imagenet.dataset.duplicates import Duplicate, Duplicates, digest
 from spark_imagenet.dataset.image_form import ORIGINAL, ImageForm, image_form
-from spark_imagenet.dataset.manifest import Manifest
+from spark_imagenet.dataset.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardInfo, SplitInfo
+from spark_imagenet.dataset.naming import attempt_shard_name, of_run
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
-from spark_imagenet.dataset.duplicates import Duplicate
+from spark_imagenet.dataset.quality import CATEGORIES
+from spark_imagenet.dataset.report import (QUALITY_REPORT, Quality, format_quality, note, quality_totals,
+                                           write_quality_report)
+from spark_imagenet.dataset.shard_writer import check_image, example
+from spark_imagenet.dataset.sharding import (FEATURE_KEYS, MAX_LISTED, MIN_AUTO_TRAIN_SHARDS, MIN_AUTO_VAL_SHARDS,
+                                             ON_CORRUPT_MODES, TARGET_SHARD_BYTES, VERIFY_MODES)
 from spark_imagenet.dataset.split_copies import copies_across_splits
 from spark_imagenet.dataset.tables import labelled_by_folder
-from spark_imagenet.dataset.sharding import (MIN_AUTO_TRAIN_SHARDS, MIN_AUTO_VAL_SHARDS, ON_CORRUPT_MODES,
-                                             TARGET_SHARD_BYTES, VERIFY_MODES)
-from spark_imagenet.dataset.transfer import Destination, check_destination
-from spark_imagenet.errors import ConfigError, DataError, LayoutError, SparkImagenetError, spark_reason
-from spark_imagenet.source.labelled import MAX_LISTED, integer_classes, listing, name_classes
+from spark_imagenet.dataset.tfrecord import write_record
+from spark_imagenet.dataset.transfer import Destination, check_destination, commit_manifest, remove_replaced
+from spark_imagenet.errors import (ConfigError, DataError, ImageError, LayoutError, ManifestError, SparkImagenetError,
+                                   StorageError, spark_reason)
+from spark_imagenet.source.base import ImageFile
+from spark_imagenet.source.labelled import MAX_LISTED as MAX_ROWS_LISTED, integer_classes, listing, name_classes
 from spark_imagenet.source.synset import SynsetClass
-from spark_imagenet.storage import open_storage
+from spark_imagenet.storage import Storage, crc32c_file, open_storage
+from spark_imagenet.storage.committed import Entry, upload_verified
 
 logger = logging.getLogger(__name__)
 
@@ -171,14 +203,11 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
         ImageError: unusable images with ``on_corrupt="error"`` (every one listed; nothing is committed).
         StorageError: ``out`` cannot be written, or a shard could not be uploaded intact.
 
-    Example:
+    Example (a run: the module's example):
 
-    ```python
-    from spark_imagenet import shard_dataframe
-
-    df = spark.read.format("binaryFile").load("/data/photos/*/*.jpg")   # one folder per class: its label
-    manifest = shard_dataframe(df, "gs://my-bucket/photo-shards", val_fraction=0.1)
-    ```
+    >>> from spark_imagenet import shard_dataframe
+    >>> df = spark.read.format("binaryFile").load("/data/photos/*/*.jpg")  # doctest: +SKIP
+    >>> manifest = shard_dataframe(df, "gs://my-bucket/photo-shards", val_fraction=0.1)  # doctest: +SKIP
     """
     _check_options(val_fraction, verify, on_corrupt, train_shards, val_shards)
     check_max_pixels(max_image_pixels)
@@ -357,7 +386,7 @@ def _check_groups(df: Any, groups: list, columns: Columns) -> None:
                         "say 'train', 'val' or nothing (null: decided by val_fraction); map the other values first")
 
 
-def row_names(df: Any, columns: Columns, bad: Any, limit: int = MAX_LISTED) -> list[str]:
+def row_names(df: Any, columns: Columns, bad: Any, limit: int = MAX_ROWS_LISTED) -> list[str]:
     """How a refusal names the first ``limit`` rows where the boolean column ``bad`` holds: by the name column
     (``path`` of a binaryFile read, or ``name_col``) when there is one, else by their number in the DataFrame's
     order (1-based: the partitions in order, the rows of each in order). Reads only the columns ``bad`` and the
@@ -429,8 +458,6 @@ def _destination(storage: Any, overwrite: bool, form: ImageForm) -> Destination:
     """What ``out`` holds before the job: other files refused unless ``overwrite``; an unreadable manifest too,
     and a dataset of another image form (this build's id cannot be its id). Any other dataset there is compared
     with this one once its id is known (:func:`commit_build`)."""
-    from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
-
     if storage.exists(MANIFEST_NAME):
         dest = check_destination(storage, "", True)
         if dest.replaced == "(unreadable manifest)" and not overwrite:
@@ -447,7 +474,7 @@ def _destination(storage: Any, overwrite: bool, form: ImageForm) -> Destination:
 
 
 def keyed_table(df: Any, columns: Columns, counts: tuple[int, int], seed: int, val_fraction: float) -> Any:
-    """The rows as a DataFrame of :data:`~spark_imagenet.dataset.dataframe_task.ROW_COLUMNS`: ``shard`` (train
+    """The rows as a DataFrame of :data:`ROW_COLUMNS`: ``shard`` (train
     shard ``s`` is ``s``, val shard ``s`` is ``train_shards + s``), ``order`` (the place in it), ``name``,
     ``label`` (as the label column holds it) and ``image``, each chosen by seeded hashes of the image bytes."""
     from pyspark.sql import functions as F
@@ -525,7 +552,9 @@ def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], 
         with _arrow_batches(spark):
             output = table.mapInArrow(task, RESULT_SCHEMA)
             if task.index:  # kept on the executors' disks for the index's aggregation: the images are read once
-                output = output.persist(_disk_only())
+                from pyspark.storagelevel import StorageLevel
+
+                output = output.persist(StorageLevel.DISK_ONLY)
             return _results(output), (copies_across_splits(output.where("result IS NULL")) if task.index else ())
     except Exception as e:
         raise task_error(e) from None
@@ -539,15 +568,7 @@ def _run_job(df: Any, columns: Columns, found: Survey, counts: tuple[int, int], 
 
 def _results(output: Any) -> list[ShardResult]:
     """The tasks' :class:`ShardResult` rows of the job's output."""
-    import pickle
-
     return [pickle.loads(row["result"]) for row in output.where("result IS NOT NULL").select("result").collect()]
-
-
-def _disk_only() -> Any:
-    from pyspark.storagelevel import StorageLevel
-
-    return StorageLevel.DISK_ONLY
 
 
 def _report(accumulators: tuple | None, total: int, stop: threading.Event, every: float) -> None:
@@ -568,10 +589,6 @@ def _log_progress(accumulators: tuple | None, total: int) -> None:
 def task_error(exc: BaseException) -> SparkImagenetError:
     """The error a failed job stands for: the package error a task raised (same class and message), else a
     :class:`~spark_imagenet.errors.StorageError` with Spark's reason."""
-    import re
-
-    from spark_imagenet import errors
-
     found = re.findall(r"spark_imagenet\.errors\.(\w+): (.+)", str(exc))
     if found:
         name, message = found[-1]
@@ -579,3 +596,527 @@ def task_error(exc: BaseException) -> SparkImagenetError:
         if isinstance(cls, type) and issubclass(cls, SparkImagenetError):
             return cls(message)
     return errors.StorageError(f"the sharding job failed: {spark_reason(exc)}")
+
+
+# -- the executor task ---------------------------------------------------------------------------------------------
+
+#: How many bad files one task reports by name (the count is always whole).
+MAX_PROBLEMS = 50
+#: How many groups of duplicates one task reports.
+MAX_DUPLICATES = 1000
+
+#: The columns a task reads, in this order: shard (int), order hash (long), name (string), label (class name or
+#: id), image (binary).
+ROW_COLUMNS = ("shard", "order", "name", "label", "image")
+#: The schema of what a task returns: per shard one row with its pickled :class:`ShardResult` (the other columns
+#: null), and with ``index`` set one row per usable image (``result`` null): its order hash, length, whether it
+#: is in val, name and label (what :mod:`spark_imagenet.dataset.split_copies` groups).
+RESULT_SCHEMA = "result binary, order long, length long, val int, name string, label string"
+#: Index rows per Arrow batch a task yields.
+INDEX_BATCH_ROWS = 4096
+
+#: One row as the task reads it: ``(shard, order hash, name, label, image bytes)``.
+Row = tuple[int, int, str, Any, bytes]
+
+
+def partition_keys(spark: Any, partitions: int) -> list[int]:
+    """For each partition ``p`` of ``partitions``, a long whose Spark hash partitioning
+    (``repartition(partitions, key)``: Murmur3 with seed 42, modulo ``partitions``) is ``p``: the smallest such
+    among the first ``64 * partitions`` numbers, found by one small Spark query (the same hash the shuffle uses,
+    so no copy of it here).
+
+    Raises:
+        RuntimeError: some partition has no key among them (about e^-64 per partition; never seen).
+    """
+    from pyspark.sql import functions as F
+
+    found = (spark.range(64 * partitions).groupBy(F.pmod(F.hash("id"), F.lit(partitions)).alias("p"))
+             .agg(F.min("id").alias("key")).collect())
+    keys = {row["p"]: row["key"] for row in found}
+    if len(keys) < partitions:
+        raise RuntimeError(f"no partition key found for {partitions - len(keys)} of {partitions} partitions")
+    return [keys[p] for p in range(partitions)]
+
+
+def shard_partitions(table: Any, total: int) -> Any:
+    """``table`` (:func:`keyed_table`) in ``total`` partitions, partition ``s`` holding exactly shard ``s``'s rows
+    sorted by ``(shard, order, name, label)``. A repartition with a number is kept as it is by adaptive query
+    execution (only repartitions without one are coalesced)."""
+    from pyspark.sql import functions as F
+
+    keys = partition_keys(table.sparkSession, total)
+    key = F.element_at(F.array(*[F.lit(k) for k in keys]), F.col("shard") + F.lit(1)).cast("long")
+    return (table.withColumn("_key", key).repartition(total, "_key")
+            .sortWithinPartitions("shard", "order", "name", "label").drop("_key"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    """What one task attempt reports to the driver.
+
+    Attributes:
+        split: ``"train"`` or ``"val"``.
+        index: the shard's index in its split.
+        info: the shard as uploaded (name, examples, bytes, CRC32C); None when a bad image stopped it
+            (``on_corrupt="error"``).
+        problems: the bad files (``name: reason``), at most :data:`MAX_PROBLEMS`.
+        bad: how many images were unusable (empty, truncated, undecodable).
+        images: images read.
+        image_bytes: bytes of the images read.
+        categories: the count per quality category (:data:`spark_imagenet.dataset.quality.CATEGORIES`).
+        files: every repaired or skipped image: ``(name, category, reason, action)``.
+        duplicates: the groups of identical images found in this shard (at most :data:`MAX_DUPLICATES`; rows
+            of one split: a shard holds one).
+    """
+
+    split: str
+    index: int
+    info: ShardInfo | None
+    problems: tuple[str, ...]
+    bad: int
+    images: int
+    image_bytes: int
+    categories: dict[str, int]
+    files: tuple[tuple[str, str, str, str], ...]
+    duplicates: tuple[Duplicate, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """The function Spark runs per partition (``mapInArrow``): for each shard among its rows (one, as the job
+    partitions them), write, upload and report it. Shard ``s`` is train shard ``s`` for ``s < train_shards``,
+    else val shard ``s - train_shards``.
+
+    Attributes:
+        storage: the destination (a picklable handle; each executor opens its own client).
+        run: this run's token (8 hex digits), part of every object name the run writes.
+        train_shards: shards of the train split.
+        val_shards: shards of the val split.
+        classes: the class names by class id (the record's ``image/class/synset``).
+        integer_labels: whether the rows' labels are class ids (else class names, looked up in ``classes``).
+        verify: ``"decode"`` or ``"header"`` (:func:`spark_imagenet.dataset.quality.classify`).
+        on_corrupt: ``"error"`` (a bad image stops the shard; nothing is uploaded) or ``"skip"``.
+        max_pixels: the pixel limit (:mod:`spark_imagenet.dataset.pixels`): a larger image is unusable.
+        form: how the images are stored (:mod:`spark_imagenet.dataset.image_form`).
+        progress: Spark accumulators ``(shards, images, bytes, bad)`` the driver's progress line reads, or None
+            (a Spark Connect session has none).
+        index: also return one index row per usable image (see :data:`RESULT_SCHEMA`).
+        after_upload: called with the object's name right after this attempt uploaded it (a test makes the
+            first attempt fail there); None in real use.
+    """
+
+    storage: Storage
+    run: str
+    train_shards: int
+    val_shards: int
+    classes: tuple[str, ...]
+    integer_labels: bool = False
+    verify: str = "decode"
+    on_corrupt: str = "error"
+    progress: tuple[Any, Any, Any, Any] | None = None
+    index: bool = False
+    after_upload: Callable[[str], None] | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    form: ImageForm = ORIGINAL
+
+    def place(self, shard: int) -> tuple[str, int, int]:
+        """``(split, index, count)`` of shard ``shard``."""
+        if shard < self.train_shards:
+            return "train", shard, self.train_shards
+        return "val", shard - self.train_shards, self.val_shards
+
+    def __call__(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Arrow batches of sorted rows (:data:`ROW_COLUMNS`) in, one batch per shard out (:data:`RESULT_SCHEMA`).
+
+        Raises:
+            StorageError: a shard cannot be written locally or uploaded intact (Spark retries the task).
+        """
+        for shard, rows in itertools.groupby(self._rows(batches), key=lambda row: row[0]):
+            images: list[tuple[int, int, str, str]] = []
+            result = self.write(shard, rows, images if self.index else None)
+            yield _batch([pickle.dumps(result)], [(None, None, None, None)])
+            val = int(shard >= self.train_shards)
+            for at in range(0, len(images), INDEX_BATCH_ROWS):
+                chunk = images[at:at + INDEX_BATCH_ROWS]
+                yield _batch([None] * len(chunk), [(o, n, name, cls) for o, n, name, cls in chunk], val)
+
+    def _rows(self, batches: Iterable[Any]) -> Iterator[Row]:
+        """The rows of the batches in order, each label made a class id."""
+        ids = None if self.integer_labels else {name: i for i, name in enumerate(self.classes)}
+        for batch in batches:
+            columns = [batch.column(name).to_pylist() for name in ROW_COLUMNS]
+            for shard, order, name, label, image in zip(*columns):
+                yield shard, order, name, (label if ids is None else ids[label]), image
+
+    def write(self, shard: int, rows: Iterable[Row], images: list | None = None) -> ShardResult:
+        """Write, upload and report one shard from its sorted rows; append ``(order, length, name, class)`` of
+        each usable image to ``images`` when it is given.
+
+        Raises:
+            StorageError: the shard cannot be written locally or uploaded intact.
+        """
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        attempt = context.taskAttemptId() if context is not None else 0
+        split, index, count = self.place(shard)
+        name = attempt_shard_name(split, index, count, self.run, attempt)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=_scratch())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                writer = _ShardWriter(f, split, self, images)
+                for _shard, order, image_name, label, data in rows:
+                    writer.add(order, image_name, label, data)
+                writer.finish()
+            info = None
+            if not writer.problems:
+                size = os.path.getsize(tmp)
+                info = ShardInfo(name, writer.written, size, crc32c_file(tmp))
+                upload_verified(self.storage, [(tmp, Entry(name, size, info.crc32c))], transfers=1, noun="shard",
+                                reference="the shard this task wrote", uncommitted="the shard was not kept")
+                if self.after_upload is not None:
+                    self.after_upload(name)
+            self._count(writer)
+            return writer.result(index, info)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _count(self, writer: _ShardWriter) -> None:
+        """Add this shard to the driver's progress accumulators."""
+        if self.progress is not None:
+            shards, images, nbytes, bad = self.progress
+            shards.add(1)
+            images.add(writer.images)
+            nbytes.add(writer.image_bytes)
+            bad.add(writer.bad)
+
+
+def _batch(results: list[bytes | None], rows: list[tuple], val: int | None = None) -> Any:
+    """One Arrow batch of :data:`RESULT_SCHEMA`."""
+    import pyarrow as pa
+
+    orders, lengths, names, labels = zip(*rows)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(results, pa.binary()), pa.array(orders, pa.int64()), pa.array(lengths, pa.int64()),
+         pa.array([val] * len(rows), pa.int32()), pa.array(names, pa.string()), pa.array(labels, pa.string())],
+        names=["result", "order", "length", "val", "name", "label"])
+
+
+def _scratch() -> str | None:
+    """Where a task writes its shard before the upload: the first of the executor's ``SPARK_LOCAL_DIRS`` (Spark
+    sets it for its Python workers: the disks it gives to shuffle files), else the temporary folder."""
+    first = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
+    return first if first and os.path.isdir(first) else None
+
+
+class _ShardWriter:
+    """Checks, encodes and writes the rows of one shard in order, and tallies what it found."""
+
+    def __init__(self, f: BinaryIO, split: str, task: ShardTask, index: list | None = None):
+        self._f = f
+        self._index = index
+        self._split = split
+        self._task = task
+        self.quality: Quality = ({}, [])
+        self.files: list[tuple[str, str, str, str]] = []
+        self.problems: list[str] = []
+        self.duplicates: list[Duplicate] = []
+        self.bad = self.images = self.image_bytes = self.written = 0
+        self._run_hash: int | None = None
+        self._run: list[tuple[bytes, str, str]] = []
+
+    def add(self, order: int, name: str, label: int, data: bytes) -> None:
+        """Check one image and append its record (unless it is unusable, or a bad image stopped the shard). A
+        null image (one the driver's survey did not read) is never left out: it fails the shard, named."""
+        if data is None:
+            self.images += 1
+            self.bad += 1
+            if len(self.problems) < MAX_PROBLEMS:
+                self.problems.append(f"{name or 'a row without a name column'}: no image (the image column is null)")
+            return
+        data = bytes(data)
+        cls = self._task.classes[label]
+        self.images += 1
+        self.image_bytes += len(data)
+        stored, height, width, finding = check_image(data, name, self._task.verify, self._task.max_pixels,
+                                                     self._task.form)
+        if stored is not None:  # an unusable image is left out, reported as such, and not compared
+            self._note_duplicate(order, digest(data), name, cls)
+            if self._index is not None:
+                self._index.append((order, len(data), name, cls))
+        listed = len(self.quality[1])
+        note(self.quality, self.images - 1, finding, stored)
+        if len(self.quality[1]) > listed:
+            _k, category, reason, action = self.quality[1][-1]
+            self.files.append((name, category, reason, action))
+        if stored is None:
+            self.bad += 1
+            if self._task.on_corrupt == "error" and len(self.problems) < MAX_PROBLEMS:
+                self.problems.append(f"{name}: {finding.reason}")
+        elif not self.bad or self._task.on_corrupt != "error":
+            write_record(self._f, example(ImageFile(name, label, cls, len(data)), stored, height, width))
+            self.written += 1
+
+    def _note_duplicate(self, order: int, image_digest: bytes, name: str, cls: str) -> None:
+        """Keep the run of rows with the same order hash; report its identical images when the run ends."""
+        if order != self._run_hash:
+            self._flush_run()
+            self._run_hash = order
+        self._run.append((image_digest, name, cls))
+
+    def _flush_run(self) -> None:
+        groups: dict[bytes, list[tuple[str, str]]] = {}
+        for same, name, cls in self._run:
+            groups.setdefault(same, []).append((name, cls))
+        for rows in groups.values():
+            if len(rows) > 1 and len(self.duplicates) < MAX_DUPLICATES:
+                self.duplicates.append(Duplicate.of((self._split, n, c) for n, c in rows))
+        self._run = []
+
+    def finish(self) -> None:
+        """Report the last run of equal hashes."""
+        self._flush_run()
+
+    def result(self, index: int, info: ShardInfo | None) -> ShardResult:
+        """What the task reports (see :class:`ShardResult`)."""
+        return ShardResult(self._split, index, info, tuple(self.problems), self.bad, self.images, self.image_bytes,
+                           dict(self.quality[0]), tuple(self.files), tuple(self.duplicates))
+
+
+# -- the commit ----------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    """A finished Spark job, ready to commit.
+
+    Attributes:
+        storage: the destination.
+        dest: what it held before the job (:func:`spark_imagenet.dataset.transfer.check_destination`).
+        run: the run's token (in every object name it wrote).
+        classes: the manifest's classes, by id.
+        counts: ``(train shards, val shards)``.
+        results: one :class:`ShardResult` per partition.
+        verify: ``"decode"`` or ``"header"``.
+        on_corrupt: ``"error"`` or ``"skip"``.
+        overwrite: whether a different dataset at the destination may be replaced.
+        source: the manifest's ``source`` (what was read).
+        across: groups of copies in both splits that a split column made (none without one; the tasks cannot
+            see them: :mod:`spark_imagenet.dataset.split_copies`).
+        form: how the images are stored (:mod:`spark_imagenet.dataset.image_form`).
+    """
+
+    storage: Storage
+    dest: Destination
+    run: str
+    classes: tuple[SynsetClass, ...]
+    counts: tuple[int, int]
+    results: tuple[ShardResult, ...]
+    verify: str
+    on_corrupt: str
+    overwrite: bool
+    source: dict[str, Any]
+    across: tuple[Duplicate, ...] = ()
+    form: ImageForm = ORIGINAL
+
+
+def delete_run(storage: Storage, run: str, keep: Iterable[str] = ()) -> int:
+    """Delete the objects run ``run`` wrote that are not in ``keep``; a failure to delete is logged, not raised
+    (this runs after another failure, or after the commit).
+
+    Returns:
+        int: objects deleted.
+    """
+    keep = set(keep)
+    try:
+        names = [o.name for o in storage.list() if of_run(o.name, run) and o.name not in keep]
+    except StorageError as e:
+        logger.warning(f"warning: could not list {storage.url} to remove this run's extra shards: {e}")
+        return 0
+    gone = 0
+    for name in names:
+        try:
+            storage.delete(name, best_effort=True)
+            gone += 1
+        except StorageError as e:
+            logger.warning(f"warning: could not remove {storage.where(name)}: {e}")
+    return gone
+
+
+def fingerprint(classes: tuple[str, ...], splits: dict[str, SplitInfo], on_corrupt: str,
+                form: ImageForm = ORIGINAL) -> str:
+    """The dataset id of a DataFrame build: SHA-256 (first 16 bytes, hex) of the format version, the class names,
+    the stored form (unless ``original``: ids of earlier builds stay) and per shard its examples, size and CRC32C,
+    in shard order. Equal ids mean byte-identical shards of the same form (the object names, which carry the run
+    and attempt, are left out; a ``--max-side`` above every image's size stores the same bytes, another form)."""
+    h = hashlib.sha256(f"spark-imagenet/{FORMAT_VERSION}\ndataframe\n".encode())
+    if on_corrupt != "error":
+        h.update(f"on-corrupt {on_corrupt}\n".encode())
+    if form != ORIGINAL:
+        h.update(f"form {form.label}\n".encode())
+    for i, name in enumerate(classes):
+        h.update(f"class {i} {name}\n".encode())
+    for split, info in splits.items():
+        for k, s in enumerate(info.shards):
+            h.update(f"shard {split} {k} {len(info.shards)} {s.examples} {s.bytes} {s.crc32c}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def _ordered(build: Build) -> dict[str, list[ShardResult]]:
+    """The results per split in shard order; a shard that got no rows (its task had none, so it reported
+    nothing) stands as an empty result, which :func:`_check_results` refuses."""
+    found = {(r.split, r.index): r for r in build.results}
+    return {split: [found.get((split, i)) or ShardResult(split, i, None, (), 0, 0, 0, {}, (), ())
+                    for i in range(count)]
+            for split, count in zip(("train", "val"), build.counts)}
+
+
+def _check_results(build: Build, ordered: dict[str, list[ShardResult]]) -> None:
+    """Refuse a build with unusable images (``on_corrupt="error"``) or a shard that got no rows.
+
+    Raises:
+        ImageError: unusable images (listed, at most :data:`~spark_imagenet.dataset.sharding.MAX_LISTED`).
+        DataError: a shard without examples.
+    """
+    bad = sum(r.bad for r in build.results)
+    if bad and build.on_corrupt == "error":
+        listed = sorted(p for r in build.results for p in r.problems)[:MAX_LISTED]
+        raise ImageError(f"{bad} image(s) are empty, truncated or do not decode; nothing was committed to "
+                         f"{build.storage.url}. Fix or remove those rows, or pass on_corrupt='skip' (--on-corrupt skip) "
+                         "to leave them out, and run again:" + "".join(f"\n  {p}" for p in listed)
+                         + (f"\n  ... and {bad - len(listed)} more" if bad > len(listed) else ""))
+    for split, results in ordered.items():
+        empty = [r.index for r in results if r.info is None or r.info.examples == 0]
+        if empty and len(empty) == len(results):
+            fraction = "larger" if split == "val" else "smaller"
+            raise DataError(f"the {split} split got no images: rows without a split go to validation by a hash of "
+                            f"their bytes, and the hash sent {split} none; give a {fraction} --val-fraction "
+                            f"(val_fraction=), or a split column that names some rows '{split}'")
+        if empty:
+            raise DataError(f"{len(empty)} of the {len(results)} {split} shards got no images (shard "
+                            f"{', '.join(map(str, empty[:10]))}): choose fewer {split} shards (rows go to shards by "
+                            "a hash of their bytes, so shards need some dozens of rows each to be filled)")
+
+
+def quality_report(build: Build, ordered: dict[str, list[ShardResult]], dataset_id: str) -> dict[str, Any]:
+    """The content of ``quality-report.json``, in the local builder's format
+    (:func:`spark_imagenet.dataset.report.quality_report`), ``duplicates`` included: the groups of rows with
+    identical image bytes that the tasks found, each within one shard
+    (:class:`spark_imagenet.dataset.duplicates.Duplicates`)."""
+    splits: dict[str, dict[str, Any]] = {}
+    files: list[dict[str, str]] = []
+    for split, results in ordered.items():
+        counts = dict.fromkeys(CATEGORIES, 0)
+        repaired = skipped = 0
+        for r in results:
+            for category, n in r.categories.items():
+                counts[category] += n
+            for name, category, reason, action in r.files:
+                files.append({"split": split, "file": name, "category": category, "action": action, "reason": reason})
+                repaired += action == "repaired"
+                skipped += action == "skipped"
+        found = sum(r.images for r in results)
+        splits[split] = {"files": found, "examples": found - skipped, "repaired": repaired, "skipped": skipped,
+                         "categories": counts}
+    files.sort(key=lambda f: (f["split"] != "train", f["file"]))
+    duplicates = _duplicates(build)
+    return QUALITY_REPORT.to_json({"dataset_id": dataset_id, "verify": build.verify, "on_corrupt": build.on_corrupt,
+                                   "splits": splits, "files": files, **duplicates.fields()})
+
+
+def _duplicates(build: Build) -> Duplicates:
+    """The groups of identical images the tasks reported, and those across splits."""
+    return Duplicates.of([*build.across, *(d for r in build.results for d in r.duplicates)])
+
+
+def _log_report(build: Build, report: dict[str, Any]) -> None:
+    """The quality summary, and the identical images (:meth:`Duplicates.log`)."""
+    for line in format_quality(report):
+        logger.info(line)
+    _duplicates(build).log(logger)
+
+
+def _prior(build: Build) -> Manifest | None:
+    """The manifest at the destination before the job, or None (none, or unreadable and ``overwrite``)."""
+    if MANIFEST_NAME not in build.dest.objects:
+        return None
+    try:
+        return Manifest.load(build.storage)
+    except ManifestError:
+        return None
+
+
+def _intact(build: Build, manifest: Manifest) -> bool:
+    """Whether every shard ``manifest`` names is at the destination with its size (and listed CRC32C)."""
+    objects = build.dest.objects
+    for split in manifest.splits.values():
+        for s in split.shards:
+            info = objects.get(s.name)
+            if info is None or info.size != s.bytes or (info.crc32c is not None and info.crc32c != s.crc32c):
+                return False
+    return True
+
+
+def commit_build(build: Build) -> Manifest:
+    """Commit a finished job (see the module doc): check it, write the quality report, commit the manifest, delete
+    the run's other objects. On any failure before the commit, every object of the run is deleted.
+
+    Returns:
+        Manifest: the committed manifest, or the one already at the destination when it is the same dataset.
+
+    Raises:
+        ImageError: unusable images with ``on_corrupt="error"``.
+        DataError: a shard got no rows.
+        ConfigError: the destination holds a different dataset (without ``overwrite``), or another writer
+            committed a different one meanwhile.
+        StorageError: the report or the manifest cannot be written.
+    """
+    try:
+        manifest, report = _manifest(build)
+        prior = _prior(build)
+        if prior is not None and prior.dataset_id == manifest.dataset_id and _intact(build, prior):
+            logger.info(f"{build.storage.url} already holds this dataset (id {prior.dataset_id}); nothing to do")
+            delete_run(build.storage, build.run)
+            return prior
+        if prior is not None and prior.dataset_id != manifest.dataset_id and not build.overwrite:
+            raise ConfigError(f"{build.storage.url} already holds a different dataset (id {prior.dataset_id}, images "
+                              f"stored as '{prior.image_form.label}', built {prior.created}); choose another "
+                              "destination, or pass overwrite=True (--overwrite) to replace it. This run's shards were "
+                              "removed again")
+        _log_report(build, report)
+        write_quality_report(build.storage, report)
+        committed = commit_manifest(build.storage, manifest, build.dest.generation)
+    except BaseException:
+        delete_run(build.storage, build.run)
+        raise
+    keep = {s.name for split in committed.splits.values() for s in split.shards}
+    with contextlib.suppress(StorageError):
+        if committed is manifest:
+            remove_replaced(build.storage, manifest, build.dest.objects)
+    removed = delete_run(build.storage, build.run, keep)
+    logger.info(f"committed {sum(s.examples for s in committed.splits.values())} examples in {len(keep)} shards "
+                f"(id {committed.dataset_id}) to {build.storage.url}"
+                + (f"; removed {removed} object(s) of failed or duplicate task attempts" if removed else ""))
+    return committed
+
+
+def _manifest(build: Build) -> tuple[Manifest, dict[str, Any]]:
+    """The manifest of a checked build (:func:`_check_results`), and its quality report."""
+    ordered = _ordered(build)
+    _check_results(build, ordered)
+    splits = {split: SplitInfo(tuple(r.info for r in results if r.info is not None))
+              for split, results in ordered.items()}
+    dataset_id = fingerprint(tuple(c.wnid for c in build.classes), splits, build.on_corrupt, build.form)
+    report = quality_report(build, ordered, dataset_id)
+    return Manifest(
+        dataset_id=dataset_id,
+        created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        classes=build.classes,
+        splits=splits,
+        source=build.source,
+        selection={"train_shards": build.counts[0], "val_shards": build.counts[1], "verify": build.verify,
+                   "on_corrupt": build.on_corrupt, "quality": quality_totals(report),
+                   "duplicates": report["duplicate_totals"]["groups"]},
+        feature_keys=FEATURE_KEYS,
+        image_form=build.form,
+    ), report

@@ -4,7 +4,7 @@ quality report and the log name them. One definition for both build paths:
 * the local builder (:mod:`spark_imagenet.dataset.sharding`): each shard worker computes :func:`digest` of
   every usable image's raw bytes as it reads them, the driver keeps them in one :class:`DigestTable` and
   compares them across every shard and both splits (:meth:`DigestTable.find`);
-* the Spark job (:mod:`spark_imagenet.dataset.dataframe_task`): identical bytes sort next to each other in one
+* the Spark job (:mod:`spark_imagenet.dataset.dataframe`): identical bytes sort next to each other in one
   shard, and each task groups them.
 
 A copy in train of a validation image is the case that matters most: the model is trained on an image it is

@@ -32,8 +32,7 @@ from spark_imagenet.dataset.manifest import Manifest
 from spark_imagenet.dataset.pixels import DEFAULT_MAX_PIXELS, check_max_pixels
 from spark_imagenet.errors import ArchiveError, ConfigError, StorageError
 from spark_imagenet.source.base import ImageFile, ImageReader, SourceDataset
-from spark_imagenet.source.zip_archive import ZipSource, read_located
-from spark_imagenet.source.zip_plan import ZipPlan, chosen_in_slice
+from spark_imagenet.source.zip_archive import ZipPlan, ZipSource, chosen_in_slice, read_located
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +190,7 @@ def shard_zip_job(spark: Any, plan: ZipPlan, out: str, *, train_shards: int | No
                   resize: int | None = None, max_side: int | None = None,
                   jpeg_quality: int | None = None) -> Manifest:
     """Build the shards and ``manifest.json`` of a Kaggle zip planned without listing it on the driver
-    (:func:`~spark_imagenet.source.zip_plan.plan_kaggle_zip`): each task lists one slice of the zip's
+    (:func:`~spark_imagenet.source.zip_archive.plan_kaggle_zip`): each task lists one slice of the zip's
     central directory and reads the chosen members in it (:class:`ListZipSlice`).
 
     Args:

@@ -2,7 +2,7 @@
 
 Without a split column, a row's split comes from a hash of its bytes, so copies of one image always share a
 split, and the shard tasks find every group of copies (identical bytes sort next to each other in one shard:
-:mod:`spark_imagenet.dataset.dataframe_task`). A split column can put one copy in train and another in val,
+:mod:`spark_imagenet.dataset.dataframe`). A split column can put one copy in train and another in val,
 in shards that no task sees together: the case that matters most, since validation images are then trained
 on. When a split column is given, each task also returns an index row per usable image (its 64-bit order
 hash, length, split, name and class; no image bytes), the driver keeps the job's output on the executors'
@@ -21,7 +21,7 @@ def copies_across_splits(index: Any) -> tuple[Duplicate, ...]:
     """The groups of identical images with copies in both train and val.
 
     Args:
-        index: the tasks' index rows (:data:`~spark_imagenet.dataset.dataframe_task.RESULT_SCHEMA`: ``order``,
+        index: the tasks' index rows (:data:`~spark_imagenet.dataset.dataframe.RESULT_SCHEMA`: ``order``,
             a seeded 64-bit hash of the bytes; ``length``; ``val``, 1 for val; ``name``; ``label``, the class
             name), of usable images only.
 

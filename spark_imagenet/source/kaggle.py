@@ -2,12 +2,20 @@
 
 :func:`download` fetches the ``imagenet-object-localization-challenge``
 archive (one zip of about 155 GiB) or any other competition's, through
-``kaggle.api.kaggle_api_extended.KaggleApi`` (PyPI ``kaggle`` 2.x):
+``kaggle.api.kaggle_api_extended.KaggleApi`` (PyPI ``kaggle`` 2.x). One module, in the order a download runs:
 
-* Credentials are found where the client looks, in its order
-  (:func:`spark_imagenet.source.kaggle_credentials.find_credentials`), and
-  named in every message about a rejection; the client itself, and its errors
-  as messages, are in :mod:`spark_imagenet.source.kaggle_client`.
+* The credentials: :func:`find_credentials` looks where the client looks, in its order, without contacting
+  Kaggle: an access token (``KAGGLE_API_TOKEN``, its value or the path of a file holding it; else
+  ``~/.kaggle/access_token``; inside a Kaggle notebook the notebook's own token first), then the legacy API key
+  (``KAGGLE_USERNAME``/``KAGGLE_KEY``, else ``kaggle.json`` in :func:`kaggle_config_dir`), then the OAuth login
+  of ``kaggle auth login``. It names the one it will use, so that a rejection can say which and how to repair
+  them (:attr:`Credentials.remedy`), and says where credentials go when there are none. The access token is
+  looked up with the client's own function (``kagglesdk.get_access_token_from_env``).
+* The client: :func:`authenticated_api` imports ``KaggleApi`` only when needed (importing the package
+  authenticates and prints) and signs in with the current environment's settings; :func:`list_files` and
+  :func:`probe_download` read the competition's file list and the download's headers; :func:`api_error` turns
+  any failure of a client call into a :class:`~spark_imagenet.errors.DownloadError` naming the credentials
+  used, the competition and the fix.
 * Before anything is transferred, the archive size is taken from the
   competition's file list (the sum of its files' sizes; for a list longer
   than ``LIST_PAGES`` x ``LIST_PAGE_SIZE`` entries, such as ImageNet's 1.4
@@ -34,9 +42,13 @@ The client's pitfalls and what is done about them are in docs/design.md,
 :class:`EnvironmentSetupError`) whose message says what to do; none leaves as a
 traceback or an exit.
 
-Example::
+Example:
 
-    path = download(dest="/data/kaggle")   # /data/kaggle/imagenet-object-localization-challenge.zip
+>>> rules_url(DEFAULT_COMPETITION)
+'https://www.kaggle.com/competitions/imagenet-object-localization-challenge/rules'
+>>> lock_path("downloads")
+PosixPath('downloads/.imagenet-object-localization-challenge.download-lock')
+>>> path = download(dest="downloads")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -45,21 +57,491 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import io
+import json
 import logging
 import os
 import shutil
+import stat
+import sys
 import time
 import zipfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-from spark_imagenet.errors import ConfigError, DownloadError
-from spark_imagenet.source.kaggle_client import (
-    DEFAULT_COMPETITION, LineLog, api_error, authenticated_api, http_status, list_files, probe_download, reason)
-from spark_imagenet.source.kaggle_credentials import CLIENT_REQUIREMENT, Credentials, find_credentials
+from spark_imagenet.errors import ConfigError, DownloadError, EnvironmentSetupError
 from spark_imagenet.units import human_size
 
 logger = logging.getLogger(__name__)
+
+
+# -- the credentials ----------------------------------------------------------------------------------------
+
+#: Where a Kaggle user creates an API token.
+TOKEN_PAGE = "https://www.kaggle.com/settings/api"
+#: Package versions to install when the client is missing (kept in step with pyproject.toml).
+CLIENT_REQUIREMENT = "'kaggle>=2.2.5,<3' 'six>=1.16'"
+
+
+def kaggle_config_dir() -> Path:
+    """The folder where the ``kaggle`` client looks for ``kaggle.json``, as it decides it.
+
+    Returns:
+        Path: ``$KAGGLE_CONFIG_DIR`` when set; else ``~/.kaggle`` when it exists
+        (or on a system other than Linux); else ``$XDG_CONFIG_HOME/kaggle``
+        (default ``~/.config/kaggle``).
+    """
+    configured = os.environ.get("KAGGLE_CONFIG_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    home = _home_kaggle()
+    if sys.platform.startswith("linux") and not home.exists():
+        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+        return Path(xdg) / "kaggle"
+    return home
+
+
+@dataclasses.dataclass(frozen=True)
+class Credentials:
+    """The Kaggle credentials the client will send, as found by :func:`find_credentials`.
+
+    Attributes:
+        kind: ``"token"`` (access token, sent as ``Bearer``), ``"api_key"``
+            (legacy username and key, sent as HTTP Basic) or ``"oauth"``
+            (the login saved by ``kaggle auth login``).
+        source: where they come from, for messages (e.g. ``"the
+            KAGGLE_API_TOKEN environment variable"``, ``"/home/me/.kaggle/kaggle.json"``).
+        kaggle_json: the ``kaggle.json`` file the client reads, when one exists
+            (whatever the kind: the client reads it anyway).
+    """
+
+    kind: str
+    source: str
+    kaggle_json: Path | None = None
+
+    @property
+    def remedy(self) -> str:
+        """str: the sentence that tells how to repair these credentials once Kaggle rejected them."""
+        if self.kind == "oauth":
+            return "Sign in again with `kaggle auth login`, then run the same command again."
+        return (f"Check those credentials, or create a new API token at {TOKEN_PAGE} and export "
+                "KAGGLE_API_TOKEN=<token> (or save it in ~/.kaggle/access_token; a token takes precedence over "
+                "a username/key), then run the same command again.")
+
+
+def _client_missing(package: str) -> EnvironmentSetupError:
+    """The error for a missing package of the client (``six``: kaggle 2.2.5 imports it undeclared)."""
+    why = ("kaggle 2.2.5 imports it without declaring it as a dependency"
+           if package == "six" else "the download needs the official Kaggle client")
+    return EnvironmentSetupError(
+        f"The Python package {package!r} is missing ({why}). Install the client with: "
+        f"pip install {CLIENT_REQUIREMENT} (or reinstall spark-imagenet, which declares both).")
+
+
+def _home_kaggle() -> Path:
+    """``~/.kaggle``, where the client keeps its access token and OAuth login."""
+    return Path(os.path.expanduser("~")) / ".kaggle"
+
+
+def _token_source() -> str | None:
+    """Where the client's access token comes from, as the client finds it, or None.
+
+    Raises:
+        EnvironmentSetupError: the client's ``kagglesdk`` package is missing.
+        DownloadError: the token file cannot be read.
+    """
+    try:
+        from kagglesdk.kaggle_env import KAGGLE_API_V1_TOKEN_PATH, get_access_token_from_env
+    except ImportError as e:
+        raise _client_missing(e.name or "kagglesdk") from None
+    try:
+        token, source = get_access_token_from_env()
+    except OSError as e:
+        raise DownloadError(f"Cannot read the Kaggle access token file {e.filename} ({e.strerror or e}); "
+                            "fix its permissions or remove it.") from None
+    if not token:
+        return None
+    if source == "KAGGLE_API_TOKEN":
+        value = os.environ.get("KAGGLE_API_TOKEN", "")
+        if Path(value).exists():
+            return f"the file {value} named by KAGGLE_API_TOKEN"
+        return "the KAGGLE_API_TOKEN environment variable"
+    if source == KAGGLE_API_V1_TOKEN_PATH:
+        return f"the Kaggle notebook's token (the file named by {KAGGLE_API_V1_TOKEN_PATH})"
+    for name in ("access_token", "access_token.txt"):  # the client's order
+        path = _home_kaggle() / name
+        if path.is_file() and path.read_text().strip():
+            return str(path)
+    return f"the client's access token ({source})"
+
+
+def _read_kaggle_json(path: Path) -> tuple[dict, str | None]:
+    """A JSON credentials file as a dict (``{}`` when unreadable, as the client treats it), and
+    what is wrong with it (None when it is a JSON object)."""
+    try:
+        data = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError) as e:
+        problem = f"it is not valid JSON ({e})" if isinstance(e, ValueError) else f"it cannot be read ({e})"
+        logger.warning(f"warning: {path} is malformed: {problem}; the kaggle client ignores it")
+        return {}, problem
+    if not isinstance(data, dict):
+        problem = f"it holds a JSON {type(data).__name__}, not an object"
+        logger.warning(f"warning: {path} is malformed: {problem}; the kaggle client ignores it")
+        return {}, problem
+    return data, None
+
+
+def find_credentials() -> Credentials:
+    """Which Kaggle credentials the client will use, without contacting Kaggle.
+
+    Looks where the ``kaggle`` client looks, in its order: an access token
+    (``KAGGLE_API_TOKEN``, else ``~/.kaggle/access_token``), the legacy API key
+    (``KAGGLE_USERNAME``/``KAGGLE_KEY``, each else from ``kaggle.json`` in
+    :func:`kaggle_config_dir`), then ``~/.kaggle/credentials.json`` (OAuth).
+    Logs a warning when that ``kaggle.json`` is readable by group or
+    others, or malformed.
+
+    Returns:
+        Credentials: the kind and source found first.
+
+    Raises:
+        DownloadError: no credentials anywhere; the message lists every place
+            they can go, and names a malformed ``kaggle.json`` as such.
+    """
+    config = kaggle_config_dir() / "kaggle.json"
+    kaggle_json = config if config.is_file() else None
+    file_values: dict = {}
+    malformed: str | None = None
+    if kaggle_json is not None:
+        mode = stat.S_IMODE(kaggle_json.stat().st_mode)
+        if mode & 0o044:
+            logger.warning(f"warning: {kaggle_json} (your Kaggle API key) is readable by other users of this machine "
+                           f"(mode {mode:o}); run: chmod 600 {kaggle_json}")
+        file_values, malformed = _read_kaggle_json(kaggle_json)
+
+    token = _token_source()
+    if token:
+        return Credentials("token", token, kaggle_json)
+
+    def origin(field: str) -> str | None:
+        if os.environ.get(f"KAGGLE_{field.upper()}"):
+            return f"KAGGLE_{field.upper()}"
+        if file_values.get(field):
+            return str(kaggle_json)
+        return None
+
+    user, key = origin("username"), origin("key")
+    if user and key:
+        if user == key:
+            source = user
+        elif user.startswith("KAGGLE_") and key.startswith("KAGGLE_"):
+            source = "the KAGGLE_USERNAME and KAGGLE_KEY environment variables"
+        else:
+            source = f"username from {user}, key from {key}"
+        return Credentials("api_key", source, kaggle_json)
+
+    oauth = _home_kaggle() / "credentials.json"
+    if oauth.is_file() and _read_kaggle_json(oauth)[0].get("refresh_token"):
+        return Credentials("oauth", f"the OAuth login in {oauth} (kaggle auth login)", kaggle_json)
+
+    partial = ""
+    if user or key:
+        partial = (f" ({'a username' if user else 'a key'} was found in {user or key}, "
+                   f"but no {'key' if user else 'username'})")
+    if malformed is not None:
+        head = (f"The Kaggle credentials file {kaggle_json} is malformed: {malformed}. It must be a JSON "
+                "object, {\"username\": \"<user>\", \"key\": \"<key>\"}: fix it or replace it. No other "
+                f"Kaggle credentials were found{partial}; instead of that file you can also create an API token "
+                f"at {TOKEN_PAGE} (Account -> API -> Create New Token) and give it in one of these ways: ")
+    else:
+        head = (f"No Kaggle credentials found{partial}. Create an API token at {TOKEN_PAGE} "
+                "(Account -> API -> Create New Token) and give it in one of these ways: ")
+    raise DownloadError(
+        head +
+        "export KAGGLE_API_TOKEN=<token> (the token, or the path of a file holding it); "
+        "or save the token alone in ~/.kaggle/access_token; "
+        "or, with a legacy API key, export KAGGLE_USERNAME=<user> KAGGLE_KEY=<key>, "
+        f"or save it as {config} ({{\"username\": ..., \"key\": ...}}; the folder is KAGGLE_CONFIG_DIR "
+        "when set, else ~/.kaggle if it exists, else ~/.config/kaggle) and run chmod 600 on it; "
+        "or sign in once with `kaggle auth login`. Then run the same command again."
+    )
+
+
+# -- the client --------------------------------------------------------------------------------------------
+
+#: The competition whose archive holds ImageNet (ILSVRC CLS-LOC) in the Kaggle layout.
+DEFAULT_COMPETITION = "imagenet-object-localization-challenge"
+#: Entries asked for per ListDataFiles page.
+LIST_PAGE_SIZE = 200
+#: Pages of the file list read at most; a longer list gives the size from the download's Content-Length.
+LIST_PAGES = 5
+
+
+def rules_url(competition: str) -> str:
+    """The page where a signed-in user reads and accepts a competition's rules.
+
+    Args:
+        competition: the competition's name (the last part of its URL).
+
+    Returns:
+        str: ``https://www.kaggle.com/competitions/<competition>/rules``.
+    """
+    return f"https://www.kaggle.com/competitions/{competition}/rules"
+
+
+class LineLog(io.TextIOBase):
+    """A text stream that logs each complete, non-empty line (INFO) to ``logger``."""
+
+    def __init__(self, logger: logging.Logger):
+        self._log = logger.info
+        self._buf = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self._buf += s
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            if line.strip():
+                self._log(line.rstrip())
+        return len(s)
+
+    def flush(self) -> None:
+        if self._buf.strip():
+            self._log(self._buf.rstrip())
+        self._buf = ""
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[io.StringIO]:
+    """Swallow what the client prints (its auth help, its own warnings)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        yield out
+
+
+def client_class():
+    """Import ``KaggleApi`` (only now: the import authenticates and prints)."""
+    try:
+        with quiet():
+            from kaggle.api.kaggle_api_extended import KaggleApi
+    except ModuleNotFoundError as e:
+        raise _client_missing(e.name or "?") from None
+    except (Exception, SystemExit) as e:
+        raise EnvironmentSetupError(
+            f"The kaggle package failed to load ({type(e).__name__}: {e}). Check KAGGLE_CONFIG_DIR "
+            f"(the client creates that folder) and reinstall the client: pip install {CLIENT_REQUIREMENT}."
+        ) from None
+    return KaggleApi
+
+
+def api_args() -> list[str]:
+    """The client's environment switches as they are now (it reads them once, at import)."""
+    args = []
+    if os.environ.get("KAGGLE_API_ENVIRONMENT") == "LOCALHOST":
+        args.append("--local")
+    if (os.environ.get("VERBOSE") or os.environ.get("VERBOSE_OUTPUT") or "").lower() in ("1", "true", "yes"):
+        args.append("--verbose")
+    return args
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of a ``requests`` error, or None when there was no response."""
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None) if response is not None else None
+
+
+def reason(exc: BaseException) -> str:
+    """An exception's text on one line, at most about 300 characters."""
+    text = " ".join(str(exc).split())
+    return (text[:300] + "...") if len(text) > 300 else (text or type(exc).__name__)
+
+
+def api_error(exc: Exception, competition: str, creds: Credentials, what: str,
+              file_name: str | None = None) -> DownloadError:
+    """The error to raise for a failed Kaggle API call: what happened and what to do.
+
+    Args:
+        exc: what the client raised (a ``requests`` error with or without a response, or anything else).
+        competition: the competition asked for (named in 403 and 404 messages).
+        creds: the credentials used (named in 401 and 403 messages).
+        what: the call, as a phrase after "while" (e.g. ``"listing the competition's files"``).
+        file_name: the single file asked for, if any (a 404 then names it).
+
+    Returns:
+        DownloadError: per HTTP status (401 rejected credentials, 403 rules not accepted, 404 unknown
+        competition or file, 429 rate limit, others), no response (network), or a client failure.
+    """
+    import requests
+
+    status = http_status(exc)
+    if status == 401:
+        return DownloadError(
+            f"Kaggle rejected the credentials from {creds.source} (HTTP 401 while {what}: {reason(exc)}). "
+            + creds.remedy)
+    if status == 403:
+        rules = "rules" in str(exc).lower()
+        return DownloadError(
+            f"Kaggle refused access to competition {competition!r} (HTTP 403 while {what}: {reason(exc)}). "
+            + ("The competition's rules have not been accepted yet with this account"
+               if rules else "Usually the competition's rules have not been accepted yet with this account")
+            + f": open {rules_url(competition)}, sign in with the account of your credentials ({creds.source}), "
+            "read and accept the rules (this cannot be done through the API), then run the same command again.")
+    if status == 404:
+        if file_name:
+            return DownloadError(
+                f"Competition {competition!r} has no file {file_name!r}, or no such competition exists "
+                f"(HTTP 404 while {what}: {reason(exc)}). Check the names; the competition's files are "
+                f"listed on https://www.kaggle.com/competitions/{competition}/data.")
+        return DownloadError(
+            f"Kaggle has no competition named {competition!r} (HTTP 404 while {what}: {reason(exc)}). "
+            "The name is the last part of the competition's URL, https://www.kaggle.com/competitions/<name> "
+            f"(ImageNet: {DEFAULT_COMPETITION}); check --competition.")
+    if status == 429:
+        return DownloadError(f"Kaggle is rate-limiting these requests (HTTP 429 while {what}). "
+                             "Wait a few minutes, then run the same command again.")
+    if status is not None:
+        side = "a problem on Kaggle's side; " if status >= 500 else ""
+        return DownloadError(f"Kaggle answered HTTP {status} while {what}: {reason(exc)} ({side}"
+                             "run the same command again later).")
+    if isinstance(exc, requests.RequestException):
+        return DownloadError(
+            f"Could not reach Kaggle while {what} ({type(exc).__name__}: {reason(exc)}). Check the network "
+            "connection and any HTTPS_PROXY/HTTP_PROXY setting, then run the same command again.")
+    return DownloadError(f"The kaggle client failed while {what} ({type(exc).__name__}: {reason(exc)}). "
+                         "Run the same command again; if it keeps failing, upgrade the client: "
+                         f"pip install -U {CLIENT_REQUIREMENT}.")
+
+
+def authenticated_api(creds: Credentials, competition: str):
+    """A ``KaggleApi`` signed in with the current environment's settings.
+
+    The class is imported now (:func:`client_class`); the settings it reads once at import
+    (``KAGGLE_CONFIG_DIR``, ``KAGGLE_API_ENVIRONMENT``) are applied again; what it prints is swallowed.
+
+    Args:
+        creds: the credentials it will use (:func:`find_credentials`),
+            named in the errors.
+        competition: the competition (for :func:`api_error`).
+
+    Returns:
+        kaggle.api.kaggle_api_extended.KaggleApi: authenticated.
+
+    Raises:
+        DownloadError: the credentials were not accepted (says which and how to fix them), or the sign-in failed.
+        EnvironmentSetupError: the client is missing or fails to load.
+    """
+    KaggleApi = client_class()
+    api = KaggleApi()
+    config_dir = kaggle_config_dir()
+    api.config_dir = str(config_dir)          # the class read KAGGLE_CONFIG_DIR at import
+    api.config = str(config_dir / "kaggle.json")
+    api.args = api_args()                    # and KAGGLE_API_ENVIRONMENT
+    try:
+        with quiet():
+            api.authenticate()
+    except SystemExit:
+        if creds.kind == "token":
+            raise DownloadError(
+                f"Kaggle did not accept the access token from {creds.source} (invalid or expired), and no "
+                "other credentials were accepted. " + creds.remedy) from None
+        if creds.kind == "oauth":
+            raise DownloadError(f"The Kaggle login in {creds.source} has expired or was revoked. "
+                                + creds.remedy) from None
+        raise DownloadError(f"The kaggle client did not accept the credentials from {creds.source}. "
+                            + creds.remedy) from None
+    except Exception as e:
+        raise api_error(e, competition, creds, "signing in") from None
+    return api
+
+
+@dataclasses.dataclass
+class Listing:
+    """The file list as read: name -> bytes; ``complete`` when its last page was reached."""
+
+    sizes: dict[str, int]
+    complete: bool
+
+
+def list_files(api, competition: str, creds: Credentials) -> Listing:
+    """The competition's file list, up to :data:`LIST_PAGES` pages of :data:`LIST_PAGE_SIZE` entries.
+
+    Args:
+        api: an authenticated ``KaggleApi``.
+        competition: the competition.
+        creds: the credentials used (for :func:`api_error`).
+
+    Returns:
+        Listing: file name -> bytes, and whether the last page was reached (an empty page that claims more,
+        a known Kaggle paging bug, ends the reading as incomplete).
+
+    Raises:
+        DownloadError: the API call failed (:func:`api_error`).
+    """
+    sizes: dict[str, int] = {}
+    token = None
+    for _ in range(LIST_PAGES):
+        try:
+            with quiet():
+                page = api.competition_list_files(competition, page_token=token, page_size=LIST_PAGE_SIZE)
+        except (Exception, SystemExit) as e:
+            raise api_error(e, competition, creds, "listing the competition's files") from None
+        files = list(page.files or [])
+        for f in files:
+            sizes[f.name] = int(f.total_bytes or 0)
+        token = page.next_page_token or None
+        if not token:
+            return Listing(sizes, True)
+        if not files:  # a known Kaggle paging bug: an empty page that claims more
+            break
+    return Listing(sizes, False)
+
+
+def probe_download(api, competition: str, file_name: str | None, creds: Credentials) -> tuple[int | None, str]:
+    """Start the download the client would start, read its headers only, close it.
+
+    Args:
+        api: an authenticated ``KaggleApi``.
+        competition: the competition.
+        file_name: one file of it, or None for the whole archive.
+        creds: the credentials used (for :func:`api_error`).
+
+    Returns:
+        tuple: the download's ``Content-Length`` in bytes (None when absent) and the file name its URL
+        gives (the name the client saves it under).
+
+    Raises:
+        DownloadError: the API call failed (:func:`api_error`).
+    """
+    from kagglesdk.competitions.types.competition_api_service import (
+        ApiDownloadDataFileRequest,
+        ApiDownloadDataFilesRequest,
+    )
+
+    try:
+        with quiet(), api.build_kaggle_client() as client:
+            service = client.competitions.competition_api_client
+            if file_name is None:
+                request = ApiDownloadDataFilesRequest()
+                request.competition_name = competition
+                response = service.download_data_files(request)
+            else:
+                request = ApiDownloadDataFileRequest()
+                request.competition_name = competition
+                request.file_name = file_name
+                response = service.download_data_file(request)
+            try:
+                length = response.headers.get("Content-Length")
+                url_name = response.url.split("?")[0].rsplit("/", 1)[-1]
+            finally:
+                response.close()
+    except (Exception, SystemExit) as e:
+        raise api_error(e, competition, creds, "starting the download", file_name) from None
+    return (int(length) if length and length.isdigit() else None), url_name
+
+
+# -- the download ------------------------------------------------------------------------------------------
 
 #: Suffix of the client's resume marker beside a partial download.
 PARTIAL_SUFFIX = ".kaggle-partial"
@@ -108,6 +590,13 @@ class _State:
     partial: Path | None = None
     stale: Path | None = None
     why: str = ""
+
+
+def _already(path: Path) -> Path:
+    """``path``, a finished download, after a log line saying so."""
+    logger.info(f"{path} is already complete ({human_size(path.stat().st_size)}); nothing to download "
+                "(delete it to download it again)")
+    return path
 
 
 def _state(targets: list[Path], exact: Callable[[Path], int | None]) -> _State:
@@ -252,8 +741,6 @@ def _interrupted(exc: BaseException, path: Path | None, size: int | None, name: 
         "(check the network connection first if this repeats).")
 
 
-# -- the command -------------------------------------------------------------------------------------
-
 def download(
     competition: str = DEFAULT_COMPETITION,
     dest: str | os.PathLike = ".",
@@ -319,10 +806,7 @@ def download(
     if file_name is None:  # a single file is checked against its listed size, below
         state = _state(_candidates(dest, competition, None), lambda p: None)
         if state.complete is not None:
-            logger.info(f"{state.complete} is already complete ({human_size(state.complete.stat().st_size)}); "
-                        "nothing to "
-                        "download (delete it to download it again)")
-            return state.complete
+            return _already(state.complete)
 
     creds = find_credentials()
     logger.info(f"Kaggle credentials: {creds.source}")
@@ -399,9 +883,7 @@ def _download_locked(api, competition: str, file_name: str | None, dest: Path, t
     free space, and let the client resume or start the download."""
     state = _state(targets, exact)  # again, under the lock: another run may have finished it
     if state.complete is not None:
-        logger.info(f"{state.complete} is already complete ({human_size(state.complete.stat().st_size)}); "
-                    "nothing to download (delete it to download it again)")
-        return state.complete
+        return _already(state.complete)
     present = state.partial.stat().st_size if state.partial is not None else 0
     if size is not None:
         _check_space(dest, size, present, what, replaced=state.stale.stat().st_size if state.stale is not None else 0)

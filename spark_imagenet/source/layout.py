@@ -38,10 +38,10 @@ DATA_REL = DATA_DIR.as_posix()
 MAX_LISTED = 20
 
 
-def _listing(problems: Sequence[str]) -> str:
-    shown = "\n  ".join(problems[:MAX_LISTED])
-    more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
-    return f"\n  {shown}{more}"
+def listing(items: Sequence[str]) -> str:
+    """``items`` as indented lines for a message, at most :data:`MAX_LISTED`, then "... and N more"."""
+    shown = "".join(f"\n  {p}" for p in items[:MAX_LISTED])
+    return shown + (f"\n  ... and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")
 
 
 def check_layout(root: str | os.PathLike) -> Path:
@@ -66,7 +66,7 @@ def check_layout(root: str | os.PathLike) -> Path:
     ] + [str(p) + "/" for p in (root / DATA_DIR / "train", root / DATA_DIR / "val") if not p.is_dir()]
     if missing:
         raise LayoutError(
-            f"{root} is not in the Kaggle ILSVRC CLS-LOC layout; missing:{_listing(missing)}\n"
+            f"{root} is not in the Kaggle ILSVRC CLS-LOC layout; missing:{listing(missing)}\n"
             "Expected LOC_synset_mapping.txt, LOC_val_solution.csv, ILSVRC/Data/CLS-LOC/train/<wnid>/ "
             "and ILSVRC/Data/CLS-LOC/val/ (the unpacked Kaggle imagenet-object-localization-challenge download)."
         )
@@ -135,7 +135,7 @@ def parse_val_solution(lines: Iterable[str], where: str, known_wnids: set[str]) 
             continue
         labels[image_id] = wnid
     if problems:
-        raise LayoutError(f"{len(problems)} problem(s) in {path}:{_listing(problems)}")
+        raise LayoutError(f"{len(problems)} problem(s) in {path}:{listing(problems)}")
     return labels
 
 
@@ -194,7 +194,7 @@ def check_train_folders(where: Callable[[str], str], folders: set[str], known: s
         elif not counts.get(c.wnid):
             problems.append(f"{folder}/: empty class folder (class {c.wnid}); add its images or leave the class out with --class-list")
     if problems:
-        raise LayoutError(f"{len(problems)} problem(s) with the train folders of {where('')}:{_listing(problems)}")
+        raise LayoutError(f"{len(problems)} problem(s) with the train folders of {where('')}:{listing(problems)}")
 
 
 def match_val(where: Callable[[str], str], files: Iterable[Any], val_labels: dict[str, str],
@@ -233,7 +233,7 @@ def match_val(where: Callable[[str], str], files: Iterable[Any], val_labels: dic
         for image_id in sorted(set(val_labels) - seen)
     ]
     if problems:
-        raise LayoutError(f"{len(problems)} problem(s) with the validation set of {where('')}:{_listing(problems)}")
+        raise LayoutError(f"{len(problems)} problem(s) with the validation set of {where('')}:{listing(problems)}")
     if not chosen:
         raise LayoutError(f"{where(val_rel)}: no validation image belongs to the {len(classes)} chosen classes")
     return chosen

@@ -168,7 +168,7 @@ class TarStreamSource(ImageSource):
             logger.info(f"listing {self.path} member {self.tar_member} (pass 1 of 2 over the compressed stream; "
                         "the images are read in pass 2)")
             index = self._index(progress)
-            refuse_duplicates(index, self.path)
+            refuse_duplicates(self.path, index.duplicates)
             tree = ArchiveTree(self.path, self.prefix, zf, index, lambda rel: self.where_member(self.tar_prefix + rel))
             return select_images(tree, num_classes=num_classes, class_list=class_list, per_class=per_class,
                                  seed=seed, source=self)

@@ -11,11 +11,15 @@ What it does not read: encrypted directories, multi-disk archives. :func:`find_d
 ``ValueError``; the caller turns that into a message a user can act on (``zip_archive.open_zip`` does,
 for every zip :mod:`zipfile` refuses too).
 
-Example::
+Example:
 
-    directory = find_directory("imagenet-object-localization-challenge.zip")
-    for position, entry in iter_entries(directory.path, directory.start, directory.stop):
-        ...
+>>> import zipfile
+>>> with zipfile.ZipFile("two.zip", "w") as zf:
+...     zf.writestr("a.txt", "a")
+...     zf.writestr("b/c.txt", "bc")
+>>> directory = find_directory("two.zip")
+>>> [(entry.name, entry.file_size) for _, entry in iter_entries(directory.path, directory.start, directory.stop)]
+[('a.txt', 1), ('b/c.txt', 2)]
 """
 
 from __future__ import annotations

@@ -63,13 +63,6 @@ def prepare(module: str) -> str | None:
     return None
 
 
-def os_threads() -> int:
-    """The threads of this process (``/proc/self/task``; the import's native pools; 1 where unreadable)."""
-    with contextlib.suppress(OSError):
-        return len(os.listdir("/proc/self/task"))
-    return 1
-
-
 def _run_child(module: str, request: ForkRequest, fds: list[int], close: list, server: int) -> None:
     """In a fresh fork of ``server`` (its pid): become the requested process and run ``module`` as ``__main__``;
     never returns."""
