@@ -88,10 +88,13 @@ class ImageClassifierModel(_Stage, Model, DefaultParamsReadable, DefaultParamsWr
     Example:
 
     ```python
-    from spark_imagenet.ml import ImageClassifierModel
+    >>> from spark_imagenet.ml import ImageClassifierModel
+    >>> model = ImageClassifierModel(outputPath="gs://my-bucket/runs/alexnet-90", topK=3)
+    >>> model.getOrDefault("outputPath"), model.getOrDefault("topK")
+    ('my-bucket/runs/alexnet-90', 3)
 
-    model = ImageClassifierModel(outputPath="gs://my-bucket/runs/alexnet-90", topK=3)
-    model.transform(spark.read.format("binaryFile").load("/data/photos/*.jpg")).select("path", "prediction").show()
+    Then ``model.transform(spark.read.format("binaryFile").load("/data/photos/*.jpg"))`` adds the ``prediction``
+    column of :func:`~spark_imagenet.predict_dataframe` (run by ``tests/test_ml.py`` on a trained run).
     ```
     """
 

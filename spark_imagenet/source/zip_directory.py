@@ -13,9 +13,12 @@ for every zip :mod:`zipfile` refuses too).
 
 Example::
 
-    directory = find_directory("imagenet-object-localization-challenge.zip")
-    for position, entry in iter_entries(directory.path, directory.start, directory.stop):
-        ...
+    >>> import shutil
+    >>> path = shutil.make_archive("imagenet-object-localization-challenge", "zip", "/data/kaggle")
+    >>> directory = find_directory(path)
+    >>> entries = [entry for position, entry in iter_entries(directory.path, directory.start, directory.stop)]
+    >>> len(entries) > 0
+    True
 """
 
 from __future__ import annotations

@@ -15,10 +15,13 @@ needs every member of a class at once and is not planned here (the caller lists 
 
 Example::
 
-    plan = plan_kaggle_zip("imagenet-object-localization-challenge.zip", num_classes=100)
-    for start, stop in plan.slices:            # one Spark task each
-        for name, label, split, location in chosen_in_slice(plan.choice, start, stop):
-            ...
+    >>> import shutil
+    >>> path = shutil.make_archive("imagenet-object-localization-challenge", "zip", "/data/kaggle")
+    >>> plan = plan_kaggle_zip(path, num_classes=2)
+    >>> chosen = [(name, label, split) for start, stop in plan.slices          # one Spark task each
+    ...           for name, label, split, location in chosen_in_slice(plan.choice, start, stop)]
+    >>> len(chosen)
+    18
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Example::
     >>> job.schedule.describe()                                          # the one schedule of the job
     'lr: cosine schedule, peak 0.01 (no scaling), no warm-up, cosine decay to 0 at step 1 (end of 1 epoch)'
     >>> train, val = ([s.name for s in manifest.splits[name].shards] for name in ("train", "val"))
->>> spec = worker_spec(job, rank=1, train_files=train[1:], val_files=val, threads=4)   # in the task
+    >>> spec = worker_spec(job, rank=1, train_files=train[1:], val_files=val, threads=4)   # in the task
     >>> spec.rank
     1
 """
