@@ -156,8 +156,14 @@ class ImageClassifier(_Stage, Estimator, DefaultParamsReadable, DefaultParamsWri
     Example:
 
     ```python
-    from pyspark.ml import Pipeline
-    from spark_imagenet.ml import ImageClassifier
+    >>> from pyspark.ml import Pipeline
+    >>> from spark_imagenet.ml import ImageClassifier
+    >>> classifier = ImageClassifier(datasetPath="gs://my-bucket/photo-shards", outputPath="gs://my-bucket/runs/a",
+    ...                              workers=4, epochs=30, batchSize=64, imageSize=224)
+    >>> classifier.getOrDefault("workers"), classifier.getOrDefault("epochs")
+    (4, 30)
+
+    Then, on photos in one folder per class (its label), fitting trains (``tests/test_ml.py`` runs it):
 
     df = spark.read.format("binaryFile").load("/data/photos/*/*.jpg")   # one folder per class: its label
     classifier = ImageClassifier(datasetPath="gs://my-bucket/photo-shards", outputPath="gs://my-bucket/runs/a",
