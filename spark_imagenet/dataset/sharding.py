@@ -241,7 +241,6 @@ def shard(
     Example:
 
     ```python
-    >>> from spark_imagenet import shard
     >>> manifest = shard("/data/kaggle", "gs://my-bucket/imagenet", train_shards=2, processes=1, progress=False)
     >>> print(manifest.num_classes, manifest.splits["train"].examples)
     4 24
