@@ -28,9 +28,9 @@ Who shows the lines:
 
 Example (a notebook that wants standard logging's format instead of plain lines)::
 
-    import logging
-    logging.basicConfig(level=logging.INFO)
-    result = spark_imagenet.train(spark, "gs://bucket/imagenet", spark_imagenet.TrainConfig(workers=2))
+    >>> import logging, spark_imagenet
+    >>> logging.basicConfig(level=logging.INFO)   # then train(spark, ...) logs in its format too
+    >>> manifest = spark_imagenet.shard("/data/kaggle", "gs://my-bucket/imagenet", classes=2, processes=1)
 """
 
 from __future__ import annotations
@@ -140,8 +140,9 @@ def console() -> contextlib.AbstractContextManager[logging.Logger]:
 
     Example::
 
-        with logs.console():
-            shard(...)      # its progress lines on stderr
+        >>> from spark_imagenet import logs, shard
+        >>> with logs.console():   # shard's progress lines on stderr
+        ...     manifest = shard("/data/kaggle", "gs://my-bucket/imagenet", classes=2, processes=1)
     """
     return _process_console(ConsoleHandler())
 
@@ -199,9 +200,11 @@ def collect() -> Iterator[list[str]]:
 
     Example::
 
-        with logs.collect() as lines:
-            upload("/data/shards", "gs://bucket/imagenet")
-        assert any(line.startswith("uploaded ") for line in lines)
+        >>> from spark_imagenet import logs, shard
+        >>> with logs.collect() as lines:
+        ...     manifest = shard("/data/kaggle", "gs://my-bucket/imagenet", classes=2, processes=1)
+        >>> lines[-1]
+        '...'
     """
     logger = logging.getLogger(PACKAGE)
     lines: list[str] = []

@@ -31,8 +31,9 @@ see :data:`FEATURE_KEYS`.
 
 Example::
 
-    manifest = shard("/data/kaggle", "gs://bucket/imagenet-100", classes=100)
-    print(manifest.dataset_id, manifest.num_classes)
+    >>> manifest = shard("/data/kaggle", "gs://my-bucket/imagenet-2", classes=2, processes=1, progress=False)
+    >>> manifest.num_classes, len(manifest.dataset_id)
+    (2, 32)
 """
 
 from __future__ import annotations
@@ -240,10 +241,10 @@ def shard(
     Example:
 
     ```python
-    from spark_imagenet import shard
+    >>> manifest = shard("/data/kaggle", "gs://my-bucket/imagenet", train_shards=2, processes=1, progress=False)
+    >>> print(manifest.num_classes, manifest.splits["train"].examples)
+    4 24
 
-    manifest = shard("imagenet-object-localization-challenge.zip", "gs://my-bucket/imagenet", train_shards=1024)
-    print(manifest.num_classes, manifest.splits["train"].examples)
     ```
     """
     options = _Options(verify, on_corrupt, processes, transfers, progress, max_image_pixels,

@@ -15,9 +15,11 @@ contents and the dataset id differ (docs/guide/data.md, 'From a Spark DataFrame 
 
 Example::
 
-    from spark_imagenet.source import open_source
-    dataset = open_source("/shared/photos").list_images(seed=0)
-    manifest = shard_source_job(spark, dataset, "gs://my-bucket/photos-shards")
+    >>> from spark_imagenet.source import open_source
+    >>> dataset = open_source("/data/kaggle").list_images(seed=0)
+    >>> manifest = shard_source_job(spark, dataset, "gs://my-bucket/photos-shards")
+    >>> manifest.num_classes
+    4
 """
 
 from __future__ import annotations

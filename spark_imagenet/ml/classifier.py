@@ -88,10 +88,13 @@ class ImageClassifierModel(_Stage, Model, DefaultParamsReadable, DefaultParamsWr
     Example:
 
     ```python
-    from spark_imagenet.ml import ImageClassifierModel
+    >>> from spark_imagenet.ml import ImageClassifierModel
+    >>> model = ImageClassifierModel(outputPath="gs://my-bucket/runs/alexnet-90", topK=3)
+    >>> model.getOrDefault("outputPath"), model.getOrDefault("topK")
+    ('my-bucket/runs/alexnet-90', 3)
 
-    model = ImageClassifierModel(outputPath="gs://my-bucket/runs/alexnet-90", topK=3)
-    model.transform(spark.read.format("binaryFile").load("/data/photos/*.jpg")).select("path", "prediction").show()
+    Then ``model.transform(spark.read.format("binaryFile").load("/data/photos/*.jpg"))`` adds the ``prediction``
+    column of :func:`~spark_imagenet.predict_dataframe` (run by ``tests/test_ml.py`` on a trained run).
     ```
     """
 
@@ -153,8 +156,14 @@ class ImageClassifier(_Stage, Estimator, DefaultParamsReadable, DefaultParamsWri
     Example:
 
     ```python
-    from pyspark.ml import Pipeline
-    from spark_imagenet.ml import ImageClassifier
+    >>> from pyspark.ml import Pipeline
+    >>> from spark_imagenet.ml import ImageClassifier
+    >>> classifier = ImageClassifier(datasetPath="gs://my-bucket/photo-shards", outputPath="gs://my-bucket/runs/a",
+    ...                              workers=4, epochs=30, batchSize=64, imageSize=224)
+    >>> classifier.getOrDefault("workers"), classifier.getOrDefault("epochs")
+    (4, 30)
+
+    Then, on photos in one folder per class (its label), fitting trains (``tests/test_ml.py`` runs it):
 
     df = spark.read.format("binaryFile").load("/data/photos/*/*.jpg")   # one folder per class: its label
     classifier = ImageClassifier(datasetPath="gs://my-bucket/photo-shards", outputPath="gs://my-bucket/runs/a",

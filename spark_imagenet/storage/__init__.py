@@ -190,11 +190,14 @@ def open_storage(url: str | os.PathLike, **options: Any) -> Storage:
     Example:
 
     ```python
-    from spark_imagenet import open_storage
+    >>> from spark_imagenet import open_storage
+    >>> storage = open_storage("gs://my-bucket/imagenet")
+    >>> storage.write_bytes("manifest.json", b'{"dataset_id": "abc"}')
+    >>> storage.read_bytes("manifest.json")
+    b'{"dataset_id": "abc"}'
+    >>> [info.name for info in storage.list()]
+    ['manifest.json']
 
-    storage = open_storage("gs://my-bucket/imagenet")
-    manifest = storage.read_bytes("manifest.json")
-    names = [info.name for info in storage.list()]
     ```
     """
     text = os.fspath(url)

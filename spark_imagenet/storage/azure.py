@@ -138,7 +138,10 @@ class AzureStorage(RemoteStorage):
 
     Example::
 
-        storage = open_storage("abfs://data@myaccount.dfs.core.windows.net/imagenet")
+        >>> from spark_imagenet import open_storage
+        >>> storage = open_storage("abfs://data@myaccount.dfs.core.windows.net/imagenet")
+    >>> type(storage).__name__
+    'AzureStorage'
     """
 
     def __init__(self, url: str, *, account_url: str | None = None, retry_total: int = 10, client: Any = None):

@@ -13,10 +13,12 @@ fields of the dataclass it becomes (a missing or unknown key, named).
 
 Example::
 
-    MANIFEST = Envelope("spark-imagenet-manifest", 1, "spark-imagenet manifest", error=ManifestError,
-                        remedy="rebuild the shards")
-    text = MANIFEST.dumps({"dataset_id": "abc"})
-    body = MANIFEST.loads(text, "gs://b/ds/manifest.json")   # {"dataset_id": "abc"}
+    >>> from spark_imagenet.errors import ManifestError
+    >>> MANIFEST = Envelope("spark-imagenet-manifest", 1, "spark-imagenet manifest", error=ManifestError,
+    ...                     remedy="rebuild the shards")
+    >>> text = MANIFEST.dumps({"dataset_id": "abc"})
+    >>> MANIFEST.loads(text, "gs://b/ds/manifest.json")
+    {'dataset_id': 'abc'}
 """
 
 from __future__ import annotations

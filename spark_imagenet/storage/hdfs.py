@@ -117,7 +117,10 @@ class HDFSStorage(RemoteStorage):
 
     Example::
 
-        storage = open_storage("hdfs://namenode:8020/user/me/imagenet")  # WebHDFS on namenode:9870
+        >>> from spark_imagenet import open_storage
+        >>> storage = open_storage("hdfs://namenode:8020/user/me/imagenet")  # WebHDFS on namenode:9870
+    >>> type(storage).__name__
+    'HDFSStorage'
     """
 
     #: Only a refused connection and a 503 are retried (:meth:`_make_client`): other errors are said as they came.

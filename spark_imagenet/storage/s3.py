@@ -72,8 +72,11 @@ class S3Storage(RemoteStorage):
 
     Example::
 
-        storage = open_storage("s3://my-bucket/imagenet")     # AWS, the standard credential chain
-        storage = S3Storage("s3://bkt/ds", endpoint="http://127.0.0.1:9000")   # MinIO
+        >>> from spark_imagenet import open_storage
+        >>> storage = open_storage("s3://my-bucket/imagenet")     # AWS, the standard credential chain
+        >>> minio = S3Storage("s3://bkt/ds", endpoint="http://127.0.0.1:9000")   # MinIO
+        >>> type(storage).__name__, type(minio).__name__
+        ('S3Storage', 'S3Storage')
     """
 
     def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,

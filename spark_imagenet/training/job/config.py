@@ -58,9 +58,11 @@ class TrainConfig:
 
     Build it from sections, from settings by name, or both (a setting by name replaces its section's)::
 
-        TrainConfig(workers=8, epochs=90, output="gs://b/runs/a")
-        TrainConfig(scaling=ScalingConfig(workers=8), recipe=RecipeConfig(epochs=90),
-                    run=RunConfig(output="gs://b/runs/a"))
+        >>> by_name = TrainConfig(workers=8, epochs=90, output="gs://b/runs/a")
+        >>> by_section = TrainConfig(scaling=ScalingConfig(workers=8), recipe=RecipeConfig(epochs=90),
+        ...                          run=RunConfig(output="gs://b/runs/a"))
+        >>> by_name == by_section
+        True
 
     Each setting is read in its section (``config.recipe.epochs``); :meth:`keys` lists the names, and
     :meth:`replace` and the constructor take settings by name.
@@ -80,12 +82,13 @@ class TrainConfig:
     Example:
 
     ```python
-    from spark_imagenet import RecipeConfig, TrainConfig
+    >>> from spark_imagenet import RecipeConfig, TrainConfig
+    >>> config = TrainConfig(workers=8, recipe=RecipeConfig(model="resnet50", epochs=90),
+    ...                      output="gs://my-bucket/runs/resnet-8")
+    >>> longer = config.replace(epochs=120)
+    >>> print(config.recipe.epochs, longer.recipe.epochs, config.global_batch_size)
+    90 120 256
 
-    config = TrainConfig(workers=8, recipe=RecipeConfig(model="resnet50", epochs=90),
-                         output="gs://my-bucket/runs/resnet-8")
-    longer = config.replace(epochs=120)
-    print(config.recipe.epochs, longer.recipe.epochs, config.global_batch_size)   # 90 120 256
     ```
     """
 

@@ -15,8 +15,13 @@ constants of :mod:`spark_imagenet.training.worker.preprocessing`, the one source
 
 Example::
 
-    spec = Preprocessing.loads(open("run/preprocessing.json").read(), "run/preprocessing.json")
-    x = (pixels - spec.mean_rgb) / spec.std_rgb          # numpy, float32 [B, S, S, 3] RGB
+    >>> import numpy as np
+    >>> text = Preprocessing.describe(224, [124.0, 117.0, 104.0], [58.4, 57.1, 57.4], 0.875).dumps()
+    >>> spec = Preprocessing.loads(text, "run/preprocessing.json")   # e.g. open("run/preprocessing.json").read()
+    >>> pixels = np.zeros((1, spec.image_size, spec.image_size, 3), np.float32)
+    >>> x = (pixels - spec.mean_rgb) / spec.std_rgb          # numpy, float32 [B, S, S, 3] RGB
+    >>> x.shape
+    (1, 224, 224, 3)
 """
 
 from __future__ import annotations

@@ -61,7 +61,9 @@ def run_interruptibly(work: Callable[[], T], on_interrupt: Callable[[threading.E
 
     Example::
 
-        lines = run_interruptibly(lambda: rdd.collect(), lambda done: cancel_and_wait(done))
+        >>> rdd = spark.sparkContext.parallelize([1, 2, 3])
+    >>> run_interruptibly(rdd.collect, lambda done: (spark.sparkContext.cancelAllJobs(), done.wait()))
+    [1, 2, 3]
     """
     outcome: dict[str, Any] = {}
     done = threading.Event()  # not Thread.join: an interrupted join marks a live thread ended (Python 3.11)

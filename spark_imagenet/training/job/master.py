@@ -58,8 +58,9 @@ class Master:
 
     Example::
 
-        master = Master.parse("local-cluster[2,3,1024]")
-        master.kind, master.runs_on_this_host, master.slots(task_cpus=2)   # ("local-cluster", True, 3)
+        >>> master = Master.parse("local-cluster[2,3,1024]")
+        >>> master.kind, master.runs_on_this_host, master.slots(task_cpus=2)
+        ('local-cluster', True, 3)
     """
 
     url: str | None

@@ -19,10 +19,11 @@ unknown key, naming it.
 
 Example::
 
-    failure = Failure(stage="reading data", message="StorageError: shard x is corrupt", error="StorageError",
-                      rank=1, host="10.0.0.2")
-    err = failure.to_error()          # a StorageError whose message ends with the failure's JSON line
-    assert Failure.find(str(err)) == failure
+    >>> failure = Failure(stage="reading data", message="StorageError: shard x is corrupt", error="StorageError",
+    ...                   rank=1, host="10.0.0.2")
+    >>> err = failure.to_error()          # a StorageError whose message ends with the failure's JSON line
+    >>> type(err).__name__, Failure.find(str(err)) == failure
+    ('StorageError', True)
 """
 
 from __future__ import annotations

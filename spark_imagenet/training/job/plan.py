@@ -14,9 +14,17 @@
 
 Example::
 
-    job = plan_job("gs://bucket/imagenet", TrainConfig(workers=8))   # on the driver
-    job.schedule.describe()                                          # the one schedule of the job
-    spec = worker_spec(job, rank=3, train_files=[...], val_files=[...], threads=4)   # in the task
+    >>> from spark_imagenet import shard
+    >>> from spark_imagenet.training.job.config import TrainConfig
+>>> from spark_imagenet.training.driver.launch import plan_job
+    >>> manifest = shard("/data/kaggle", "gs://my-bucket/imagenet", train_shards=2, processes=1, progress=False)
+    >>> job = plan_job("gs://my-bucket/imagenet", TrainConfig(workers=2))   # on the driver
+    >>> job.schedule.describe()                                          # the one schedule of the job
+    'lr: cosine schedule, peak 0.01 (no scaling), no warm-up, cosine decay to 0 at step 1 (end of 1 epoch)'
+    >>> train, val = ([s.name for s in manifest.splits[name].shards] for name in ("train", "val"))
+    >>> spec = worker_spec(job, rank=1, train_files=train[1:], val_files=val, threads=4)   # in the task
+    >>> spec.rank
+    1
 """
 
 from __future__ import annotations

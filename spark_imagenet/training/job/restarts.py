@@ -12,10 +12,12 @@ its plan (:meth:`~spark_imagenet.training.job.plan.JobPlan.resized`); the rules 
 
 Example::
 
-    policy = FailurePolicy.of(config)                       # TrainConfig(workers=8, min_workers=4, ...)
-    if policy.exhausted(restarts=0) is None:                # max_restarts >= 1: a relaunch follows
-        decision = policy.relaunch(launched=8, free_slots=6)
-        job = job.resized(decision.workers)                 # 4 (global batch 64): the largest count <= 6 dividing it
+    >>> from spark_imagenet.training.job.config import TrainConfig
+    >>> policy = FailurePolicy.of(TrainConfig(workers=8, min_workers=4, max_restarts=1))
+    >>> policy.exhausted(restarts=0) is None                # max_restarts >= 1: a relaunch follows
+    True
+    >>> policy.relaunch(launched=8, free_slots=6).workers   # the largest count <= 6 dividing the global batch
+    4
 """
 
 from __future__ import annotations

@@ -427,8 +427,10 @@ def extension_note(schedule: Schedule, planned_epochs: int, epochs_done: int) ->
 
     Example::
 
-        extension_note(Schedule(kind="cosine", base_lr=0.01, global_batch=256, steps_per_epoch=10, epochs=10),
-                       planned_epochs=4, epochs_done=4)   # "lr: --epochs 10 instead of the checkpoint's 4 ..."
+        >>> extension_note(Schedule(kind="cosine", base_lr=0.01, global_batch=256, steps_per_epoch=10, epochs=10),
+        ...                planned_epochs=4, epochs_done=4)
+        "lr: --epochs 10 instead of the checkpoint's 4 stretches the cosine schedule to 10 epochs: the learning
+        rate goes from 1.54e-05 (the last step trained) to 0.00655 at epoch 5 (the 4-epoch schedule had 0)"
     """
     if planned_epochs == schedule.epochs or epochs_done >= schedule.epochs:
         return None

@@ -30,10 +30,13 @@ def tensorflow_environment(base: Mapping[str, str], *, log_level: str | None = N
     Example:
 
     ```python
-    import os, subprocess, sys
-    from spark_imagenet.training.job.tf_process import tensorflow_environment
+    >>> import os, subprocess, sys
+    >>> from spark_imagenet.training.job.tf_process import tensorflow_environment
+    >>> env = tensorflow_environment(os.environ)
+    >>> subprocess.run([sys.executable, "-c", "import os; print(os.environ['TF_USE_LEGACY_KERAS'])"], env=env,
+    ...                capture_output=True, text=True).stdout.strip()   # then: "import tensorflow"
+    '1'
 
-    subprocess.run([sys.executable, "-c", "import tensorflow"], env=tensorflow_environment(os.environ))
     ```
     """
     env = dict(base)

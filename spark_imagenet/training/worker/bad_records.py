@@ -12,8 +12,8 @@ index and the image's file name.
 
 Example::
 
-    with naming_bad_records(train_files + val_files):
-        model.fit(...)
+    >>> with naming_bad_records([]):   # train_files + val_files
+    ...     pass                      # model.fit(...): see the module's example
 """
 
 from __future__ import annotations

@@ -59,8 +59,14 @@ def fetched_model(url: str) -> Iterator[str]:
 
     Example::
 
-        with fetched_model("gs://bucket/run1") as local:
-            model = load_model("gs://bucket/run1", local)
+        >>> import os
+        >>> from spark_imagenet.training.worker.models.registry import build_model
+        >>> os.makedirs("bucket/run1")
+        >>> build_model("alexnet", num_classes=4, image_size=67, width=0.25).save("bucket/run1/model.keras")
+        >>> with fetched_model("gs://bucket/run1") as local:
+        ...     model = load_model("gs://bucket/run1", local)
+        >>> model.output_shape
+        (None, 4)
     """
     folder, name = (url.rsplit("/", 1) if url.endswith(".keras") else (url.rstrip("/"), MODEL_FILE))
     with tempfile.TemporaryDirectory(prefix="spark-imagenet-model-") as tmp:

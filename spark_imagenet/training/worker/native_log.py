@@ -67,7 +67,8 @@ def filter_native_log(text: str, min_level: int, cpu_only: bool = False) -> str:
 
     Example::
 
-        filter_native_log("I0000 00:00:1.5  7 port.cc:153] oneDNN ...\\n", 2)  # -> ""
+        >>> filter_native_log("I0000 00:00:1.5  7 port.cc:153] oneDNN ...\\n", 2)
+        ''
     """
     seen: set[str] = set()
     kept = []

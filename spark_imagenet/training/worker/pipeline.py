@@ -41,10 +41,16 @@ choices cost and save: docs/design.md, 'Input pipeline speed'.
 
 Example::
 
-    ds = train_dataset(files, batch_size=64, image_size=224, parallel=None, seed=7,
-                       records_per_epoch=6400, epochs=90)
-    for images, labels in ds.take(1):   # uint8 [64, 224, 224, 3] pixels 0..255, int32 [64]
-        ...
+    >>> import glob
+    >>> import tensorflow as tf
+    >>> from spark_imagenet import shard
+    >>> manifest = shard("/data/kaggle", "shards", train_shards=2, processes=1, progress=False)
+    >>> files = sorted(glob.glob("shards/train-*.tfrecord"))
+    >>> ds = train_dataset(files, batch_size=4, image_size=32, parallel=None, seed=7,
+    ...                    records_per_epoch=24, epochs=1)
+    >>> for images, labels in ds.take(1):   # uint8 [B, S, S, 3] pixels 0..255, int32 [B]
+    ...     print(images.dtype.name, images.shape.as_list(), labels.dtype.name, labels.shape.as_list())
+    uint8 [4, 32, 32, 3] int32 [4]
 """
 
 from __future__ import annotations

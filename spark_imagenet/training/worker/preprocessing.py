@@ -23,8 +23,10 @@ batched: docs/design.md, 'Input pipeline speed'.
 
 Example::
 
-    jpeg = tf.io.read_file("cat.jpg")
-    x = normalizer(224)(eval_image(jpeg, 224)[tf.newaxis])   # float32 [1, 224, 224, 3]
+    >>> jpeg = tf.io.encode_jpeg(tf.zeros([300, 400, 3], tf.uint8))   # or tf.io.read_file("cat.jpg")
+    >>> x = normalizer(224)(eval_image(jpeg, 224)[tf.newaxis])
+    >>> x.dtype.name, x.shape.as_list()
+    ('float32', [1, 224, 224, 3])
 """
 
 from __future__ import annotations

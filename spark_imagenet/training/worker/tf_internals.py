@@ -8,10 +8,10 @@ rather than a training job).
 
 Example::
 
-    from spark_imagenet.training.worker import tf_internals
-
-    tf_internals.missing_internals()          # [] on the TensorFlow the list was checked against
-    tf_internals.check_peer_health("/job:worker/replica:0/task:1", 5.0)   # raises when the peer is gone
+    >>> from spark_imagenet.training.worker import tf_internals
+    >>> tf_internals.missing_internals()          # [] on the TensorFlow the list was checked against
+    []
+    >>> tf_internals.check_peer_health("/job:worker/replica:0/task:1", 5.0)  # raises when the peer is gone  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -24,10 +24,13 @@ TensorFlow then waits for ever, which is the case this watchdog exists for.
 
 Typical use in the worker::
 
-    watchdog = StepWatchdog(spec.config.run.step_timeout, rank=spec.rank, peers=peers_from_tf_config())
-    model.fit(..., callbacks=[watchdog, ...])
-    with watchdog.pause():
-        model.save(path)          # a long, known operation: no deadline meanwhile
+    >>> import numpy as np
+    >>> watchdog = StepWatchdog(600.0, rank=0, peers=[])   # spec.config.run.step_timeout, spec.rank, peers_from_tf_config()
+    >>> model = keras.Sequential([keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> history = model.fit(np.zeros((4, 2)), np.zeros((4, 1)), epochs=1, verbose=0, callbacks=[watchdog])
+    >>> with watchdog.pause():
+    ...     model.save("model.keras")          # a long, known operation: no deadline meanwhile
 """
 
 from __future__ import annotations

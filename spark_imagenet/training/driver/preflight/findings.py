@@ -8,10 +8,12 @@ the first problem and logs the warnings (:meth:`Findings.raise_if_problems`, :me
 
 Example::
 
-    findings = Findings([Finding.ok("barrier slots", "4 (executor cores / spark.task.cpus=1)"),
-                         Finding.warning("encryption", "Spark's network encryption is on, ...")])
-    findings.raise_if_problems()            # none here
-    findings.log_warnings(logger)           # logs "warning: Spark's network encryption is on, ..."
+    >>> import logging
+    >>> findings = Findings([Finding.ok("barrier slots", "4 (executor cores / spark.task.cpus=1)"),
+    ...                      Finding.warning("encryption", "Spark's network encryption is on, ...")])
+    >>> findings.raise_if_problems()            # no problem here: the findings back
+    (Finding(check='barrier slots', level='ok', ...), Finding(check='encryption', level='warning', ...))
+    >>> findings.log_warnings(logging.getLogger("spark_imagenet"))   # logs "warning: Spark's network ..."
 """
 
 from __future__ import annotations

@@ -3,10 +3,12 @@ worker side only).
 
 The order a training process follows (the worker and ``benchmarks/gpu.py``)::
 
-    set_precision(config.recipe.precision)                 # before the model is built
-    model = float32_logits(build_model(...))        # logits, softmax and loss in float32
-    compile_model(model, learning_rate, optimizer=..., momentum=..., weight_decay=...,
-                  label_smoothing=..., jit_compile=...)
+    >>> from spark_imagenet.training.worker.models.registry import build_model
+    >>> set_precision("float32")                 # config.recipe.precision, before the model is built
+    >>> model = float32_logits(build_model("alexnet", num_classes=4, image_size=67, width=0.25))   # float32 logits
+    >>> model = compile_model(model, 0.01, optimizer="sgd", momentum=0.9, weight_decay=5e-4, label_smoothing=0.1)
+    >>> model.outputs[0].dtype.name
+    'float32'
 
 Weight decay (every model): the papers' L2 decay, gradient ``weight_decay * w`` on the conv and dense kernels
 (:func:`decayed_kernels`; not biases, not batch-norm gamma/beta), is applied inside the optimizer's step, after
