@@ -177,7 +177,7 @@ class Storage(abc.ABC):
         """
         info = self.stat(name)
         if info is None:
-            raise StorageError(f"{self.where(name)} does not exist")
+            raise StorageError(f"{self.where(name)} does not exist", key="url", value=self.where(name))
         return info.size
 
     def where(self, name: str) -> str:
@@ -193,7 +193,7 @@ class Storage(abc.ABC):
         """
         info = self.stat(name)
         if info is None:
-            raise StorageError(f"{self.where(name)} does not exist")
+            raise StorageError(f"{self.where(name)} does not exist", key="url", value=self.where(name))
         if info.crc32c is not None:
             return info.crc32c
         return self._computed_crc32c(name)
@@ -314,7 +314,8 @@ class Storage(abc.ABC):
         """
         info = self.stat(name)
         if info is None:
-            raise IntegrityError(f"{self.where(name)}: the object is not there after the upload")
+            raise IntegrityError(f"{self.where(name)}: the object is not there after the upload", key="url",
+                                 value=self.where(name))
         if info.crc32c is None:
             info = dataclasses.replace(info, crc32c=self.crc32c(name))
         return info
