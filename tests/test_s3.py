@@ -6,7 +6,6 @@ the reason) where moto is not installed."""
 from __future__ import annotations
 
 import pickle
-import re
 
 import pytest
 
