@@ -209,8 +209,9 @@ def test_a_meta_in_the_folder_of_another_epoch_is_an_error(tmp_path):
     store = open_storage(tmp_path / "c")
     commit_epoch(store, tmp_path, 2)
     store.write_bytes(f"epoch-000003/{META_NAME}", store.read_bytes(f"epoch-000002/{META_NAME}"))
-    with pytest.raises(ConfigError, match="epoch-000003/checkpoint.json: holds the checkpoint of epoch 2, not 3"):
+    with pytest.raises(ConfigError, match="not 3") as e:
         latest(store)
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == ("epoch", 2)
 
 
 @pytest.mark.parametrize("how", ["same-size", "other-size"])
@@ -319,8 +320,9 @@ def test_meta_json_round_trip_and_validation():
         assert str(e.value).startswith("dir/epoch-000003/checkpoint.json: ")
     data = m.to_json()
     del data["step"]
-    with pytest.raises(ConfigError, match="missing field.*step"):
+    with pytest.raises(ConfigError) as e:
         CheckpointMeta.from_json(data, "f")
+    assert type(e.value) is ConfigError and e.value.key == "step"
 
 
 def test_the_meta_is_written_in_version_2_which_records_every_field():
@@ -328,8 +330,9 @@ def test_the_meta_is_written_in_version_2_which_records_every_field():
     assert data["format_version"] == ck.FORMAT_VERSION == 2
     assert set(dataclasses.asdict(SETTINGS)) <= set(data)
     for name in ("lr_schedule", "optimizer"):
-        with pytest.raises(ConfigError, match=rf"dir/checkpoint.json: missing field\(s\) {name}; .*--checkpoint-dir"):
+        with pytest.raises(ConfigError) as e:
             CheckpointMeta.from_json({k: v for k, v in data.items() if k != name}, "dir/checkpoint.json")
+        assert type(e.value) is ConfigError and e.value.key == name
     with pytest.raises(ConfigError, match=r"lr_schedule is required.*crop_area is required"):
         CheckpointMeta.create(RunSettings(**{**dataclasses.asdict(SETTINGS), **dict.fromkeys(RECIPE)}),
                               epoch=1, step=12)
@@ -342,8 +345,10 @@ def test_an_older_format_version_is_refused_with_a_new_checkpoint_dir_to_start()
         CheckpointMeta.from_json(data, "old/epoch-000002/checkpoint.json")
     assert str(e.value).startswith("old/epoch-000002/checkpoint.json: format_version 1 is an older checkpoint format")
     assert "start the run afresh with a new --checkpoint-dir" in str(e.value)
-    with pytest.raises(ConfigError, match=r"format_version 0 is not supported"):
+    assert (e.value.key, e.value.value) == ("format_version", 1)
+    with pytest.raises(ConfigError) as e:
         CheckpointMeta.from_json({**data, "format_version": 0}, "old/checkpoint.json")
+    assert (e.value.key, e.value.value) == ("format_version", 0)
 
 
 def test_the_meta_values_are_checked_by_the_settings_rules():
@@ -369,11 +374,13 @@ def test_commit_refuses_a_local_dir_holding_checkpoint_json_and_bad_arguments(tm
     (local / META_NAME).write_text("{}")
     with pytest.raises(ConfigError, match="the meta's own name"):
         commit(store, local, meta(1))
-    with pytest.raises(ConfigError, match="keep 0"):
+    with pytest.raises(ConfigError) as e:
         commit(store, local, meta(1), keep=0)
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == ("keep", 0)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(StorageError, match="holds no file"):
+    with pytest.raises(StorageError) as e:
         commit(store, tmp_path / "empty", meta(1))
+    assert type(e.value) is StorageError and (e.value.key, e.value.value) == ("local_path", str(tmp_path / "empty"))
     assert store.list() == []
 
 

@@ -105,10 +105,12 @@ def test_gs_url_is_parsed_without_contacting_anything(monkeypatch):
 def test_invalid_object_names_are_refused(tmp_path, name, monkeypatch):
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     for storage in (LocalStorage(tmp_path), GCSStorage("gs://b/p")):
-        with pytest.raises(StorageError, match="invalid object name"):
+        with pytest.raises(StorageError) as e:
             storage.where(name)
-    with pytest.raises(StorageError, match="invalid object name"):
+        assert type(e.value) is StorageError and (e.value.key, e.value.value) == ("name", name)
+    with pytest.raises(StorageError) as e:
         LocalStorage(tmp_path).write_bytes(name, b"x")
+    assert (e.value.key, e.value.value) == ("name", name)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -173,8 +175,10 @@ def test_write_read_stat_exists_size_crc32c(tmp_path):
 @pytest.mark.parametrize("call", ["size", "crc32c", "read_bytes"])
 def test_missing_object_is_a_storage_error_naming_it(tmp_path, call):
     storage = LocalStorage(tmp_path)
-    with pytest.raises(StorageError, match=rf"{tmp_path / 'nope'} does not exist"):
+    """Wording test (a missing object): the object's path, then "does not exist"."""
+    with pytest.raises(StorageError, match=rf"^{tmp_path / 'nope'} does not exist$") as e:
         getattr(storage, call)("nope")
+    assert type(e.value) is StorageError and (e.value.key, e.value.value) == ("url", str(tmp_path / "nope"))
 
 
 def test_write_leaves_no_temp_file_and_uses_a_hidden_temp_name_beside_the_target(tmp_path):
@@ -225,8 +229,9 @@ def test_create_only_write(tmp_path):
     storage = LocalStorage(tmp_path)
     storage.write_bytes("m", b"first", if_generation_match=0)  # absent: created
     assert storage.read_bytes("m") == b"first"
-    with pytest.raises(PreconditionFailed, match=rf"{tmp_path / 'm'} already exists"):
+    with pytest.raises(PreconditionFailed, match="already exists") as e:
         storage.write_bytes("m", b"second", if_generation_match=0)
+    assert type(e.value) is PreconditionFailed and (e.value.key, e.value.value) == ("url", str(tmp_path / "m"))
     assert storage.read_bytes("m") == b"first"
     assert _files(tmp_path) == ["m"]  # the refused write's temp file is gone
 
@@ -239,12 +244,12 @@ def test_compare_and_swap_write(tmp_path):
     assert storage.read_bytes("m") == b"v2"
     g2 = storage.stat("m").generation
     assert g2 != g1, "a rewrite must change the generation (it is the compare-and-swap token)"
-    with pytest.raises(PreconditionFailed, match="was changed by another writer since it was read"):
-        storage.write_bytes("m", b"v3", if_generation_match=g1)  # stale: another write came in between
-    with pytest.raises(PreconditionFailed, match="was changed by another writer"):
-        storage.write_bytes("m", b"v3", if_generation_match=g2 + 1)  # any other value
-    with pytest.raises(PreconditionFailed, match="was changed by another writer"):
-        storage.write_bytes("absent", b"x", if_generation_match=g2)  # a generation, but no object
+    for name, generation in [("m", g1),  # stale: another write came in between
+                             ("m", g2 + 1),  # any other value
+                             ("absent", g2)]:  # a generation, but no object
+        with pytest.raises(PreconditionFailed, match="changed by another writer") as e:
+            storage.write_bytes(name, b"v3", if_generation_match=generation)
+        assert type(e.value) is PreconditionFailed and e.value.value == str(tmp_path / name)
     assert storage.read_bytes("m") == b"v2" and not storage.exists("absent")
     assert _files(tmp_path) == ["m"]
     assert issubclass(PreconditionFailed, StorageError)
@@ -284,8 +289,9 @@ def test_put_file_copies_and_move_renames(tmp_path):
     # publishing a file that already is the object (staged in staging_dir under its name): nothing changes
     storage.put_file(tmp_path / "b" / "x" / "moved", "x/moved", move=True)
     assert storage.read_bytes("x/moved") == b"payload"
-    with pytest.raises(StorageError, match=rf"cannot publish {tmp_path / 'absent'} as"):
+    with pytest.raises(StorageError, match="cannot publish") as e:
         storage.put_file(tmp_path / "absent", "y")
+    assert type(e.value) is StorageError and (e.value.key, e.value.value) == ("url", str(tmp_path / "b" / "y"))
     assert not storage.exists("y") and _files(tmp_path / "b") == ["x/copied", "x/moved"]
 
 
@@ -296,12 +302,14 @@ def test_get_file_overwrites_the_local_copy(tmp_path):
     dest.write_bytes(b"stale and longer")
     storage.get_file("obj", dest)
     assert dest.read_bytes() == b"remote"
-    with pytest.raises(StorageError, match="does not exist"):
+    with pytest.raises(StorageError) as e:
         storage.get_file("missing", tmp_path / "other")
+    assert (e.value.key, e.value.value) == ("url", str(tmp_path / "b" / "missing"))
     assert not (tmp_path / "other").exists()
     # an object that exists, to a folder that does not: the message names the folder, not the object
-    with pytest.raises(StorageError, match=rf"the folder {tmp_path / 'no' / 'such'} does not exist; create it"):
+    with pytest.raises(StorageError, match=rf"the folder {tmp_path / 'no' / 'such'} does not exist; create it") as e:
         storage.get_file("obj", tmp_path / "no" / "such" / "copy")
+    assert (e.value.key, e.value.value) == ("local_path", str(tmp_path / "no" / "such" / "copy"))
 
 
 @pytest.mark.parametrize("transfers", [1, 4])
@@ -316,7 +324,7 @@ def test_put_files_and_get_files_return_one_entry_per_pair(tmp_path, transfers):
     results = storage.put_files(pairs, transfers)
     assert len(results) == 6
     assert [r is None for r in results] == [True, True, False, True, True, True]
-    assert isinstance(results[2], StorageError) and "missing" in str(results[2])
+    assert type(results[2]) is StorageError and results[2].value == str(tmp_path / "b" / "o-missing")
     assert [o.name for o in storage.list()] == [f"o{i}" for i in range(5)]
 
     back = tmp_path / "back"
@@ -324,7 +332,7 @@ def test_put_files_and_get_files_return_one_entry_per_pair(tmp_path, transfers):
     gets = [(f"o{i}", back / f"o{i}") for i in (4, 0)] + [("o-missing", back / "m"), ("o3", back / "o3")]
     results = storage.get_files(gets, transfers)
     assert [r is None for r in results] == [True, True, False, True]
-    assert isinstance(results[2], StorageError) and "does not exist" in str(results[2])
+    assert type(results[2]) is StorageError and results[2].value == str(tmp_path / "b" / "o-missing")
     assert {p.name: p.read_bytes() for p in back.iterdir()} == {"o4": b"data 4", "o0": b"data 0", "o3": b"data 3"}
     assert storage.put_files([], transfers) == [] and storage.get_files([], transfers) == []
 
@@ -335,8 +343,9 @@ def test_staging_dir_is_the_root_and_must_be_writable(tmp_path):
     assert storage.staging_dir() == tmp_path / "new" / "b"
     assert storage.root_exists() and _files(tmp_path / "new") == []  # the probe is gone
     (tmp_path / "file").write_bytes(b"")
-    with pytest.raises(StorageError, match=r"cannot create or write this folder .*choose a writable folder"):
+    with pytest.raises(StorageError, match="cannot create or write") as e:
         LocalStorage(tmp_path / "file" / "sub").staging_dir()
+    assert (e.value.key, e.value.value) == ("url", str(tmp_path / "file" / "sub"))
 
 
 def test_remove_empty_root(tmp_path):
@@ -427,7 +436,8 @@ def test_unretryable_lists_at_most_five(count, tail):
 
 
 def test_gcs_errors_are_mapped_to_what_to_check(monkeypatch):
-    """Client exceptions become the package's errors (no request sent: _error only classifies)."""
+    """Wording test (store errors): client exceptions become the package's errors, each naming the object
+    (``key="url"``) and what to check (no request sent: _error only classifies)."""
     from google.api_core import exceptions as gexc
     from google.auth import exceptions as auth_exceptions
     from google.cloud.storage.exceptions import DataCorruption
@@ -457,6 +467,9 @@ def test_gcs_errors_are_mapped_to_what_to_check(monkeypatch):
     assert type(e) is AccessError  # the class of what kept failing survives the retry wrapper
     e = gcs._error(OSError("disk full"), what, "read")
     assert type(e) is StorageError and "local file error during read: disk full" in str(e)
+    assert (e.key, e.value) == ("url", what)
+    e = gcs._error(gexc.Forbidden("no"), what, "write")
+    assert (e.key, e.value) == ("url", what)
 
 
 @pytest.fixture
@@ -517,10 +530,10 @@ def test_delete_that_fails_is_a_storage_error(tmp_path):
     from spark_imagenet.storage import LocalStorage
 
     (tmp_path / "a-folder").mkdir()
-    with pytest.raises(StorageError, match="cannot delete .*a-folder"):
-        LocalStorage(tmp_path).delete("a-folder")
-    with pytest.raises(StorageError, match="cannot delete"):
-        LocalStorage(tmp_path).delete("a-folder", best_effort=True)
+    for best_effort in (False, True):
+        with pytest.raises(StorageError, match="^cannot delete") as e:
+            LocalStorage(tmp_path).delete("a-folder", best_effort=best_effort)
+        assert (e.value.key, e.value.value) == ("url", str(tmp_path / "a-folder"))
 
 
 def test_temp_files_of_writes_in_flight_or_killed_are_not_objects(tmp_path):

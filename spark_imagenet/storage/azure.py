@@ -158,7 +158,8 @@ class AzureStorage(RemoteStorage):
             self.account = (_connection_account(conn) if conn else None) or os.environ.get(ACCOUNT_ENV)
             if not self.account:
                 raise StorageError(f"{url}: an az:// URL names no storage account; set {CONNECTION_STRING_ENV} or "
-                                   f"{ACCOUNT_ENV}, or write abfs://{container}@ACCOUNT.dfs.core.windows.net/...")
+                                   f"{ACCOUNT_ENV}, or write abfs://{container}@ACCOUNT.dfs.core.windows.net/...",
+                                   key="url", value=url)
         self._root = f"{scheme}://{netloc}"
         self.url = self._root + (f"/{self.prefix}" if self.prefix else "")
         self.account_url = account_url
@@ -188,11 +189,12 @@ class AzureStorage(RemoteStorage):
         if named and named != self.account:
             raise AccessError(f"{self.url}: {CONNECTION_STRING_ENV} is for the account {named!r}, the URL names "
                               f"{self.account!r}; set the connection string of that account, or unset it to use "
-                              "DefaultAzureCredential")
+                              "DefaultAzureCredential", key=CONNECTION_STRING_ENV, value=named)
         try:
             return BlobServiceClient.from_connection_string(conn, retry_total=self.retry_total)
         except ValueError:
-            raise AccessError(f"{self.url}: {CONNECTION_STRING_ENV} is not a valid connection string") from None
+            raise AccessError(f"{self.url}: {CONNECTION_STRING_ENV} is not a valid connection string",
+                              key=CONNECTION_STRING_ENV) from None
 
     def _identity_client(self) -> Any:
         """A client on DefaultAzureCredential, whose chain is asked for a token once here: no credential fails now,
@@ -202,7 +204,7 @@ class AzureStorage(RemoteStorage):
         except ImportError:
             raise StorageError(f"{self.url}: without {CONNECTION_STRING_ENV}, Azure credentials come from "
                                f"azure-identity: {install_hint('azure')} (azure-storage-blob, "
-                               "azure-identity)") from None
+                               "azure-identity)", key="url", value=self.url) from None
         credential = DefaultAzureCredential()
         try:
             with _quiet_azure_logs():
@@ -213,7 +215,7 @@ class AzureStorage(RemoteStorage):
                 f"{self.url}: no usable Azure credentials for the storage account {self.account}: "
                 f"{CONNECTION_STRING_ENV} is not set, and DefaultAzureCredential found no token"
                 + (f" (tried {', '.join(tried)})" if tried else f" ({type(e).__name__})")
-                + f". To fix it, {CREDENTIAL_HINT}") from None
+                + f". To fix it, {CREDENTIAL_HINT}", key="url", value=self.url) from None
         return BlobServiceClient(self.account_url or f"https://{self.account}.blob.core.windows.net",
                                  credential=credential, retry_total=self.retry_total)
 
@@ -251,7 +253,7 @@ class AzureStorage(RemoteStorage):
         return StorageError(f"{self._root}: cannot reach the blob endpoint {endpoint} of the account {self.account} "
                             f"({attempts} attempts, {type(e).__name__}); check that it is running, the endpoint in "
                             f"{CONNECTION_STRING_ENV} or account_url= (scheme and port), the network and proxy "
-                            "settings")
+                            "settings", key="url", value=self._root)
 
     def _blob(self, name: str) -> Any:
         return self.client.get_blob_client(self.container, self._key(name))
@@ -373,11 +375,11 @@ class AzureStorage(RemoteStorage):
         except Exception as e:  # noqa: BLE001 - azure-storage-blob raises a plain exception for an MD5 mismatch
             if "md5" in str(e).lower():
                 raise IntegrityError(f"{self.where(name)}: a downloaded range does not match its MD5 (damaged "
-                                     "transfer)") from None
+                                     "transfer)", key="url", value=self.where(name)) from None
             raise self._error(e, self.where(name), "read") from None
         if expected and got != expected:
             raise IntegrityError(f"{self.where(name)}: the downloaded bytes have crc32c {got}, the blob's metadata "
-                                 f"says {expected} (corrupt blob or transfer)")
+                                 f"says {expected} (corrupt blob or transfer)", key="url", value=self.where(name))
 
     def list(self) -> list[ObjectInfo]:
         base = f"{self.prefix}/" if self.prefix else ""

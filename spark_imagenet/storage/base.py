@@ -130,7 +130,8 @@ def unretryable(errors: Sequence[BaseException | None], what: str, noun: str = "
         StorageError | None: the first :class:`AccessError` (a missing
         bucket, 401, 403) as it is; else a StorageError ``"N shard(s) <what>:
         <the first 5 errors>"`` when any failure is not a mismatch (each
-        error names its object); else None.
+        error names its object; its ``key`` and ``value`` are the first
+        such error's); else None.
     """
     denied = next((e for e in errors if isinstance(e, AccessError)), None)
     if denied is not None:
@@ -139,7 +140,8 @@ def unretryable(errors: Sequence[BaseException | None], what: str, noun: str = "
     if not fatal:
         return None
     return StorageError(f"{len(fatal)} {noun}(s) {what}: " + "; ".join(str(e) for e in fatal[:5])
-                        + (f"; ... and {len(fatal) - 5} more" if len(fatal) > 5 else ""))
+                        + (f"; ... and {len(fatal) - 5} more" if len(fatal) > 5 else ""),
+                        key=getattr(fatal[0], "key", None), value=getattr(fatal[0], "value", None))
 
 
 class Storage(abc.ABC):
@@ -177,7 +179,7 @@ class Storage(abc.ABC):
         """
         info = self.stat(name)
         if info is None:
-            raise StorageError(f"{self.where(name)} does not exist")
+            raise StorageError(f"{self.where(name)} does not exist", key="url", value=self.where(name))
         return info.size
 
     def where(self, name: str) -> str:
@@ -193,7 +195,7 @@ class Storage(abc.ABC):
         """
         info = self.stat(name)
         if info is None:
-            raise StorageError(f"{self.where(name)} does not exist")
+            raise StorageError(f"{self.where(name)} does not exist", key="url", value=self.where(name))
         if info.crc32c is not None:
             return info.crc32c
         return self._computed_crc32c(name)
@@ -314,7 +316,8 @@ class Storage(abc.ABC):
         """
         info = self.stat(name)
         if info is None:
-            raise IntegrityError(f"{self.where(name)}: the object is not there after the upload")
+            raise IntegrityError(f"{self.where(name)}: the object is not there after the upload", key="url",
+                                 value=self.where(name))
         if info.crc32c is None:
             info = dataclasses.replace(info, crc32c=self.crc32c(name))
         return info

@@ -117,11 +117,12 @@ def local_entries(local_dir: str | os.PathLike) -> list[tuple[str, Entry]]:
         an empty folder.
 
     Raises:
-        StorageError: ``local_dir`` is not a folder, or a file in it cannot be read (names it).
+        StorageError: ``local_dir`` is not a folder, or a file in it cannot be read (names it; ``key``
+            ``"local_path"``, ``value`` that folder or file).
     """
     root = Path(local_dir)
     if not root.is_dir():
-        raise StorageError(f"{root}: not a folder")
+        raise StorageError(f"{root}: not a folder", key="local_path", value=str(root))
     out = []
     for folder, _dirs, files in os.walk(root):
         for f in files:
@@ -129,7 +130,8 @@ def local_entries(local_dir: str | os.PathLike) -> list[tuple[str, Entry]]:
             try:
                 entry = Entry(Path(path).relative_to(root).as_posix(), os.path.getsize(path), crc32c_file(path))
             except OSError as e:
-                raise StorageError(f"{path}: cannot read it ({e.strerror or e})") from None
+                raise StorageError(f"{path}: cannot read it ({e.strerror or e})", key="local_path",
+                                   value=path) from None
             out.append((path, entry))
     return sorted(out, key=lambda pair: pair[1].name)
 
@@ -197,7 +199,7 @@ def upload_verified(storage: Storage, items: Sequence[tuple[str | os.PathLike, E
         AccessError: a missing bucket, 401 or 403 (at once, no retry).
         StorageError: an upload failed after the client's own retries, or an object still differs from
             its entry after the second upload (every such object named with each attempt's difference;
-            the bad objects are deleted).
+            the bad objects are deleted; ``key`` ``"url"``, ``value`` the first such object's URL).
         ConfigError: ``transfers`` < 1.
     """
     check_transfers(transfers)
@@ -233,7 +235,8 @@ def upload_verified(storage: Storage, items: Sequence[tuple[str | os.PathLike, E
         raise StorageError(f"{len(todo)} {noun}(s) could not be uploaded intact to {dest}: "
                            + _details(problems, [items[i][1].name for i in todo])
                            + f". {uncommitted[:1].upper()}{uncommitted[1:]}; check the local files and the network, "
-                           "then run again.")
+                           "then run again.",
+                           key="url", value=storage.where(object_name(prefix, items[todo[0]][1].name)))
     return infos
 
 
@@ -303,7 +306,8 @@ def download_verified(storage: Storage, items: Sequence[tuple[Entry, str | os.Pa
         AccessError: a missing bucket, 401 or 403 (at once, no retry).
         StorageError: an object is missing or failed after the client's own retries, or still differs
             from its entry after the second fetch, or a target's folder cannot be written (every such
-            object named with each attempt's difference).
+            object named with each attempt's difference; ``key`` ``"url"``, ``value`` the first such
+            object's URL; ``"local_path"`` and the folder for a folder).
         ConfigError: ``transfers`` < 1.
     """
     check_transfers(transfers)
@@ -312,7 +316,8 @@ def download_verified(storage: Storage, items: Sequence[tuple[Entry, str | os.Pa
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise StorageError(f"cannot create the folder {path.parent} ({e.strerror or e})") from None
+            raise StorageError(f"cannot create the folder {path.parent} ({e.strerror or e})", key="local_path",
+                               value=str(path.parent)) from None
     source = _source(storage, prefix)
     problems: dict[str, list[str]] = {}
     for attempt in range(1, ATTEMPTS + 1):
@@ -332,7 +337,8 @@ def download_verified(storage: Storage, items: Sequence[tuple[Entry, str | os.Pa
     if todo:
         into = os.path.commonpath([str(p.parent) for _e, p in todo])
         raise StorageError(f"{len(todo)} {noun}(s) from {source} could not be fetched intact into {into}: "
-                           + _details(problems, [e.name for e, _p in todo]) + (f". {remedy}" if remedy else ""))
+                           + _details(problems, [e.name for e, _p in todo]) + (f". {remedy}" if remedy else ""),
+                           key="url", value=storage.where(object_name(prefix, todo[0][0].name)))
 
 
 def upload_folder(storage: Storage, local_dir: str | os.PathLike, *, prefix: str = "",
@@ -420,7 +426,8 @@ class CommittedSets:
         try:
             objects = self.storage.list()
         except OSError as e:  # an unreadable entry or a symbolic-link loop in a local folder
-            raise StorageError(f"cannot list {self.storage.url} ({e.strerror or e}: {e.filename or ''})") from None
+            raise StorageError(f"cannot list {self.storage.url} ({e.strerror or e}: {e.filename or ''})", key="url",
+                               value=self.storage.url) from None
         groups: dict[str, dict[str, ObjectInfo]] = {}
         for o in objects:
             folder, sep, rest = o.name.partition("/")

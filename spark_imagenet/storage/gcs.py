@@ -128,7 +128,7 @@ class GCSStorage(RemoteStorage):
             raise AccessError(
                 f"{self.url}: no Google Cloud credentials found ({e}). Run `gcloud auth application-default "
                 "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file; on GCE, "
-                "Dataproc or GKE the machine's service account is used"
+                "Dataproc or GKE the machine's service account is used", key="url", value=self.url
             ) from None
 
     @property

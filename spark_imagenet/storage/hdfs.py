@@ -303,7 +303,7 @@ class HDFSStorage(RemoteStorage):
             got = self._read_crc32c(tmp)
             if got != crc:
                 raise IntegrityError(f"{self.where(name)}: the file written has crc32c {got}, the bytes sent {crc} "
-                                     "(damaged transfer)")
+                                     "(damaged transfer)", key="url", value=self.where(name))
             with contextlib.suppress(_Remote):  # extended attributes off (dfs.namenode.xattrs.enabled): none kept
                 self._call("SETXATTR", tmp, "PUT", **{"xattr.name": CRC32C_XATTR, "xattr.value": f'"{crc}"',
                                                       "flag": "CREATE"})

@@ -95,7 +95,7 @@ class Lease:
         try:
             return cls(**ENVELOPE.fields_for(cls, ENVELOPE.decode(data, where), where))
         except TypeError as e:
-            raise StorageError(f"{where}: {e}; {ENVELOPE.remedy}") from None
+            raise StorageError(f"{where}: {e}; {ENVELOPE.remedy}", key="url", value=where) from None
 
 
 def read(storage: Storage) -> tuple[Lease, int] | None:
@@ -217,7 +217,8 @@ def check_held(storage: Storage, run_id: str) -> None:
         who = "nobody" if found is None else found[0].holder()
         raise TrainingError(f"{storage.url}: this run no longer holds the folder's lease (now {who}"
                             + (f", not renewed for {now - found[0].renewed:.0f} s" if found else "")
-                            + "): its driver is gone or another run took over, so this run stops writing there")
+                            + "): its driver is gone or another run took over, so this run stops writing there",
+                            key="url", value=storage.url)
 
 
 class Renewal:

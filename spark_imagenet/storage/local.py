@@ -40,7 +40,7 @@ class LocalStorage(Storage):
 
     def _path(self, name: str) -> Path:
         if not name or name.startswith("/") or ".." in name.split("/"):
-            raise StorageError(f"invalid object name {name!r} in {self.url}")
+            raise StorageError(f"invalid object name {name!r} in {self.url}", key="name", value=name)
         return self.root / name
 
     def where(self, name: str) -> str:
@@ -52,7 +52,7 @@ class LocalStorage(Storage):
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
-            raise StorageError(f"cannot read {self._path(name)}: {e}") from e
+            raise StorageError(f"cannot read {self._path(name)}: {e}", key="url", value=self.where(name)) from e
         if not stat_module.S_ISREG(st.st_mode):  # a folder is not an object
             return None
         return ObjectInfo(name, st.st_size, None, st.st_mtime_ns)
@@ -61,17 +61,17 @@ class LocalStorage(Storage):
         try:
             return crc32c_file(self._path(name))
         except FileNotFoundError:
-            raise StorageError(f"{self._path(name)} does not exist") from None
+            raise StorageError(f"{self._path(name)} does not exist", key="url", value=self.where(name)) from None
         except OSError as e:
-            raise StorageError(f"cannot read {self._path(name)}: {e}") from e
+            raise StorageError(f"cannot read {self._path(name)}: {e}", key="url", value=self.where(name)) from e
 
     def read_bytes(self, name: str) -> bytes:
         try:
             return self._path(name).read_bytes()
         except FileNotFoundError:
-            raise StorageError(f"{self._path(name)} does not exist") from None
+            raise StorageError(f"{self._path(name)} does not exist", key="url", value=self.where(name)) from None
         except OSError as e:
-            raise StorageError(f"cannot read {self._path(name)}: {e}") from e
+            raise StorageError(f"cannot read {self._path(name)}: {e}", key="url", value=self.where(name)) from e
 
     def _tmp(self, path: Path) -> Path:
         return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -108,11 +108,11 @@ class LocalStorage(Storage):
                 if (current.generation if current else 0) != if_generation_match:
                     raise PreconditionFailed(
                         f"{path} " + ("already exists" if if_generation_match == 0 else
-                                      "was changed by another writer since it was read")
+                                      "was changed by another writer since it was read"), key="url", value=str(path)
                     )
                 os.replace(tmp, path)
         except OSError as e:
-            raise StorageError(f"cannot write {path}: {e}") from e
+            raise StorageError(f"cannot write {path}: {e}", key="url", value=str(path)) from e
         finally:
             if tmp is not None:
                 with contextlib.suppress(FileNotFoundError):
@@ -135,7 +135,7 @@ class LocalStorage(Storage):
                 shutil.copyfile(local_path, tmp)
             os.replace(tmp, path)
         except OSError as e:
-            raise StorageError(f"cannot publish {local_path} as {path}: {e}") from e
+            raise StorageError(f"cannot publish {local_path} as {path}: {e}", key="url", value=str(path)) from e
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
@@ -147,10 +147,11 @@ class LocalStorage(Storage):
         except FileNotFoundError as e:  # the object, or the folder of the copy (copyfile names neither apart)
             if src.is_file():
                 raise StorageError(f"cannot copy {src} to {local_path}: the folder "
-                                   f"{Path(local_path).parent} does not exist; create it first") from e
-            raise StorageError(f"{src} does not exist") from None
+                                   f"{Path(local_path).parent} does not exist; create it first",
+                                   key="local_path", value=str(local_path)) from e
+            raise StorageError(f"{src} does not exist", key="url", value=str(src)) from None
         except OSError as e:
-            raise StorageError(f"cannot copy {src} to {local_path}: {e}") from e
+            raise StorageError(f"cannot copy {src} to {local_path}: {e}", key="url", value=str(src)) from e
 
     def list(self) -> list[ObjectInfo]:
         if not self.root.is_dir():
@@ -172,7 +173,7 @@ class LocalStorage(Storage):
         except FileNotFoundError:
             pass
         except OSError as e:  # a folder, no permission: as GCSStorage, best_effort only skips retries
-            raise StorageError(f"cannot delete {self._path(name)}: {e}") from e
+            raise StorageError(f"cannot delete {self._path(name)}: {e}", key="url", value=self.where(name)) from e
 
     def tidy(self, prefix: str) -> None:
         top = self._path(prefix)
@@ -187,7 +188,7 @@ class LocalStorage(Storage):
     def staging_dir(self) -> Path:
         if self.root.is_file():
             raise StorageError(f"{self.url} is a file, not a folder: give a folder for the shards (a new one, or "
-                               "the folder of an earlier build of the same dataset)")
+                               "the folder of an earlier build of the same dataset)", key="url", value=self.url)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self._tmp(self.root / ".write-probe")
@@ -196,7 +197,7 @@ class LocalStorage(Storage):
         except OSError as e:
             raise StorageError(
                 f"{self.url}: cannot create or write this folder ({e.strerror or e}); "
-                "choose a writable folder for the shards"
+                "choose a writable folder for the shards", key="url", value=self.url
             ) from None
         return self.root
 

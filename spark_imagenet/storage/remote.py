@@ -225,7 +225,7 @@ class RemoteStorage(Storage):
             StorageError: an empty name, an absolute one, or one with ``..``.
         """
         if not name or name.startswith("/") or ".." in name.split("/"):
-            raise StorageError(f"invalid object name {name!r} in {self.url}")
+            raise StorageError(f"invalid object name {name!r} in {self.url}", key="name", value=name)
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def where(self, name: str) -> str:
@@ -264,7 +264,7 @@ class RemoteStorage(Storage):
         also = f", and {words.check}" if words.check else ""
         place = f" {words.place}" if words.place else ""
         return AccessError(f"{words.noun} {words.name} does not exist{place}. Check the name in {self.url}{also}, "
-                           f"or create it {words.create}")
+                           f"or create it {words.create}", key="url", value=self._root)
 
     def _check_root(self) -> None:
         """Raise a clear error when the root itself is missing (a missing object in a missing bucket only says
@@ -295,7 +295,7 @@ class RemoteStorage(Storage):
             self._check_root()
         except StorageError as missing:
             return missing
-        return StorageError(f"{what} does not exist")
+        return StorageError(f"{what} does not exist", key="url", value=what)
 
     def _error(self, e: BaseException, what: str, action: str = "access", *,
                replacing: bool = False) -> StorageError:
@@ -311,36 +311,40 @@ class RemoteStorage(Storage):
 
         Returns:
             StorageError: :class:`PreconditionFailed`, :class:`AccessError` (missing root, credentials,
-            permission), :class:`IntegrityError` (checksum), or a plain StorageError.
+            permission), :class:`IntegrityError` (checksum), or a plain StorageError; its ``key`` is ``"url"`` and
+            its ``value`` ``what`` (the root's URL for a missing root).
         """
         if isinstance(e, StorageError):
             return e
         fault = self._classify(e, action)
         if fault is None:
             if isinstance(e, OSError):
-                return StorageError(f"{what}: local file error during {action}: {e}")
+                return StorageError(f"{what}: local file error during {action}: {e}", key="url", value=what)
             text = str(e).splitlines()[0] if str(e) else ""
-            return StorageError(f"{what}: {action} failed ({type(e).__name__}: {text[:300]})")
+            return StorageError(f"{what}: {action} failed ({type(e).__name__}: {text[:300]})", key="url", value=what)
         reason = f" ({fault.reason})" if fault.reason else ""
         if fault.kind is Kind.PRECONDITION:
-            return PreconditionFailed(f"{what} already exists or was changed by another writer{reason}")
+            return PreconditionFailed(f"{what} already exists or was changed by another writer{reason}", key="url",
+                                      value=what)
         if fault.kind is Kind.MISSING_ROOT:
             return self._missing_root()
         if fault.kind is Kind.MISSING:
             missing = self._not_found(what)
             if replacing and type(missing) is StorageError:
-                return PreconditionFailed(f"{what} was deleted by another writer since it was read")
+                return PreconditionFailed(f"{what} was deleted by another writer since it was read", key="url",
+                                          value=what)
             return missing
         if fault.kind is Kind.CREDENTIALS:
-            return AccessError(f"{what}: {fault.reason}. {fault.advice}")
+            return AccessError(f"{what}: {fault.reason}. {fault.advice}", key="url", value=what)
         if fault.kind is Kind.DENIED:
-            return AccessError(f"{what}: access denied{reason}. {fault.advice}")
+            return AccessError(f"{what}: access denied{reason}. {fault.advice}", key="url", value=what)
         if fault.kind is Kind.CORRUPT:
-            return IntegrityError(f"{what}: {fault.reason}")
+            return IntegrityError(f"{what}: {fault.reason}", key="url", value=what)
         if fault.kind is Kind.UNREACHABLE:
-            return StorageError(f"{what}: cannot reach {fault.reason}")
+            return StorageError(f"{what}: cannot reach {fault.reason}", key="url", value=what)
         advice = f"; {fault.advice}" if fault.advice else ""
-        return StorageError(f"{what}: {action} failed{' after retries' if self.RETRIES else ''}{reason}{advice}")
+        return StorageError(f"{what}: {action} failed{' after retries' if self.RETRIES else ''}{reason}{advice}",
+                            key="url", value=what)
 
     def _gone(self, e: BaseException) -> bool:
         """Whether a delete's exception only says the object is not there (deleting what is gone is no

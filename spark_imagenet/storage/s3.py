@@ -102,7 +102,8 @@ class S3Storage(RemoteStorage):
             return session.client("s3", endpoint_url=self.endpoint, region_name=self.region, config=config)
         except Exception as e:  # noqa: BLE001 - a missing profile, a bad endpoint: one message
             raise AccessError(f"{self.url}: cannot create the S3 client ({type(e).__name__}: {e}); check "
-                              "AWS_PROFILE / profile=, the endpoint (AWS_ENDPOINT_URL) and the region") from None
+                              "AWS_PROFILE / profile=, the endpoint (AWS_ENDPOINT_URL) and the region",
+                              key="url", value=self.url) from None
 
     def reopen_options(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "region": self.region, "profile": self.profile,
@@ -211,7 +212,7 @@ class S3Storage(RemoteStorage):
         size, crc, _md5 = file_digests(local_path)
         if size > MAX_PUT_BYTES:
             raise StorageError(f"{local_path}: {size} bytes is more than one S3 PutObject takes (5 GiB); "
-                               "write smaller shards or checkpoints")
+                               "write smaller shards or checkpoints", key="local_path", value=str(local_path))
         with open(local_path, "rb") as f:
             info = self._put(name, f, crc)
         return None if info is None else ObjectInfo(name, size, info.crc32c, info.generation)
@@ -247,7 +248,7 @@ class S3Storage(RemoteStorage):
             raise self._error(e, self.where(name), "read") from None
         if expected is not None and got != expected:
             raise IntegrityError(f"{self.where(name)}: the downloaded bytes have crc32c {got}, the server reports "
-                                 f"{expected} (corrupt object or transfer)")
+                                 f"{expected} (corrupt object or transfer)", key="url", value=self.where(name))
 
     def list(self) -> list[ObjectInfo]:
         base = f"{self.prefix}/" if self.prefix else ""

@@ -349,10 +349,11 @@ def _refuse_other_version(data: Any, where: str) -> None:
     if version > FORMAT_VERSION:
         raise ConfigError(f"{where}: format_version {version} is not supported by this version of spark-imagenet "
                           f"(which reads {FORMAT_VERSION}): a newer spark-imagenet wrote this checkpoint; upgrade "
-                          f"spark-imagenet to resume from it, or {REMEDY}")
+                          f"spark-imagenet to resume from it, or {REMEDY}", key=VERSION_KEY, value=version)
     raise ConfigError(f"{where}: format_version {version} is an older checkpoint format, which this version of "
                       f"spark-imagenet no longer reads (it reads {FORMAT_VERSION}): start the run afresh with a new "
-                      "--checkpoint-dir, or resume it with the spark-imagenet version that wrote it")
+                      "--checkpoint-dir, or resume it with the spark-imagenet version that wrote it",
+                      key=VERSION_KEY, value=version)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -461,7 +462,7 @@ class CheckpointMeta(RunSettings):
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [n for n in names if n not in data]
         if missing:
-            raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}; {REMEDY}")
+            raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}; {REMEDY}", key=missing[0])
         try:
             files = tuple(CheckpointFile(f["name"], f["size"], f["crc32c"]) for f in data["files"])
             return cls(**{**{n: data[n] for n in names}, "files": files})
@@ -645,7 +646,8 @@ def check_keep(keep: int | None) -> int | None:
         ConfigError: ``keep`` is not None nor an integer >= 1.
     """
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        raise ConfigError(f"keep {keep}: a commit keeps at least the new checkpoint (give 1 or more, None = all)")
+        raise ConfigError(f"keep {keep}: a commit keeps at least the new checkpoint (give 1 or more, None = all)",
+                          key="keep", value=keep)
     return keep
 
 
@@ -663,7 +665,7 @@ def _parse(folder: str, data: bytes, where: str) -> CheckpointMeta | None:
     meta = CheckpointMeta.from_json(decoded, where)
     if meta.epoch != folder_epoch(folder):
         raise ConfigError(f"{where}: holds the checkpoint of epoch {meta.epoch}, not {folder_epoch(folder)} as "
-                          f"its folder says; {REMEDY}")
+                          f"its folder says; {REMEDY}", key="epoch", value=meta.epoch)
     return meta
 
 
@@ -845,7 +847,8 @@ def commit(storage: Storage, local_dir: str | os.PathLike, meta: CheckpointMeta,
     check_transfers(transfers)
     items = local_entries(local_dir)
     if not items:
-        raise StorageError(f"{local_dir}: the checkpoint to commit holds no file")
+        raise StorageError(f"{local_dir}: the checkpoint to commit holds no file", key="local_path",
+                           value=str(local_dir))
     try:
         meta = dataclasses.replace(meta, files=tuple(entry for _path, entry in items))
     except ConfigError as e:

@@ -167,7 +167,7 @@ def publish(local: str, storage: Storage,
     try:
         written = upload_folder(storage, local)
     except StorageError as e:
-        raise type(e)(f"--output {storage.url}: {e}") from None
+        raise type(e)(f"--output {storage.url}: {e}", key=e.key, value=e.value) from None
     ours = set(written)
     stale = tuple(folder + "/" for folder in replace)
     for name in earlier_outputs(storage):  # an earlier run's TensorBoard logs (--overwrite) would mix with ours
