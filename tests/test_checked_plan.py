@@ -81,6 +81,15 @@ def test_the_settings_alone_say_slots_results_and_gpus_of_a_local_master(tmp_pat
     assert "Spark's local mode (local[2]) does not hand GPUs to tasks" in findings.problems[2].message
 
 
+def test_a_barrier_timeout_that_is_no_spark_time_is_refused_before_spark():
+    """``--conf spark.barrier.sync.timeout=soon`` is found with the settings, not after Spark started."""
+    bad = check_settings(TrainConfig(workers=2, conf={"spark.barrier.sync.timeout": "soon"}))
+    assert [f.check for f in bad.problems] == ["barrier timeout"]
+    error = bad.problems[0].error
+    assert type(error) is ConfigError and (error.key, error.value) == ("spark.barrier.sync.timeout", "soon")
+    assert not check_settings(TrainConfig(workers=2, conf={"spark.barrier.sync.timeout": "3600s"})).problems
+
+
 def test_reach_is_checked_for_a_known_cluster_master_only():
     cluster = TrainConfig(workers=2, master="spark://h:7077", output="/runs/1")
     found = check_reach(cluster, "/data/shards")

@@ -36,7 +36,12 @@ from spark_imagenet.training.driver.preflight.rules import (
     check_slots_of_master_url,
     check_yarn_conf,
 )
-from spark_imagenet.training.driver.preflight.session import SessionFacts, check_session, read_session_facts
+from spark_imagenet.training.driver.preflight.session import (
+    BARRIER_TIMEOUT,
+    SessionFacts,
+    check_session,
+    read_session_facts,
+)
 from spark_imagenet.training.driver.tracking import check_tracking_settings
 from spark_imagenet.training.job import checkpoints
 from spark_imagenet.training.job.config import TrainConfig
@@ -69,11 +74,15 @@ def check_settings(config: TrainConfig) -> Findings:
     Returns:
         Findings: ``yarn`` (``--master yarn`` without its configuration), ``barrier slots`` (a master on this
         machine with fewer slots than workers), ``results path``, and ``gpu settings`` (GPUs asked of
-        ``local[N]``, which never gives tasks GPUs; judged with the job's own ``--conf`` settings); each
-        problem a :class:`~spark_imagenet.errors.ConfigError`. A check with nothing to look at gives none.
+        ``local[N]``, which never gives tasks GPUs; judged with the job's own ``--conf`` settings), and
+        ``barrier timeout`` (a ``--conf spark.barrier.sync.timeout`` that is not a Spark time); each problem a
+        :class:`~spark_imagenet.errors.ConfigError`. A check with nothing to look at gives none.
     """
     master = config.scaling.master
+    conf = dict(config.spark_conf)
     return Findings([
+        Finding.of("barrier timeout", lambda: SessionFacts(master, conf=tuple(conf.items())).barrier_timeout_s)
+        if BARRIER_TIMEOUT in conf else None,
         check_yarn_conf(master),
         check_slots_of_master_url(master, config.scaling.workers, config.spark_conf),
         check_results_path(config.run.results),
