@@ -107,8 +107,12 @@ def test_inspect_into_a_reader_that_stops_early(tree, tmp_path, reader):
 
 
 def test_bad_input_messages(tree, tmp_path):
-    assert_clean_error(cli("shard", str(tmp_path), "--out", str(tmp_path / "o")),
+    (tmp_path / "empty").mkdir()
+    assert_clean_error(cli("shard", str(tmp_path / "empty"), "--out", str(tmp_path / "o")),
                        "not in the Kaggle ILSVRC CLS-LOC layout", "LOC_synset_mapping.txt")
+    assert_clean_error(cli("shard", str(tree), "--out", str(tree / "shards")), f"--out {tree / 'shards'} is inside "
+                       f"the source {tree}", "give a folder outside it")
+    assert not (tree / "shards").exists()
     assert_clean_error(cli("inspect", str(tmp_path / "nothing")), f"the dataset folder {tmp_path / 'nothing'} does not "
                        "exist", "spark-imagenet shard")
     assert_clean_error(cli("inspect", str(tmp_path)), f"{tmp_path}/manifest.json does not exist")

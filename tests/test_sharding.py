@@ -230,6 +230,17 @@ def test_overwrite_removes_the_replaced_shards(tree, tmp_path):
     assert names == sorted([MANIFEST_NAME, QUALITY_REPORT_NAME] + [s.name for sp in m.splits.values() for s in sp.shards])
 
 
+@pytest.mark.parametrize("inside", [".", "shards", "train/deeper"])
+def test_an_out_inside_the_source_is_refused_before_anything_is_written(tree, inside):
+    """Shards written into the source would become part of it (a later shard of it fails on them)."""
+    before = sorted(p for p in tree.rglob("*"))
+    out = tree / inside
+    with pytest.raises(ConfigError) as e:
+        shard(tree, out, train_shards=2, val_shards=1, processes=1, progress=False)
+    assert type(e.value) is ConfigError and (e.value.key, e.value.value) == ("--out", str(out))
+    assert sorted(p for p in tree.rglob("*")) == before
+
+
 def _cmyk_jpeg() -> bytes:
     buf = io.BytesIO()
     Image.new("CMYK", (20, 20), (10, 20, 30, 0)).save(buf, "JPEG")

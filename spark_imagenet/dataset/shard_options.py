@@ -129,8 +129,9 @@ _ONLY_WITH = (
 
 
 def check_shard_arguments(args: argparse.Namespace) -> None:
-    """Check that the options name exactly one source, the column options only with ``--labels``, and the stored
-    form (``--resize``, ``--max-side``, ``--jpeg-quality``: :func:`~spark_imagenet.dataset.image_form.image_form`).
+    """Check that the options name exactly one source, the column options only with ``--labels``, the stored
+    form (``--resize``, ``--max-side``, ``--jpeg-quality``: :func:`~spark_imagenet.dataset.image_form.image_form`),
+    and ``--out`` outside SOURCE (:func:`~spark_imagenet.dataset.sharding.check_out_apart`).
 
     Raises:
         ConfigError: they do not (what to give).
@@ -151,6 +152,9 @@ def check_shard_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--conf: only with --table or --master (the settings of a Spark job)")
     check_table_version(args.table_version, args.format)
     image_form(**form_arguments(args))
+    from spark_imagenet.dataset.sharding import check_out_apart
+
+    check_out_apart(args.source, args.out)
     if kind in ("source", "labels") and args.master is not None:
         _check_source_job(args)
 

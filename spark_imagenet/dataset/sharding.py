@@ -247,6 +247,7 @@ def shard(
 
     ```
     """
+    check_out_apart(source, out)
     options = _Options(verify, on_corrupt, processes, transfers, progress, max_image_pixels,
                        image_form(resize, max_side, jpeg_quality))
     src = _open(source, val_fraction).list_images(num_classes=classes, class_list=class_list, per_class=per_class,
@@ -266,6 +267,27 @@ def shard(
         if created_root:
             storage.remove_empty_root()  # "nothing was written" includes the folder itself
         raise
+
+
+def check_out_apart(source: str | os.PathLike | ImageSource | None, out: str | os.PathLike) -> None:
+    """Refuse a local ``out`` that is the folder ``source`` or inside it: its shards would become images (or
+    stray folders) of the source, which a later ``shard`` of it then refuses.
+
+    Args:
+        source: the images' folder or zip (an opened source or None: nothing to compare).
+        out: the shards' bucket URL or path.
+
+    Raises:
+        ConfigError: ``out`` is ``source`` or inside it (``.key`` ``"--out"``).
+    """
+    from spark_imagenet.storage import is_remote_url
+
+    if source is None or isinstance(source, ImageSource) or is_remote_url(source) or is_remote_url(out):
+        return
+    here, there = Path(source).expanduser().resolve(), Path(str(out).removeprefix("file://")).expanduser().resolve()
+    if here.is_dir() and (there == here or here in there.parents):
+        raise ConfigError(f"--out {out} is inside the source {source}: its shards would become part of the "
+                          "source; give a folder outside it", key="--out", value=str(out))
 
 
 def _open(source: str | os.PathLike | ImageSource, val_fraction: float | None) -> ImageSource:
