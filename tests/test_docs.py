@@ -186,6 +186,10 @@ PACKAGE = REPO / "spark_imagenet"
 #: The places the examples name for "your data", and what they are here: ``/data/kaggle`` a small synthetic
 #: Kaggle tree, ``gs://my-bucket/`` a local folder (the test's working directory is a fresh tmp folder).
 REWRITES = {"gs://my-bucket/": "my-bucket/", "gs://bucket/": "bucket/"}
+#: The places the examples name for a sharded dataset and a finished run's ``--output`` (below the working
+#: directory, as :data:`REWRITES` makes them), and what they are here (:func:`trained_run`): a docstring naming
+#: one is in the slow tier (a train of the tiny settings costs about 30 s on 2 cores).
+RUN_PLACES = {"my-bucket/imagenet-shards": "shards", "my-bucket/runs/alexnet-8": "run"}
 #: Modules whose examples run in a Python of their own: they import TensorFlow, whose state outlives the test.
 OWN_PROCESS = "spark_imagenet.training.worker"
 
@@ -265,7 +269,8 @@ def _doctests() -> list:
         examples = doctest.DocTestParser().get_examples(doc)
         if examples:
             first = line + examples[0].lineno
-            params.append(pytest.param((module, rel, line, doc), id=f"{rel}:{first}"))
+            slow = [pytest.mark.slow] if any(f"gs://{place}" in doc for place in RUN_PLACES) else []
+            params.append(pytest.param((module, rel, line, doc), id=f"{rel}:{first}", marks=slow))
     return params
 
 
@@ -293,6 +298,22 @@ def kaggle_tree(tmp_path_factory) -> Path:
     from data_util import small_layout
 
     return small_layout(tmp_path_factory.mktemp("docs-data") / "kaggle")
+
+
+@pytest.fixture(scope="module")
+def trained_run(kaggle_tree, spark, tmp_path_factory) -> dict[str, Path]:
+    """``{"shards": folder, "run": folder}``: :func:`kaggle_tree` sharded (2 train, 1 val shards), and the
+    ``--output`` of a ``train`` on it (2 workers, 1 epoch, alexnet of width 0.25 at 72 px): what
+    :data:`RUN_PLACES` name."""
+    from spark_imagenet.dataset.sharding import shard
+    from spark_imagenet.training.driver.launch import train
+    from spark_imagenet.training.job.config import TrainConfig
+
+    base = tmp_path_factory.mktemp("docs-run")
+    shard(kaggle_tree, base / "shards", train_shards=2, val_shards=1, processes=1, progress=False)
+    train(spark, str(base / "shards"), TrainConfig(workers=2, epochs=1, batch_size=4, image_size=72, width=0.25,
+                                                   cache=base / "cache", output=str(base / "run")))
+    return {"shards": base / "shards", "run": base / "run"}
 
 
 def _run_doctests_in_tmp(examples: list) -> list:
@@ -335,6 +356,10 @@ def test_docstring_examples_run(example, kaggle_tree, tmp_path, monkeypatch, req
     module, rel, line, doc = example
     doc = doc.replace("/data/kaggle", str(kaggle_tree))
     monkeypatch.chdir(tmp_path)
+    for place, what in RUN_PLACES.items():
+        if f"gs://{place}" in doc:
+            (tmp_path / place).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / place).symlink_to(request.getfixturevalue("trained_run")[what])
     if module.startswith(OWN_PROCESS):
         total, failed, skipped, report = request.getfixturevalue("own_process_results")[rel, line]
     else:
@@ -345,7 +370,6 @@ def test_docstring_examples_run(example, kaggle_tree, tmp_path, monkeypatch, req
         pytest.skip(f"{rel}:{line}: all {total} examples are marked +SKIP")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 42 item 6 in progress: 7 examples here (a trained run: batch_predict x2, launch, results, export; committed; bad_records 215) and those of source/kaggle*, dataset/dataframe* left")
 def test_python_examples_are_doctests():
     """A literal block of Python in a public docstring is written as ``>>>`` examples, so that
     :func:`test_docstring_examples_run` runs it."""
