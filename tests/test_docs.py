@@ -428,3 +428,59 @@ def test_docstring_command_lines_parse(words):
     """Each command line a docstring shows is accepted by the command line's parser (placeholders in capitals
     are values to it)."""
     assert _cli_error(words) is None, f"{' '.join(words)}: {_cli_error(words)}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The README's ```python blocks (issue 42): each runs, in a fresh working directory, with :data:`REWRITES` and
+# :data:`README_PLACES` applied; a block using ``spark`` runs here with the tests' session (``spark_imagenet``
+# imported), any other in a Python of its own (TensorFlow's state outlives a test). A block that reads a run's
+# ``--output`` is in the slow tier (:func:`trained_run`).
+
+#: What the README's blocks name for a run's ``--output``, a photo and a table of photos, and what they are here
+#: (``{run}``, ``{tree}``: :func:`trained_run`'s run and :func:`kaggle_tree`).
+README_PLACES = {"/tmp/mini-run": "{run}", "cat.jpg": "{tree}/ILSVRC/Data/CLS-LOC/val/ILSVRC2012_val_00000001.JPEG",
+                 'spark.read.table("ml.photos")':
+                     'spark.read.format("binaryFile").load("{tree}/ILSVRC/Data/CLS-LOC/test")'}
+#: README blocks that cannot run here, by a phrase of theirs, and why.
+README_NOT_RUN = {
+    "mlflow.pyfunc.load_model": "needs an MLflow server holding a model registered by a train "
+                                "(tests/test_mlflow.py loads one)",
+    "TrainConfig(workers=8, epochs=90)": "ImageNet on 8 workers (the same call, small: launch.py's train example)",
+}
+
+
+def _readme_blocks() -> list:
+    """``pytest.param(code, id="README.md:line")`` of each ```python block of the README (marked slow when it
+    reads a run's ``--output``)."""
+    lines = README.read_text().splitlines()
+    params = []
+    for i, line in enumerate(lines):
+        if line.strip() == "```python":
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
+            code = "\n".join(lines[i + 1:end])
+            slow = [pytest.mark.slow] if "/tmp/mini-run" in code else []
+            params.append(pytest.param(code, id=f"README.md:{i + 1}", marks=slow))
+    return params
+
+
+@pytest.mark.parametrize("code", _readme_blocks())
+def test_readme_python_blocks_run(code, kaggle_tree, tmp_path, monkeypatch, request):
+    """Every ```python block of the README runs without an error, but those of :data:`README_NOT_RUN`."""
+    import subprocess
+    import sys
+
+    reason = next((why for phrase, why in README_NOT_RUN.items() if phrase in code), None)
+    if reason:
+        pytest.skip(f"not run here: {reason}")
+    run = request.getfixturevalue("trained_run")["run"] if "/tmp/mini-run" in code else None
+    for place, here in {**REWRITES, **README_PLACES}.items():
+        code = code.replace(place, here.format(run=run, tree=kaggle_tree))
+    monkeypatch.chdir(tmp_path)
+    if re.search(r"\bspark[.,)]", code):
+        import spark_imagenet
+
+        exec(compile(code, "README.md", "exec"), {"spark": request.getfixturevalue("spark"),
+                                                  "spark_imagenet": spark_imagenet})
+    else:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"README block fails:\n{code}\n{done.stderr[-3000:]}"

@@ -135,9 +135,9 @@ def predict_dataframe(df: Any, model_url: str, image_col: str = "content", top_k
 
     >>> import shutil
     >>> from spark_imagenet import predict_dataframe
-    >>> _ = shutil.copytree("/data/kaggle/ILSVRC/Data/CLS-LOC/test", "photos")
-    >>> _ = open("photos/notes.JPEG", "w").write("not an image")
-    >>> df = spark.read.format("binaryFile").load("photos/*.JPEG")
+    >>> photos = shutil.copytree("/data/kaggle/ILSVRC/Data/CLS-LOC/test", os.path.abspath("photos"))
+    >>> _ = open(f"{photos}/notes.JPEG", "w").write("not an image")
+    >>> df = spark.read.format("binaryFile").load(f"{photos}/*.JPEG")
     >>> scored = predict_dataframe(df, "gs://my-bucket/runs/alexnet-8", top_k=1).orderBy("path")
     >>> [(len(r.prediction.names or []), r.prediction.error is None) for r in scored.collect()]
     [(1, True), (1, True), (0, False)]
