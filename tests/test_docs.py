@@ -186,6 +186,10 @@ PACKAGE = REPO / "spark_imagenet"
 #: The places the examples name for "your data", and what they are here: ``/data/kaggle`` a small synthetic
 #: Kaggle tree, ``gs://my-bucket/`` a local folder (the test's working directory is a fresh tmp folder).
 REWRITES = {"gs://my-bucket/": "my-bucket/", "gs://bucket/": "bucket/"}
+#: The places the examples name for a sharded dataset and a finished run's ``--output`` (below the working
+#: directory, as :data:`REWRITES` makes them), and what they are here (:func:`trained_run`): a docstring naming
+#: one is in the slow tier (a train of the tiny settings costs about 30 s on 2 cores).
+RUN_PLACES = {"my-bucket/imagenet-shards": "shards", "my-bucket/runs/alexnet-8": "run"}
 #: Modules whose examples run in a Python of their own: they import TensorFlow, whose state outlives the test.
 OWN_PROCESS = "spark_imagenet.training.worker"
 
@@ -265,7 +269,8 @@ def _doctests() -> list:
         examples = doctest.DocTestParser().get_examples(doc)
         if examples:
             first = line + examples[0].lineno
-            params.append(pytest.param((module, rel, line, doc), id=f"{rel}:{first}"))
+            slow = [pytest.mark.slow] if any(f"gs://{place}" in doc for place in RUN_PLACES) else []
+            params.append(pytest.param((module, rel, line, doc), id=f"{rel}:{first}", marks=slow))
     return params
 
 
@@ -293,6 +298,22 @@ def kaggle_tree(tmp_path_factory) -> Path:
     from data_util import small_layout
 
     return small_layout(tmp_path_factory.mktemp("docs-data") / "kaggle")
+
+
+@pytest.fixture(scope="module")
+def trained_run(kaggle_tree, spark, tmp_path_factory) -> dict[str, Path]:
+    """``{"shards": folder, "run": folder}``: :func:`kaggle_tree` sharded (2 train, 1 val shards), and the
+    ``--output`` of a ``train`` on it (2 workers, 1 epoch, alexnet of width 0.25 at 72 px): what
+    :data:`RUN_PLACES` name."""
+    from spark_imagenet.dataset.sharding import shard
+    from spark_imagenet.training.driver.launch import train
+    from spark_imagenet.training.job.config import TrainConfig
+
+    base = tmp_path_factory.mktemp("docs-run")
+    shard(kaggle_tree, base / "shards", train_shards=2, val_shards=1, processes=1, progress=False)
+    train(spark, str(base / "shards"), TrainConfig(workers=2, epochs=1, batch_size=4, image_size=72, width=0.25,
+                                                   cache=base / "cache", output=str(base / "run")))
+    return {"shards": base / "shards", "run": base / "run"}
 
 
 def _run_doctests_in_tmp(examples: list) -> list:
@@ -335,6 +356,10 @@ def test_docstring_examples_run(example, kaggle_tree, tmp_path, monkeypatch, req
     module, rel, line, doc = example
     doc = doc.replace("/data/kaggle", str(kaggle_tree))
     monkeypatch.chdir(tmp_path)
+    for place, what in RUN_PLACES.items():
+        if f"gs://{place}" in doc:
+            (tmp_path / place).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / place).symlink_to(request.getfixturevalue("trained_run")[what])
     if module.startswith(OWN_PROCESS):
         total, failed, skipped, report = request.getfixturevalue("own_process_results")[rel, line]
     else:
@@ -345,7 +370,6 @@ def test_docstring_examples_run(example, kaggle_tree, tmp_path, monkeypatch, req
         pytest.skip(f"{rel}:{line}: all {total} examples are marked +SKIP")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 42 item 6 in progress: 7 examples here (a trained run: batch_predict x2, launch, results, export; committed; bad_records 215) and those of source/kaggle*, dataset/dataframe* left")
 def test_python_examples_are_doctests():
     """A literal block of Python in a public docstring is written as ``>>>`` examples, so that
     :func:`test_docstring_examples_run` runs it."""
@@ -404,3 +428,59 @@ def test_docstring_command_lines_parse(words):
     """Each command line a docstring shows is accepted by the command line's parser (placeholders in capitals
     are values to it)."""
     assert _cli_error(words) is None, f"{' '.join(words)}: {_cli_error(words)}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The README's ```python blocks (issue 42): each runs, in a fresh working directory, with :data:`REWRITES` and
+# :data:`README_PLACES` applied; a block using ``spark`` runs here with the tests' session (``spark_imagenet``
+# imported), any other in a Python of its own (TensorFlow's state outlives a test). A block that reads a run's
+# ``--output`` is in the slow tier (:func:`trained_run`).
+
+#: What the README's blocks name for a run's ``--output``, a photo and a table of photos, and what they are here
+#: (``{run}``, ``{tree}``: :func:`trained_run`'s run and :func:`kaggle_tree`).
+README_PLACES = {"/tmp/mini-run": "{run}", "cat.jpg": "{tree}/ILSVRC/Data/CLS-LOC/val/ILSVRC2012_val_00000001.JPEG",
+                 'spark.read.table("ml.photos")':
+                     'spark.read.format("binaryFile").load("{tree}/ILSVRC/Data/CLS-LOC/test")'}
+#: README blocks that cannot run here, by a phrase of theirs, and why.
+README_NOT_RUN = {
+    "mlflow.pyfunc.load_model": "needs an MLflow server holding a model registered by a train "
+                                "(tests/test_mlflow.py loads one)",
+    "TrainConfig(workers=8, epochs=90)": "ImageNet on 8 workers (the same call, small: launch.py's train example)",
+}
+
+
+def _readme_blocks() -> list:
+    """``pytest.param(code, id="README.md:line")`` of each ```python block of the README (marked slow when it
+    reads a run's ``--output``)."""
+    lines = README.read_text().splitlines()
+    params = []
+    for i, line in enumerate(lines):
+        if line.strip() == "```python":
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
+            code = "\n".join(lines[i + 1:end])
+            slow = [pytest.mark.slow] if "/tmp/mini-run" in code else []
+            params.append(pytest.param(code, id=f"README.md:{i + 1}", marks=slow))
+    return params
+
+
+@pytest.mark.parametrize("code", _readme_blocks())
+def test_readme_python_blocks_run(code, kaggle_tree, tmp_path, monkeypatch, request):
+    """Every ```python block of the README runs without an error, but those of :data:`README_NOT_RUN`."""
+    import subprocess
+    import sys
+
+    reason = next((why for phrase, why in README_NOT_RUN.items() if phrase in code), None)
+    if reason:
+        pytest.skip(f"not run here: {reason}")
+    run = request.getfixturevalue("trained_run")["run"] if "/tmp/mini-run" in code else None
+    for place, here in {**REWRITES, **README_PLACES}.items():
+        code = code.replace(place, here.format(run=run, tree=kaggle_tree))
+    monkeypatch.chdir(tmp_path)
+    if re.search(r"\bspark[.,)]", code):
+        import spark_imagenet
+
+        exec(compile(code, "README.md", "exec"), {"spark": request.getfixturevalue("spark"),
+                                                  "spark_imagenet": spark_imagenet})
+    else:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"README block fails:\n{code}\n{done.stderr[-3000:]}"

@@ -40,10 +40,10 @@ Example:
 
 >>> import shutil
 >>> photos = shutil.copytree("/data/kaggle/ILSVRC/Data/CLS-LOC/train", os.path.abspath("photos"))
->>> df = spark.read.format("binaryFile").load(f"{photos}/*/*.JPEG")  # doctest: +SKIP
->>> manifest = shard_dataframe(df, "gs://my-bucket/photo-shards", train_shards=2, val_shards=1,  # doctest: +SKIP
+>>> df = spark.read.format("binaryFile").load(f"{photos}/*/*.JPEG")
+>>> manifest = shard_dataframe(df, "gs://my-bucket/photo-shards", train_shards=2, val_shards=1,
 ...                            val_fraction=0.25, progress=False)
->>> manifest.classes[0].wnid, sorted(manifest.splits)  # doctest: +SKIP
+>>> manifest.classes[0].wnid, sorted(manifest.splits)
 ('n90000000', ['train', 'val'])
 """
 
@@ -203,11 +203,15 @@ def shard_dataframe(df: Any, out: str, image_col: str = "content", label_col: st
         ImageError: unusable images with ``on_corrupt="error"`` (every one listed; nothing is committed).
         StorageError: ``out`` cannot be written, or a shard could not be uploaded intact.
 
-    Example (a run: the module's example):
+    Example (a label column of the DataFrame's own; a binaryFile read labelled by folder: the module's example):
 
-    >>> from spark_imagenet import shard_dataframe
-    >>> df = spark.read.format("binaryFile").load("/data/photos/*/*.jpg")  # doctest: +SKIP
-    >>> manifest = shard_dataframe(df, "gs://my-bucket/photo-shards", val_fraction=0.1)  # doctest: +SKIP
+    >>> from pyspark.sql import functions as F
+    >>> df = (spark.read.format("binaryFile").load("/data/kaggle/ILSVRC/Data/CLS-LOC/train/*/*.JPEG")
+    ...       .withColumn("label", F.element_at(F.split("path", "/"), -2)))        # the folder's name
+    >>> manifest = shard_dataframe(df, "gs://my-bucket/photo-shards", train_shards=2, val_shards=1,
+    ...                            val_fraction=0.25, progress=False)
+    >>> len(manifest.classes), {name: len(split.shards) for name, split in manifest.splits.items()}
+    (4, {'train': 2, 'val': 1})
     """
     _check_options(val_fraction, verify, on_corrupt, train_shards, val_shards)
     check_max_pixels(max_image_pixels)

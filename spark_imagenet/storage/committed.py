@@ -25,12 +25,24 @@ end a batch at once (:func:`spark_imagenet.storage.unretryable`); only a checksu
 (:mod:`spark_imagenet.training.job.checkpoints`) and ``--output``
 (:mod:`spark_imagenet.training.job.outputs`).
 
-Example::
+Example (a marker that is the JSON list of its entries; checkpoints use
+:func:`~spark_imagenet.training.job.checkpoints.folder_epoch` as ``key``)::
 
-    sets = CommittedSets(open_storage("gs://b/run/checkpoints"), "checkpoint.json", key=folder_epoch)
-    items = local_entries("/tmp/ckpt")                  # [(path, Entry(name, size, crc32c)), ...]
-    sets.commit("epoch-000003", items, marker_bytes)    # files verified, then the marker
-    newest = sets.latest(parse)                         # (folder, parsed marker) or None
+    >>> import json
+    >>> from spark_imagenet.storage import open_storage
+    >>> os.makedirs("ckpt"); _ = Path("ckpt/weights.h5").write_bytes(b"w" * 100)
+    >>> items = local_entries("ckpt")                     # [(path, Entry(name, size, crc32c)), ...]
+    >>> items[0][1][:2]
+    ('weights.h5', 100)
+    >>> class Marker(NamedTuple):
+    ...     files: list
+    >>> def parse(folder, data, where):                   # None for a marker that is not complete JSON
+    ...     return Marker([Entry(*f) for f in json.loads(data)])
+    >>> sets = CommittedSets(open_storage("gs://my-bucket/run/checkpoints"), "checkpoint.json",
+    ...                      key=lambda folder: int(folder[6:]) if folder.startswith("epoch-") else None)
+    >>> sets.commit("epoch-000003", items, json.dumps([e for _, e in items]).encode())  # files, then the marker
+    >>> sets.latest(parse)                                # (folder, parsed marker) or None
+    ('epoch-000003', Marker(files=[Entry(name='weights.h5', size=100, crc32c='...')]))
 """
 
 from __future__ import annotations

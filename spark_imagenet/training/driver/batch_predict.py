@@ -6,11 +6,14 @@ and the column, and builds the pandas UDF with PySpark's ``predict_batch_udf``. 
 Python worker, which fetches the ``serving/`` SavedModel of the run's ``--output`` once per worker and URL,
 decodes the images and runs the model there (the driver never loads the model).
 
-Example::
+Example (``gs://my-bucket/runs/alexnet-8`` a run's ``--output``):
 
-    df = spark.read.format("binaryFile").load("s3a://my-bucket/photos/*.jpg")
-    scored = spark_imagenet.predict_dataframe(df, "gs://my-bucket/runs/alexnet-90/out", top_k=3)
-    scored.select("path", "prediction.wnids", "prediction.probabilities", "prediction.error").show()
+    >>> import spark_imagenet
+    >>> df = spark.read.format("binaryFile").load("/data/kaggle/ILSVRC/Data/CLS-LOC/val/*.JPEG")
+    >>> scored = spark_imagenet.predict_dataframe(df, "gs://my-bucket/runs/alexnet-8", top_k=3)
+    >>> row = scored.select("path", "prediction.wnids", "prediction.probabilities", "prediction.error").first()
+    >>> len(row.wnids), len(row.probabilities), row.error
+    (3, 3, None)
 """
 
 from __future__ import annotations
@@ -128,15 +131,16 @@ def predict_dataframe(df: Any, model_url: str, image_col: str = "content", top_k
         ConfigError: ``top_k``, ``batch_size`` or ``max_image_pixels`` below 1, ``image_col`` missing or not binary, ``output_col``
             already a column, or the model not there (:func:`check_model`).
 
-    Example:
+    Example (a file that is no image gets its ``error``, the others their classes):
 
-    ```python
-    from spark_imagenet import predict_dataframe
-
-    df = spark.read.format("binaryFile").load("/data/photos/*.jpg")
-    scored = predict_dataframe(df, "gs://my-bucket/runs/alexnet-90", top_k=3)
-    scored.select("path", "prediction.wnids", "prediction.probabilities", "prediction.error").show()
-    ```
+    >>> import shutil
+    >>> from spark_imagenet import predict_dataframe
+    >>> photos = shutil.copytree("/data/kaggle/ILSVRC/Data/CLS-LOC/test", os.path.abspath("photos"))
+    >>> _ = open(f"{photos}/notes.JPEG", "w").write("not an image")
+    >>> df = spark.read.format("binaryFile").load(f"{photos}/*.JPEG")
+    >>> scored = predict_dataframe(df, "gs://my-bucket/runs/alexnet-8", top_k=1).orderBy("path")
+    >>> [(len(r.prediction.names or []), r.prediction.error is None) for r in scored.collect()]
+    [(1, True), (1, True), (0, False)]
     """
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import functions as F

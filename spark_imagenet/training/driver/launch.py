@@ -449,16 +449,14 @@ def train(spark, url: str | os.PathLike, config: TrainConfig) -> Result:
             :class:`~spark_imagenet.training.job.outcome.Failure`).
         WorkerLost: a worker was lost in the last launch ``max_restarts`` allows.
 
-    Example:
+    Example (``spark`` a session, e.g. ``SparkSession.builder.master("local[2]").getOrCreate()``; a small
+    dataset and model):
 
-    ```python
-    from pyspark.sql import SparkSession
-    from spark_imagenet import TrainConfig, train
-
-    spark = SparkSession.builder.master("local[2]").getOrCreate()
-    result = train(spark, "gs://my-bucket/imagenet-shards", TrainConfig(workers=2, epochs=1, output="/tmp/run"))
-    print(result.val.top1)
-    ```
+    >>> from spark_imagenet import TrainConfig, train
+    >>> config = TrainConfig(workers=2, epochs=1, batch_size=4, image_size=72, width=0.25, output="run")
+    >>> result = train(spark, "gs://my-bucket/imagenet-shards", config)
+    >>> result.workers, 0.0 <= result.val.top1 <= 1.0, os.path.isfile("run/results.json")
+    (2, True, True)
     """
     if not isinstance(config, TrainConfig):
         hint = f"TrainConfig(workers={config!r}, ...)" if isinstance(config, int) else "TrainConfig(workers=N, ...)"

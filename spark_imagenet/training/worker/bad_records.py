@@ -212,10 +212,18 @@ def naming_bad_records(files: Sequence[str], parallel: int | None = None) -> Ite
     """Context manager: data errors inside it become errors naming the record.
 
     Use around ``model.fit``/``model.evaluate`` or a loop over a dataset of
-    this module::
+    this module (``with naming_bad_records(train_files + val_files):
+    model.fit(...)``); here a file that is no TFRecord:
 
-        with naming_bad_records(train_files + val_files):
-            model.fit(...)
+    >>> with open("shard-0.tfrecord", "wb") as f:
+    ...     _ = f.write(b"not a TFRecord file")
+    >>> with naming_bad_records(["shard-0.tfrecord"]):
+    ...     for record in tf.data.TFRecordDataset(["shard-0.tfrecord"]):
+    ...         pass
+    Traceback (most recent call last):
+    ...
+    spark_imagenet.errors.ImageError: bad record in the input data: shard shard-0.tfrecord, record 0: unreadable
+    TFRecord (corrupted record at 0...). Rebuild the shards ...
 
     On a TensorFlow data error (bad JPEG, corrupted TFRecord, unparsable
     Example, another number of evaluation records than expected) it raises the error of

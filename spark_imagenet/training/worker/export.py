@@ -13,12 +13,19 @@ and the serving SavedModel ``serving/``; and the ``spark-imagenet export`` comma
   ``model.keras`` and ``labels.json`` (an older run's, or a model trained elsewhere). Exit status 0, or 2 with one
   ``spark-imagenet: error:`` line naming the file at fault.
 
-Example::
+Example (a run's ``model.keras`` and ``labels.json``; here a small classifier of 2 classes)::
 
-    model = tf_keras.models.load_model("run/model.keras", compile=False)
-    write_serving(model, json.load(open("run/labels.json")), 224, "run")   # -> "run/serving"
-    serving = tf.saved_model.load("run/serving").signatures["serving_default"]
-    serving(images=tf.constant([open("cat.jpg", "rb").read()]))["names"]   # string [1, 5]
+    >>> import tensorflow as tf, tf_keras
+    >>> model = tf_keras.Sequential([tf_keras.Input((72, 72, 3)), tf_keras.layers.GlobalAveragePooling2D(),
+    ...                              tf_keras.layers.Dense(2)])          # tf_keras.models.load_model(...)
+    >>> labels = [{"id": 0, "wnid": "n01", "names": ["cat"]}, {"id": 1, "wnid": "n02", "names": ["dog"]}]
+    >>> write_serving(model, labels, 72, "run")
+    'run/serving'
+    >>> serving = tf.saved_model.load("run/serving").signatures["serving_default"]
+    >>> photo = "/data/kaggle/ILSVRC/Data/CLS-LOC/val/ILSVRC2012_val_00000001.JPEG"
+    >>> out = serving(images=tf.constant([open(photo, "rb").read()]))
+    >>> sorted(out), out["names"].shape                                   # K = min(5, classes)
+    (['class_ids', 'names', 'probabilities', 'wnids'], TensorShape([1, 2]))
 """
 
 from __future__ import annotations
