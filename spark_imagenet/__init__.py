@@ -95,27 +95,25 @@ if TYPE_CHECKING:  # what __getattr__ gives, for editors and type checkers
 
 __version__ = "0.1.0"
 
-#: The public names imported on first use: ``{name: (module, attribute)}``.
-_LAZY = {
-    "shard": ("spark_imagenet.dataset.sharding", "shard"),
-    "open_labels": ("spark_imagenet.source", "open_labels"),
-    "shard_dataframe": ("spark_imagenet.dataset.dataframe", "shard_dataframe"),
-    "predict_dataframe": ("spark_imagenet.training.driver.batch_predict", "predict_dataframe"),
-    "inspect": ("spark_imagenet.dataset.report", "inspect"),
-    "train": ("spark_imagenet.training.driver.launch", "train"),
-    "run_demo": ("spark_imagenet.demo", "run_demo"),
-    "Result": ("spark_imagenet.training.driver.results", "Result"),
-    "Manifest": ("spark_imagenet.dataset.manifest", "Manifest"),
-    "open_storage": ("spark_imagenet.storage", "open_storage"),
-    "TrainConfig": ("spark_imagenet.training.job.config", "TrainConfig"),
-    "ScalingConfig": ("spark_imagenet.training.job.sections", "ScalingConfig"),
-    "DataConfig": ("spark_imagenet.training.job.sections", "DataConfig"),
-    "RecipeConfig": ("spark_imagenet.training.job.sections", "RecipeConfig"),
-    "RunConfig": ("spark_imagenet.training.job.sections", "RunConfig"),
-    "TrackingConfig": ("spark_imagenet.training.job.sections", "TrackingConfig"),
-    "ImageClassifier": ("spark_imagenet.ml", "ImageClassifier"),
-    "ImageClassifierModel": ("spark_imagenet.ml", "ImageClassifierModel"),
+#: The public names imported on first use, by module.
+_LAZY_MODULES = {
+    "spark_imagenet.dataset.sharding": ("shard",),
+    "spark_imagenet.source": ("open_labels",),
+    "spark_imagenet.dataset.dataframe": ("shard_dataframe",),
+    "spark_imagenet.training.driver.batch_predict": ("predict_dataframe",),
+    "spark_imagenet.dataset.report": ("inspect",),
+    "spark_imagenet.training.driver.launch": ("train",),
+    "spark_imagenet.demo": ("run_demo",),
+    "spark_imagenet.training.driver.results": ("Result",),
+    "spark_imagenet.dataset.manifest": ("Manifest",),
+    "spark_imagenet.storage": ("open_storage",),
+    "spark_imagenet.training.job.config": ("TrainConfig",),
+    "spark_imagenet.training.job.sections": ("ScalingConfig", "DataConfig", "RecipeConfig", "RunConfig",
+                                             "TrackingConfig"),
+    "spark_imagenet.ml": ("ImageClassifier", "ImageClassifierModel"),
 }
+#: The same as ``{name: (module, attribute)}``, what ``__getattr__`` reads.
+_LAZY = {name: (module, name) for module, names in _LAZY_MODULES.items() for name in names}
 
 #: Every public name, written out so that type checkers read it (``_LAZY``'s names, then the errors).
 __all__ = [

@@ -71,39 +71,38 @@ positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number greater than 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number greater than 0")
-    return value
+def _finite_float(minimum_allowed: bool, bound: str):
+    """An argparse type: a finite number above 0 (``minimum_allowed``: or equal), ``bound`` saying which."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or not (value >= 0 if minimum_allowed else value > 0):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number{bound}")
+        return value
+
+    return parse
 
 
-def nonnegative_float(text: str) -> float:
-    """An argparse type: a finite number, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number, 0 or more")
-    return value
+#: An argparse type: a finite number greater than 0.
+positive_float = _finite_float(False, " greater than 0")
+#: An argparse type: a finite number, 0 or more.
+nonnegative_float = _finite_float(True, ", 0 or more")
 
 
-def tag_pair(text: str) -> tuple[str, str]:
-    """An argparse type: ``KEY=VALUE`` (an MLflow tag) as ``(key, value)``."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. team=vision")
-    return key.strip(), value.strip()
+def _key_value(example: str):
+    """An argparse type: ``KEY=VALUE`` as ``(key, value)``, its error showing ``example``."""
+    def parse(text: str) -> tuple[str, str]:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. {example}")
+        return key.strip(), value.strip()
+
+    return parse
 
 
-def conf_pair(text: str) -> tuple[str, str]:
-    """An argparse type: ``KEY=VALUE`` (a Spark setting) as ``(key, value)``."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. spark.executor.memory=4g")
-    return key.strip(), value.strip()
+#: An argparse type: ``KEY=VALUE`` (an MLflow tag) as ``(key, value)``.
+tag_pair = _key_value("team=vision")
+#: An argparse type: ``KEY=VALUE`` (a Spark setting) as ``(key, value)``.
+conf_pair = _key_value("spark.executor.memory=4g")

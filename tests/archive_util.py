@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from data_util import small_layout
+from record_util import read_records
 from spark_imagenet.dataset.sharding import shard
-from spark_imagenet.dataset.tfrecord import read_records
 from spark_imagenet.source.zip_archive import TAR_MEMBER
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from data_util import ILSVRC_MINI, requires_shared, small_layout
 from spark_imagenet.errors import ConfigError, LayoutError
-from spark_imagenet.source.folder import read_layout
+from spark_imagenet.source.folder import FolderSource
 from spark_imagenet.source.layout import read_val_solution
 from spark_imagenet.source.synset import read_synset_mapping, select_classes
 
@@ -21,7 +21,7 @@ def tree(tmp_path):
 
 
 def test_reads_classes_train_and_val(tree):
-    src = read_layout(tree)
+    src = FolderSource.open(tree).list_images()
     assert [c.wnid for c in src.classes] == ["n90000000", "n90000001", "n90000002", "n90000003"]
     assert [c.id for c in src.classes] == [0, 1, 2, 3]
     assert src.classes[0].names[0] == "red horizontal stripes"
@@ -69,7 +69,7 @@ def test_bad_header(tmp_path):
 def test_not_a_layout_lists_what_is_missing(tmp_path):
     (tmp_path / "LOC_synset_mapping.txt").write_text("n01440764 tench\n")
     with pytest.raises(LayoutError) as e:
-        read_layout(tmp_path)
+        FolderSource.open(tmp_path).list_images()
     msg = str(e.value)
     assert "LOC_val_solution.csv" in msg and "ILSVRC/Data/CLS-LOC/train/" in msg and "CLS-LOC/val/" in msg
     assert "LOC_synset_mapping.txt\n" not in msg  # present, so not listed
@@ -79,14 +79,14 @@ def test_val_image_without_csv_row(tree):
     extra = tree.joinpath(*DATA, "val", "ILSVRC2012_val_00009999.JPEG")
     shutil.copy(next(tree.joinpath(*DATA, "val").iterdir()), extra)
     with pytest.raises(LayoutError, match=r"ILSVRC2012_val_00009999.JPEG: no row for ILSVRC2012_val_00009999"):
-        read_layout(tree)
+        FolderSource.open(tree).list_images()
 
 
 def test_csv_row_without_image(tree):
     victim = sorted(tree.joinpath(*DATA, "val").iterdir())[0]
     victim.unlink()
     with pytest.raises(LayoutError, match=f"row {victim.stem} has no image"):
-        read_layout(tree)
+        FolderSource.open(tree).list_images()
 
 
 def test_empty_class_folder(tree):
@@ -94,9 +94,9 @@ def test_empty_class_folder(tree):
     for f in folder.iterdir():
         f.unlink()
     with pytest.raises(LayoutError, match=r"n90000002/: empty class folder"):
-        read_layout(tree)
+        FolderSource.open(tree).list_images()
     # Leaving the class out makes the tree usable again.
-    src = read_layout(tree, num_classes=2)
+    src = FolderSource.open(tree).list_images(num_classes=2)
     assert {c.wnid for c in src.classes} == {"n90000000", "n90000001"}
 
 
@@ -104,26 +104,26 @@ def test_missing_and_unknown_class_folders(tree):
     train = tree.joinpath(*DATA, "train")
     train.joinpath("n90000001").rename(train / "n12345678")
     with pytest.raises(LayoutError) as e:
-        read_layout(tree)
+        FolderSource.open(tree).list_images()
     assert "n12345678/: folder is not a class" in str(e.value)
     assert "n90000001/: missing" in str(e.value)
 
 
 def test_selection_classes_list_and_per_class(tree, tmp_path):
-    src = read_layout(tree, num_classes=2)
+    src = FolderSource.open(tree).list_images(num_classes=2)
     assert [c.wnid for c in src.classes] == ["n90000000", "n90000001"]
     assert {i.wnid for i in src.val} == {"n90000000", "n90000001"} and len(src.val) == 6
 
     lst = tmp_path / "classes.txt"
     lst.write_text("# two classes\nn90000003\nn90000001, n90000003\n")
-    src = read_layout(tree, class_list=lst)
+    src = FolderSource.open(tree).list_images(class_list=lst)
     # Mapping order, renumbered from 0; duplicates collapse.
     assert [(c.id, c.wnid) for c in src.classes] == [(0, "n90000001"), (1, "n90000003")]
     assert {(i.label, i.wnid) for i in src.train} == {(0, "n90000001"), (1, "n90000003")}
 
-    a = read_layout(tree, per_class=4, seed=7)
-    b = read_layout(tree, per_class=4, seed=7)
-    c = read_layout(tree, per_class=4, seed=8)
+    a = FolderSource.open(tree).list_images(per_class=4, seed=7)
+    b = FolderSource.open(tree).list_images(per_class=4, seed=7)
+    c = FolderSource.open(tree).list_images(per_class=4, seed=8)
     assert a.train == b.train
     assert len(a.train) == 16
     assert a.train != c.train  # the seed changes which 4 are chosen (6 choose 4 per class)
@@ -131,16 +131,16 @@ def test_selection_classes_list_and_per_class(tree, tmp_path):
 
 def test_selection_errors(tree, tmp_path):
     with pytest.raises(ConfigError) as e:
-        read_layout(tree, num_classes=5)
+        FolderSource.open(tree).list_images(num_classes=5)
     assert (e.value.key, e.value.value) == ("--classes", 5)
     lst = tmp_path / "classes.txt"
     lst.write_text("n90000001\nn11111111\n")
     with pytest.raises(ConfigError) as e:
-        read_layout(tree, class_list=lst)
+        FolderSource.open(tree).list_images(class_list=lst)
     assert (e.value.key, e.value.value) == ("--class-list", ["n11111111"])
     lst.write_text("tench\n")
     with pytest.raises(ConfigError, match=r"classes.txt:1: 'tench' is not a wnid") as e:
-        read_layout(tree, class_list=lst)
+        FolderSource.open(tree).list_images(class_list=lst)
     assert e.value.key == "--class-list"
     with pytest.raises(ConfigError) as e:
         select_classes(read_synset_mapping(tree / "LOC_synset_mapping.txt"), 2, ["n90000001"])
@@ -156,7 +156,7 @@ def test_bad_mapping_line(tmp_path):
 
 @requires_shared(ILSVRC_MINI)
 def test_real_ilsvrc_mini():
-    src = read_layout(ILSVRC_MINI)
+    src = FolderSource.open(ILSVRC_MINI).list_images()
     assert len(src.classes) == 100
     assert len(src.train) == 1200 and len(src.val) == 300
     assert src.classes[0].wnid == "n01440764" and "tench" in src.classes[0].names

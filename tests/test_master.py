@@ -100,3 +100,15 @@ def test_kinds_and_the_message():
                                  "sc://h", "x")} | {"unset"} == set(KINDS)
     assert master_error("x") == f"master (--master) 'x' is not a Spark master URL: use {FORMS}"
     assert master_error("x", "why").endswith(f"{FORMS} (why)")
+
+
+def test_which_masters_run_on_this_host_and_which_in_the_drivers_jvm():
+    def where(master):
+        m = Master.parse(master, check=False)
+        return m.runs_on_this_host, m.runs_in_driver_jvm
+
+    for master in ("local", "local[2]", " local[*] ", "local[2,3]"):
+        assert where(master) == (True, True), master
+    assert where("local-cluster[2,1,1024]") == (True, False)
+    for master in ("yarn", "spark://h:7077", "k8s://https://h:6443", "sc://h:15002"):
+        assert where(master) == (False, False), master

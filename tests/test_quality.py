@@ -13,11 +13,11 @@ from PIL import Image, ImageOps
 
 from data_util import small_layout
 from own_images import huge_png
+from record_util import read_records
 from spark_imagenet.errors import ImageError
 from spark_imagenet.dataset.quality import classify, repair
 from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
 from spark_imagenet.dataset.sharding import shard
-from spark_imagenet.dataset.tfrecord import read_records
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -15,11 +15,11 @@ from PIL import Image
 
 from archive_util import parse_example
 from session_util import module_spark
+from record_util import read_records
 from spark_imagenet.dataset.dataframe import shard_dataframe
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
 from spark_imagenet.dataset.tables import read_table
-from spark_imagenet.dataset.tfrecord import read_records
 from spark_imagenet.errors import ConfigError, DataError
 from spark_imagenet.storage import crc32c_file
 

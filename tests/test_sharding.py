@@ -11,12 +11,12 @@ import pytest
 from PIL import Image
 
 from data_util import ILSVRC_MINI, build, requires_shared, small_layout
+from record_util import read_records
 from spark_imagenet.errors import ConfigError, ImageError, ManifestError
 from spark_imagenet.dataset.manifest import MANIFEST_NAME, Manifest
 from spark_imagenet.dataset.naming import QUALITY_REPORT_NAME
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.storage import LocalStorage, crc32c_file, open_storage
-from spark_imagenet.dataset.tfrecord import read_records
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

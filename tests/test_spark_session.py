@@ -15,8 +15,6 @@ from spark_imagenet.training.driver.preflight import check_yarn_conf
 from spark_imagenet.training.driver.spark_session import (
     check_java,
     session_for,
-    runs_in_driver_jvm,
-    runs_on_this_host,
     local_session,
     oversubscription_warning,
     parse_java_version,
@@ -87,14 +85,6 @@ def test_java_that_prints_no_version(tmp_path, monkeypatch):
 
 def test_this_machine_has_a_usable_java():
     assert check_java() >= 17
-
-
-def test_which_masters_run_on_this_host_and_which_in_the_drivers_jvm():
-    for master in ("local", "local[2]", " local[*] ", "local[2,3]"):
-        assert runs_on_this_host(master) and runs_in_driver_jvm(master), master
-    assert runs_on_this_host("local-cluster[2,1,1024]") and not runs_in_driver_jvm("local-cluster[2,1,1024]")
-    for master in ("yarn", "spark://h:7077", "k8s://https://h:6443", "sc://h:15002"):
-        assert not runs_on_this_host(master) and not runs_in_driver_jvm(master), master
 
 
 def test_yarn_without_its_configuration_is_refused_before_a_jvm_starts(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from archive_util import tar_gz_of, zip_nested_form, zip_root_form
 from data_util import small_layout
 from spark_imagenet.errors import ArchiveError
 from spark_imagenet.source import open_source
-from spark_imagenet.source.folder import read_layout
+from spark_imagenet.source.folder import FolderSource
 from spark_imagenet.source.tar_stream import TarStreamSource
 from spark_imagenet.source.zip_archive import TAR_MEMBER, ZipMemberReader, ZipSource
 
@@ -28,7 +28,7 @@ def test_listing_is_the_folder_listing_named_inside_the_tar(tree, tmp_path):
     source = open_source(z)
     assert isinstance(source, TarStreamSource) and not source.random_access
     src = source.list_images(per_class=3, seed=5)
-    ref = read_layout(tree, per_class=3, seed=5)
+    ref = FolderSource.open(tree).list_images(per_class=3, seed=5)
     assert source.tar_prefix == "./"
     assert [src.relpath(i) for i in src.train + src.val] == [ref.relpath(i) for i in ref.train + ref.val]
     image = src.train[0]

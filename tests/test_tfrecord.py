@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from spark_imagenet.dataset.tfrecord import encode_example, read_records, write_record
+from record_util import read_records
+from spark_imagenet.dataset.tfrecord import encode_example, write_record
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

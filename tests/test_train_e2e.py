@@ -111,7 +111,8 @@ def _break_one_jpeg(src: Path, dst: Path) -> str:
 
     from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo
     from spark_imagenet.storage import LocalStorage, crc32c_file
-    from spark_imagenet.dataset.tfrecord import read_records, write_record
+    from record_util import read_records
+    from spark_imagenet.dataset.tfrecord import write_record
 
     shutil.copytree(src, dst)
     m = Manifest.load(LocalStorage(dst))

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from data_util import ILSVRC_MINI, requires_shared, small_layout
+from record_util import read_records
 from spark_imagenet.dataset.manifest import Manifest, ShardInfo, SplitInfo
 from spark_imagenet.dataset.sharding import shard
 from spark_imagenet.dataset.naming import shard_name
 from spark_imagenet.storage import LocalStorage, crc32c_file
-from spark_imagenet.dataset.tfrecord import read_records, write_record
+from spark_imagenet.dataset.tfrecord import write_record
 from spark_imagenet.training.driver.launch import train
 from spark_imagenet.training.job.config import TrainConfig
 

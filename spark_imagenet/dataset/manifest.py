@@ -54,7 +54,6 @@ ENVELOPE = Envelope(FORMAT, FORMAT_VERSION, "spark-imagenet manifest", error=Man
 #: ids with 0 = background. We never mix the two: this is recorded in every
 #: manifest and checked on load.
 LABEL_BASE = 0
-SPLITS = ("train", "val")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,30 +103,3 @@ class FolderSource(ImageSource):
 
     def reader(self, images: Sequence[ImageFile]) -> FileReader:
         return FileReader()
-
-
-def read_layout(
-    root: str | os.PathLike,
-    *,
-    num_classes: int | None = None,
-    class_list: str | os.PathLike | None = None,
-    per_class: int | None = None,
-    seed: int = 0,
-) -> SourceDataset:
-    """List the labelled train and val images of a folder in the Kaggle layout.
-
-    Args:
-        root: the folder (see :mod:`spark_imagenet.source.layout`).
-        num_classes, class_list, per_class, seed: the selection, see
-            :meth:`spark_imagenet.source.base.ImageSource.list_images`.
-
-    Returns:
-        SourceDataset: the chosen classes and their images.
-
-    Raises:
-        LayoutError: missing pieces of the layout, or an inconsistent tree
-            (every offending path listed).
-        ConfigError: a bad ``--classes``/``--class-list``/``--per-class``.
-    """
-    return FolderSource.open(root).list_images(num_classes=num_classes, class_list=class_list,
-                                               per_class=per_class, seed=seed)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from spark_imagenet.errors import ConfigError, LayoutError
 from spark_imagenet.source.base import ImageFile, ImageSource, SourceDataset
+from spark_imagenet.source.labelled import listing
 from spark_imagenet.source.synset import SynsetClass, WNID_RE, read_class_list, select_classes
 
 MAPPING = "LOC_synset_mapping.txt"
@@ -36,12 +37,6 @@ DATA_DIR = Path("ILSVRC", "Data", "CLS-LOC")
 DATA_REL = DATA_DIR.as_posix()
 #: How many offending files an error message lists before "... and N more".
 MAX_LISTED = 20
-
-
-def listing(items: Sequence[str]) -> str:
-    """``items`` as indented lines for a message, at most :data:`MAX_LISTED`, then "... and N more"."""
-    shown = "".join(f"\n  {p}" for p in items[:MAX_LISTED])
-    return shown + (f"\n  ... and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")
 
 
 def check_layout(root: str | os.PathLike) -> Path:
@@ -66,7 +61,7 @@ def check_layout(root: str | os.PathLike) -> Path:
     ] + [str(p) + "/" for p in (root / DATA_DIR / "train", root / DATA_DIR / "val") if not p.is_dir()]
     if missing:
         raise LayoutError(
-            f"{root} is not in the Kaggle ILSVRC CLS-LOC layout; missing:{listing(missing)}\n"
+            f"{root} is not in the Kaggle ILSVRC CLS-LOC layout; missing:{listing(missing, MAX_LISTED)}\n"
             "Expected LOC_synset_mapping.txt, LOC_val_solution.csv, ILSVRC/Data/CLS-LOC/train/<wnid>/ "
             "and ILSVRC/Data/CLS-LOC/val/ (the unpacked Kaggle imagenet-object-localization-challenge download)."
         )
@@ -135,7 +130,7 @@ def parse_val_solution(lines: Iterable[str], where: str, known_wnids: set[str]) 
             continue
         labels[image_id] = wnid
     if problems:
-        raise LayoutError(f"{len(problems)} problem(s) in {path}:{listing(problems)}")
+        raise LayoutError(f"{len(problems)} problem(s) in {path}:{listing(problems, MAX_LISTED)}")
     return labels
 
 
@@ -194,7 +189,7 @@ def check_train_folders(where: Callable[[str], str], folders: set[str], known: s
         elif not counts.get(c.wnid):
             problems.append(f"{folder}/: empty class folder (class {c.wnid}); add its images or leave the class out with --class-list")
     if problems:
-        raise LayoutError(f"{len(problems)} problem(s) with the train folders of {where('')}:{listing(problems)}")
+        raise LayoutError(f"{len(problems)} problem(s) with the train folders of {where('')}:{listing(problems, MAX_LISTED)}")
 
 
 def match_val(where: Callable[[str], str], files: Iterable[Any], val_labels: dict[str, str],
@@ -233,7 +228,7 @@ def match_val(where: Callable[[str], str], files: Iterable[Any], val_labels: dic
         for image_id in sorted(set(val_labels) - seen)
     ]
     if problems:
-        raise LayoutError(f"{len(problems)} problem(s) with the validation set of {where('')}:{listing(problems)}")
+        raise LayoutError(f"{len(problems)} problem(s) with the validation set of {where('')}:{listing(problems, MAX_LISTED)}")
     if not chosen:
         raise LayoutError(f"{where(val_rel)}: no validation image belongs to the {len(classes)} chosen classes")
     return chosen

@@ -65,7 +65,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 from spark_imagenet.errors import ArchiveError, ConfigError
 from spark_imagenet.source.base import ImageFile, ImageReader, ImageSource, SourceDataset
 from spark_imagenet.source.kaggle import PARTIAL_SUFFIX
-from spark_imagenet.source.layout import (DATA_REL, MAPPING, VAL_CSV, check_train_folders, listing, match_val,
+from spark_imagenet.source.labelled import listing
+from spark_imagenet.source.layout import (DATA_REL, MAPPING, MAX_LISTED, VAL_CSV, check_train_folders, match_val,
                                           parse_val_solution, select_images)
 from spark_imagenet.source.synset import SynsetClass, parse_synset_mapping, read_class_list, select_classes
 from spark_imagenet.source.zip_directory import DirEntry, Directory, find_directory, iter_entries
@@ -247,7 +248,7 @@ def inspect_names(names: Iterable[str], path: str) -> KaggleZip:
     if missing:
         held = ", ".join(sample) + (" ..." if count > 5 else "") if count else "nothing"
         raise ArchiveError(
-            f"{path} is not the Kaggle imagenet-object-localization-challenge archive; missing:{listing(missing)}\n"
+            f"{path} is not the Kaggle imagenet-object-localization-challenge archive; missing:{listing(missing, MAX_LISTED)}\n"
             f"It holds {count} member(s): {held}\n"
             f"Expected {MAPPING}, {VAL_CSV} and either ILSVRC/Data/CLS-LOC/train/ and val/ or {TAR_MEMBER} "
             "(holding ILSVRC/), at the top of the zip or in one top folder."
@@ -370,7 +371,7 @@ def links_refused(where: str, links: list[str]) -> ArchiveError:
     """The error for the link members ``links`` of ``where``."""
     return ArchiveError(
         f"{where} holds {len(links)} link member(s) (symbolic or hard links); the Kaggle archive has none, so "
-        f"this is not a genuine Kaggle download and is refused:{listing(links)}\n"
+        f"this is not a genuine Kaggle download and is refused:{listing(links, MAX_LISTED)}\n"
         "Download the archive again from Kaggle (spark-imagenet download)."
     )
 
@@ -394,7 +395,7 @@ def refuse_duplicates(path: str, members: list[str]) -> None:
     """ArchiveError listing the image members the archive holds twice."""
     if members:
         raise ArchiveError(f"{path} holds {len(members)} image member(s) twice (which copy is meant?):"
-                           f"{listing(members)}\nDownload the archive again.")
+                           f"{listing(members, MAX_LISTED)}\nDownload the archive again.")
 
 
 def damaged(where: str, e: BaseException) -> ArchiveError:

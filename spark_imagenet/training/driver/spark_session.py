@@ -165,32 +165,6 @@ def check_java() -> int:
     return major
 
 
-def runs_on_this_host(master: str) -> bool:
-    """Whether every process of a Spark master URL runs on this machine, with this Python.
-
-    Args:
-        master: e.g. ``"local"``, ``"local[4]"``, ``"local[*]"``, ``"local[2,3]"``,
-            ``"local-cluster[2,1,1024]"``, ``"spark://host:7077"``, ``"yarn"``.
-
-    Returns:
-        bool: True for ``local`` and ``local[...]`` (:func:`runs_in_driver_jvm`) and for
-        ``local-cluster[...]``, whose executors are JVMs of their own on this machine; False for
-        a cluster's master, whose executors may be on other hosts
-        (:attr:`~spark_imagenet.training.job.master.Master.runs_on_this_host`).
-    """
-    return Master.parse(master, check=False).runs_on_this_host
-
-
-def runs_in_driver_jvm(master: str) -> bool:
-    """Whether a Spark master URL runs its tasks inside the driver's JVM: ``local`` or ``local[...]``.
-
-    Such a master has no executors to wait for, its tasks' stderr is the driver's console, and it gives
-    tasks no GPU resources; ``local-cluster[...]`` does not count (its executors are JVMs of their own):
-    :attr:`~spark_imagenet.training.job.master.Master.runs_in_driver_jvm`.
-    """
-    return Master.parse(master, check=False).runs_in_driver_jvm
-
-
 #: The driver JVM's options setting, where the quiet log4j2 configuration is named.
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 #: Environment variables whose JVM options reach the driver JVM spark-submit starts; one that names a log4j
@@ -352,7 +326,7 @@ def local_session(master: str = "local[4]", app_name: str = "spark-imagenet",
     require_pyspark()
     check_java()
     conf = dict(conf or {})
-    if runs_on_this_host(master):
+    if Master.parse(master, check=False).runs_on_this_host:
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
         conf.setdefault("spark.pyspark.python", sys.executable)
@@ -604,7 +578,7 @@ def session_for(master: str | None, workers: int, conf: Mapping[str, Any] | None
         warning = oversubscription_warning(workers, os.cpu_count() or 1) if warn_oversubscription else None
         if warning:
             print(f"spark-imagenet: warning: {warning}", file=sys.stderr, flush=True)
-    if master is not None and runs_on_this_host(master):
+    if master is not None and Master.parse(master, check=False).runs_on_this_host:
         return local_session(master, app_name, conf)
     conf = dict(conf or {})
     if not under_submit:

@@ -30,9 +30,6 @@ from spark_imagenet.training.driver.preflight.phases import (
 )
 from spark_imagenet.training.driver.preflight.rules import (
     NETWORK_ENCRYPTION_KEYS,
-    UNENCRYPTED_TRAFFIC,
-    ConfGetter,
-    check_apart_from_dataset,
     check_dataset_reachable,
     check_encryption,
     check_output_reachable,
@@ -41,11 +38,8 @@ from spark_imagenet.training.driver.preflight.rules import (
     check_slots_of_master_url,
     check_train_shards,
     check_yarn_conf,
-    conf_true,
-    encryption_settings_on,
 )
 from spark_imagenet.training.driver.preflight.session import (
-    EXECUTOR_WAIT_SECONDS,
     SessionFacts,
     available_slots,
     check_session,
@@ -58,11 +52,10 @@ from spark_imagenet.training.driver.preflight.session import (
 )
 
 __all__ = [
-    "available_slots", "check_apart_from_dataset", "check_before_spark", "check_dataset_reachable",
-    "check_encryption", "check_folders", "check_gpu_conf", "check_job", "check_output_reachable",
-    "check_output_unused", "check_plan", "check_reach", "check_results_path", "check_session", "check_settings",
-    "check_slots_of_master_url", "check_train_shards", "check_yarn_conf", "CheckedJob", "conf_true", "ConfGetter",
-    "encryption_settings_on", "EXECUTOR_WAIT_SECONDS", "executor_wait_seconds", "find_resume", "Finding", "Findings",
-    "free_slots", "NETWORK_ENCRYPTION_KEYS", "read_session_facts", "SessionFacts", "slots_from_master",
-    "spark_context", "spark_seconds", "UNENCRYPTED_TRAFFIC",
+    "available_slots", "check_before_spark", "check_dataset_reachable", "check_encryption", "check_folders",
+    "check_gpu_conf", "check_job", "check_output_reachable", "check_output_unused", "check_plan", "check_reach",
+    "check_results_path", "check_session", "check_settings", "check_slots_of_master_url", "check_train_shards",
+    "check_yarn_conf", "CheckedJob", "executor_wait_seconds", "find_resume", "Finding", "Findings", "free_slots",
+    "NETWORK_ENCRYPTION_KEYS", "read_session_facts", "SessionFacts", "slots_from_master", "spark_context",
+    "spark_seconds",
 ]
