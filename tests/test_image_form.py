@@ -84,7 +84,7 @@ def test_the_command_line_checks_the_form_before_anything_runs(tmp_path):
     from spark_imagenet.dataset.shard_options import check_shard_arguments, form_arguments
 
     def args(*given: str):
-        return build_parser().parse_args(["shard", str(tmp_path), "--out", str(tmp_path / "o"), *given])
+        return build_parser().parse_args(["shard", str(tmp_path / "src"), "--out", str(tmp_path / "o"), *given])
 
     assert form_arguments(args("--resize", "256")) == {"resize": 256, "max_side": None, "jpeg_quality": None}
     check_shard_arguments(args("--max-side", "320", "--jpeg-quality", "85"))

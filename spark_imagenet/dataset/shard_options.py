@@ -152,11 +152,11 @@ def check_shard_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--conf: only with --table or --master (the settings of a Spark job)")
     check_table_version(args.table_version, args.format)
     image_form(**form_arguments(args))
+    if kind in ("source", "labels") and args.master is not None:
+        _check_source_job(args)
     from spark_imagenet.dataset.sharding import check_out_apart
 
     check_out_apart(args.source, args.out)
-    if kind in ("source", "labels") and args.master is not None:
-        _check_source_job(args)
 
 
 def form_arguments(args: argparse.Namespace) -> dict[str, int | None]:

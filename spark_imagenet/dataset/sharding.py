@@ -182,8 +182,7 @@ def shard(
     on_corrupt: str = "error",
     overwrite: bool = False,
     transfers: int = DEFAULT_TRANSFERS,
-    progress: bool = True,
-    max_image_pixels: int = DEFAULT_MAX_PIXELS,
+    progress: bool = True, max_image_pixels: int = DEFAULT_MAX_PIXELS,
     resize: int | None = None, max_side: int | None = None, jpeg_quality: int | None = None,
 ) -> Manifest:
     """Build TFRecord shards and ``manifest.json`` from ImageNet in the Kaggle layout, or one's own images.
