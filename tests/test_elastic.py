@@ -35,7 +35,6 @@ def bucket(tmp_path_factory) -> Path:
 
 
 def test_a_two_worker_checkpoint_resumes_on_three_then_on_one(spark, bucket, tmp_path, log_lines):
-    from spark_imagenet.training.job.config import TrainConfig
     from spark_imagenet.training.job.schedules import schedule_for
 
     ckpt, data, cache = str(tmp_path / "ck"), str(bucket / "bucket"), bucket / "cache"

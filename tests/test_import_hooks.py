@@ -54,7 +54,7 @@ def test_a_hidden_module_is_left_out_of_that_import_only(toy):
 def test_with_submodules_a_module_imported_later_is_covered_too(toy):
     assert around_import("toy_pkg", lambda: hidden("toy_optional"), submodules=True)
     import toy_pkg  # noqa: F401
-    import toy_optional  # between the package's imports: as always
+    import toy_optional  # noqa: F401  (between the package's imports: as always)
 
     del sys.modules["toy_optional"]
     import toy_pkg.lazy
