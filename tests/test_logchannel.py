@@ -467,10 +467,12 @@ def test_a_rendezvous_whose_last_task_does_not_come_ends_with_the_missing_ranks_
 
 
 def test_the_rendezvous_bound_is_the_sessions_barrier_timeout():
-    assert SessionFacts(master="local[2]").barrier_timeout_s == 365 * 86400
+    from spark_imagenet.training.driver.preflight import barrier_timeout_seconds
+
+    assert barrier_timeout_seconds(SessionFacts(master="local[2]")) == 365 * 86400
     facts = SessionFacts(master="local[2]", conf=(("spark.barrier.sync.timeout", "3600s"),))
-    assert facts.barrier_timeout_s == 3600
-    assert SessionFacts(master="local[2]", conf=(("spark.barrier.sync.timeout", "90"),)).barrier_timeout_s == 90
+    assert barrier_timeout_seconds(facts) == 3600
+    assert barrier_timeout_seconds({"spark.barrier.sync.timeout": "90"}) == 90  # a job's --conf, a bare number
     with pytest.raises(ConfigError) as e:
-        SessionFacts(master="local[2]", conf=(("spark.barrier.sync.timeout", "soon"),)).barrier_timeout_s
+        barrier_timeout_seconds(SessionFacts(master="local[2]", conf=(("spark.barrier.sync.timeout", "soon"),)))
     assert (e.value.key, e.value.value) == ("spark.barrier.sync.timeout", "soon")

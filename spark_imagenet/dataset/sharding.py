@@ -66,7 +66,14 @@ from spark_imagenet.dataset.transfer import Destination, check_destination, comm
 from spark_imagenet.errors import ConfigError, ImageError, StorageError
 from spark_imagenet.source import open_source
 from spark_imagenet.source.base import ImageFile, ImageSource, SourceDataset
-from spark_imagenet.storage import DEFAULT_TRANSFERS, Storage, check_transfers, open_storage
+from spark_imagenet.storage import (
+    DEFAULT_TRANSFERS,
+    LocalStorage,
+    Storage,
+    check_transfers,
+    is_remote_url,
+    open_storage,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -279,11 +286,12 @@ def check_out_apart(source: str | os.PathLike | ImageSource | None, out: str | o
     Raises:
         ConfigError: ``out`` is ``source`` or inside it (``.key`` ``"--out"``).
     """
-    from spark_imagenet.storage import is_remote_url
-
     if source is None or isinstance(source, ImageSource) or is_remote_url(source) or is_remote_url(out):
         return
-    here, there = Path(source).expanduser().resolve(), Path(str(out).removeprefix("file://")).expanduser().resolve()
+    storage = open_storage(out)  # its URL parsing (file:///PATH) is the one place that reads a local URL
+    if not isinstance(storage, LocalStorage):
+        return
+    here, there = Path(source).expanduser().resolve(), storage.root.resolve()
     if here.is_dir() and (there == here or here in there.parents):
         raise ConfigError(f"--out {out} is inside the source {source}: its shards would become part of the "
                           "source; give a folder outside it", key="--out", value=str(out))

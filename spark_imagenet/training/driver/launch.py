@@ -39,6 +39,7 @@ from spark_imagenet.training.driver.preflight import (
     CheckedJob,
     Findings,
     SessionFacts,
+    barrier_timeout_seconds,
     check_folders,
     check_job,
     check_plan,
@@ -248,7 +249,7 @@ def _log_server(sc, facts: SessionFacts, config: TrainConfig | None = None) -> I
     def on_line(rank: int, host: str, text: str) -> None:
         logger.info(f"[rank {rank} on {host}] {text}")
 
-    meet_timeout = facts.barrier_timeout_s  # a bad setting is an error, not a reason to go without the channel
+    meet_timeout = barrier_timeout_seconds(facts)  # a bad setting is an error, not a reason to go without the channel
     try:
         server = LogServer(host, on_line, max_connections=max(256, workers + 64), meet_timeout_s=meet_timeout).start()
     except SparkImagenetError as e:

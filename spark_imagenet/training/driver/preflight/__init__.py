@@ -42,6 +42,7 @@ from spark_imagenet.training.driver.preflight.rules import (
 from spark_imagenet.training.driver.preflight.session import (
     SessionFacts,
     available_slots,
+    barrier_timeout_seconds,
     check_session,
     executor_wait_seconds,
     free_slots,
@@ -52,10 +53,10 @@ from spark_imagenet.training.driver.preflight.session import (
 )
 
 __all__ = [
-    "available_slots", "check_before_spark", "check_dataset_reachable", "check_encryption", "check_folders",
-    "check_gpu_conf", "check_job", "check_output_reachable", "check_output_unused", "check_plan", "check_reach",
-    "check_results_path", "check_session", "check_settings", "check_slots_of_master_url", "check_train_shards",
-    "check_yarn_conf", "CheckedJob", "executor_wait_seconds", "find_resume", "Finding", "Findings", "free_slots",
-    "NETWORK_ENCRYPTION_KEYS", "read_session_facts", "SessionFacts", "slots_from_master", "spark_context",
-    "spark_seconds",
+    "available_slots", "barrier_timeout_seconds", "check_before_spark", "check_dataset_reachable", "check_encryption",
+    "check_folders", "check_gpu_conf", "check_job", "check_output_reachable", "check_output_unused", "check_plan",
+    "check_reach", "check_results_path", "check_session", "check_settings", "check_slots_of_master_url",
+    "check_train_shards", "check_yarn_conf", "CheckedJob", "executor_wait_seconds", "find_resume", "Finding",
+    "Findings", "free_slots", "NETWORK_ENCRYPTION_KEYS", "read_session_facts", "SessionFacts", "slots_from_master",
+    "spark_context", "spark_seconds",
 ]

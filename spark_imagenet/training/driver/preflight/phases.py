@@ -39,6 +39,7 @@ from spark_imagenet.training.driver.preflight.rules import (
 from spark_imagenet.training.driver.preflight.session import (
     BARRIER_TIMEOUT,
     SessionFacts,
+    barrier_timeout_seconds,
     check_session,
     read_session_facts,
 )
@@ -81,12 +82,11 @@ def check_settings(config: TrainConfig) -> Findings:
     master = config.scaling.master
     conf = dict(config.spark_conf)
     return Findings([
-        Finding.of("barrier timeout", lambda: SessionFacts(master, conf=tuple(conf.items())).barrier_timeout_s)
-        if BARRIER_TIMEOUT in conf else None,
+        Finding.of("barrier timeout", lambda: barrier_timeout_seconds(conf)) if BARRIER_TIMEOUT in conf else None,
         check_yarn_conf(master),
         check_slots_of_master_url(master, config.scaling.workers, config.spark_conf),
         check_results_path(config.run.results),
-        check_gpu_conf(dict(config.spark_conf).get, config.scaling.gpus_per_worker, config.scaling.workers, master.strip())
+        check_gpu_conf(conf.get, config.scaling.gpus_per_worker, config.scaling.workers, master.strip())
         if config.scaling.gpus_per_worker and Master.parse(master, check=False).runs_in_driver_jvm else None,
     ])
 

@@ -48,8 +48,8 @@ TASK_CPUS = "spark.task.cpus"
 #: How long a barrier stage's rendezvous waits for its last task (allGather's bound, and the log channel's).
 BARRIER_TIMEOUT = "spark.barrier.sync.timeout"
 #: Every setting the checks read, read once into :attr:`SessionFacts.conf`.
-CONF_KEYS = (DYNAMIC_ALLOCATION, TASK_CPUS, BARRIER_TIMEOUT, *NETWORK_ENCRYPTION_KEYS, TASK_AMOUNT, EXECUTOR_AMOUNT, EXECUTOR_SCRIPT,
-             WORKER_AMOUNT, WORKER_SCRIPT, WORKER_FILE)
+CONF_KEYS = (DYNAMIC_ALLOCATION, TASK_CPUS, BARRIER_TIMEOUT, *NETWORK_ENCRYPTION_KEYS, TASK_AMOUNT, EXECUTOR_AMOUNT,
+             EXECUTOR_SCRIPT, WORKER_AMOUNT, WORKER_SCRIPT, WORKER_FILE)
 
 #: The names of this machine's loopback address in an ``sc://`` URL.
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -86,20 +86,6 @@ class SessionFacts:
     def get(self, key: str, default: str | None = None) -> str | None:
         """A setting's text, or ``default`` when unset (a conf getter, :data:`~.rules.ConfGetter`)."""
         return dict(self.conf).get(key, default)
-
-    @property
-    def barrier_timeout_s(self) -> float:
-        """float: ``spark.barrier.sync.timeout`` in seconds (Spark's default, 365 days, when unset).
-
-        Raises:
-            ConfigError: the setting is not a Spark time.
-        """
-        value = self.get(BARRIER_TIMEOUT, "365d")
-        try:
-            return spark_seconds(value, "s")
-        except ConfigError as e:
-            raise ConfigError(f"{BARRIER_TIMEOUT}: {e}; give a time such as 3600s", key=BARRIER_TIMEOUT,
-                              value=value) from None
 
     @property
     def is_connect(self) -> bool:
@@ -408,6 +394,21 @@ def spark_seconds(value: str, default_unit: str = "ms") -> float:
         return float(number) * _TIME_UNITS[unit]
     except (ValueError, KeyError):
         raise ConfigError(f"{value!r} is not a Spark time (a number and one of {', '.join(_TIME_UNITS)})") from None
+
+
+def barrier_timeout_seconds(conf) -> float:
+    """``spark.barrier.sync.timeout`` of a conf getter (``.get(key, default)``: the session's facts, a job's
+    ``--conf``) in seconds; Spark's default, 365 days, when unset.
+
+    Raises:
+        ConfigError: the setting is not a Spark time (``.key`` the setting).
+    """
+    text = conf.get(BARRIER_TIMEOUT, "365d")
+    try:
+        return spark_seconds(text, "s")
+    except ConfigError as e:
+        raise ConfigError(f"{BARRIER_TIMEOUT}: {e}; give a time such as 3600s", key=BARRIER_TIMEOUT,
+                          value=text) from None
 
 
 def executor_wait_seconds(conf) -> float:
